@@ -1,0 +1,236 @@
+"""The one options table: every nsqd flag, its config-file key, default and help.
+
+Each dataclass field of ``Options`` is one option. Its metadata names the flag kind and help
+text; the flag is the field name with ``_`` → ``-`` and the config key is the field name (or the
+``cfg`` alias nsqd uses). ``cli.py`` builds the flag parser and the TOML loader from this table,
+and the HTTP API's ``/config/:opt`` reads it, so an option is written down exactly once.
+
+Durations are held as float seconds; on the wire they are converted to nsqd's units (ms in
+IDENTIFY, ns in /info).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import zlib
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Literal
+
+Kind = Literal["str", "int", "bool", "duration", "list", "floatlist", "deprecated_bool"]
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    kind: Kind | None = None,
+    cfg: str | None = None,
+    deprecated: str | None = None,
+) -> Any:
+    meta = {"help": help, "kind": kind, "cfg": cfg, "deprecated": deprecated}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def default_node_id() -> int:
+    """nsqd's default: crc32(md5(hostname)) % 1024."""
+    digest = hashlib.md5(socket.gethostname().encode()).digest()
+    return zlib.crc32(digest) % 1024
+
+
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+@dataclass
+class Options:
+    # -- basic
+    config: str = opt("", "path to config file", kind="str")
+    log_level: str = opt("info", "set log verbosity: debug, info, warn, error, or fatal")
+    log_prefix: str = opt("[nsqd] ", "log message prefix")
+    verbose: bool = opt(
+        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
+    )
+    node_id: int = opt(
+        -1,
+        "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
+        cfg="id",
+    )
+    worker_id: bool = opt(
+        False, "[deprecated] use --node-id", kind="deprecated_bool", deprecated="use --node-id"
+    )
+    https_address: str = opt("0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
+    http_address: str = opt(
+        "0.0.0.0:4151", '<addr>:<port> to listen on for HTTP clients ("" disables it)'
+    )
+    tcp_address: str = opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    broadcast_address: str = opt(
+        "", "address that will be registered with lookupd (defaults to the OS hostname)"
+    )
+    broadcast_tcp_port: int = opt(
+        0,
+        "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)",
+    )
+    broadcast_http_port: int = opt(
+        0,
+        "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)",
+    )
+    lookupd_tcp_addresses: list[str] = opt(
+        [],
+        "lookupd TCP address (may be given multiple times)",
+        kind="list",
+        cfg="nsqlookupd_tcp_addresses",
+    )
+    auth_http_addresses: list[str] = opt(
+        [],
+        "<addr>:<port> or a full url to query auth server (may be given multiple times)",
+        kind="list",
+        cfg="auth_http_addresses",
+    )
+    auth_http_request_method: str = opt(
+        "get", "HTTP method to use for auth server requests (get or post)"
+    )
+    http_client_connect_timeout: float = opt(2.0, "timeout for HTTP connect", kind="duration")
+    http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
+    topology_region: str = opt(
+        "", "region represents a larger domain, typically a geographic region"
+    )
+    topology_zone: str = opt("", "zone represents a smaller domain within a region")
+    enable_experiment: list[str] = opt(
+        [],
+        "enable experimental feature (may be given multiple times)",
+        kind="list",
+        cfg="enable_experiment",
+    )
+    # -- disk queue
+    data_path: str = opt("", "path to store disk-backed messages (default: the current directory)")
+    mem_queue_size: int = opt(10000, "number of messages to keep in memory (per topic/channel)")
+    max_bytes_per_file: int = opt(104857600, "number of bytes per diskqueue file before rolling")
+    sync_every: int = opt(2500, "number of messages per diskqueue fsync")
+    sync_timeout: float = opt(2.0, "duration of time per diskqueue fsync", kind="duration")
+    queue_scan_worker_pool_max: int = opt(
+        4,
+        "max concurrency for checking in-flight and deferred message timeouts (pynsqd: accepted, unused: timeouts fire from one timed queue per channel)",
+    )
+    queue_scan_selection_count: int = opt(
+        20,
+        "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts (pynsqd: accepted, unused)",
+    )
+    # -- msg and command
+    msg_timeout: float = opt(
+        60.0, "default duration to wait before auto-requeing a message", kind="duration"
+    )
+    max_msg_timeout: float = opt(
+        900.0, "maximum duration before a message will timeout", kind="duration"
+    )
+    max_msg_size: int = opt(1048576, "maximum size of a single message in bytes")
+    max_req_timeout: float = opt(3600.0, "maximum requeuing timeout for a message", kind="duration")
+    max_body_size: int = opt(5242880, "maximum size of a single command body")
+    # -- client overridable
+    max_heartbeat_interval: float = opt(
+        60.0,
+        "maximum client configurable duration of time between client heartbeats",
+        kind="duration",
+    )
+    max_rdy_count: int = opt(2500, "maximum RDY count for a client")
+    max_output_buffer_size: int = opt(
+        65536, "maximum client configurable size (in bytes) for a client output buffer"
+    )
+    max_output_buffer_timeout: float = opt(
+        30.0,
+        "maximum client configurable duration of time between flushing to a client",
+        kind="duration",
+    )
+    min_output_buffer_timeout: float = opt(
+        0.025,
+        "minimum client configurable duration of time between flushing to a client",
+        kind="duration",
+    )
+    output_buffer_timeout: float = opt(
+        0.25, "default duration of time between flushing data to clients", kind="duration"
+    )
+    max_channel_consumers: int = opt(
+        0,
+        "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
+    )
+    # -- statsd
+    statsd_address: str = opt("", "UDP <addr>:<port> of a statsd daemon for pushing stats")
+    statsd_interval: float = opt(60.0, "duration between pushing to statsd", kind="duration")
+    statsd_mem_stats: bool = opt(True, "toggle sending memory and GC stats to statsd")
+    statsd_prefix: str = opt(
+        "nsq.%s", "prefix used for keys sent to statsd (%s for host replacement)"
+    )
+    statsd_udp_packet_size: int = opt(508, "the size in bytes of statsd UDP packets")
+    statsd_exclude_ephemeral: bool = opt(
+        False, "Skip ephemeral topics and channels when sending stats to statsd"
+    )
+    # -- e2e latency
+    e2e_processing_latency_percentiles: list[float] = opt(
+        [],
+        "message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)",
+        kind="floatlist",
+        cfg="e2e_processing_latency_percentiles",
+    )
+    e2e_processing_latency_window_time: float = opt(
+        600.0,
+        "calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile calculations from the past 60 seconds)",
+        kind="duration",
+    )
+    # -- TLS
+    tls_cert: str = opt("", "path to certificate file")
+    tls_key: str = opt("", "path to key file")
+    tls_client_auth_policy: str = opt(
+        "", "client certificate auth policy ('require' or 'require-verify')"
+    )
+    tls_root_ca_file: str = opt("", "path to certificate authority file")
+    tls_required: str = opt("false", "require TLS for client connections (true, false, tcp-https)")
+    tls_min_version: str = opt(
+        "tls1.0", "minimum SSL/TLS version acceptable (tls1.0, tls1.1, tls1.2 or tls1.3)"
+    )
+    # -- compression
+    deflate: bool = opt(True, "enable deflate feature negotiation (client compression)")
+    max_deflate_level: int = opt(
+        6, "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)"
+    )
+    snappy: bool = opt(True, "enable snappy feature negotiation (client compression)")
+
+    def __post_init__(self) -> None:
+        if self.node_id == -1:
+            self.node_id = default_node_id()
+        if not self.broadcast_address:
+            self.broadcast_address = _hostname()
+
+
+#: nsqd's flag names where they are not simply the field name with ``_`` → ``-``.
+FLAG_NAMES: dict[str, str] = {
+    "lookupd_tcp_addresses": "lookupd-tcp-address",
+    "auth_http_addresses": "auth-http-address",
+    "e2e_processing_latency_percentiles": "e2e-processing-latency-percentile",
+}
+
+
+def option_fields() -> tuple[Field[Any], ...]:
+    return fields(Options)
+
+
+def flag_name(f: Field[Any]) -> str:
+    return FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
+
+
+def config_key(f: Field[Any]) -> str:
+    cfg = f.metadata.get("cfg")
+    return cfg if cfg else f.name
+
+
+def option_kind(f: Field[Any]) -> Kind:
+    kind: Kind | None = f.metadata.get("kind")
+    if kind is not None:
+        return kind
+    default = f.default if f.default is not MISSING else None
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    return "str"

@@ -1,0 +1,101 @@
+"""Server frames: ``[int32 size][int32 frame type][data]``, big-endian.
+
+A message frame's data is ``[int64 timestamp ns][uint16 attempts][16-byte id][body]``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+FRAME_TYPE_RESPONSE = 0
+FRAME_TYPE_ERROR = 1
+FRAME_TYPE_MESSAGE = 2
+
+MAGIC_V2 = b"  V2"
+HEARTBEAT = b"_heartbeat_"
+OK = b"OK"
+CLOSE_WAIT = b"CLOSE_WAIT"
+
+#: size, frame type, timestamp, attempts: the fixed part of a message frame before the id.
+MESSAGE_HEADER = struct.Struct(">llqH")
+#: timestamp + attempts + id: the overhead of a message's encoding, on the wire and on disk.
+MESSAGE_OVERHEAD = 8 + 2 + 16
+_FRAME_HEADER = struct.Struct(">ll")
+_MSG_FIXED = struct.Struct(">qH")
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    return _FRAME_HEADER.pack(len(data) + 4, frame_type) + data
+
+
+def encode_response(data: bytes) -> bytes:
+    return _FRAME_HEADER.pack(len(data) + 4, FRAME_TYPE_RESPONSE) + data
+
+
+def encode_error(data: bytes) -> bytes:
+    return _FRAME_HEADER.pack(len(data) + 4, FRAME_TYPE_ERROR) + data
+
+
+def encode_message_frame(timestamp: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+    return (
+        MESSAGE_HEADER.pack(len(body) + 30, FRAME_TYPE_MESSAGE, timestamp, attempts) + msg_id + body
+    )
+
+
+OK_FRAME = encode_response(OK)
+HEARTBEAT_FRAME = encode_response(HEARTBEAT)
+CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
+
+
+class Frame(NamedTuple):
+    frame_type: int
+    data: bytes
+
+
+class Message(NamedTuple):
+    """A decoded message frame, as a client sees it."""
+
+    timestamp: int
+    attempts: int
+    id: bytes
+    body: bytes
+
+
+def decode_message(data: bytes) -> Message:
+    if len(data) < MESSAGE_OVERHEAD:
+        raise ValueError(f"message frame too short ({len(data)} bytes)")
+    ts, attempts = _MSG_FIXED.unpack_from(data, 0)
+    return Message(ts, attempts, data[10:26], data[26:])
+
+
+class FrameReader:
+    """Splits a byte stream from nsqd into frames (the client side of the protocol)."""
+
+    __slots__ = ("_buf", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
+        self._buf = bytearray()
+        self.max_frame_size = max_frame_size
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def frames(self) -> list[Frame]:
+        """Every complete frame buffered so far, in order."""
+        buf = self._buf
+        out: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        unpack = _FRAME_HEADER.unpack_from
+        while end - pos >= 8:
+            size, ftype = unpack(buf, pos)
+            if size < 4 or size > self.max_frame_size:
+                raise ValueError(f"invalid frame size {size}")
+            if end - pos - 4 < size:
+                break
+            out.append(Frame(ftype, bytes(buf[pos + 8 : pos + 4 + size])))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+        return out

@@ -1,0 +1,161 @@
+"""IDENTIFY body decoding and validation, as nsqd's ``clientV2.Identify`` does it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .commands import IdentifyData
+from .errors import FatalClientError
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolConfig:
+    """The server limits and client defaults the V2 protocol checks against (ms, bytes)."""
+
+    max_msg_size: int = 1048576
+    max_body_size: int = 5242880
+    max_rdy_count: int = 2500
+    max_req_timeout_ms: int = 3_600_000
+    msg_timeout_ms: int = 60_000
+    max_msg_timeout_ms: int = 900_000
+    #: nsqd's ClientTimeout/2; ClientTimeout (60 s) is not a flag.
+    heartbeat_interval_ms: int = 30_000
+    max_heartbeat_interval_ms: int = 60_000
+    output_buffer_size: int = 16 * 1024
+    output_buffer_timeout_ms: int = 250
+    max_output_buffer_size: int = 65536
+    min_output_buffer_timeout_ms: int = 25
+    max_output_buffer_timeout_ms: int = 30_000
+    tls_required: bool = False
+    #: nsqd reads commands with a 16 KiB bufio.Reader: a longer line cannot be read.
+    max_line_length: int = 16 * 1024
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+# Go's encoding/json matches keys case-insensitively; the value is the field kind.
+_FIELDS: dict[str, str] = {
+    "client_id": "str",
+    "hostname": "str",
+    "user_agent": "str",
+    "heartbeat_interval": "int",
+    "output_buffer_size": "int",
+    "output_buffer_timeout": "int",
+    "feature_negotiation": "bool",
+    "tls_v1": "bool",
+    "deflate": "bool",
+    "deflate_level": "int",
+    "snappy": "bool",
+    "sample_rate": "int32",
+    "msg_timeout": "int",
+    "topology_region": "str",
+    "topology_zone": "str",
+}
+
+
+def _decode_failed() -> FatalClientError:
+    return FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+
+
+def _decode(body: bytes) -> dict[str, Any]:
+    """Decode like ``json.Unmarshal`` into nsqd's identifyDataV2 struct."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise _decode_failed() from None
+    if doc is None:  # Go leaves the struct at its zero value
+        return {}
+    if not isinstance(doc, dict):
+        raise _decode_failed()
+    fields: dict[str, Any] = {}
+    for key, value in doc.items():
+        kind = _FIELDS.get(key.lower())
+        if kind is None or value is None:
+            continue
+        if kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        else:
+            lo, hi = (_INT32_MIN, _INT32_MAX) if kind == "int32" else (_INT64_MIN, _INT64_MAX)
+            ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+        if not ok:
+            raise _decode_failed()
+        fields[key.lower()] = value
+    return fields
+
+
+def parse_identify(body: bytes, config: ProtocolConfig) -> IdentifyData:
+    """Decode and validate an IDENTIFY body; raises ``E_BAD_BODY`` as nsqd would."""
+    f = _decode(body)
+
+    def invalid(reason: str) -> FatalClientError:
+        return FatalClientError("E_BAD_BODY", f"IDENTIFY {reason}")
+
+    heartbeat = config.heartbeat_interval_ms
+    hb = f.get("heartbeat_interval", 0)
+    if hb == -1:
+        heartbeat = 0
+    elif hb == 0:
+        pass
+    elif 1000 <= hb <= config.max_heartbeat_interval_ms:
+        heartbeat = hb
+    else:
+        raise invalid(f"heartbeat interval ({hb}) is invalid")
+
+    # Timeout is checked before size, as in nsqd's SetOutputBuffer.
+    buf_timeout = config.output_buffer_timeout_ms
+    obt = f.get("output_buffer_timeout", 0)
+    if obt == -1:
+        buf_timeout = 0
+    elif obt == 0:
+        pass
+    elif config.min_output_buffer_timeout_ms <= obt <= config.max_output_buffer_timeout_ms:
+        buf_timeout = obt
+    else:
+        raise invalid(f"output buffer timeout ({obt}) is invalid")
+    buf_size = config.output_buffer_size
+    obs = f.get("output_buffer_size", 0)
+    if obs == -1:
+        buf_size = 1
+        buf_timeout = 0
+    elif obs == 0:
+        pass
+    elif 64 <= obs <= config.max_output_buffer_size:
+        buf_size = obs
+    else:
+        raise invalid(f"output buffer size ({obs}) is invalid")
+
+    sample_rate = f.get("sample_rate", 0)
+    if sample_rate < 0 or sample_rate > 99:
+        raise invalid(f"sample rate ({sample_rate}) is invalid")
+
+    msg_timeout = config.msg_timeout_ms
+    mt = f.get("msg_timeout", 0)
+    if mt == 0:
+        pass
+    elif 1000 <= mt <= config.max_msg_timeout_ms:
+        msg_timeout = mt
+    else:
+        raise invalid(f"msg timeout ({mt}) is invalid")
+
+    return IdentifyData(
+        client_id=f.get("client_id", ""),
+        hostname=f.get("hostname", ""),
+        user_agent=f.get("user_agent", ""),
+        heartbeat_interval_ms=heartbeat,
+        output_buffer_size=buf_size,
+        output_buffer_timeout_ms=buf_timeout,
+        sample_rate=sample_rate,
+        msg_timeout_ms=msg_timeout,
+        feature_negotiation=f.get("feature_negotiation", False),
+        tls_v1=f.get("tls_v1", False),
+        snappy=f.get("snappy", False),
+        deflate=f.get("deflate", False),
+        deflate_level=f.get("deflate_level", 0),
+        topology_region=f.get("topology_region", ""),
+        topology_zone=f.get("topology_zone", ""),
+    )

@@ -1,0 +1,61 @@
+"""Topic and channel name rules (nsqd internal/protocol/names.go)."""
+
+from __future__ import annotations
+
+import re
+
+_VALID = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+EPHEMERAL_SUFFIX = "#ephemeral"
+
+
+def is_valid_name(name: bytes | str) -> bool:
+    """True for 1..64 characters of ``[.a-zA-Z0-9_-]`` with an optional ``#ephemeral`` suffix."""
+    raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
+    # The length limit includes the suffix, as in nsqd.
+    return 0 < len(raw) <= 64 and _VALID.match(raw) is not None
+
+
+def is_ephemeral(name: str) -> bool:
+    return name.endswith(EPHEMERAL_SUFFIX)
+
+
+def go_quote(raw: bytes) -> str:
+    """Quote bytes the way Go's ``%q`` does for a byte slice converted to string.
+
+    Error texts such as ``E_BAD_TOPIC PUB topic name "a b" is not valid`` must match nsqd byte
+    for byte, including its escapes for control characters and invalid UTF-8.
+    """
+    out = ['"']
+    text = raw.decode("utf-8", "surrogateescape")
+    for ch in text:
+        cp = ord(ch)
+        if 0xDC80 <= cp <= 0xDCFF:  # an undecodable byte, carried by surrogateescape
+            out.append(f"\\x{cp - 0xDC00:02x}")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\a":
+            out.append("\\a")
+        elif ch == "\b":
+            out.append("\\b")
+        elif ch == "\f":
+            out.append("\\f")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\v":
+            out.append("\\v")
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif cp < 0x80:
+            out.append(f"\\x{cp:02x}")
+        elif cp <= 0xFFFF:
+            out.append(f"\\u{cp:04x}")
+        else:
+            out.append(f"\\U{cp:08x}")
+    out.append('"')
+    return "".join(out)

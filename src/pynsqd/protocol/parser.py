@@ -1,0 +1,418 @@
+"""The server side of NSQ V2: bytes from a client in, validated commands out.
+
+Theory of operation. ``receive(data)`` appends to one bytearray and parses every complete command
+in it, in order. A command is a text line, split on single spaces, possibly followed by a
+length-prefixed body. Each command is checked the way nsqd's ``protocol_v2.go`` checks it, in the
+same order, so that a malformed command gets the very error nsqd would send. The parser keeps the
+client state machine itself (init → subscribed → closing): a SUB moves it to subscribed as soon as
+it is parsed, because if the server then fails the SUB the error is fatal and nothing after it is
+read anyway.
+
+The first error ends the stream: ``receive`` returns the commands parsed before it followed by the
+error, and nothing more is parsed. Parsing also pauses after an IDENTIFY, because what follows may
+be a TLS handshake or a compressed stream; the server calls ``receive(b"")`` to go on.
+
+Bodies are parsed only once they have arrived whole, and the parser remembers how many bytes it
+waits for, so a 5 MiB MPUB trickling in costs one length check per read, not a re-parse.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from .commands import (
+    Auth,
+    ClientState,
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+)
+from .errors import FatalClientError, ProtocolError
+from .frames import MAGIC_V2
+from .identify import ProtocolConfig, parse_identify
+from .names import go_quote, is_valid_name
+
+_INT32 = struct.Struct(">l")
+_unpack_int32 = _INT32.unpack_from
+_DIGITS = frozenset(b"0123456789")
+
+#: A parsed command, or the error that ended the stream.
+Event = Command | ProtocolError
+
+# handler(params, after_line) -> (command or None, position after the command); -1 = need more
+_Result = tuple[Command | None, int]
+
+
+def _parse_base10(raw: bytes) -> int | None:
+    """nsqd's ByteToBase10: digits only, and an empty string is 0."""
+    if raw and not _DIGITS.issuperset(raw):
+        return None
+    return int(raw) if raw else 0
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+class V2Parser:
+    __slots__ = (
+        "_buf",
+        "_dead",
+        "_handlers",
+        "_magic",
+        "_mv",
+        "_need",
+        "_paused",
+        "_scan",
+        "config",
+        "heartbeats_disabled",
+        "state",
+        "tls",
+    )
+
+    def __init__(self, config: ProtocolConfig, *, expect_magic: bool = True) -> None:
+        self.config = config
+        self.state = ClientState.INIT
+        #: Set by the server once the connection is upgraded to TLS (for --tls-required).
+        self.tls = False
+        self.heartbeats_disabled = False
+        self._buf = bytearray()
+        self._mv: memoryview | None = None
+        self._magic = not expect_magic
+        self._dead = False
+        self._paused = False
+        self._scan = 0  # how far the current line was already searched for "\n"
+        self._need = 0  # bytes the buffer must hold before parsing can make progress
+        self._handlers: dict[bytes, Callable[[list[bytes], int], _Result]] = {
+            b"FIN": self._fin,
+            b"RDY": self._rdy,
+            b"REQ": self._req,
+            b"PUB": self._pub,
+            b"MPUB": self._mpub,
+            b"DPUB": self._dpub,
+            b"NOP": self._nop,
+            b"TOUCH": self._touch,
+            b"SUB": self._sub,
+            b"CLS": self._cls,
+            b"AUTH": self._auth,
+        }
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def take_buffered(self) -> bytes:
+        """Remove and return unparsed bytes (what follows IDENTIFY before a TLS upgrade)."""
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._scan = self._need = 0
+        return data
+
+    def receive(self, data: bytes) -> list[Event]:
+        """Feed bytes; return every command now complete, and the error that ended it, if any."""
+        if self._dead:
+            return []
+        buf = self._buf
+        if data:
+            buf += data
+        if len(buf) < self._need:
+            return []
+        self._paused = False
+        out: list[Event] = []
+        pos = 0
+        self._mv = memoryview(buf)
+        try:
+            pos = self._parse(out)
+        except ProtocolError as err:
+            out.append(err)
+            self._dead = True
+        finally:
+            self._mv.release()
+            self._mv = None
+        if self._dead:
+            buf.clear()
+        elif pos:
+            del buf[:pos]
+            self._scan = max(0, self._scan - pos)
+        return out
+
+    def _parse(self, out: list[Event]) -> int:
+        buf = self._buf
+        n = len(buf)
+        pos = 0
+        if not self._magic:
+            if n < 4:
+                self._need = 4
+                return 0
+            if buf[:4] != MAGIC_V2:
+                raise FatalClientError("E_BAD_PROTOCOL")
+            self._magic = True
+            pos = 4
+        max_line = self.config.max_line_length
+        handlers = self._handlers
+        self._need = 0
+        while pos < n:
+            # Fast path for the commonest command: a run of "FIN <16-byte id>\n".
+            if buf[pos : pos + 4] == b"FIN " and self.state >= ClientState.SUBSCRIBED:
+                ids: list[bytes] = []
+                while (
+                    n - pos >= 21
+                    and buf[pos + 20] == 10
+                    and buf[pos : pos + 4] == b"FIN "
+                    and buf.find(b" ", pos + 4, pos + 20) < 0
+                ):
+                    ids.append(bytes(buf[pos + 4 : pos + 20]))
+                    pos += 21
+                if ids:
+                    out.append(Fin(ids))
+                    continue
+            nl = buf.find(b"\n", max(pos, self._scan), pos + max_line)
+            if nl < 0:
+                if n - pos >= max_line:
+                    raise FatalClientError(
+                        "E_INVALID", f"command line too long (more than {max_line} bytes)"
+                    )
+                self._scan = n
+                break
+            end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+            params = bytes(buf[pos:end]).split(b" ")
+            name = params[0]
+            if self.config.tls_required and not self.tls and name != b"IDENTIFY":
+                raise FatalClientError(
+                    "E_INVALID", f"cannot {_text(name)} in current state (TLS required)"
+                )
+            if name == b"IDENTIFY":
+                cmd, after = self._identify(params, nl + 1)
+            else:
+                handler = handlers.get(name)
+                if handler is None:
+                    raise FatalClientError("E_INVALID", f"invalid command {_text(name)}")
+                cmd, after = handler(params, nl + 1)
+            if after < 0:
+                self._scan = pos  # the line is known; resume at it when the body is here
+                break
+            self._scan = 0
+            pos = after
+            if cmd is not None:
+                out.append(cmd)
+                if type(cmd) is Identify:
+                    self._paused = True
+                    break
+        return pos
+
+    # -- bodies -----------------------------------------------------------------------------
+
+    def _body_len(self, start: int) -> int | None:
+        if len(self._buf) - start < 4:
+            self._need = start + 4
+            return None
+        size: int = _unpack_int32(self._buf, start)[0]
+        return size
+
+    def _body(self, start: int, size: int) -> bytes | None:
+        if len(self._buf) - start < size:
+            self._need = start + size
+            return None
+        assert self._mv is not None
+        return self._mv[start : start + size].tobytes()
+
+    def _message_body(self, cmd: str, start: int) -> tuple[bytes | None, int]:
+        """The body of PUB or DPUB: nsqd's checks and texts, with the command's name in them."""
+        size = self._body_len(start)
+        if size is None:
+            return None, -1
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE", f"{cmd} invalid message body size {size}")
+        limit = self.config.max_msg_size
+        if size > limit:
+            raise FatalClientError("E_BAD_MESSAGE", f"{cmd} message too big {size} > {limit}")
+        body = self._body(start + 4, size)
+        if body is None:
+            return None, -1
+        return body, start + 4 + size
+
+    def _sized_body(self, cmd: str, start: int) -> tuple[bytes | None, int]:
+        """The body of IDENTIFY, AUTH or MPUB, bounded by --max-body-size."""
+        size = self._body_len(start)
+        if size is None:
+            return None, -1
+        limit = self.config.max_body_size
+        if size > limit:
+            raise FatalClientError("E_BAD_BODY", f"{cmd} body too big {size} > {limit}")
+        if size <= 0:
+            raise FatalClientError("E_BAD_BODY", f"{cmd} invalid body size {size}")
+        body = self._body(start + 4, size)
+        if body is None:
+            return None, -1
+        return body, start + 4 + size
+
+    # -- commands, each in nsqd's check order --------------------------------------------------
+
+    def _identify(self, params: list[bytes], start: int) -> _Result:
+        if self.state != ClientState.INIT:
+            raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
+        body, after = self._sized_body("IDENTIFY", start)
+        if body is None:
+            return None, -1
+        data = parse_identify(body, self.config)
+        self.heartbeats_disabled = data.heartbeat_interval_ms == 0
+        return Identify(data), after
+
+    def _auth(self, params: list[bytes], start: int) -> _Result:
+        if self.state != ClientState.INIT:
+            raise FatalClientError("E_INVALID", "cannot AUTH in current state")
+        if len(params) != 1:
+            raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
+        body, after = self._sized_body("AUTH", start)
+        if body is None:
+            return None, -1
+        return Auth(body), after
+
+    def _sub(self, params: list[bytes], start: int) -> _Result:
+        if self.state != ClientState.INIT:
+            raise FatalClientError("E_INVALID", "cannot SUB in current state")
+        if self.heartbeats_disabled:
+            raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
+        if not is_valid_name(params[1]):
+            raise FatalClientError(
+                "E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid"
+            )
+        if not is_valid_name(params[2]):
+            raise FatalClientError(
+                "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
+            )
+        self.state = ClientState.SUBSCRIBED
+        return Sub(params[1].decode(), params[2].decode()), start
+
+    def _rdy(self, params: list[bytes], start: int) -> _Result:
+        if self.state == ClientState.CLOSING:
+            return None, start  # nsqd ignores RDY while closing, without a reply
+        if self.state != ClientState.SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            parsed = _parse_base10(params[1])
+            if parsed is None:
+                raise FatalClientError("E_INVALID", f"RDY could not parse count {_text(params[1])}")
+            count = parsed
+        limit = self.config.max_rdy_count
+        if count > limit:
+            raise FatalClientError("E_INVALID", f"RDY count {count} out of range 0-{limit}")
+        return Rdy(count), start
+
+    def _message_id(self, cmd: str, params: list[bytes], min_params: int) -> bytes:
+        if self.state < ClientState.SUBSCRIBED:
+            raise FatalClientError("E_INVALID", f"cannot {cmd} in current state")
+        if len(params) < min_params:
+            raise FatalClientError("E_INVALID", f"{cmd} insufficient number of params")
+        if len(params[1]) != 16:
+            raise FatalClientError("E_INVALID", "invalid message ID")
+        return params[1]
+
+    def _fin(self, params: list[bytes], start: int) -> _Result:
+        return Fin([self._message_id("FIN", params, 2)]), start
+
+    def _touch(self, params: list[bytes], start: int) -> _Result:
+        return Touch(self._message_id("TOUCH", params, 2)), start
+
+    def _req(self, params: list[bytes], start: int) -> _Result:
+        msg_id = self._message_id("REQ", params, 3)
+        timeout = _parse_base10(params[2])
+        if timeout is None:
+            raise FatalClientError("E_INVALID", f"REQ could not parse timeout {_text(params[2])}")
+        return Req(msg_id, min(timeout, self.config.max_req_timeout_ms), timeout), start
+
+    def _cls(self, params: list[bytes], start: int) -> _Result:
+        if self.state != ClientState.SUBSCRIBED:
+            raise FatalClientError("E_INVALID", "cannot CLS in current state")
+        self.state = ClientState.CLOSING
+        return Cls(), start
+
+    def _nop(self, params: list[bytes], start: int) -> _Result:
+        return Nop(), start
+
+    def _topic(self, cmd: str, params: list[bytes], min_params: int, code_in_desc: str) -> str:
+        if len(params) < min_params:
+            raise FatalClientError("E_INVALID", f"{cmd} insufficient number of parameters")
+        if not is_valid_name(params[1]):
+            raise FatalClientError(
+                "E_BAD_TOPIC",
+                f"{code_in_desc}{cmd} topic name {go_quote(params[1])} is not valid",
+            )
+        return params[1].decode()
+
+    def _pub(self, params: list[bytes], start: int) -> _Result:
+        topic = self._topic("PUB", params, 2, "")
+        body, after = self._message_body("PUB", start)
+        if body is None:
+            return None, -1
+        return Pub(topic, body), after
+
+    def _dpub(self, params: list[bytes], start: int) -> _Result:
+        topic = self._topic("DPUB", params, 3, "")
+        defer_ms = _parse_base10(params[2])
+        if defer_ms is None:
+            raise FatalClientError("E_INVALID", f"DPUB could not parse timeout {_text(params[2])}")
+        limit = self.config.max_req_timeout_ms
+        if defer_ms > limit:
+            raise FatalClientError("E_INVALID", f"DPUB timeout {defer_ms} out of range 0-{limit}")
+        body, after = self._message_body("DPUB", start)
+        if body is None:
+            return None, -1
+        return Dpub(topic, defer_ms, body), after
+
+    def _mpub(self, params: list[bytes], start: int) -> _Result:
+        # nsqd repeats the code inside the description here; clients may match on it.
+        topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
+        body, after = self._sized_body("MPUB", start)
+        if body is None:
+            return None, -1
+        return Mpub(topic, parse_mpub_body(body, self.config)), after
+
+
+def parse_mpub_body(body: bytes, config: ProtocolConfig) -> list[bytes]:
+    """Split ``[count]([size][data])*`` into message bodies, with nsqd's checks and texts.
+
+    Unlike nsqd, the messages must fill the declared body exactly (our decision A#6).
+    """
+    end = len(body)
+    if end < 4:
+        raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
+    count: int = _unpack_int32(body, 0)[0]
+    max_count = (config.max_body_size - 4) // 5
+    if count <= 0 or count > max_count:
+        raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+    max_msg = config.max_msg_size
+    bodies: list[bytes] = []
+    append = bodies.append
+    p = 4
+    for i in range(count):
+        if end - p < 4:
+            raise FatalClientError("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
+        size: int = _unpack_int32(body, p)[0]
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {size}")
+        if size > max_msg:
+            raise FatalClientError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg}")
+        p += 4
+        if end - p < size:
+            raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
+        append(body[p : p + size])
+        p += size
+    if p != end:
+        raise FatalClientError(
+            "E_BAD_BODY", f"MPUB body size {end} does not match its {count} messages ({p} bytes)"
+        )
+    return bodies
