@@ -1,0 +1,1 @@
+"""The asyncio shell around the sans-IO protocol and the core objects."""

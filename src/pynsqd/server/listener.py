@@ -1,0 +1,47 @@
+"""Listening addresses as nsqd takes them: ``host:port``, ``[v6]:port``, or a unix socket path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+
+
+def is_unix_address(address: str) -> bool:
+    """nsqd 1.3.0: an address that is not ``host:port`` is a unix socket path."""
+    _host, sep, port = address.rpartition(":")
+    return not sep or not port.isdigit()
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def format_address(sock: socket.socket) -> str:
+    """The bound address as nsqd logs it: ``127.0.0.1:4150``, ``[::1]:4150`` or a path."""
+    if sock.family == socket.AF_UNIX:
+        name = sock.getsockname()
+        return name if isinstance(name, str) else name.decode()
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def listen(
+    loop: asyncio.AbstractEventLoop,
+    factory: Callable[[], asyncio.BaseProtocol],
+    address: str,
+    **kwargs: object,
+) -> asyncio.Server:
+    """Start a server on ``address``; a stale unix socket file is replaced."""
+    if is_unix_address(address):
+        if os.path.exists(address):
+            os.unlink(address)
+        return await loop.create_unix_server(factory, address, **kwargs)  # type: ignore[arg-type]
+    host, port = split_host_port(address)
+    return await loop.create_server(  # type: ignore[call-overload, no-any-return]
+        factory, host or None, port, reuse_address=True, **kwargs
+    )
