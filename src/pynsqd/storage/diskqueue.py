@@ -1,0 +1,735 @@
+"""A FIFO queue on disk in go-diskqueue v1.1.0's exact on-disk format.
+
+Theory of operation. A queue is a numbered series of data files ``<name>.diskqueue.%06d.dat``, each
+a run of records ``[int32 big-endian length][payload]``, plus a text metadata file
+``<name>.diskqueue.meta.dat`` holding ``"%d\\n%d,%d\\n%d,%d\\n"``: depth, readFileNum,readPos and
+writeFileNum,writePos. The writer appends to file ``writeFileNum`` at ``writePos``; the reader
+consumes from ``readFileNum`` at ``readPos``. Before a write that would take ``writePos + 4 + len``
+past ``max_bytes_per_file`` (and ``writePos > 0``), the writer rolls to the next file number. The
+reader reads a completed file up to its real size, the current write file up to ``writePos``, and
+deletes each completed file once it has consumed its last record. Go nsqd and pynsqd can therefore
+read each other's data directories.
+
+Unlike go-diskqueue there is no goroutine: the class is synchronous and is driven by its caller (the
+asyncio server calls it from its loop). Every ``put``/``put_many`` is one ``pwrite`` of the
+encoded records straight to the kernel, so a crash of the process loses nothing that was put; only
+an OS crash or power loss can lose writes that were not yet fsynced. ``read_many`` reads the file
+in 1 MiB chunks and slices records out of the buffer.
+
+Sync (fsync of the write file, then the metadata written to ``<meta>.<rand>.tmp``, fsynced and
+renamed over the metadata file) happens when ``sync_every`` reads + writes have accumulated (checked
+at the end of each call, so a batch is synced once: group commit), on every roll, when the reader
+starts a new file, after corruption handling, on ``close`` and on ``sync_if_due`` when there was any
+operation since the last sync. The loss window on an OS crash with the defaults is therefore up to
+``sync_every`` operations or ``sync_timeout`` seconds; with ``sync_every=1`` every ``put`` returns
+only after its data and the metadata are on disk.
+
+Delivery semantics: records are consumed when ``read_many`` returns them (go-diskqueue's
+``moveForward``). A crash after ``read_many`` returns loses them unless the caller keeps them
+somewhere; a crash before the next sync makes them come back on restart (at-least-once).
+
+Corruption, as go-diskqueue: a record length outside ``[min_msg_size, max_msg_size]``, a truncated
+record or a read error makes the reader rename the file to ``.bad``, log it and go on with the next
+file; if it was the current write file, writes move to a new file too. When the reader reaches the
+end of the data with a nonzero depth, the depth is reset to 0 ("negative depth ... metadata
+corruption" / "positive depth ... data loss"). At startup, a write file longer than the metadata's
+``writePos`` (unclean shutdown, go-diskqueue #31) makes writes move to a new file so nothing is
+overwritten.
+
+Where we do better than go-diskqueue v1.1.0 (same format, so the files stay compatible):
+
+- The records found past ``writePos`` at startup are counted into the depth, so the depth stays
+  right instead of going negative while the reader salvages them.
+- A write file shorter than ``writePos`` (or missing) at startup also moves writes to a new file,
+  instead of writing past a hole that the reader would then take for corruption.
+- A missing or unreadable metadata file next to existing data files does not restart at file 0 and
+  overwrite them: the reader starts at the oldest data file, writes at a new one, and the depth is
+  the count of the intact records found. With no data files it is a new empty queue, as in Go.
+- A failed write truncates the file back to ``writePos``, so no partial record is left behind.
+- ``close`` fsyncs the write file before closing it (Go closes it first and only writes metadata).
+- Repairs made at startup are persisted at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import struct
+
+__all__ = ["DiskQueue"]
+
+_LEN = struct.Struct(">i")
+_READ_CHUNK = 1 << 20
+_META_RE = re.compile(rb"\s*(-?\d+)\s*\n\s*(-?\d+),(-?\d+)\s*\n\s*(-?\d+),(-?\d+)")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class DiskQueue:
+    """One go-diskqueue compatible FIFO queue of opaque byte records.
+
+    ``name`` is ``topic`` or ``topic:channel``. All methods do plain blocking file I/O and must be
+    called from one thread. ``put``/``put_many`` raise ``OSError`` when the data cannot be written
+    (or when the sync that ``sync_every`` asks for fails) and ``ValueError`` for a record whose
+    size is outside ``[min_msg_size, max_msg_size]``. ``read_many`` never raises for I/O errors:
+    it handles them as corruption (see the module docstring) and logs sync failures. Records are
+    consumed when ``read_many`` returns them: a crash after that loses them, like go-diskqueue's
+    ``moveForward``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        data_path: str,
+        *,
+        max_bytes_per_file: int,
+        min_msg_size: int,
+        max_msg_size: int,
+        sync_every: int,
+        sync_timeout: float,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if max_bytes_per_file <= 0:
+            raise ValueError("max_bytes_per_file must be positive")
+        if min_msg_size < 0 or max_msg_size < min_msg_size or max_msg_size > 0x7FFFFFFF:
+            raise ValueError("invalid min_msg_size/max_msg_size")
+        self.name = name
+        self.data_path = data_path
+        self.max_bytes_per_file = max_bytes_per_file
+        self.min_msg_size = min_msg_size
+        self.max_msg_size = max_msg_size
+        self.sync_every = max(1, sync_every)
+        self.sync_timeout = sync_timeout
+        self._log = logger if logger is not None else logging.getLogger(__name__)
+
+        # run-time state, also persisted in the metadata file
+        self._depth = 0
+        self._read_file_num = 0
+        self._read_pos = 0
+        self._write_file_num = 0
+        self._write_pos = 0
+
+        self._count = 0  # reads + writes since the last sync
+        self._need_sync = False
+        self._closed = False
+
+        self._wfd: int | None = None
+        self._rfd: int | None = None
+        self._rbuf = b""  # bytes of the read file starting at file offset _rbuf_pos
+        self._rbuf_pos = 0
+        self._read_end: int | None = None  # size of the read file once it is a completed file
+
+        self._file_re = re.compile(re.escape(name) + r"\.diskqueue\.(\d{6,})\.dat")
+        self._load()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def depth(self) -> int:
+        """Number of records in the queue (never negative, even with inconsistent metadata)."""
+        return self._depth if self._depth > 0 else 0
+
+    def put(self, data: bytes) -> None:
+        """Append one record; raise ``OSError`` if it cannot be written."""
+        size = len(data)
+        if size < self.min_msg_size or size > self.max_msg_size:
+            raise ValueError(f"invalid message write size ({size}) maxMsgSize={self.max_msg_size}")
+        self._check_open()
+        if self._write_pos > 0 and self._write_pos + 4 + size > self.max_bytes_per_file:
+            self._roll()
+        self._write(_LEN.pack(size) + data, 1)
+        if self._count >= self.sync_every or self._need_sync:
+            self.sync()
+
+    def put_many(self, records: list[bytes]) -> None:
+        """Append records in order with one write per data file they land in.
+
+        Either every record is validated or none is written. If a write fails after a roll in the
+        middle of the batch, the records before the roll stay in the queue and ``OSError`` is
+        raised.
+        """
+        if not records:
+            return
+        lo, hi = self.min_msg_size, self.max_msg_size
+        for rec in records:
+            if not lo <= len(rec) <= hi:
+                raise ValueError(f"invalid message write size ({len(rec)}) maxMsgSize={hi}")
+        self._check_open()
+        limit = self.max_bytes_per_file
+        pack = _LEN.pack
+        parts: list[bytes] = []
+        n = 0
+        pos = self._write_pos
+        for rec in records:
+            total = 4 + len(rec)
+            if pos > 0 and pos + total > limit:
+                if parts:
+                    self._write(b"".join(parts), n)
+                    parts = []
+                    n = 0
+                self._roll()
+                pos = 0
+            parts.append(pack(len(rec)))
+            parts.append(rec)
+            pos += total
+            n += 1
+        if parts:
+            self._write(b"".join(parts), n)
+        if self._count >= self.sync_every or self._need_sync:
+            self.sync()
+
+    def read_many(self, max_count: int) -> list[bytes]:
+        """Return up to ``max_count`` next records in FIFO order; they are consumed.
+
+        Fewer records are returned only when the queue runs dry. A crash after this returns loses
+        the returned records (the depth and read position already moved past them).
+        """
+        out: list[bytes] = []
+        if self._closed or max_count <= 0:
+            return out
+        while len(out) < max_count and self._has_data():
+            try:
+                if self._rfd is None:
+                    self._open_read_file()
+                limit = self._read_limit()
+            except OSError as exc:
+                self._handle_read_error(str(exc))
+                continue
+            if self._read_pos >= limit:
+                if self._read_file_num < self._write_file_num and self._read_pos == limit:
+                    self._next_read_file()
+                else:
+                    self._handle_read_error(f"read position beyond end of data ({limit})")
+                continue
+
+            buf = self._rbuf
+            base = self._rbuf_pos
+            off = self._read_pos - base
+            end = min(len(buf), limit - base)
+            want = max_count - len(out)
+            lo, hi = self.min_msg_size, self.max_msg_size
+            unpack = _LEN.unpack_from
+            append = out.append
+            got = 0
+            bad_size: int | None = None
+            while got < want and off + 4 <= end:
+                (size,) = unpack(buf, off)
+                if size < lo or size > hi:
+                    bad_size = size
+                    break
+                nxt = off + 4 + size
+                if nxt > end:
+                    break
+                append(buf[off + 4 : nxt])
+                off = nxt
+                got += 1
+            if got:
+                self._read_pos = base + off
+                self._depth -= got
+                self._count += got
+            if bad_size is not None:
+                # the file is corrupt and nothing says where the next record begins
+                self._handle_read_error(f"invalid message read size ({bad_size})")
+                continue
+            if got == want or self._read_pos >= limit:
+                continue
+            try:
+                more = self._fill(limit)
+            except OSError as exc:
+                self._handle_read_error(str(exc))
+                continue
+            if not more:
+                self._handle_read_error("unexpected EOF (truncated record)")
+        self._after_read()
+        return out
+
+    def empty(self) -> None:
+        """Delete all data files and the metadata file; go on with a new file number."""
+        self._check_open()
+        self._log.info("DISKQUEUE(%s): emptying", self.name)
+        first_err = self._skip_to_next_rw_file()
+        try:
+            os.remove(self._meta_file_name())
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to remove metadata file - %s", self.name, exc)
+            first_err = first_err or exc
+        self._count = 0
+        self._need_sync = False
+        if first_err is not None:
+            raise first_err
+
+    def sync(self) -> None:
+        """fsync the write file and write the metadata (tmp file, fsync, rename)."""
+        if self._wfd is not None:
+            try:
+                os.fsync(self._wfd)
+            except OSError:
+                self._close_write_file()
+                raise
+        self._persist_metadata()
+        self._need_sync = False
+        self._count = 0
+
+    def sync_if_due(self, now: float) -> None:
+        """The ``sync_timeout`` tick: sync if there was any operation since the last sync.
+
+        ``now`` is the caller's clock reading, accepted so one timer can drive every queue; as in
+        go-diskqueue's ticker the decision is only "was there activity". Raises ``OSError`` if
+        the sync fails.
+        """
+        del now
+        if not self._closed and (self._count > 0 or self._need_sync):
+            self.sync()
+
+    def close(self) -> None:
+        """Sync and close the files. Raises ``OSError`` if the final sync fails (files closed)."""
+        if self._closed:
+            return
+        self._log.info("DISKQUEUE(%s): closing", self.name)
+        try:
+            self.sync()
+        finally:
+            self._close_read_file()
+            self._close_write_file()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Close without syncing and remove every data, metadata and tmp file of this queue.
+
+        ``.bad`` files are left for the operator to inspect, as go-diskqueue does.
+        """
+        self._log.info("DISKQUEUE(%s): deleting", self.name)
+        self._close_read_file()
+        self._close_write_file()
+        self._closed = True
+        meta = self._meta_file_name()
+        meta_base = os.path.basename(meta)
+        names = [meta]
+        try:
+            entries = os.listdir(self.data_path)
+        except OSError:
+            entries = []
+        for entry in entries:
+            if self._file_re.fullmatch(entry) or (
+                entry.startswith(meta_base + ".") and entry.endswith(".tmp")
+            ):
+                names.append(os.path.join(self.data_path, entry))
+        first_err: OSError | None = None
+        for fn in names:
+            try:
+                os.remove(fn)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to remove %s - %s", self.name, fn, exc)
+                first_err = first_err or exc
+        self._depth = 0
+        if first_err is not None:
+            raise first_err
+
+    # -- file names -----------------------------------------------------------------------
+
+    def _file_name(self, num: int) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
+
+    def _meta_file_name(self) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.meta.dat")
+
+    # -- startup ------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        meta = self._meta_file_name()
+        try:
+            with open(meta, "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            self._recover_from_data_files()
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to retrieveMetaData - %s", self.name, exc)
+            self._recover_from_data_files()
+        else:
+            m = _META_RE.match(text)
+            values = [int(g) for g in m.groups()] if m else []
+            if not values or min(values[1:]) < 0:
+                self._log.error(
+                    "DISKQUEUE(%s) failed to retrieveMetaData - cannot parse %s: %r",
+                    self.name,
+                    meta,
+                    text[:100],
+                )
+                self._recover_from_data_files()
+                self._need_sync = True
+            else:
+                (
+                    self._depth,
+                    self._read_file_num,
+                    self._read_pos,
+                    self._write_file_num,
+                    self._write_pos,
+                ) = values
+                self._check_write_file()
+        self._check_tail_corruption()
+        if self._need_sync:
+            try:
+                self.sync()
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
+
+    def _existing_file_nums(self) -> list[int]:
+        try:
+            entries = os.listdir(self.data_path)
+        except OSError:
+            return []
+        nums = []
+        for entry in entries:
+            m = self._file_re.fullmatch(entry)
+            if m:
+                nums.append(int(m.group(1)))
+        return sorted(nums)
+
+    def _recover_from_data_files(self) -> None:
+        """No usable metadata: start fresh, unless data files exist, then serve them."""
+        nums = self._existing_file_nums()
+        if not nums:
+            return
+        depth = sum(self._count_records(self._file_name(n), 0) for n in nums)
+        self._read_file_num = nums[0]
+        self._read_pos = 0
+        self._write_file_num = nums[-1] + 1
+        self._write_pos = 0
+        self._depth = depth
+        self._need_sync = True
+        self._log.warning(
+            "DISKQUEUE(%s) no usable metadata but data files %06d..%06d exist, "
+            "reading them (%d messages), writing to new file %06d",
+            self.name,
+            nums[0],
+            nums[-1],
+            depth,
+            self._write_file_num,
+        )
+
+    def _check_write_file(self) -> None:
+        """go-diskqueue #31: never write over data that the metadata does not know about."""
+        fn = self._file_name(self._write_file_num)
+        try:
+            size = os.stat(fn).st_size
+        except FileNotFoundError:
+            if self._write_pos > 0:
+                self._log.warning(
+                    "DISKQUEUE(%s) %s missing but metadata writePos is %d, skipping to new file",
+                    self.name,
+                    fn,
+                    self._write_pos,
+                )
+                self._skip_write_file()
+            return
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to stat %s - %s", self.name, fn, exc)
+            return
+        if self._write_pos < size:
+            extra = self._count_records(fn, self._write_pos)
+            self._log.warning(
+                "DISKQUEUE(%s) %s metadata writePos %d < file size of %d, skipping to new file "
+                "(%d unsynced messages kept)",
+                self.name,
+                fn,
+                self._write_pos,
+                size,
+                extra,
+            )
+            self._depth += extra
+            self._skip_write_file()
+        elif self._write_pos > size:
+            self._log.warning(
+                "DISKQUEUE(%s) %s metadata writePos %d > file size of %d, skipping to new file",
+                self.name,
+                fn,
+                self._write_pos,
+                size,
+            )
+            self._skip_write_file()
+
+    def _skip_write_file(self) -> None:
+        self._close_write_file()
+        self._write_file_num += 1
+        self._write_pos = 0
+        self._need_sync = True
+
+    def _count_records(self, path: str, start: int) -> int:
+        """Count the intact records of a file from ``start`` up to the first bad one."""
+        count = 0
+        lo, hi = self.min_msg_size, self.max_msg_size
+        try:
+            with open(path, "rb", buffering=0) as f:
+                f.seek(start)
+                buf = b""
+                off = 0
+                while True:
+                    chunk = f.read(_READ_CHUNK)
+                    if not chunk:
+                        break
+                    buf = buf[off:] + chunk
+                    off = 0
+                    n = len(buf)
+                    while off + 4 <= n:
+                        (size,) = _LEN.unpack_from(buf, off)
+                        if size < lo or size > hi:
+                            return count
+                        if off + 4 + size > n:
+                            break
+                        off += 4 + size
+                        count += 1
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to scan %s - %s", self.name, path, exc)
+        return count
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OSError(f"DISKQUEUE({self.name}) is closed")
+
+    def _roll(self) -> None:
+        # as go-diskqueue: sync (the old file, and metadata naming the new one), then close
+        self._write_file_num += 1
+        self._write_pos = 0
+        try:
+            self.sync()
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
+        self._close_write_file()
+
+    def _write(self, data: bytes, n: int) -> None:
+        if self._wfd is None:
+            fn = self._file_name(self._write_file_num)
+            try:
+                self._wfd = os.open(fn, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to open %s - %s", self.name, fn, exc)
+                raise
+            self._log.info("DISKQUEUE(%s): writeOne() opened %s", self.name, fn)
+        fd = self._wfd
+        pos = self._write_pos
+        try:
+            view = memoryview(data)
+            done = 0
+            total = len(data)
+            while done < total:
+                written = os.pwrite(fd, view[done:], pos + done)
+                if written <= 0:
+                    raise OSError(f"short write to {self._file_name(self._write_file_num)}")
+                done += written
+        except OSError as exc:
+            self._log.error(
+                "DISKQUEUE(%s) failed to write to %s - %s",
+                self.name,
+                self._file_name(self._write_file_num),
+                exc,
+            )
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, pos)  # leave no partial record behind
+            self._close_write_file()
+            raise
+        self._write_pos = pos + len(data)
+        self._depth += n
+        self._count += n
+
+    def _close_write_file(self) -> None:
+        if self._wfd is not None:
+            fd, self._wfd = self._wfd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _persist_metadata(self) -> None:
+        meta = self._meta_file_name()
+        tmp = f"{meta}.{random.getrandbits(63)}.tmp"
+        text = (
+            f"{self._depth}\n{self._read_file_num},{self._read_pos}\n"
+            f"{self._write_file_num},{self._write_pos}\n"
+        ).encode()
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+        try:
+            try:
+                view = memoryview(text)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, meta)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _has_data(self) -> bool:
+        return self._read_file_num < self._write_file_num or (
+            self._read_file_num == self._write_file_num and self._read_pos < self._write_pos
+        )
+
+    def _open_read_file(self) -> None:
+        fn = self._file_name(self._read_file_num)
+        self._rfd = os.open(fn, os.O_RDONLY | _O_CLOEXEC)
+        self._log.info("DISKQUEUE(%s): readOne() opened %s", self.name, fn)
+        self._rbuf = b""
+        self._rbuf_pos = self._read_pos
+        self._read_end = None
+
+    def _read_limit(self) -> int:
+        """Where the data of the read file ends: writePos, or the real size of a completed file."""
+        if self._read_file_num == self._write_file_num:
+            return self._write_pos
+        if self._read_end is None:
+            assert self._rfd is not None
+            self._read_end = os.fstat(self._rfd).st_size
+        return self._read_end
+
+    def _fill(self, limit: int) -> bool:
+        """Read more of the read file into the buffer; False if there is nothing more."""
+        assert self._rfd is not None
+        rest = self._rbuf[self._read_pos - self._rbuf_pos :]
+        need = 4 - len(rest)
+        if need <= 0:
+            need = 4 + _LEN.unpack_from(rest, 0)[0] - len(rest)
+        file_off = self._read_pos + len(rest)
+        size = min(max(_READ_CHUNK, need), limit - file_off)
+        if size <= 0:
+            return False
+        data = os.pread(self._rfd, size, file_off)
+        if not data:
+            return False
+        self._rbuf = rest + data
+        self._rbuf_pos = self._read_pos
+        return True
+
+    def _close_read_file(self) -> None:
+        self._rbuf = b""
+        self._rbuf_pos = 0
+        self._read_end = None
+        if self._rfd is not None:
+            fd, self._rfd = self._rfd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _next_read_file(self) -> None:
+        """The reader has consumed a completed file: delete it and go on with the next one."""
+        old = self._file_name(self._read_file_num)
+        self._close_read_file()
+        self._read_file_num += 1
+        self._read_pos = 0
+        # sync every time we start reading from a new file
+        self._need_sync = True
+        try:
+            os.remove(old)
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to Remove(%s) - %s", self.name, old, exc)
+
+    def _after_read(self) -> None:
+        if (
+            self._rfd is not None
+            and self._read_file_num < self._write_file_num
+            and self._read_pos == self._read_limit()
+        ):
+            self._next_read_file()
+        self._check_tail_corruption()
+        if self._need_sync or self._count >= self.sync_every:
+            try:
+                self.sync()
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
+
+    def _handle_read_error(self, reason: str) -> None:
+        """Rename the read file to .bad and jump to the next file (go-diskqueue handleReadError)."""
+        bad_fn = self._file_name(self._read_file_num)
+        self._log.error(
+            "DISKQUEUE(%s) reading at %d of %s - %s", self.name, self._read_pos, bad_fn, reason
+        )
+        self._close_read_file()
+        if self._read_file_num == self._write_file_num:
+            # the current write file cannot be trusted either: write to a new one
+            self._close_write_file()
+            self._write_file_num += 1
+            self._write_pos = 0
+        bad_rename_fn = bad_fn + ".bad"
+        self._log.warning(
+            "DISKQUEUE(%s) jump to next file and saving bad file as %s", self.name, bad_rename_fn
+        )
+        try:
+            os.replace(bad_fn, bad_rename_fn)
+        except OSError as exc:
+            self._log.error(
+                "DISKQUEUE(%s) failed to rename bad diskqueue file %s to %s - %s",
+                self.name,
+                bad_fn,
+                bad_rename_fn,
+                exc,
+            )
+        self._read_file_num += 1
+        self._read_pos = 0
+        self._need_sync = True
+        self._check_tail_corruption()
+
+    def _check_tail_corruption(self) -> None:
+        if self._has_data():
+            return
+        # we've reached the end of the queue: if depth isn't 0 something went wrong
+        if self._depth < 0:
+            self._log.error(
+                "DISKQUEUE(%s) negative depth at tail (%d), metadata corruption, resetting 0...",
+                self.name,
+                self._depth,
+            )
+        elif self._depth > 0:
+            self._log.error(
+                "DISKQUEUE(%s) positive depth at tail (%d), data loss, resetting 0...",
+                self.name,
+                self._depth,
+            )
+        if self._depth != 0:
+            self._depth = 0
+            self._need_sync = True
+        if self._read_file_num != self._write_file_num or self._read_pos != self._write_pos:
+            if self._read_file_num > self._write_file_num:
+                self._log.error(
+                    "DISKQUEUE(%s) readFileNum > writeFileNum (%d > %d), corruption, "
+                    "skipping to next writeFileNum and resetting 0...",
+                    self.name,
+                    self._read_file_num,
+                    self._write_file_num,
+                )
+            if self._read_pos > self._write_pos:
+                self._log.error(
+                    "DISKQUEUE(%s) readPos > writePos (%d > %d), corruption, "
+                    "skipping to next writeFileNum and resetting 0...",
+                    self.name,
+                    self._read_pos,
+                    self._write_pos,
+                )
+            self._skip_to_next_rw_file()
+            self._need_sync = True
+
+    def _skip_to_next_rw_file(self) -> OSError | None:
+        self._close_read_file()
+        self._close_write_file()
+        first_err: OSError | None = None
+        for num in range(self._read_file_num, self._write_file_num + 1):
+            fn = self._file_name(num)
+            try:
+                os.remove(fn)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to remove data file - %s", self.name, exc)
+                first_err = first_err or exc
+        self._write_file_num = max(self._read_file_num, self._write_file_num) + 1
+        self._write_pos = 0
+        self._read_file_num = self._write_file_num
+        self._read_pos = 0
+        self._depth = 0
+        return first_err
