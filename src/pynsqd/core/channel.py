@@ -1,0 +1,382 @@
+"""A channel: one queue of a topic's messages, shared by competing consumers.
+
+Theory of operation. Messages arrive through ``put`` (from the topic's fan-out, a requeue or
+a due deferral) into a ``MessageQueue``. Delivery is pull-based and batched: whenever a
+consumer may have become ready (RDY raised, a FIN/REQ/timeout lowered its in-flight count,
+its socket drained) or a message arrived, the channel schedules one ``_pump`` for the end of
+the loop turn. The pump hands each ready consumer (``in_flight < RDY``, nsqd's window rule;
+RDY is never decremented) a share of the queued messages in one call, so the per-message cost
+is a few attribute writes, a dict insert and a heap push: no task, future or timer per message.
+
+In-flight deadlines and deferred due times share one ``TimedQueue``. When a consumer
+disconnects its in-flight messages go back to the head of the queue at once (our decision
+A#10; nsqd waits for their timeout).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from ..protocol.errors import ClientError, FatalClientError
+from .backend import BackendQueue
+from .message import MAX_ATTEMPTS, Message
+from .queue import MessageQueue
+from .timed_queue import Scheduler, TimedQueue
+
+
+class ConsumerLike(Protocol):
+    """What a channel needs of a subscribed client connection."""
+
+    id: int
+    rdy: int
+    in_flight_count: int
+    msg_timeout: float
+    sample_rate: int
+    write_paused: bool
+    finish_count: int
+    requeue_count: int
+
+    def send_messages(self, msgs: list[Message]) -> None: ...
+    def messages_timed_out(self, n: int) -> None: ...
+    def close_for_exit(self) -> None: ...
+
+
+class ChannelOwner(Protocol):
+    """What a channel needs of its topic and of nsqd."""
+
+    name: str
+
+    def channel_emptied_of_clients(self, channel: Channel) -> None: ...
+
+
+class Channel:
+    __slots__ = (
+        "_pump_pending",
+        "_rr",
+        "clients",
+        "deferred",
+        "e2e_sink",
+        "ephemeral",
+        "exiting",
+        "in_flight",
+        "loop",
+        "max_consumers",
+        "max_msg_timeout",
+        "message_count",
+        "name",
+        "paused",
+        "queue",
+        "requeue_count",
+        "timeout_count",
+        "topic",
+        "tq",
+    )
+
+    def __init__(
+        self,
+        topic: ChannelOwner,
+        name: str,
+        loop: Scheduler,
+        *,
+        mem_queue_size: int,
+        backend: BackendQueue,
+        max_msg_timeout: float,
+        max_consumers: int = 0,
+        ephemeral: bool = False,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.loop = loop
+        self.ephemeral = ephemeral
+        self.queue = MessageQueue(mem_queue_size, backend)
+        self.max_msg_timeout = max_msg_timeout
+        self.max_consumers = max_consumers
+        self.clients: dict[int, ConsumerLike] = {}
+        self.in_flight: dict[bytes, Message] = {}
+        self.deferred: dict[bytes, Message] = {}
+        self.tq = TimedQueue(loop, self._on_due)
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self._pump_pending = False
+        self._rr = 0
+        #: Called with (now_ns - msg.timestamp) for each FIN when e2e latency is tracked.
+        self.e2e_sink: Callable[[int], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Channel({self.topic.name}:{self.name})"
+
+    @property
+    def depth(self) -> int:
+        return len(self.queue)
+
+    # -- input ----------------------------------------------------------------------------
+
+    def put_many(self, msgs: list[Message]) -> None:
+        """Messages from the topic: counted, queued (or deferred), and offered to consumers."""
+        self.message_count += len(msgs)
+        plain = msgs
+        if msgs[0].defer_until_ns or msgs[-1].defer_until_ns:
+            plain = [m for m in msgs if not m.defer_until_ns]
+            for m in msgs:
+                if m.defer_until_ns:
+                    self._defer_until_ns(m)
+        if plain:
+            self.queue.put_many(plain)
+            if self.clients:
+                self.schedule_pump()
+
+    def _defer_until_ns(self, msg: Message) -> None:
+        # The due time is wall-clock (it survives restarts); the timed queue runs on loop time.
+        from time import time_ns
+
+        delay = max(0.0, (msg.defer_until_ns - time_ns()) / 1e9)
+        msg.defer_until_ns = 0
+        self.deferred[msg.id] = msg
+        self.tq.push(msg, self.loop.time() + delay)
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def schedule_pump(self) -> None:
+        if not self._pump_pending:
+            self._pump_pending = True
+            self.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_pending = False
+        if self.paused or self.exiting:
+            return
+        queue = self.queue
+        if not len(queue):
+            return
+        ready = [
+            c for c in self.clients.values() if c.rdy > c.in_flight_count and not c.write_paused
+        ]
+        if len(ready) > 1:  # rotate so that no consumer is always first
+            self._rr = (self._rr + 1) % len(ready)
+            ready = ready[self._rr :] + ready[: self._rr]
+        while ready:
+            share = -(-len(queue) // len(ready))
+            still_ready = []
+            for client in ready:
+                window = client.rdy - client.in_flight_count
+                batch = queue.take(min(window, share))
+                if not batch:
+                    return
+                self._deliver(client, batch)
+                if window > len(batch):
+                    still_ready.append(client)
+            if not len(queue):
+                return
+            ready = still_ready
+
+    def _deliver(self, client: ConsumerLike, batch: list[Message]) -> None:
+        if client.sample_rate:
+            # nsqd drops unsampled messages from the channel (decision A#11).
+            rate = client.sample_rate
+            batch = [m for m in batch if random.randrange(100) <= rate]
+            if not batch:
+                return
+        now = self.loop.time()
+        in_flight = self.in_flight
+        for msg in batch:
+            if msg.attempts < MAX_ATTEMPTS:
+                msg.attempts += 1
+            msg.client = client
+            msg.delivery_ts = now
+            in_flight[msg.id] = msg
+        self.tq.push_many(batch, now + client.msg_timeout)
+        client.in_flight_count += len(batch)
+        client.send_messages(batch)
+
+    # -- consumer commands ----------------------------------------------------------------
+
+    def _take_in_flight(self, client: ConsumerLike, msg_id: bytes, cmd: str) -> Message:
+        msg = self.in_flight.get(msg_id)
+        if msg is None:
+            raise ClientError(f"E_{cmd}_FAILED", f"{cmd} {_id(msg_id)} failed ID not in flight")
+        if msg.client is not client:
+            raise ClientError(
+                f"E_{cmd}_FAILED", f"{cmd} {_id(msg_id)} failed client does not own message"
+            )
+        return msg
+
+    def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
+        msg = self._take_in_flight(client, msg_id, "FIN")
+        del self.in_flight[msg_id]
+        self.tq.remove(msg)
+        msg.client = None
+        client.in_flight_count -= 1
+        client.finish_count += 1
+        if self.e2e_sink is not None:
+            from time import time_ns
+
+            self.e2e_sink(time_ns() - msg.timestamp)
+        if len(self.queue):
+            self.schedule_pump()
+
+    def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> ClientError | None:
+        """FIN a run of ids; stops at, and returns, the first non-fatal error."""
+        in_flight = self.in_flight
+        remove = self.tq.remove
+        done = 0
+        err: ClientError | None = None
+        if self.e2e_sink is None:
+            for msg_id in ids:
+                msg = in_flight.get(msg_id)
+                if msg is None or msg.client is not client:
+                    try:
+                        self._take_in_flight(client, msg_id, "FIN")
+                    except ClientError as e:
+                        err = e
+                    break
+                del in_flight[msg_id]
+                remove(msg)
+                msg.client = None
+                done += 1
+            client.in_flight_count -= done
+            client.finish_count += done
+            if done and len(self.queue):
+                self.schedule_pump()
+            return err
+        for msg_id in ids:
+            try:
+                self.finish(client, msg_id)
+            except ClientError as e:
+                return e
+        return None
+
+    def requeue(self, client: ConsumerLike, msg_id: bytes, timeout: float) -> None:
+        """REQ: back to the queue now (timeout 0) or deferred by ``timeout`` seconds."""
+        if self.exiting:
+            raise ClientError("E_REQ_FAILED", f"REQ {_id(msg_id)} failed exiting")
+        msg = self._take_in_flight(client, msg_id, "REQ")
+        if timeout > 0 and msg_id in self.deferred:
+            raise ClientError("E_REQ_FAILED", f"REQ {_id(msg_id)} failed ID already deferred")
+        del self.in_flight[msg_id]
+        self.tq.remove(msg)
+        msg.client = None
+        client.in_flight_count -= 1
+        client.requeue_count += 1
+        self.requeue_count += 1
+        if timeout > 0:
+            self.deferred[msg_id] = msg
+            self.tq.push(msg, self.loop.time() + timeout)
+        else:
+            self.queue.put(msg)
+        self.schedule_pump()
+
+    def touch(self, client: ConsumerLike, msg_id: bytes) -> None:
+        msg = self._take_in_flight(client, msg_id, "TOUCH")
+        now = self.loop.time()
+        deadline = min(now + client.msg_timeout, msg.delivery_ts + self.max_msg_timeout)
+        self.tq.remove(msg)
+        self.tq.push(msg, deadline)
+
+    # -- timeouts and deferrals -----------------------------------------------------------
+
+    def _on_due(self, msgs: list[Message]) -> None:
+        ready: list[Message] = []
+        timed_out: dict[int, int] = {}
+        owners: dict[int, ConsumerLike] = {}
+        for msg in msgs:
+            client = msg.client
+            if client is not None:  # an in-flight message whose deadline passed
+                del self.in_flight[msg.id]
+                msg.client = None
+                timed_out[client.id] = timed_out.get(client.id, 0) + 1
+                owners[client.id] = client
+            else:  # a deferred message now due
+                del self.deferred[msg.id]
+            ready.append(msg)
+        for cid, n in timed_out.items():
+            owners[cid].in_flight_count -= n
+            owners[cid].messages_timed_out(n)
+            self.timeout_count += n
+        self.queue.put_many(ready)
+        self.schedule_pump()
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def add_client(self, client: ConsumerLike) -> None:
+        if self.exiting:
+            raise FatalClientError("E_SUB_FAILED", "SUB failed exiting")
+        if client.id in self.clients:
+            return
+        if self.max_consumers and len(self.clients) >= self.max_consumers:
+            raise FatalClientError(
+                "E_SUB_FAILED",
+                f"SUB failed consumers for {self.topic.name}:{self.name} "
+                f"exceeds limit of {self.max_consumers}",
+            )
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ConsumerLike) -> None:
+        """A consumer left: requeue its in-flight messages at once (decision A#10)."""
+        if self.clients.pop(client.id, None) is None:
+            return
+        self.requeue_client_messages(client)
+        if self.ephemeral and not self.clients and not self.exiting:
+            self.topic.channel_emptied_of_clients(self)
+
+    def requeue_client_messages(self, client: ConsumerLike) -> None:
+        mine = [m for m in self.in_flight.values() if m.client is client]
+        if not mine:
+            return
+        for m in mine:
+            del self.in_flight[m.id]
+            self.tq.remove(m)
+            m.client = None
+        client.in_flight_count -= len(mine)
+        self.queue.put_front(mine)
+        self.schedule_pump()
+
+    # -- administration -------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.schedule_pump()
+
+    def empty(self) -> None:
+        """Drop queued, in-flight and deferred messages (nsqd's ``Empty``)."""
+        for m in self.tq.clear():
+            m.client = None
+        self.in_flight.clear()
+        self.deferred.clear()
+        for c in self.clients.values():
+            c.in_flight_count = 0
+        self.queue.empty()
+
+    def close(self, *, delete: bool) -> None:
+        """Stop the channel. On delete its messages go; otherwise they are kept in the backend."""
+        self.exiting = True
+        for c in list(self.clients.values()):
+            c.close_for_exit()
+        self.clients.clear()
+        if delete:
+            self.tq.clear()
+            self.in_flight.clear()
+            self.deferred.clear()
+            self.queue.backend.delete()
+            return
+        # In-flight and deferred messages go back to the queue so that nothing is lost.
+        pending = self.tq.clear()
+        for m in pending:
+            m.client = None
+        self.in_flight.clear()
+        self.deferred.clear()
+        leftovers = self.queue.drain_memory() + pending
+        if leftovers:
+            self.queue.backend.put_many(leftovers)
+        self.queue.backend.close()
+
+
+def _id(msg_id: bytes) -> str:
+    return msg_id.decode("ascii", "replace")

@@ -1,0 +1,78 @@
+"""The message as nsqd keeps it: one object per channel copy, sharing the body bytes."""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .channel import ConsumerLike
+
+#: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
+_ENCODED_HEADER = struct.Struct(">qH")
+ENCODED_OVERHEAD = 26
+MAX_ATTEMPTS = 0xFFFF
+
+
+class Message:
+    """One message in one queue (topic or channel).
+
+    A channel's copy is in exactly one of these places at a time: a memory or backend queue,
+    in flight to a client (``client`` set, ``tq_seq`` set), or deferred (``client`` None,
+    ``tq_seq`` set). ``tq_seq`` is the token of its live entry in the channel's timed queue;
+    0 means no live entry.
+    """
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "client",
+        "defer_until_ns",
+        "delivery_ts",
+        "id",
+        "timestamp",
+        "tq_seq",
+    )
+
+    def __init__(self, msg_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
+        self.id = msg_id
+        self.body = body
+        self.timestamp = timestamp
+        self.attempts = attempts
+        self.client: ConsumerLike | None = None
+        self.delivery_ts = 0.0
+        self.tq_seq = 0
+        #: Wall-clock due time (ns) of a deferred message not yet in a channel's timed queue.
+        self.defer_until_ns = 0
+
+    def copy(self) -> Message:
+        """A fresh copy for another channel: same id, body and timestamp; no channel state."""
+        m = Message(self.id, self.body, self.timestamp, self.attempts)
+        m.defer_until_ns = self.defer_until_ns
+        return m
+
+    def encode(self) -> bytes:
+        """nsqd's encoding (``WriteTo``), as stored in the disk queue."""
+        return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id + self.body
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id!r}, attempts={self.attempts}, len={len(self.body)})"
+
+    def __eq__(self, other: Any) -> bool:  # for tests: compare what travels on the wire
+        return (
+            isinstance(other, Message)
+            and self.id == other.id
+            and self.body == other.body
+            and self.timestamp == other.timestamp
+            and self.attempts == other.attempts
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def decode_message(data: bytes) -> Message:
+    """The inverse of ``Message.encode``; raises ValueError on a record too short to hold one."""
+    if len(data) < ENCODED_OVERHEAD:
+        raise ValueError(f"invalid message buffer size ({len(data)})")
+    ts, attempts = _ENCODED_HEADER.unpack_from(data, 0)
+    return Message(data[10:26], data[26:], ts, attempts)

@@ -1,0 +1,184 @@
+"""A topic: takes published messages and gives every channel its own copy.
+
+Theory of operation. nsqd runs a goroutine per topic that moves messages to channels. Here
+fan-out is a plain call on the publisher's path: when the topic has channels, is not paused and
+holds no backlog, ``put_many`` copies the batch into each channel at once (the first channel
+keeps the original objects, the others get copies sharing the body bytes). Otherwise messages
+wait in the topic's own queue (memory, then backend) — a topic with no channels keeps its
+messages until one appears — and a drain moves them on, a bounded batch per loop turn, so a
+large backlog never stalls the event loop. New messages queue behind the backlog, keeping order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from .backend import BackendQueue
+from .channel import Channel
+from .guid import GUIDFactory
+from .message import Message
+from .queue import MessageQueue
+from .timed_queue import Scheduler
+
+#: Messages moved from a topic's backlog to its channels per loop turn.
+DRAIN_BATCH = 4096
+
+
+class TopicOwner(Protocol):
+    """What a topic needs of nsqd."""
+
+    def make_channel(self, topic: Topic, name: str) -> Channel: ...
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None: ...
+    def topic_emptied_of_channels(self, topic: Topic) -> None: ...
+
+
+class Topic:
+    __slots__ = (
+        "_drain_pending",
+        "_owner",
+        "channels",
+        "ephemeral",
+        "exiting",
+        "guid",
+        "loop",
+        "message_bytes",
+        "message_count",
+        "name",
+        "on_channel_added",
+        "paused",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        owner: TopicOwner,
+        loop: Scheduler,
+        *,
+        node_id: int,
+        mem_queue_size: int,
+        backend: BackendQueue,
+        ephemeral: bool = False,
+    ) -> None:
+        self.name = name
+        self._owner = owner
+        self.loop = loop
+        self.ephemeral = ephemeral
+        self.guid = GUIDFactory(node_id)
+        self.queue = MessageQueue(mem_queue_size, backend)
+        self.channels: dict[str, Channel] = {}
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self._drain_pending = False
+        self.on_channel_added: Callable[[Channel], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name})"
+
+    @property
+    def depth(self) -> int:
+        return len(self.queue)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def put_bodies(self, bodies: list[bytes], defer_ms: int = 0) -> None:
+        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them."""
+        ts = time.time_ns()
+        ids = self.guid.new_ids(len(bodies))
+        msgs = [Message(i, b, ts) for i, b in zip(ids, bodies, strict=True)]
+        if defer_ms:
+            due = ts + defer_ms * 1_000_000
+            for m in msgs:
+                m.defer_until_ns = due
+        self.put_many(msgs)
+        self.message_count += len(msgs)
+        self.message_bytes += sum(map(len, bodies))
+
+    def put_many(self, msgs: list[Message]) -> None:
+        """Raises OSError if the backend could not store the messages."""
+        if self.channels and not self.paused and not len(self.queue):
+            self._fan_out(msgs)
+        else:
+            self.queue.put_many(msgs)
+            self.schedule_drain()
+
+    def _fan_out(self, msgs: list[Message]) -> None:
+        channels = iter(self.channels.values())
+        first = next(channels)
+        for ch in channels:
+            ch.put_many([m.copy() for m in msgs])
+        first.put_many(msgs)
+
+    def schedule_drain(self) -> None:
+        if not self._drain_pending and self.channels and not self.paused and len(self.queue):
+            self._drain_pending = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_pending = False
+        if self.paused or self.exiting or not self.channels:
+            return
+        batch = self.queue.take(DRAIN_BATCH)
+        if batch:
+            self._fan_out(batch)
+        self.schedule_drain()
+
+    # -- channels -------------------------------------------------------------------------
+
+    def get_channel(self, name: str) -> Channel:
+        """Get or create a channel; a new one starts receiving at once."""
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = self._owner.make_channel(self, name)
+            self.channels[name] = ch
+            if self.on_channel_added is not None:
+                self.on_channel_added(ch)
+            self.schedule_drain()
+        return ch
+
+    def delete_channel(self, name: str) -> bool:
+        ch = self.channels.pop(name, None)
+        if ch is None:
+            return False
+        ch.close(delete=True)
+        self._owner.channel_deleted(self, ch)
+        if self.ephemeral and not self.channels and not self.exiting:
+            self._owner.topic_emptied_of_channels(self)
+        return True
+
+    def channel_emptied_of_clients(self, channel: Channel) -> None:
+        # An #ephemeral channel goes with its last consumer.
+        if self.channels.get(channel.name) is channel:
+            self.delete_channel(channel.name)
+
+    # -- administration -------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.schedule_drain()
+
+    def empty(self) -> None:
+        """Drop the topic's own queue (not its channels'), as nsqd's ``/topic/empty``."""
+        self.queue.empty()
+
+    def close(self, *, delete: bool) -> None:
+        self.exiting = True
+        for name in list(self.channels):
+            if delete:
+                self.delete_channel(name)
+            else:
+                self.channels[name].close(delete=False)
+        if delete:
+            self.queue.backend.delete()
+            return
+        leftovers = self.queue.drain_memory()
+        if leftovers:
+            self.queue.backend.put_many(leftovers)
+        self.queue.backend.close()

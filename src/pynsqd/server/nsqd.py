@@ -1,0 +1,186 @@
+"""The nsqd root object: options, topics, clients, listeners and the process lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from ..core.backend import BackendQueue, DummyBackend, MemoryBackend
+from ..core.channel import Channel
+from ..core.topic import Topic
+from ..options import Options
+from ..protocol.identify import ProtocolConfig
+from ..protocol.names import is_ephemeral
+from .listener import format_address, listen
+
+if TYPE_CHECKING:
+    from .protocol_v2 import ClientV2
+
+log = logging.getLogger("pynsqd")
+
+
+def protocol_config(opts: Options) -> ProtocolConfig:
+    """The protocol limits from the options (the parser works in ms and bytes)."""
+    return ProtocolConfig(
+        max_msg_size=opts.max_msg_size,
+        max_body_size=opts.max_body_size,
+        max_rdy_count=opts.max_rdy_count,
+        max_req_timeout_ms=round(opts.max_req_timeout * 1000),
+        msg_timeout_ms=round(opts.msg_timeout * 1000),
+        max_msg_timeout_ms=round(opts.max_msg_timeout * 1000),
+        max_heartbeat_interval_ms=round(opts.max_heartbeat_interval * 1000),
+        output_buffer_timeout_ms=round(opts.output_buffer_timeout * 1000),
+        max_output_buffer_size=opts.max_output_buffer_size,
+        min_output_buffer_timeout_ms=round(opts.min_output_buffer_timeout * 1000),
+        max_output_buffer_timeout_ms=round(opts.max_output_buffer_timeout * 1000),
+    )
+
+
+class NSQD:
+    def __init__(self, opts: Options, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.opts = opts
+        self.loop = loop or asyncio.get_running_loop()
+        self.protocol_config = protocol_config(opts)
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, ClientV2] = {}
+        self.start_time = int(time.time())
+        self.exiting = False
+        self.health_error: str | None = None
+        self.tcp_server: asyncio.Server | None = None
+        self.tcp_address = ""
+        self._client_seq = 0
+
+    # -- topics and channels --------------------------------------------------------------
+
+    def get_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(
+                name,
+                self,
+                self.loop,
+                node_id=self.opts.node_id,
+                mem_queue_size=self.opts.mem_queue_size,
+                backend=self._backend(name),
+                ephemeral=is_ephemeral(name),
+            )
+            self.topics[name] = topic
+            log.info("TOPIC(%s): created", name)
+        return topic
+
+    def get_existing_topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def delete_existing_topic(self, name: str) -> bool:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        log.info("TOPIC(%s): deleting", name)
+        topic.close(delete=True)
+        return True
+
+    def make_channel(self, topic: Topic, name: str) -> Channel:
+        ch = Channel(
+            topic,
+            name,
+            self.loop,
+            mem_queue_size=self.opts.mem_queue_size,
+            backend=self._backend(f"{topic.name}:{name}"),
+            max_msg_timeout=self.opts.max_msg_timeout,
+            max_consumers=self.opts.max_channel_consumers,
+            ephemeral=is_ephemeral(name),
+        )
+        log.info("TOPIC(%s): new channel(%s)", topic.name, name)
+        return ch
+
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
+
+    def topic_emptied_of_channels(self, topic: Topic) -> None:
+        # An #ephemeral topic goes with its last channel.
+        if self.topics.get(topic.name) is topic:
+            self.delete_existing_topic(topic.name)
+
+    def _backend(self, name: str) -> BackendQueue:
+        if is_ephemeral(name):
+            return DummyBackend()
+        return MemoryBackend()
+
+    # -- clients --------------------------------------------------------------------------
+
+    def next_client_id(self) -> int:
+        self._client_seq += 1
+        return self._client_seq
+
+    def add_client(self, client: ClientV2) -> None:
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ClientV2) -> None:
+        self.clients.pop(client.id, None)
+
+    def set_health_error(self, err: BaseException | None) -> None:
+        self.health_error = None if err is None else str(err)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from .protocol_v2 import ClientV2
+
+        self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)
+        sock = self.tcp_server.sockets[0]
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.tcp_address = format_address(sock)
+        log.info("TCP: listening on %s", self.tcp_address)
+
+    async def stop(self) -> None:
+        """nsqd's Exit: close listeners and clients, then flush every queue to its backend."""
+        if self.exiting:
+            return
+        self.exiting = True
+        if self.tcp_server is not None:
+            log.info("TCP: closing %s", self.tcp_address)
+            self.tcp_server.close()
+        for client in list(self.clients.values()):
+            client.close_for_exit()
+        # Let the transports finish closing, so every client's in-flight messages are back.
+        for _ in range(100):
+            if not self.clients:
+                break
+            await asyncio.sleep(0.01)
+        for topic in list(self.topics.values()):
+            topic.close(delete=False)
+        if self.tcp_server is not None:
+            await self.tcp_server.wait_closed()
+        log.info("NSQ: bye")
+
+
+def run(opts: Options) -> int:
+    """Run nsqd until SIGTERM or SIGINT; the console script's body."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    return runner(_serve(opts))
+
+
+async def _serve(opts: Options) -> int:
+    loop = asyncio.get_running_loop()
+    nsqd = NSQD(opts, loop)
+    try:
+        await nsqd.start()
+    except OSError as err:
+        log.critical("failed to listen on %s - %s", opts.tcp_address, err)
+        return 1
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await nsqd.stop()
+    return 0

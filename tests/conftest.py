@@ -1,0 +1,100 @@
+"""Fixtures: a real nsqd on 127.0.0.1 port 0, run on its own event loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+from pynsqd.options import Options
+from pynsqd.server.nsqd import NSQD
+
+from .wire import Conn
+
+T = TypeVar("T")
+
+
+class ServerThread:
+    """nsqd in a background thread; ``call`` runs a function on its loop and returns the result."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.nsqd: NSQD = self.call_async(self._start)
+
+    async def _start(self) -> NSQD:
+        nsqd = NSQD(self.opts, self.loop)
+        await nsqd.start()
+        return nsqd
+
+    @property
+    def tcp_port(self) -> int:
+        return int(self.nsqd.tcp_address.rsplit(":", 1)[1])
+
+    @property
+    def tcp_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.tcp_port)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+        self.loop.call_soon_threadsafe(run)
+        return fut.result(timeout=10)
+
+    def call_async(self, coro_fn: Callable[[], Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout=30)
+
+    def connect(self, **identify: Any) -> Conn:
+        conn = Conn(self.tcp_address)
+        if identify:
+            conn.identify(identify)
+        return conn
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.call_async(self.nsqd.stop)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        self.loop.close()
+
+
+def make_options(tmp_path: Path, **overrides: Any) -> Options:
+    opts = Options(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", data_path=str(tmp_path))
+    for key, value in overrides.items():
+        if not hasattr(opts, key):
+            raise AttributeError(key)
+        setattr(opts, key, value)
+    return opts
+
+
+@pytest.fixture
+def make_nsqd(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
+    servers: list[ServerThread] = []
+
+    def make(**overrides: Any) -> ServerThread:
+        server = ServerThread(make_options(tmp_path, **overrides))
+        servers.append(server)
+        return server
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def nsqd(make_nsqd: Callable[..., ServerThread]) -> ServerThread:
+    return make_nsqd()
