@@ -6,15 +6,18 @@ text; the flag is the field name with ``_`` → ``-`` and the config key is the 
 and the HTTP API's ``/config/:opt`` reads it, so an option is written down exactly once.
 
 Durations are held as float seconds; on the wire they are converted to nsqd's units (ms in
-IDENTIFY, ns in /info).
+IDENTIFY, ns in /info). ``parse_duration`` and ``format_duration`` speak Go's ``time.Duration``
+text (``1m0s``, ``250ms``), which is what flags, the config file and ``/config`` use.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import zlib
 from dataclasses import MISSING, Field, dataclass, field, fields
+from fractions import Fraction
 from typing import Any, Literal
 
 Kind = Literal["str", "int", "bool", "duration", "list", "floatlist", "deprecated_bool"]
@@ -27,8 +30,21 @@ def opt(
     kind: Kind | None = None,
     cfg: str | None = None,
     deprecated: str | None = None,
+    deprecated_flag: str | None = None,
+    implicit: str | None = None,
 ) -> Any:
-    meta = {"help": help, "kind": kind, "cfg": cfg, "deprecated": deprecated}
+    """One option. ``deprecated``: the flag itself is deprecated (the note says what to use).
+    ``deprecated_flag``: an old flag name still accepted for this option, with a warning
+    (go-options' ``deprecated`` tag). ``implicit``: the value a flag given without ``=value``
+    takes, for string options that Go declares as boolean flags (``-tls-required``)."""
+    meta = {
+        "help": help,
+        "kind": kind,
+        "cfg": cfg,
+        "deprecated": deprecated,
+        "deprecated_flag": deprecated_flag,
+        "implicit": implicit,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -125,7 +141,11 @@ class Options:
     max_msg_timeout: float = opt(
         900.0, "maximum duration before a message will timeout", kind="duration"
     )
-    max_msg_size: int = opt(1048576, "maximum size of a single message in bytes")
+    max_msg_size: int = opt(
+        1048576,
+        "maximum size of a single message in bytes",
+        deprecated_flag="max-message-size",
+    )
     max_req_timeout: float = opt(3600.0, "maximum requeuing timeout for a message", kind="duration")
     max_body_size: int = opt(5242880, "maximum size of a single command body")
     # -- client overridable
@@ -185,7 +205,9 @@ class Options:
         "", "client certificate auth policy ('require' or 'require-verify')"
     )
     tls_root_ca_file: str = opt("", "path to certificate authority file")
-    tls_required: str = opt("false", "require TLS for client connections (true, false, tcp-https)")
+    tls_required: str = opt(
+        "false", "require TLS for client connections (true, false, tcp-https)", implicit="true"
+    )
     tls_min_version: str = opt(
         "tls1.0", "minimum SSL/TLS version acceptable (tls1.0, tls1.1, tls1.2 or tls1.3)"
     )
@@ -234,3 +256,102 @@ def option_kind(f: Field[Any]) -> Kind:
     if isinstance(default, int):
         return "int"
     return "str"
+
+
+def deprecated_flag_name(f: Field[Any]) -> str | None:
+    """An old flag name still accepted for this option (``--max-message-size``)."""
+    name: str | None = f.metadata.get("deprecated_flag")
+    return name
+
+
+# -- Go's time.Duration text ------------------------------------------------------------------
+
+_NS_PER_UNIT: dict[str, int] = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign
+    "\u03bcs": 1_000,  # Greek mu
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60 * 1_000_000_000,
+    "h": 3600 * 1_000_000_000,
+}
+_NUMBER = re.compile(r"([0-9]*)(?:\.([0-9]*))?")
+_UNIT = re.compile(r"[^0-9.]*")
+_MAX_NS = (1 << 63) - 1
+
+
+def parse_duration_ns(text: str) -> int:
+    """Go's ``time.ParseDuration``: ``60s``, ``1h0m0s``, ``1.5h``, ``300µs``; ``0`` alone is 0.
+
+    Raises ``ValueError`` with Go's message (``time: missing unit in duration "60"``).
+    """
+    s = text
+    negative = False
+    if s[:1] in ("-", "+"):
+        negative = s[0] == "-"
+        s = s[1:]
+    if s == "0":
+        return 0
+    if not s:
+        raise ValueError(f'time: invalid duration "{text}"')
+    total = Fraction(0)
+    while s:
+        number = _NUMBER.match(s)
+        assert number is not None  # the pattern matches the empty string
+        whole, frac = number.group(1), number.group(2)
+        if not whole and not frac:
+            raise ValueError(f'time: invalid duration "{text}"')
+        s = s[number.end() :]
+        unit_match = _UNIT.match(s)
+        assert unit_match is not None
+        unit = unit_match.group(0)
+        s = s[unit_match.end() :]
+        if not unit:
+            raise ValueError(f'time: missing unit in duration "{text}"')
+        if unit not in _NS_PER_UNIT:
+            raise ValueError(f'time: unknown unit "{unit}" in duration "{text}"')
+        value = Fraction(int(whole or "0"))
+        if frac:
+            value += Fraction(int(frac), 10 ** len(frac))
+        total += value * _NS_PER_UNIT[unit]
+        if total > _MAX_NS + (1 if negative else 0):
+            raise ValueError(f'time: invalid duration "{text}"')
+    ns = int(total)
+    return -ns if negative else ns
+
+
+def parse_duration(text: str) -> float:
+    """Go duration text → float seconds (the unit ``Options`` keeps durations in)."""
+    return parse_duration_ns(text) / 1e9
+
+
+def _with_fraction(value: int, unit: int, digits: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    return f"{whole}." + f"{frac:0{digits}d}".rstrip("0")
+
+
+def format_duration(seconds: float) -> str:
+    """Go's ``Duration.String``: 60.0 → ``1m0s``, 0.25 → ``250ms``, 3600.0 → ``1h0m0s``."""
+    ns = round(seconds * 1e9)
+    sign = "-" if ns < 0 else ""
+    u = abs(ns)
+    if u == 0:
+        return "0s"
+    if u < 1_000:
+        return f"{sign}{u}ns"
+    if u < 1_000_000:
+        return f"{sign}{_with_fraction(u, 1_000, 3)}\u00b5s"
+    if u < 1_000_000_000:
+        return f"{sign}{_with_fraction(u, 1_000_000, 6)}ms"
+    whole_seconds, frac_ns = divmod(u, 1_000_000_000)
+    hours, rest = divmod(whole_seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    sec_text = _with_fraction(secs * 1_000_000_000 + frac_ns, 1_000_000_000, 9) + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{sec_text}"
+    if minutes:
+        return f"{sign}{minutes}m{sec_text}"
+    return f"{sign}{sec_text}"

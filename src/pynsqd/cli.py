@@ -1,0 +1,687 @@
+"""The ``nsqd`` command line: Go ``flag`` syntax, the ``--config`` TOML file, validation.
+
+Everything here is generated from the one options table, ``pynsqd.options.Options``: the flag
+set (names, kinds), the config-file keys and the ``-h`` text. Resolution follows nsqd's
+go-options: a flag given on the command line beats the config file, which beats the default.
+
+Flag syntax is exactly Go's ``flag`` package, because NSQ tooling and client test harnesses start
+nsqd with it: ``-flag value``, ``-flag=value``, ``--flag value``, ``--flag=value``; a boolean flag
+never takes the next argument (``-snappy``, ``-snappy=false``). Where nsqd is silent about bad
+input (an unknown config key, ``--tls-min-version=ssl3.0``, a trailing argument Go would quietly
+ignore together with every flag after it) we say so: every error is one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import Field, dataclass, field
+from typing import Any
+
+import pynsqd
+from pynsqd.log import LOG_LEVELS, configure_logging, parse_log_level
+from pynsqd.options import (
+    Options,
+    config_key,
+    deprecated_flag_name,
+    flag_name,
+    format_duration,
+    option_fields,
+    option_kind,
+    parse_duration,
+)
+from pynsqd.server.listener import is_unix_address, split_host_port
+
+log = logging.getLogger("pynsqd.cli")
+
+#: ``--enable-experiment`` values nsqd knows (master).
+EXPERIMENTS = ("topology-aware-consumption",)
+TLS_VERSIONS = ("tls1.0", "tls1.1", "tls1.2", "tls1.3")
+#: Longest unix socket path (``sun_path`` is 108 bytes with the terminating NUL on Linux).
+MAX_UNIX_PATH = 107
+
+
+class UsageError(Exception):
+    """Bad input. ``message`` is the one line to print; ``exit_code`` is 2 for the command line
+    (as Go's ``flag`` package), 1 for the config file and validation (as nsqd's fatal errors)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+class HelpRequested(UsageError):
+    """``-h``/``-help``: ``message`` is the usage text; exit 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text, exit_code=0)
+
+
+# -- Go's strconv, as the flag package uses it ------------------------------------------------
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_OCTAL = re.compile(r"([+-]?)0([0-7_]*[0-7])")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def parse_go_bool(text: str) -> bool:
+    """``strconv.ParseBool``."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("not a boolean (true or false)")
+
+
+def parse_go_int(text: str) -> int:
+    """``strconv.ParseInt(s, 0, 64)``: decimal, ``0x``/``0o``/``0b``, leading-0 octal, ``_``."""
+    if text != text.strip():
+        raise ValueError("not an integer")
+    octal = _OCTAL.fullmatch(text)
+    try:
+        value = int(f"{octal.group(1)}0o{octal.group(2)}", 0) if octal else int(text, 0)
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError("value out of range")
+    return value
+
+
+def parse_go_float(text: str) -> float:
+    """``strconv.ParseFloat(s, 64)`` (near enough: no surrounding spaces)."""
+    if not text or text != text.strip():
+        raise ValueError("not a number")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
+def _go_float(value: float) -> str:
+    """A float as Go's ``%v`` prints it: 1.0 → ``1``, 0.99 → ``0.99``."""
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _quote(value: Any) -> str:
+    """A value as the user wrote it, for error messages: strings in Go's ``%q`` style."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_quote(v) for v in value) + "]"
+    return str(value)
+
+
+# -- value checks: one per option that takes less than its type allows ------------------------
+
+
+def _check_log_level(value: str) -> str:
+    parse_log_level(value)
+    return value.lower()
+
+
+def _check_tls_required(value: str) -> str:
+    lowered = value.lower()
+    if lowered == "tcp-https":
+        return lowered
+    try:
+        return "true" if parse_go_bool(lowered) else "false"
+    except ValueError:
+        raise ValueError("must be true, false or tcp-https") from None
+
+
+def _check_tls_min_version(value: str) -> str:
+    lowered = value.lower()
+    if lowered == "":
+        return "tls1.0"
+    if lowered in TLS_VERSIONS:
+        return lowered
+    if lowered == "ssl3.0":
+        raise ValueError("SSL 3.0 is not supported; must be tls1.0, tls1.1, tls1.2 or tls1.3")
+    raise ValueError("must be tls1.0, tls1.1, tls1.2 or tls1.3")
+
+
+def _check_tls_client_auth_policy(value: str) -> str:
+    if value in ("", "require", "require-verify"):
+        return value
+    raise ValueError("must be require or require-verify")
+
+
+def _check_auth_http_request_method(value: str) -> str:
+    lowered = value.lower()
+    if lowered in ("get", "post"):
+        return lowered
+    raise ValueError("--auth-http-request-method must be post or get")
+
+
+def _check_port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number [0,65535]")
+    return value
+
+
+def _check_host_port(value: str, *, port_zero: bool) -> str:
+    if is_unix_address(value):
+        raise ValueError("must be <addr>:<port>")
+    host, port = split_host_port(value)
+    if ":" in host and not value.startswith("["):
+        raise ValueError("an IPv6 address needs brackets, as in [::1]:4150")
+    if port > 65535 or (port == 0 and not port_zero):
+        raise ValueError(f"port {port} out of range")
+    return value
+
+
+def _listen_address(*, may_disable: bool) -> Callable[[str], str]:
+    """``host:port`` (port 0 picks a free port), ``[v6]:port``, or a unix socket path."""
+
+    def check(value: str) -> str:
+        if value == "":
+            if may_disable:
+                return value
+            raise ValueError("must not be empty")
+        if not is_unix_address(value):
+            return _check_host_port(value, port_zero=True)
+        if value.startswith("["):
+            raise ValueError("an IPv6 address needs a port, as in [::1]:4150")
+        if len(os.fsencode(value)) > MAX_UNIX_PATH:
+            raise ValueError(f"a unix socket path is at most {MAX_UNIX_PATH} bytes")
+        return value
+
+    return check
+
+
+def _check_lookupd_addresses(values: list[str]) -> list[str]:
+    for value in values:
+        try:
+            _check_host_port(value, port_zero=False)
+        except ValueError as e:
+            raise ValueError(f"{_quote(value)}: {e}") from None
+    return values
+
+
+def _check_auth_addresses(values: list[str]) -> list[str]:
+    for value in values:
+        if value.startswith(("http://", "https://")):
+            if value.partition("://")[2].strip("/") == "":
+                raise ValueError(f"{_quote(value)}: a URL needs a host")
+            continue
+        try:
+            _check_host_port(value, port_zero=False)
+        except ValueError:
+            raise ValueError(f"{_quote(value)}: must be <addr>:<port> or a full URL") from None
+    return values
+
+
+def _check_statsd_address(value: str) -> str:
+    return value if value == "" else _check_host_port(value, port_zero=False)
+
+
+def _check_percentiles(values: list[float]) -> list[float]:
+    for v in values:
+        if not 0 < v <= 1:
+            raise ValueError(f"invalid E2E processing latency percentile: {_go_float(v)}")
+    # nsqd's FloatArray keeps them sorted, largest first; a repeat would only repeat a column.
+    return sorted(set(values), reverse=True)
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "log_level": _check_log_level,
+    "tls_required": _check_tls_required,
+    "tls_min_version": _check_tls_min_version,
+    "tls_client_auth_policy": _check_tls_client_auth_policy,
+    "auth_http_request_method": _check_auth_http_request_method,
+    "tcp_address": _listen_address(may_disable=False),
+    "http_address": _listen_address(may_disable=True),
+    "https_address": _listen_address(may_disable=True),
+    "broadcast_tcp_port": _check_port,
+    "broadcast_http_port": _check_port,
+    "lookupd_tcp_addresses": _check_lookupd_addresses,
+    "auth_http_addresses": _check_auth_addresses,
+    "statsd_address": _check_statsd_address,
+    "e2e_processing_latency_percentiles": _check_percentiles,
+}
+#: Checked after resolution with nsqd's own messages instead.
+_NSQD_CHECKED = frozenset({"node_id", "max_deflate_level"})
+#: Integers that make no sense at zero.
+_POSITIVE = frozenset(
+    {"max_bytes_per_file", "sync_every", "max_msg_size", "max_body_size", "statsd_udp_packet_size"}
+)
+
+
+def check_value(f: Field[Any], value: Any) -> Any:
+    """Check one option's value; return it normalised, or raise ``ValueError(reason)``."""
+    check = _CHECKS.get(f.name)
+    if check is not None:
+        return check(value)
+    kind = option_kind(f)
+    if kind == "int" and f.name not in _NSQD_CHECKED:
+        if f.name in _POSITIVE and value <= 0:
+            raise ValueError("must be > 0")
+        if value < 0:
+            raise ValueError("must not be negative")
+    if kind == "duration" and value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+# -- the flag set ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Flag:
+    name: str
+    field: Field[Any] | None  # None: -version
+    deprecated_alias: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "version" if self.field is None else option_kind(self.field)
+
+    @property
+    def implicit(self) -> str | None:
+        """The value when given without ``=value``; None if the flag takes an argument."""
+        if self.kind in ("bool", "deprecated_bool", "version"):
+            return "true"
+        if self.field is not None:
+            implicit: str | None = self.field.metadata.get("implicit")
+            return implicit
+        return None
+
+
+def _flags() -> dict[str, _Flag]:
+    flags: dict[str, _Flag] = {"version": _Flag("version", None)}
+    for f in option_fields():
+        flags[flag_name(f)] = _Flag(flag_name(f), f)
+        alias = deprecated_flag_name(f)
+        if alias:
+            flags[alias] = _Flag(alias, f, deprecated_alias=True)
+    return flags
+
+
+@dataclass
+class CommandLine:
+    """What the command line said: only the options actually given, by field name."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    #: field name → value given through a deprecated alias (``--max-message-size``).
+    alias_values: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    version: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _convert_flag(flag: _Flag, text: str) -> Any:
+    """One flag's text → its value (before ``check_value``); ``ValueError(reason)`` if bad."""
+    kind = flag.kind
+    if kind in ("bool", "version"):
+        return parse_go_bool(text)
+    if kind == "int":
+        return parse_go_int(text)
+    if kind == "duration":
+        return parse_duration(text)
+    if kind == "floatlist":
+        return [parse_go_float(part) for part in text.split(",")]
+    if kind == "list":
+        return [text]
+    return text  # str, deprecated_bool
+
+
+def parse_command_line(argv: Sequence[str]) -> CommandLine:
+    """Go's ``flag.FlagSet.Parse`` over the options table. Raises ``UsageError`` (exit 2), or
+    ``HelpRequested`` for ``-h``/``-help``."""
+    flags = _flags()
+    result = CommandLine()
+    args = list(argv)
+    i = 0
+    last_bool = ""  # a boolean flag just given without =value
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if len(arg) < 2 or arg[0] != "-":
+            hint = f"a boolean flag takes -{last_bool}={arg}" if last_bool else "see -h"
+            raise UsageError(f"unexpected argument {_quote(arg)} ({hint})")
+        last_bool = ""
+        minuses = 2 if arg[1] == "-" else 1
+        if minuses == 2 and len(arg) == 2:  # "--" ends the flags
+            if i < len(args):
+                raise UsageError(f"unexpected argument {_quote(args[i])} after --")
+            break
+        name, has_value, text = arg[minuses:].partition("=")
+        if not name or name[0] == "-" or arg[minuses] == "=":
+            raise UsageError(f"bad flag syntax: {arg}")
+        if name in ("h", "help"):
+            raise HelpRequested(usage())
+        flag = flags.get(name)
+        if flag is None:
+            raise UsageError(f"flag provided but not defined: -{name}")
+        implicit = flag.implicit
+        if not has_value:
+            if implicit is not None:
+                text = implicit
+                last_bool = name
+                # The old integer --worker-id N: N is not a flag; take it rather than stop there.
+                old_int = i < len(args) and re.fullmatch(r"[+-]?[0-9]+", args[i])
+                if flag.kind == "deprecated_bool" and old_int:
+                    i += 1
+            elif i < len(args):
+                text = args[i]
+                i += 1
+            else:
+                raise UsageError(f"flag needs an argument: -{name}")
+        try:
+            value = _convert_flag(flag, text)
+            if flag.field is not None and flag.kind not in ("list", "floatlist"):
+                value = check_value(flag.field, value)
+        except ValueError as e:
+            what = "boolean value" if flag.kind in ("bool", "version") else "value"
+            raise UsageError(f"invalid {what} {_quote(text)} for flag -{name}: {e}") from None
+        if flag.field is None:
+            result.version = value
+            continue
+        f = flag.field
+        if flag.deprecated_alias:
+            result.alias_values[f.name] = (name, value)
+            continue
+        if flag.kind in ("list", "floatlist"):
+            value = result.values.get(f.name, []) + value
+            try:
+                check_value(f, value)
+            except ValueError as e:
+                raise UsageError(f"invalid value {_quote(text)} for flag -{name}: {e}") from None
+        if f.metadata.get("deprecated"):
+            note = f.metadata["deprecated"]
+            result.warnings.append(f"--{name} is deprecated and has no effect ({note})")
+        result.values[f.name] = value
+    for field_name, (alias, value) in result.alias_values.items():
+        real = flag_name(next(f for f in option_fields() if f.name == field_name))
+        if field_name not in result.values:
+            result.values[field_name] = value
+            result.warnings.append(
+                f"use of the --{alias} command line flag is deprecated (use --{real})"
+            )
+        else:
+            result.warnings.append(f"--{alias} is deprecated and overridden by --{real}")
+    return result
+
+
+# -- the config file ---------------------------------------------------------------------------
+
+
+def _config_keys() -> dict[str, Field[Any]]:
+    """Every key that names an option: nsqd's key (the cfg alias, else the field name), the
+    field name, and the flag name with ``_``."""
+    keys: dict[str, Field[Any]] = {}
+    for f in option_fields():
+        if f.name == "config":
+            continue
+        for key in (config_key(f), f.name, flag_name(f).replace("-", "_")):
+            keys[key] = f
+    return keys
+
+
+def _line_of(text: str, key: str) -> int | None:
+    quoted = re.escape(key)
+    pattern = rf"^[ \t]*(?:{quoted}|\"{quoted}\"|'{quoted}')[ \t]*="
+    match = re.search(pattern, text, re.MULTILINE)
+    return None if match is None else text.count("\n", 0, match.start()) + 1
+
+
+def _coerce_config(f: Field[Any], raw: Any) -> Any:
+    """A TOML value → the option's value, as go-options coerces it (``ValueError`` if bad)."""
+    kind = option_kind(f)
+    if kind == "deprecated_bool":
+        return raw
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            return parse_go_bool(raw)
+        raise ValueError("not a boolean (true or false)")
+    if kind == "int":
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            return parse_go_int(raw)
+        raise ValueError("not an integer")
+    if kind == "duration":
+        if isinstance(raw, str):
+            return parse_duration(raw)
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw / 1000  # go-options reads a bare integer duration as milliseconds
+        raise ValueError('not a duration (a string such as "60s", or milliseconds)')
+    if kind == "list":
+        if isinstance(raw, str):
+            return raw.split(",")
+        if isinstance(raw, list) and all(isinstance(v, str) for v in raw):
+            return list(raw)
+        raise ValueError("not a list of strings")
+    if kind == "floatlist":
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, list):
+            items = [items]
+        out: list[float] = []
+        for v in items:
+            if isinstance(v, str):
+                out.append(parse_go_float(v))
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                out.append(float(v))
+            else:
+                raise ValueError("not a list of numbers")
+        return out
+    # str
+    if isinstance(raw, str):
+        return raw
+    if f.metadata.get("implicit") is not None and isinstance(raw, bool):
+        return "true" if raw else "false"  # tls_required = true
+    raise ValueError("not a string")
+
+
+def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
+    """Read a TOML config file: (option values by field name, warnings). Raises ``UsageError``
+    (exit 1) naming the file, and the line where there is one."""
+    try:
+        with open(path, "rb") as fp:
+            data = fp.read()
+    except OSError as e:
+        raise UsageError(f"failed to load config file {path} - {e.strerror or e}", 1) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"failed to load config file {path} - line {line}: not UTF-8", 1) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        message = str(e)
+        at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+        if at:
+            message = f"line {at.group(1)}, column {at.group(2)}: {message[: at.start()]}"
+        elif "end of document" in message:
+            message = f"line {text.count(chr(10)) + 1}: {message}"
+        raise UsageError(f"failed to load config file {path} - {message}", 1) from None
+
+    keys = _config_keys()
+    values: dict[str, Any] = {}
+    set_by: dict[str, str] = {}
+    unknown: list[str] = []
+    warnings: list[str] = []
+    for key, raw in doc.items():
+        f = keys.get(key)
+        if f is None:
+            unknown.append(key)
+            continue
+        key_line = _line_of(text, key)
+        where = f"config file {path}" + (f" line {key_line}" if key_line else "")
+        if f.name in set_by:
+            raise UsageError(f"{where}: {key} repeats {set_by[f.name]}", 1)
+        set_by[f.name] = key
+        try:
+            value = check_value(f, _coerce_config(f, raw))
+        except ValueError as e:
+            raise UsageError(f"{where}: invalid value {_quote(raw)} for {key}: {e}", 1) from None
+        if f.metadata.get("deprecated"):
+            warnings.append(f"{where}: {key} is deprecated and has no effect")
+        values[f.name] = value
+    if unknown:
+        warnings.append(f"config file {path}: ignoring unknown keys: {', '.join(sorted(unknown))}")
+    return values, warnings
+
+
+# -- resolution and validation -----------------------------------------------------------------
+
+
+def _validate(opts: Options, warnings: list[str]) -> None:
+    """nsqd's checks in ``nsqd.New``, with its messages; then the TLS implications."""
+    if not 1 <= opts.max_deflate_level <= 9:
+        raise UsageError(f"--max-deflate-level must be [1,9] (got {opts.max_deflate_level})", 1)
+    if not 0 <= opts.node_id < 1024:
+        raise UsageError(f"--node-id must be [0,1024) (got {opts.node_id})", 1)
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        given = "--tls-cert" if opts.tls_cert else "--tls-key"
+        raise UsageError(f"--tls-cert and --tls-key must be given together (only {given})", 1)
+    if opts.tls_client_auth_policy and opts.tls_required == "false":
+        opts.tls_required = "true"  # nsqd: a client auth policy implies TLS is required
+    if opts.tls_required != "false" and not opts.tls_cert:
+        raise UsageError(
+            "cannot require TLS client connections without TLS key and cert"
+            f" (--tls-required={opts.tls_required})",
+            1,
+        )
+    for name in opts.enable_experiment:
+        if name not in EXPERIMENTS:
+            warnings.append(f"--enable-experiment={name} is not an experiment nsqd knows")
+
+
+def resolve(command_line: CommandLine) -> tuple[Options, list[str]]:
+    """Flags > config file > defaults, then validation. Returns the options and the warnings
+    to log once logging is set up. Raises ``UsageError``."""
+    warnings = list(command_line.warnings)
+    config_path = command_line.values.get("config", "")
+    config: dict[str, Any] = {}
+    if config_path:
+        config, config_warnings = load_config(config_path)
+        warnings.extend(config_warnings)
+    opts = Options()
+    for name, value in {**config, **command_line.values}.items():
+        setattr(opts, name, value)
+    if not opts.broadcast_address:
+        opts.broadcast_address = Options().broadcast_address
+    _validate(opts, warnings)
+    return opts, warnings
+
+
+def parse_options(argv: list[str]) -> Options:
+    """The command line (and the config file it names) → validated ``Options``.
+
+    Raises ``UsageError`` with one line naming the flag and value (``HelpRequested`` for -h).
+    Warnings (deprecated flags, unknown config keys) go to the ``pynsqd.cli`` logger.
+    """
+    opts, warnings = resolve(parse_command_line(argv))
+    for warning in warnings:
+        log.warning("%s", warning)
+    return opts
+
+
+# -- -h and --version --------------------------------------------------------------------------
+
+_TYPE_NAMES = {"str": "string", "int": "int", "duration": "duration", "list": "value"}
+
+
+def usage() -> str:
+    """Go's ``FlagSet.PrintDefaults`` for nsqd, generated from the options table."""
+    defaults = Options()
+    entries: list[tuple[str, str, str, str | None]] = [
+        ("version", "", "print version string", None)
+    ]
+    for f in option_fields():
+        kind = option_kind(f)
+        value = getattr(defaults, f.name)
+        default: str | None
+        if kind == "duration":
+            default = format_duration(value) if value else None
+        elif kind in ("bool", "deprecated_bool"):
+            default = "true" if value else None
+        elif kind == "int":
+            default = str(value) if value else None
+        elif kind in ("list", "floatlist"):
+            default = None
+        elif f.metadata.get("implicit") is not None:
+            default = None if value == "false" else value
+        else:
+            default = json.dumps(value, ensure_ascii=False) if value else None
+        implicit = f.metadata.get("implicit") is not None
+        type_name = "" if implicit else _TYPE_NAMES.get(kind, "value")
+        if kind in ("bool", "deprecated_bool"):
+            type_name = ""
+        entries.append((flag_name(f), type_name, f.metadata["help"], default))
+        alias = deprecated_flag_name(f)
+        if alias:
+            entries.append((alias, type_name, f"[deprecated] use --{flag_name(f)}", None))
+    lines = ["Usage of nsqd:"]
+    for name, type_name, help_text, default in sorted(entries):
+        head = f"  -{name}" + (f" {type_name}" if type_name else "")
+        head += "\t" if len(head) <= 4 else "\n    \t"
+        line = head + help_text.replace("\n", "\n    \t")
+        if default is not None:
+            line += f" (default {default})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def version_string() -> str:
+    """``nsqd v1.3.0 (built w/pynsqd-0.1.0)``: the form NSQ tooling parses."""
+    token = re.sub(r"[^a-z0-9.-]+", "-", pynsqd.__version__.lower()).strip("-")
+    return f"nsqd v{pynsqd.NSQD_VERSION} (built w/pynsqd-{token})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``nsqd`` console script: parse, set up logging, run until SIGTERM/SIGINT."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        command_line = parse_command_line(args)
+        if command_line.version:
+            print(version_string())
+            return 0
+        opts, warnings = resolve(command_line)
+    except HelpRequested as e:
+        sys.stdout.write(e.message)
+        return 0
+    except UsageError as e:
+        print(f"nsqd: {e.message}", file=sys.stderr)
+        return e.exit_code
+    configure_logging(opts.log_level, opts.log_prefix)
+    for warning in warnings:
+        log.warning("%s", warning)
+    # Imported here so that parsing never pays for (or depends on) the server.
+    server = importlib.import_module("pynsqd.server.nsqd")
+    code: int = server.run(opts)
+    return code
+
+
+__all__ = [
+    "EXPERIMENTS",
+    "LOG_LEVELS",
+    "CommandLine",
+    "HelpRequested",
+    "UsageError",
+    "check_value",
+    "load_config",
+    "main",
+    "parse_command_line",
+    "parse_options",
+    "resolve",
+    "usage",
+    "version_string",
+]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
