@@ -13,7 +13,6 @@ ignore together with every flag after it) we say so: every error is one line, ne
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -394,7 +393,7 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
         if flag.kind in ("list", "floatlist"):
             value = result.values.get(f.name, []) + value
             try:
-                check_value(f, value)
+                value = check_value(f, value)
             except ValueError as e:
                 raise UsageError(f"invalid value {_quote(text)} for flag -{name}: {e}") from None
         if f.metadata.get("deprecated"):
@@ -662,9 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     for warning in warnings:
         log.warning("%s", warning)
     # Imported here so that parsing never pays for (or depends on) the server.
-    server = importlib.import_module("pynsqd.server.nsqd")
-    code: int = server.run(opts)
-    return code
+    from pynsqd.server.nsqd import run
+
+    return run(opts)
 
 
 __all__ = [
