@@ -1,0 +1,81 @@
+"""The installed ``nsqd`` console script, as a process: exit codes, stdout and stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pynsqd
+
+ROOT = Path(__file__).resolve().parents[2]
+NSQD = Path(sys.executable).with_name("nsqd")
+
+
+def run_nsqd(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(NSQD)] if NSQD.exists() else [sys.executable, "-m", "pynsqd.cli"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+    )
+
+
+def test_version() -> None:
+    res = run_nsqd("--version")
+    assert res.returncode == 0
+    assert res.stdout == f"nsqd v1.3.0 (built w/pynsqd-{pynsqd.__version__})\n"
+    assert res.stderr == ""
+
+
+def test_single_dash_version() -> None:
+    res = run_nsqd("-version")
+    assert res.returncode == 0
+    assert res.stdout.startswith("nsqd v1.3.0 (built w/")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--no-such-flag"], 2, "nsqd: flag provided but not defined: -no-such-flag"),
+        (
+            ["-msg-timeout", "60"],
+            2,
+            'nsqd: invalid value "60" for flag -msg-timeout: time: missing unit in duration "60"',
+        ),
+        (["--node-id=1024"], 1, "nsqd: --node-id must be [0,1024) (got 1024)"),
+        (["--max-deflate-level=0"], 1, "nsqd: --max-deflate-level must be [1,9] (got 0)"),
+        (
+            ["--config=/nonexistent/nsqd.cfg"],
+            1,
+            "nsqd: failed to load config file /nonexistent/nsqd.cfg - No such file or directory",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_without_a_traceback(
+    args: list[str], code: int, message: str
+) -> None:
+    res = run_nsqd(*args)
+    assert res.returncode == code
+    assert res.stdout == ""
+    assert res.stderr == message + "\n"
+    assert "Traceback" not in res.stderr
+
+
+def test_invalid_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "nsqd.cfg"
+    cfg.write_text('tcp_address = "0.0.0.0:4150"\nmsg_timeout = \n')
+    res = run_nsqd(f"--config={cfg}")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"nsqd: failed to load config file {cfg} - line 2, column ")
+    assert len(res.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help(flag: str) -> None:
+    res = run_nsqd(flag)
+    assert res.returncode == 0
+    assert res.stdout.startswith("Usage of nsqd:\n")
+    assert "\n  -tcp-address string\n" in res.stdout
+    assert "\n  -msg-timeout duration\n" in res.stdout
+    assert res.stderr == ""
