@@ -157,6 +157,19 @@ def test_records_larger_than_the_read_chunk(tmp_path: Path) -> None:
     q.close()
 
 
+def test_records_straddling_read_chunks(tmp_path: Path) -> None:
+    # 4.2 MB in one file: records cross the 1 MiB read chunks at many different offsets
+    q = make(tmp_path, max_bytes_per_file=100 << 20)
+    records = [rec(i, 26 + (i * 7) % 300) for i in range(20_000)]
+    q.put_many(records)
+    got: list[bytes] = []
+    while len(got) < len(records):
+        got.extend(q.read_many(333))
+    assert got == records
+    assert q.depth() == 0
+    q.close()
+
+
 def test_file_deleted_once_the_reader_passes_it(tmp_path: Path) -> None:
     q = make(tmp_path, max_bytes_per_file=200)
     q.put_many([rec(i) for i in range(7)])  # files 0, 1, 2
@@ -463,6 +476,12 @@ def test_delete_removes_every_file_of_the_queue(tmp_path: Path) -> None:
     assert q.depth() == 0
     with pytest.raises(OSError):
         q.put(rec(1))
+    q.sync()
+    q.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "t:c.diskqueue.000000.dat",
+        "t:c.diskqueue.meta.dat",
+    ]
 
 
 def test_put_raises_oserror_when_the_directory_is_unusable(

@@ -135,8 +135,10 @@ class DiskQueue:
         size = len(data)
         if size < self.min_msg_size or size > self.max_msg_size:
             raise ValueError(f"invalid message write size ({size}) maxMsgSize={self.max_msg_size}")
-        self._check_open()
-        if self._write_pos > 0 and self._write_pos + 4 + size > self.max_bytes_per_file:
+        if self._closed:
+            self._check_open()
+        pos = self._write_pos
+        if pos > 0 and pos + 4 + size > self.max_bytes_per_file:
             self._roll()
         self._write(_LEN.pack(size) + data, 1)
         if self._count >= self.sync_every or self._need_sync:
@@ -228,6 +230,9 @@ class DiskQueue:
                 self._read_pos = base + off
                 self._depth -= got
                 self._count += got
+                if off == len(buf):  # all consumed: don't keep up to 1 MiB per idle queue
+                    self._rbuf = b""
+                    self._rbuf_pos = self._read_pos
             if bad_size is not None:
                 # the file is corrupt and nothing says where the next record begins
                 self._handle_read_error(f"invalid message read size ({bad_size})")
@@ -262,7 +267,12 @@ class DiskQueue:
             raise first_err
 
     def sync(self) -> None:
-        """fsync the write file and write the metadata (tmp file, fsync, rename)."""
+        """fsync the write file and write the metadata (tmp file, fsync, rename).
+
+        A no-op once the queue is closed or deleted.
+        """
+        if self._closed:
+            return
         if self._wfd is not None:
             try:
                 os.fsync(self._wfd)
@@ -514,15 +524,16 @@ class DiskQueue:
             self._log.info("DISKQUEUE(%s): writeOne() opened %s", self.name, fn)
         fd = self._wfd
         pos = self._write_pos
+        total = len(data)
         try:
-            view = memoryview(data)
-            done = 0
-            total = len(data)
-            while done < total:
-                written = os.pwrite(fd, view[done:], pos + done)
-                if written <= 0:
-                    raise OSError(f"short write to {self._file_name(self._write_file_num)}")
-                done += written
+            done = os.pwrite(fd, data, pos)
+            if done < total:  # rare: a regular file short write (e.g. the disk just filled up)
+                view = memoryview(data)
+                while done < total:
+                    written = os.pwrite(fd, view[done:], pos + done)
+                    if written <= 0:
+                        raise OSError(f"short write to {self._file_name(self._write_file_num)}")
+                    done += written
         except OSError as exc:
             self._log.error(
                 "DISKQUEUE(%s) failed to write to %s - %s",
@@ -534,7 +545,7 @@ class DiskQueue:
                 os.ftruncate(fd, pos)  # leave no partial record behind
             self._close_write_file()
             raise
-        self._write_pos = pos + len(data)
+        self._write_pos = pos + total
         self._depth += n
         self._count += n
 
@@ -631,12 +642,14 @@ class DiskQueue:
             self._log.error("DISKQUEUE(%s) failed to Remove(%s) - %s", self.name, old, exc)
 
     def _after_read(self) -> None:
-        if (
-            self._rfd is not None
-            and self._read_file_num < self._write_file_num
-            and self._read_pos == self._read_limit()
-        ):
-            self._next_read_file()
+        # like moveForward: leave (and delete) a completed file as soon as its last record is read
+        if self._rfd is not None and self._read_file_num < self._write_file_num:
+            try:
+                at_end = self._read_pos == self._read_limit()
+            except OSError:
+                at_end = False  # the next read_many handles it
+            if at_end:
+                self._next_read_file()
         self._check_tail_corruption()
         if self._need_sync or self._count >= self.sync_every:
             try:
