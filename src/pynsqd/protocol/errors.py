@@ -21,7 +21,8 @@ class ProtocolError(Exception):
     @property
     def wire(self) -> bytes:
         """The error frame's data, exactly as nsqd writes it."""
-        return str(self).encode()
+        # surrogateescape: nsqd echoes raw command bytes (%s of a []byte) that may not be UTF-8.
+        return str(self).encode("utf-8", "surrogateescape")
 
 
 class FatalClientError(ProtocolError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,23 +61,60 @@ def _decode_failed() -> FatalClientError:
     return FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
 
 
+class _Object(list[tuple[str, Any]]):
+    """A JSON object as its pairs in document order, so that a repeated key's last value wins
+    even when it is spelled in another case (Go assigns the fields in document order)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python accepts NaN and Infinity; Go does not
+
+
+def _parse_int(text: str) -> int:
+    # Python refuses ints of more than 4300 digits; Go skips unknown fields of any size. A number
+    # this long is out of range for every known field, so any out-of-range stand-in will do.
+    return int(text) if len(text) <= 20 else 1 << 64
+
+
+_surrogates = re.compile("[\ud800-\udfff]").sub
+
+
+def _fold(key: str) -> str:
+    """Go's case-insensitive key match: simple case folding, where U+017F is "s" and U+212A "k"."""
+    key = key.lower()
+    return key if key.isascii() else key.replace("\u017f", "s")
+
+
 def _decode(body: bytes) -> dict[str, Any]:
     """Decode like ``json.Unmarshal`` into nsqd's identifyDataV2 struct."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        # Decode the bytes here: json.loads(bytes) also accepts a BOM, UTF-16 and UTF-32, which Go
+        # rejects. Invalid UTF-8 survives as lone surrogates: a syntax error outside strings and
+        # U+FFFD inside them (below), as in Go.
+        doc = json.loads(
+            body.decode("utf-8", "surrogateescape"),
+            object_pairs_hook=_Object,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+        )
+    except (ValueError, RecursionError):
         raise _decode_failed() from None
     if doc is None:  # Go leaves the struct at its zero value
         return {}
-    if not isinstance(doc, dict):
+    if not isinstance(doc, _Object):
         raise _decode_failed()
     fields: dict[str, Any] = {}
-    for key, value in doc.items():
-        kind = _FIELDS.get(key.lower())
+    for key, value in doc:
+        name = _fold(key)
+        kind = _FIELDS.get(name)
         if kind is None or value is None:
             continue
         if kind == "str":
             ok = isinstance(value, str)
+            if ok:
+                # Go turns invalid UTF-8 and lone \u surrogates into U+FFFD; a lone surrogate
+                # would also break any later .encode() of the string (logs, /stats).
+                value = _surrogates("\ufffd", value)
         elif kind == "bool":
             ok = isinstance(value, bool)
         else:
@@ -84,7 +122,7 @@ def _decode(body: bytes) -> dict[str, Any]:
             ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
         if not ok:
             raise _decode_failed()
-        fields[key.lower()] = value
+        fields[name] = value
     return fields
 
 

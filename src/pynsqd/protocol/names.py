@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-_VALID = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+# fullmatch, not "^...$": Python's "$" also matches before a trailing newline, Go's does not.
+_valid = re.compile(rb"[.a-zA-Z0-9_-]+(?:#ephemeral)?").fullmatch
 EPHEMERAL_SUFFIX = "#ephemeral"
 
 
@@ -12,7 +13,7 @@ def is_valid_name(name: bytes | str) -> bool:
     """True for 1..64 characters of ``[.a-zA-Z0-9_-]`` with an optional ``#ephemeral`` suffix."""
     raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
     # The length limit includes the suffix, as in nsqd.
-    return 0 < len(raw) <= 64 and _VALID.match(raw) is not None
+    return 0 < len(raw) <= 64 and _valid(raw) is not None
 
 
 def is_ephemeral(name: str) -> bool:

@@ -18,6 +18,7 @@ waits for, so a 5 MiB MPUB trickling in costs one length check per read, not a r
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 
@@ -45,6 +46,10 @@ from .names import go_quote, is_valid_name
 _INT32 = struct.Struct(">l")
 _unpack_int32 = _INT32.unpack_from
 _DIGITS = frozenset(b"0123456789")
+_UINT64_MASK = (1 << 64) - 1
+# A run of well-formed "FIN <16-byte id>\n": no space or newline inside the id, and no "\r"
+# at its end (nsqd strips a trailing "\r", which would leave a 15-byte id).
+_fin_run = re.compile(rb"(?:FIN [^ \n]{15}[^ \n\r]\n)++").match
 
 #: A parsed command, or the error that ended the stream.
 Event = Command | ProtocolError
@@ -54,10 +59,18 @@ _Result = tuple[Command | None, int]
 
 
 def _parse_base10(raw: bytes) -> int | None:
-    """nsqd's ByteToBase10: digits only, and an empty string is 0."""
-    if raw and not _DIGITS.issuperset(raw):
+    """nsqd's ByteToBase10: digits only, an empty string is 0, and it wraps like a uint64."""
+    if not raw:
+        return 0
+    if not _DIGITS.issuperset(raw):
         return None
-    return int(raw) if raw else 0
+    if len(raw) <= 19:  # below 2**64, and far below Python's int-from-str digit limit
+        return int(raw)
+    n = 0
+    for i in range(0, len(raw), 19):
+        chunk = raw[i : i + 19]
+        n = (n * 10 ** len(chunk) + int(chunk)) & _UINT64_MASK
+    return n
 
 
 def _text(raw: bytes) -> str:
@@ -144,6 +157,9 @@ class V2Parser:
         elif pos:
             del buf[:pos]
             self._scan = max(0, self._scan - pos)
+            # _need is an offset into the buffer, which now starts pos bytes later.
+            if self._need:
+                self._need -= pos
         return out
 
     def _parse(self, out: list[Event]) -> int:
@@ -163,18 +179,15 @@ class V2Parser:
         self._need = 0
         while pos < n:
             # Fast path for the commonest command: a run of "FIN <16-byte id>\n".
-            if buf[pos : pos + 4] == b"FIN " and self.state >= ClientState.SUBSCRIBED:
-                ids: list[bytes] = []
-                while (
-                    n - pos >= 21
-                    and buf[pos + 20] == 10
-                    and buf[pos : pos + 4] == b"FIN "
-                    and buf.find(b" ", pos + 4, pos + 20) < 0
-                ):
-                    ids.append(bytes(buf[pos + 4 : pos + 20]))
-                    pos += 21
-                if ids:
-                    out.append(Fin(ids))
+            if buf[pos] == 70 and self.state >= ClientState.SUBSCRIBED:  # 70: "F"
+                m = _fin_run(buf, pos)
+                if m is not None:
+                    run = m[0]
+                    if len(run) == 21:
+                        out.append(Fin([run[4:20]]))
+                    else:
+                        out.append(Fin([run[i + 4 : i + 20] for i in range(0, len(run), 21)]))
+                    pos += len(run)
                     continue
             nl = buf.find(b"\n", max(pos, self._scan), pos + max_line)
             if nl < 0:
@@ -309,6 +322,8 @@ class V2Parser:
             count = parsed
         limit = self.config.max_rdy_count
         if count > limit:
+            if count >= 1 << 63:  # nsqd converts the uint64 to an int64
+                count -= 1 << 64
             raise FatalClientError("E_INVALID", f"RDY count {count} out of range 0-{limit}")
         return Rdy(count), start
 
