@@ -606,6 +606,8 @@ class DiskQueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="dq-")
         self.model: list[bytes] = []
+        # records returned by read_many since the last sync: a crash may deliver them again
+        self.unsynced_reads: list[bytes] = []
         self.max_bytes = 100
         self.sync_every = 1
         self.q: DiskQueue | None = None
@@ -648,11 +650,25 @@ class DiskQueueMachine(RuleBasedStateMachine):
         assert got == self.model[: len(got)]
         assert len(got) == min(n, len(self.model))
         del self.model[: len(got)]
+        self.unsynced_reads.extend(got)
+
+    @rule()
+    def kill_and_restart(self) -> None:
+        # kill -9: the OS closes the files, nothing is synced; written data is in the page cache
+        self.queue._close_read_file()
+        self.queue._close_write_file()
+        self.q = self.open()
+        # nothing put is lost; only records read since the last sync come back, in order
+        redelivered = self.q.depth() - len(self.model)
+        assert 0 <= redelivered <= len(self.unsynced_reads)
+        self.model = self.unsynced_reads[len(self.unsynced_reads) - redelivered :] + self.model
+        self.unsynced_reads = []
 
     @rule()
     def reopen(self) -> None:
         self.queue.close()
         self.q = self.open()
+        self.unsynced_reads = []
 
     @precondition(lambda self: len(self.model) < 5)
     @rule()
@@ -667,6 +683,8 @@ class DiskQueueMachine(RuleBasedStateMachine):
     @invariant()
     def depth_matches(self) -> None:
         if self.q is not None:
+            if self.q._count == 0 and not self.q._need_sync:  # just synced
+                self.unsynced_reads = []
             assert self.q.depth() == len(self.model)
             assert not [f for f in os.listdir(self.dir) if f.endswith(".bad")]
 

@@ -18,7 +18,13 @@ class DiskBackend:
         self.dq.put_many([m.encode() for m in msgs])
 
     def read_many(self, max_count: int) -> list[Message]:
-        return [decode_message(r) for r in self.dq.read_many(max_count)]
+        return list(map(decode_message, self.dq.read_many(max_count)))
+
+    def put_raw(self, records: list[bytes]) -> None:
+        self.dq.put_many(records)
+
+    def read_raw(self, max_count: int) -> list[bytes]:
+        return self.dq.read_many(max_count)
 
     def depth(self) -> int:
         return self.dq.depth()
