@@ -7,7 +7,6 @@ disk implementation.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Protocol
 
 from .message import Message
@@ -19,6 +18,12 @@ class BackendQueue(Protocol):
 
     def read_many(self, max_count: int) -> list[Message]:
         """The next stored messages, oldest first; returned messages are consumed."""
+
+    def put_raw(self, records: list[bytes]) -> None:
+        """Store messages already in nsqd's encoding (``Message.encode``)."""
+
+    def read_raw(self, max_count: int) -> list[bytes]:
+        """Like ``read_many``, but the messages stay encoded."""
 
     def depth(self) -> int: ...
 
@@ -45,6 +50,12 @@ class DummyBackend:
     def read_many(self, max_count: int) -> list[Message]:
         return []
 
+    def put_raw(self, records: list[bytes]) -> None:
+        self.dropped += len(records)
+
+    def read_raw(self, max_count: int) -> list[bytes]:
+        return []
+
     def depth(self) -> int:
         return 0
 
@@ -56,32 +67,3 @@ class DummyBackend:
 
     def delete(self) -> None:
         pass
-
-
-class MemoryBackend:
-    """An unbounded in-memory backend: overflow kept for the life of the process."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self) -> None:
-        self._q: deque[Message] = deque()
-
-    def put_many(self, msgs: list[Message]) -> None:
-        self._q.extend(msgs)
-
-    def read_many(self, max_count: int) -> list[Message]:
-        q = self._q
-        n = min(max_count, len(q))
-        return [q.popleft() for _ in range(n)]
-
-    def depth(self) -> int:
-        return len(self._q)
-
-    def empty(self) -> None:
-        self._q.clear()
-
-    def close(self) -> None:
-        pass
-
-    def delete(self) -> None:
-        self._q.clear()

@@ -130,6 +130,13 @@ class Channel:
             if self.clients:
                 self.schedule_pump()
 
+    def put_raw(self, records: list[bytes]) -> None:
+        """Encoded messages moved from the topic's backend (never deferred)."""
+        self.message_count += len(records)
+        self.queue.put_raw(records)
+        if self.clients:
+            self.schedule_pump()
+
     def _defer_until_ns(self, msg: Message) -> None:
         # The due time is wall-clock (it survives restarts); the timed queue runs on loop time.
         from time import time_ns

@@ -74,5 +74,7 @@ def decode_message(data: bytes) -> Message:
     """The inverse of ``Message.encode``; raises ValueError on a record too short to hold one."""
     if len(data) < ENCODED_OVERHEAD:
         raise ValueError(f"invalid message buffer size ({len(data)})")
-    ts, attempts = _ENCODED_HEADER.unpack_from(data, 0)
-    return Message(data[10:26], data[26:], ts, attempts)
+    return Message(data[10:26], data[26:], *_unpack_header(data))
+
+
+_unpack_header = _ENCODED_HEADER.unpack_from

@@ -122,9 +122,16 @@ class Topic:
         self._drain_pending = False
         if self.paused or self.exiting or not self.channels:
             return
-        batch = self.queue.take(DRAIN_BATCH)
-        if batch:
-            self._fan_out(batch)
+        queue = self.queue
+        if queue.mem_depth:
+            self._fan_out(queue.take_memory(DRAIN_BATCH))
+        else:
+            # From disk to disk: channels take the records still encoded, unless they have
+            # room in memory.
+            records = queue.backend.read_raw(DRAIN_BATCH)
+            if records:
+                for ch in self.channels.values():
+                    ch.put_raw(records)
         self.schedule_drain()
 
     # -- channels -------------------------------------------------------------------------

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
 from typing import TYPE_CHECKING
 
-from ..core.backend import BackendQueue, DummyBackend, MemoryBackend
+from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
+from ..core.message import ENCODED_OVERHEAD
 from ..core.topic import Topic
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..protocol.names import is_ephemeral
+from ..storage.diskqueue import DiskQueue
+from ..storage.message_backend import DiskBackend
 from .listener import format_address, listen
 
 if TYPE_CHECKING:
@@ -53,6 +57,9 @@ class NSQD:
         self.tcp_server: asyncio.Server | None = None
         self.tcp_address = ""
         self._client_seq = 0
+        self.data_path = opts.data_path or os.getcwd()
+        self._disk_backends: dict[str, DiskBackend] = {}
+        self._sync_timer: asyncio.TimerHandle | None = None
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -81,6 +88,7 @@ class NSQD:
             return False
         log.info("TOPIC(%s): deleting", name)
         topic.close(delete=True)
+        self._disk_backends.pop(name, None)
         return True
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
@@ -98,6 +106,7 @@ class NSQD:
         return ch
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        self._disk_backends.pop(f"{topic.name}:{channel.name}", None)
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
 
     def topic_emptied_of_channels(self, topic: Topic) -> None:
@@ -108,7 +117,32 @@ class NSQD:
     def _backend(self, name: str) -> BackendQueue:
         if is_ephemeral(name):
             return DummyBackend()
-        return MemoryBackend()
+        opts = self.opts
+        backend = DiskBackend(
+            DiskQueue(
+                name,
+                self.data_path,
+                max_bytes_per_file=opts.max_bytes_per_file,
+                min_msg_size=ENCODED_OVERHEAD,
+                max_msg_size=opts.max_msg_size + ENCODED_OVERHEAD,
+                sync_every=opts.sync_every,
+                sync_timeout=opts.sync_timeout,
+                logger=log,
+            )
+        )
+        self._disk_backends[name] = backend
+        return backend
+
+    def _sync_disk_queues(self) -> None:
+        # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
+        now = self.loop.time()
+        for name, backend in list(self._disk_backends.items()):
+            try:
+                backend.sync_if_due(now)
+            except OSError as err:
+                log.error("DISKQUEUE(%s): failed to sync - %s", name, err)
+                self.set_health_error(err)
+        self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
     # -- clients --------------------------------------------------------------------------
 
@@ -136,6 +170,7 @@ class NSQD:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tcp_address = format_address(sock)
         log.info("TCP: listening on %s", self.tcp_address)
+        self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
     async def stop(self) -> None:
         """nsqd's Exit: close listeners and clients, then flush every queue to its backend."""
@@ -152,8 +187,13 @@ class NSQD:
             if not self.clients:
                 break
             await asyncio.sleep(0.01)
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
         for topic in list(self.topics.values()):
-            topic.close(delete=False)
+            try:
+                topic.close(delete=False)
+            except OSError as err:
+                log.error("TOPIC(%s): failed to close - %s", topic.name, err)
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()
         log.info("NSQ: bye")

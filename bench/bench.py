@@ -1,0 +1,250 @@
+"""pynsqd benchmark, modelled on nsq's bench_writer / bench_reader.
+
+    scripts/bench [--mode all|writer|reader|pubsub|pub] [--runfor 10] [--size 200] ...
+
+Starts its own nsqd (ours, default flags, a temporary data dir) unless --nsqd-tcp-address is
+given, so the same command measures Go nsqd too. Each connection runs in its own process with a
+raw socket and pre-built commands, so the load tools cost as little CPU as possible.
+
+Modes (``all`` runs them in this order):
+- writer: N connections, each a loop of MPUB of --batch-size messages, waiting for each OK.
+- reader: N connections SUB with RDY --rdy and FIN every message, draining the writer's backlog.
+- pubsub: writers and readers at once on a fresh topic.
+- pub: one connection, PUB one message and wait for OK; prints latency percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+_LEN = struct.Struct(">l")
+_FRAME = struct.Struct(">ll")
+
+
+def _connect(addr: tuple[str, int]) -> socket.socket:
+    s = socket.create_connection(addr)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"  V2")
+    return s
+
+
+def _identify(s: socket.socket, data: dict[str, Any]) -> None:
+    body = json.dumps(data).encode()
+    s.sendall(b"IDENTIFY\n" + _LEN.pack(len(body)) + body)
+    _read_response(s)
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("nsqd closed the connection")
+        buf += chunk
+    return buf
+
+
+def _read_response(s: socket.socket) -> bytes:
+    while True:
+        size, ftype = _FRAME.unpack(_recv_exact(s, 8))
+        data = _recv_exact(s, size - 4)
+        if ftype == 1:
+            raise RuntimeError(data.decode())
+        if data != b"_heartbeat_":
+            return data
+        s.sendall(b"NOP\n")
+
+
+def writer(addr: tuple[str, int], topic: str, size: int, batch: int, deadline: float) -> int:
+    s = _connect(addr)
+    _identify(s, {})
+    body = b"a" * size
+    payload = b"".join(_LEN.pack(size) + body for _ in range(batch))
+    cmd = f"MPUB {topic}\n".encode() + _LEN.pack(len(payload) + 4) + _LEN.pack(batch) + payload
+    n = 0
+    while time.time() < deadline:
+        s.sendall(cmd)
+        if _read_response(s) != b"OK":
+            raise RuntimeError("MPUB failed")
+        n += batch
+    s.close()
+    return n
+
+
+def reader(
+    addr: tuple[str, int], topic: str, channel: str, rdy: int, deadline: float, idle_exit: bool
+) -> tuple[int, float]:
+    """FIN everything until the deadline (or, with idle_exit, until 1 s without messages)."""
+    s = _connect(addr)
+    _identify(s, {"feature_negotiation": True, "output_buffer_timeout": 250})
+    s.sendall(f"SUB {topic} {channel}\n".encode())
+    _read_response(s)
+    s.sendall(b"RDY %d\n" % rdy)
+    s.settimeout(0.5)
+    buf = bytearray()
+    n = 0
+    last = time.time()
+    unpack = _FRAME.unpack_from
+    while time.time() < deadline:
+        try:
+            data = s.recv(1 << 20)
+        except TimeoutError:
+            if idle_exit and time.time() - last > 1.0:
+                break
+            continue
+        if not data:
+            break
+        buf += data
+        pos = 0
+        end = len(buf)
+        fins = []
+        while end - pos >= 8:
+            fsize, ftype = unpack(buf, pos)
+            if end - pos - 4 < fsize:
+                break
+            if ftype == 2:
+                fins.append(b"FIN " + bytes(buf[pos + 18 : pos + 34]) + b"\n")
+            elif ftype == 0 and buf[pos + 8 : pos + 4 + fsize] == b"_heartbeat_":
+                fins.append(b"NOP\n")
+            elif ftype == 1:
+                raise RuntimeError(bytes(buf[pos + 8 : pos + 4 + fsize]).decode())
+            pos += 4 + fsize
+        del buf[:pos]
+        if fins:
+            s.sendall(b"".join(fins))
+            n += len(fins)
+            last = time.time()
+    s.close()
+    return n, last
+
+
+def pub_latency(addr: tuple[str, int], topic: str, size: int, deadline: float) -> list[float]:
+    s = _connect(addr)
+    _identify(s, {})
+    body = b"a" * size
+    cmd = f"PUB {topic}\n".encode() + _LEN.pack(size) + body
+    lat: list[float] = []
+    while (t0 := time.perf_counter()) < deadline - time.time() + t0 and time.time() < deadline:
+        s.sendall(cmd)
+        s.recv(64)  # "OK" is one 10-byte frame, read whole on loopback
+        lat.append(time.perf_counter() - t0)
+    s.close()
+    return lat
+
+
+def _run_procs(targets: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+    with mp.get_context("fork").Pool(len(targets)) as pool:
+        results = [pool.apply_async(fn, args) for fn, args in targets]
+        return [r.get() for r in results]
+
+
+def _report(name: str, msgs: int, secs: float, size: int) -> dict[str, float]:
+    rate = msgs / secs
+    mbps = rate * size / 1e6
+    print(f"{name:8s} {msgs:10d} msgs in {secs:5.2f}s: {rate:12,.0f} msgs/s {mbps:8.2f} MB/s")
+    return {"msgs": msgs, "msgs_per_s": rate, "mb_per_s": mbps}
+
+
+def _start_nsqd(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
+    data = tempfile.mkdtemp(prefix="pynsqd-bench-")
+    nsqd = shutil.which("nsqd", path=os.path.dirname(sys.executable)) or "nsqd"
+    cmd = [nsqd, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"]
+    cmd += args.nsqd_args.split()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        line = raw.decode(errors="replace")
+        m = re.search(r"TCP: listening on ([\d.]+):(\d+)", line)
+        if m:
+            return proc, (m.group(1), int(m.group(2))), data
+    raise RuntimeError("nsqd did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--mode", default="all", choices=["all", "writer", "reader", "pubsub", "pub"])
+    p.add_argument("--runfor", type=float, default=10.0, help="seconds per phase")
+    p.add_argument("--size", type=int, default=200, help="message size in bytes")
+    p.add_argument("--batch-size", type=int, default=200, help="messages per MPUB")
+    p.add_argument("--rdy", type=int, default=2500)
+    p.add_argument("--conns", type=int, default=2, help="connections (processes) per role")
+    p.add_argument("--topic", default="sub_bench")
+    p.add_argument("--channel", default="ch")
+    p.add_argument("--nsqd-tcp-address", default="", help="use a running nsqd (host:port)")
+    p.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
+    p.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = p.parse_args(argv)
+
+    proc = None
+    data_dir = None
+    if args.nsqd_tcp_address:
+        host, _, port = args.nsqd_tcp_address.rpartition(":")
+        addr = (host, int(port))
+    else:
+        proc, addr, data_dir = _start_nsqd(args)
+    results: dict[str, Any] = {}
+    try:
+        modes = ["writer", "reader", "pubsub", "pub"] if args.mode == "all" else [args.mode]
+        for mode in modes:
+            n = args.conns
+            if mode == "writer":
+                deadline = time.time() + args.runfor
+                t0 = time.time()
+                counts = _run_procs(
+                    [(writer, (addr, args.topic, args.size, args.batch_size, deadline))] * n
+                )
+                results[mode] = _report(mode, sum(counts), time.time() - t0, args.size)
+            elif mode == "reader":
+                deadline = time.time() + args.runfor
+                t0 = time.time()
+                done = _run_procs(
+                    [(reader, (addr, args.topic, args.channel, args.rdy, deadline, True))] * n
+                )
+                secs = max(t for _, t in done) - t0
+                results[mode] = _report(mode, sum(c for c, _ in done), secs, args.size)
+            elif mode == "pubsub":
+                topic = args.topic + "_pubsub"
+                deadline = time.time() + args.runfor
+                targets: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+                    (reader, (addr, topic, args.channel, args.rdy, deadline, False))
+                ] * n
+                targets += [(writer, (addr, topic, args.size, args.batch_size, deadline))] * n
+                counts = _run_procs(targets)
+                subbed = sum(c for c, _ in counts[:n])
+                results["pubsub_in"] = _report("pub in", sum(counts[n:]), args.runfor, args.size)
+                results["pubsub_out"] = _report("sub out", subbed, args.runfor, args.size)
+            elif mode == "pub":
+                deadline = time.time() + min(args.runfor, 5.0)
+                lat = sorted(pub_latency(addr, args.topic + "_pub", args.size, deadline))
+                secs = sum(lat)
+                r = _report("pub", len(lat), secs, args.size)
+                pct = {q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6 for q in (0.5, 0.99)}
+                print(f"         latency p50 {pct[0.5]:.0f} us, p99 {pct[0.99]:.0f} us")
+                r.update(p50_us=pct[0.5], p99_us=pct[0.99])
+                results[mode] = r
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
