@@ -15,6 +15,7 @@ _SEQ_BITS = 12
 _SEQ_MAX = 1 << _SEQ_BITS
 _NODE_SHIFT = 12
 _TS_SHIFT = 22
+_SEQ_HEX = [b"%03x" % i for i in range(_SEQ_MAX)]
 
 
 class GUIDFactory:
@@ -42,8 +43,9 @@ class GUIDFactory:
                 ts += 1
                 seq = 0
             take = min(n - len(out), _SEQ_MAX - seq)
-            base = ((ts - TWEPOCH) << _TS_SHIFT) | node
-            out.extend([b"%016x" % (base | s) for s in range(seq, seq + take)])
+            # The sequence is exactly the last 3 hex digits: format the rest once per tick.
+            prefix = b"%013x" % ((((ts - TWEPOCH) << _TS_SHIFT) | node) >> _SEQ_BITS)
+            out.extend([prefix + s for s in _SEQ_HEX[seq : seq + take]])
             seq += take
             if len(out) == n:
                 break

@@ -20,8 +20,8 @@ from typing import Protocol
 
 from .message import Message
 
-#: Below this many entries, stale ones are not worth a rebuild.
-_COMPACT_SLACK = 1024
+#: Stale entries tolerated: a rebuild happens when entries exceed 3 x live + this.
+_COMPACT_SLACK = 8192
 _TICK = 0.001
 
 
@@ -59,7 +59,7 @@ class TimedQueue:
         self._live += 1
         if due < self._timer_at:
             self._arm(due)
-        elif len(self._heap) > 2 * self._live + _COMPACT_SLACK:
+        elif len(self._heap) > 3 * self._live + _COMPACT_SLACK:
             self._compact()
 
     def push_many(self, msgs: list[Message], due: float) -> None:
@@ -74,7 +74,7 @@ class TimedQueue:
         self._live += len(msgs)
         if due < self._timer_at:
             self._arm(due)
-        elif len(heap) > 2 * self._live + _COMPACT_SLACK:
+        elif len(heap) > 3 * self._live + _COMPACT_SLACK:
             self._compact()
 
     def remove(self, msg: Message) -> None:

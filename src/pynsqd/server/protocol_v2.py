@@ -90,6 +90,8 @@ class ClientV2(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_pending = False
+        self._reading = False  # inside data_received: responses are written when it returns
+        self._respond = False
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0
@@ -155,7 +157,13 @@ class ClientV2(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        self._reading = True
         self._run(self.parser.receive(data))
+        self._reading = False
+        if self._respond:
+            # Responses to this read go out now, in one write, rather than a loop turn later.
+            self._respond = False
+            self._flush()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -195,7 +203,9 @@ class ClientV2(asyncio.Protocol):
 
     def _send_frame(self, frame: bytes) -> None:
         self._out.append(frame)
-        if not self._flush_pending:
+        if self._reading:
+            self._respond = True
+        elif not self._flush_pending:
             self._flush_pending = True
             self.loop.call_soon(self._flush)
 
