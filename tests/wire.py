@@ -64,6 +64,11 @@ class Conn:
         assert frame.frame_type == FRAME_TYPE_ERROR, frame
         return frame.data
 
+    def expect_fatal(self, error: bytes) -> None:
+        """nsqd sends exactly this error frame, then closes the connection."""
+        assert self.read_error() == error
+        self.expect_closed()
+
     def read_message(self) -> Message:
         frame = self.read_frame()
         assert frame.frame_type == FRAME_TYPE_MESSAGE, frame
@@ -76,7 +81,10 @@ class Conn:
         """The server closed the connection (after any frames already read)."""
         self.sock.settimeout(timeout)
         while True:
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:  # closed with our unread bytes still in its buffer
+                return
             if not data:
                 return
             self.reader.feed(data)
@@ -130,3 +138,13 @@ class Conn:
 
     def touch(self, msg_id: bytes) -> None:
         self.send(encode.touch(msg_id))
+
+    def cls(self) -> None:
+        self.send(encode.cls())
+        assert self.read_response() == b"CLOSE_WAIT"
+
+    def nop(self) -> None:
+        self.send(encode.nop())
+
+    def auth(self, secret: bytes) -> None:
+        self.send(encode.auth(secret))

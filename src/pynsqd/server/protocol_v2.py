@@ -286,6 +286,14 @@ class ClientV2(asyncio.Protocol):
         else:
             cfg = self.nsqd.protocol_config
             opts = self.nsqd.opts
+            deflate = opts.deflate and d.deflate
+            if deflate and opts.snappy and d.snappy:
+                raise FatalClientError(
+                    "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
+                )
+            # nsqd's effective level: the client's if it negotiates deflate, else 6; capped.
+            deflate_level = d.deflate_level if deflate and d.deflate_level > 0 else 6
+            deflate_level = min(deflate_level, opts.max_deflate_level)
             # TLS, snappy and deflate are offered once their issue lands; until then the
             # response says truthfully that they are off.
             resp = {
@@ -295,7 +303,7 @@ class ClientV2(asyncio.Protocol):
                 "msg_timeout": d.msg_timeout_ms,
                 "tls_v1": False,
                 "deflate": False,
-                "deflate_level": 0,
+                "deflate_level": deflate_level,
                 "max_deflate_level": opts.max_deflate_level,
                 "snappy": False,
                 "sample_rate": d.sample_rate,
