@@ -137,6 +137,11 @@ class Channel:
         if self.clients:
             self.schedule_pump()
 
+    def put_deferred(self, msgs: list[Message]) -> None:
+        """Deferred messages read back from the backend: into the timed queue, uncounted."""
+        for m in msgs:
+            self._defer_until_ns(m)
+
     def _defer_until_ns(self, msg: Message) -> None:
         # The due time is wall-clock (it survives restarts); the timed queue runs on loop time.
         from time import time_ns
@@ -346,10 +351,18 @@ class Channel:
 
     def pause(self) -> None:
         self.paused = True
+        self._metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
         self.schedule_pump()
+        self._metadata_changed()
+
+    def _metadata_changed(self) -> None:
+        # nsqd persists nsqd.dat on pause/unpause; owners without metadata don't care.
+        notify = getattr(self.topic, "metadata_changed", None)
+        if notify is not None:
+            notify()
 
     def empty(self) -> None:
         """Drop queued, in-flight and deferred messages (nsqd's ``Empty``)."""
@@ -373,10 +386,17 @@ class Channel:
             self.deferred.clear()
             self.queue.backend.delete()
             return
-        # In-flight and deferred messages go back to the queue so that nothing is lost.
-        pending = self.tq.clear()
-        for m in pending:
+        # In-flight and deferred messages go back to the queue so that nothing is lost; the
+        # deferred ones keep their due time (decision A#12).
+        from time import time_ns
+
+        now, now_ns = self.loop.time(), time_ns()
+        pending = []
+        for due, m in self.tq.clear_with_due():
+            if m.client is None:
+                m.defer_until_ns = now_ns + max(1, int((due - now) * 1e9))
             m.client = None
+            pending.append(m)
         self.in_flight.clear()
         self.deferred.clear()
         leftovers = self.queue.drain_memory() + pending

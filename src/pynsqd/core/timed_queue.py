@@ -95,6 +95,12 @@ class TimedQueue:
         self._timer_at = float("inf")
         return live
 
+    def clear_with_due(self) -> list[tuple[float, Message]]:
+        """Like ``clear``, with each message's due time (to keep deferrals at exit)."""
+        live = [(due, m) for due, seq, m in sorted(self._heap) if m.tq_seq == seq]
+        self.clear()
+        return live
+
     def pop_due(self, now: float) -> list[Message]:
         """Remove and return every live message due at or before ``now``."""
         heap = self._heap

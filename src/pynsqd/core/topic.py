@@ -124,7 +124,13 @@ class Topic:
             return
         queue = self.queue
         if queue.mem_depth:
-            self._fan_out(queue.take_memory(DRAIN_BATCH))
+            batch = queue.take_memory(DRAIN_BATCH)
+            # DPUBs waiting here may be mixed with plain messages; channels take them apart.
+            deferred = [m for m in batch if m.defer_until_ns]
+            if deferred and len(deferred) < len(batch):
+                self._fan_out([m for m in batch if not m.defer_until_ns])
+                batch = deferred
+            self._fan_out(batch)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
             # room in memory.
@@ -164,12 +170,27 @@ class Topic:
 
     # -- administration -------------------------------------------------------------------
 
+    def put_deferred(self, msgs: list[Message]) -> None:
+        """Deferred messages read back from the backend: straight to the channels."""
+        if self.channels:
+            self._fan_out(msgs)
+        else:
+            self.queue.put_many(msgs)
+
     def pause(self) -> None:
         self.paused = True
+        self.metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
         self.schedule_drain()
+        self.metadata_changed()
+
+    def metadata_changed(self) -> None:
+        """A pause flag changed: nsqd persists its metadata (if the owner keeps any)."""
+        notify = getattr(self._owner, "metadata_changed", None)
+        if notify is not None:
+            notify()
 
     def empty(self) -> None:
         """Drop the topic's own queue (not its channels'), as nsqd's ``/topic/empty``."""

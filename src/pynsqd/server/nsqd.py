@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,9 +17,17 @@ from ..core.message import ENCODED_OVERHEAD
 from ..core.topic import Topic
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
-from ..protocol.names import is_ephemeral
+from ..protocol.names import is_ephemeral, is_valid_name
 from ..storage.diskqueue import DiskQueue
 from ..storage.message_backend import DiskBackend
+from ..storage.metadata import (
+    ChannelMeta,
+    DirLock,
+    DirLockError,
+    TopicMeta,
+    read_metadata,
+    write_metadata,
+)
 from .listener import format_address, listen
 
 if TYPE_CHECKING:
@@ -60,6 +69,9 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
         self._sync_timer: asyncio.TimerHandle | None = None
+        self._dir_lock = DirLock(self.data_path)
+        self._loading_metadata = False
+        self._persist_pending = False
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -77,6 +89,11 @@ class NSQD:
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            backend = topic.queue.backend
+            if isinstance(backend, DiskBackend):
+                backend.on_deferred = topic.put_deferred
+            if not topic.ephemeral:
+                self._persist_metadata_soon()
         return topic
 
     def get_existing_topic(self, name: str) -> Topic | None:
@@ -89,6 +106,8 @@ class NSQD:
         log.info("TOPIC(%s): deleting", name)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
+        if not topic.ephemeral:
+            self.persist_metadata()
         return True
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
@@ -103,11 +122,18 @@ class NSQD:
             ephemeral=is_ephemeral(name),
         )
         log.info("TOPIC(%s): new channel(%s)", topic.name, name)
+        backend = ch.queue.backend
+        if isinstance(backend, DiskBackend):
+            backend.on_deferred = ch.put_deferred
+        if not ch.ephemeral:
+            self._persist_metadata_soon()  # once the topic has added it
         return ch
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
         self._disk_backends.pop(f"{topic.name}:{channel.name}", None)
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
+        if not channel.ephemeral and not topic.exiting:
+            self.persist_metadata()
 
     def topic_emptied_of_channels(self, topic: Topic) -> None:
         # An #ephemeral topic goes with its last channel.
@@ -128,6 +154,7 @@ class NSQD:
                 sync_every=opts.sync_every,
                 sync_timeout=opts.sync_timeout,
                 logger=log,
+                background_sync=True,
             )
         )
         self._disk_backends[name] = backend
@@ -142,7 +169,73 @@ class NSQD:
             except OSError as err:
                 log.error("DISKQUEUE(%s): failed to sync - %s", name, err)
                 self.set_health_error(err)
+            bg_err = backend.take_sync_error()  # a background sync failed (already logged)
+            if bg_err is not None:
+                self.set_health_error(bg_err)
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
+
+    # -- metadata (nsqd.dat) --------------------------------------------------------------
+
+    def metadata_changed(self) -> None:
+        """A topic or channel was paused or unpaused (also the hook for the HTTP API)."""
+        self.persist_metadata()
+
+    def persist_metadata(self) -> None:
+        """Write nsqd.dat now: every non-ephemeral topic and channel with its paused flag."""
+        self._persist_pending = False
+        if self._loading_metadata:
+            return
+        topics = [
+            TopicMeta(
+                t.name,
+                t.paused,
+                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
+            )
+            for t in self.topics.values()
+            if not t.ephemeral
+        ]
+        try:
+            write_metadata(self.data_path, topics)
+        except OSError as err:
+            log.error("NSQ: failed to persist metadata - %s", err)
+
+    def _persist_metadata_soon(self) -> None:
+        # At the end of the loop turn: a new channel is added to its topic after make_channel.
+        if not self._persist_pending and not self._loading_metadata:
+            self._persist_pending = True
+            self.loop.call_soon(self._persist_if_pending)
+
+    def _persist_if_pending(self) -> None:
+        if self._persist_pending:
+            self.persist_metadata()
+
+    def load_metadata(self) -> None:
+        """Create the topics and channels of nsqd.dat, paused as they were."""
+        try:
+            topics = read_metadata(self.data_path)
+        except ValueError as err:
+            log.error("NSQ: %s", err)
+            return
+        if not topics:
+            return
+        self._loading_metadata = True
+        try:
+            for t in topics:
+                if not is_valid_name(t.name):
+                    log.warning("skipping creation of invalid topic %s", t.name)
+                    continue
+                topic = self.get_topic(t.name)
+                if t.paused:
+                    topic.paused = True  # before its channels exist: nothing flows yet
+                for c in t.channels:
+                    if not is_valid_name(c.name):
+                        log.warning("skipping creation of invalid channel %s", c.name)
+                        continue
+                    channel = topic.get_channel(c.name)
+                    if c.paused:
+                        channel.paused = True
+        finally:
+            self._loading_metadata = False
 
     # -- clients --------------------------------------------------------------------------
 
@@ -164,7 +257,17 @@ class NSQD:
     async def start(self) -> None:
         from .protocol_v2 import ClientV2
 
-        self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)
+        self._dir_lock.lock()  # raises DirLockError
+        try:
+            self.load_metadata()
+            self.persist_metadata()
+            self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)
+        except BaseException:
+            for topic in list(self.topics.values()):
+                with contextlib.suppress(OSError):
+                    topic.close(delete=False)
+            self._dir_lock.unlock()
+            raise
         sock = self.tcp_server.sockets[0]
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -189,11 +292,13 @@ class NSQD:
             await asyncio.sleep(0.01)
         if self._sync_timer is not None:
             self._sync_timer.cancel()
+        self.persist_metadata()
         for topic in list(self.topics.values()):
             try:
                 topic.close(delete=False)
             except OSError as err:
                 log.error("TOPIC(%s): failed to close - %s", topic.name, err)
+        self._dir_lock.unlock()
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()
         log.info("NSQ: bye")
@@ -215,6 +320,9 @@ async def _serve(opts: Options) -> int:
     nsqd = NSQD(opts, loop)
     try:
         await nsqd.start()
+    except DirLockError as err:
+        log.critical("failed to start nsqd - %s", err)
+        return 1
     except OSError as err:
         log.critical("failed to listen on %s - %s", opts.tcp_address, err)
         return 1

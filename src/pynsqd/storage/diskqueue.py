@@ -24,6 +24,18 @@ operation since the last sync. The loss window on an OS crash with the defaults 
 ``sync_every`` operations or ``sync_timeout`` seconds; with ``sync_every=1`` every ``put`` returns
 only after its data and the metadata are on disk.
 
+Background sync. An fsync costs milliseconds, and the caller is an event loop serving every client.
+With ``background_sync=True`` and ``sync_every > 1``, the syncs asked for by the operation count and
+by ``sync_if_due`` are handed to one thread shared by all queues: the job holds a duplicate of the
+write file's descriptor (so the queue may close or roll its own) and a snapshot of the metadata
+taken when the sync was asked for. A queue has at most one waiting job; a newer request replaces
+the waiting snapshot and adds its descriptors, and the thread runs jobs one at a time in request
+order, so an older snapshot never overwrites a newer one. Every synchronous sync (``sync``,
+``close``, rolls, corruption handling) and ``empty``/``delete`` first cancel the waiting job and
+wait for a running one. A failed background sync is logged and kept in ``sync_error`` for the
+owner to report (``take_sync_error``). With ``sync_every=1`` every sync stays synchronous: the
+caller's acknowledgement must follow durability.
+
 Delivery semantics: records are consumed when ``read_many`` returns them (go-diskqueue's
 ``moveForward``). A crash after ``read_many`` returns loses them unless the caller keeps them
 somewhere; a crash before the next sync makes them come back on restart (at-least-once).
@@ -58,6 +70,8 @@ import os
 import random
 import re
 import struct
+import threading
+from collections import deque
 
 __all__ = ["DiskQueue"]
 
@@ -65,6 +79,82 @@ _LEN = struct.Struct(">i")
 _READ_CHUNK = 1 << 20
 _META_RE = re.compile(rb"\s*(-?\d+)\s*\n\s*(-?\d+),(-?\d+)\s*\n\s*(-?\d+),(-?\d+)")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class _SyncJob:
+    __slots__ = ("fds", "meta")
+
+    def __init__(self, fds: list[int], meta: bytes) -> None:
+        self.fds = fds  # duplicated descriptors to fsync, closed by whoever ends the job
+        self.meta = meta  # the metadata snapshot to write once they are synced
+
+
+class _SyncWorker:
+    """The one thread that runs the background syncs of every DiskQueue, in request order."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[DiskQueue] = deque()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, dq: DiskQueue, fds: list[int], meta: bytes) -> None:
+        with self._cond:
+            job = dq._bg_job
+            if job is None:
+                dq._bg_job = _SyncJob(fds, meta)
+                self._queue.append(dq)
+            else:  # still waiting: the newer snapshot supersedes it
+                job.fds.extend(fds)
+                job.meta = meta
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="diskqueue-sync", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def cancel(self, dq: DiskQueue) -> None:
+        """Drop ``dq``'s waiting job and wait until its running job (if any) has finished."""
+        with self._cond:
+            job = dq._bg_job
+            if job is not None:
+                dq._bg_job = None
+                self._queue.remove(dq)
+                _close_fds(job.fds)
+            while dq._bg_running:
+                self._cond.wait()
+
+    def wait(self, dq: DiskQueue) -> None:
+        """Wait until ``dq`` has no waiting or running job (for tests and orderly shutdown)."""
+        with self._cond:
+            while dq._bg_job is not None or dq._bg_running:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                dq = self._queue.popleft()
+                job = dq._bg_job
+                dq._bg_job = None
+                dq._bg_running = True
+            try:
+                if job is not None:
+                    dq._run_sync_job(job)
+            finally:
+                with self._cond:
+                    dq._bg_running = False
+                    self._cond.notify_all()
+
+
+_WORKER = _SyncWorker()
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class DiskQueue:
@@ -90,6 +180,7 @@ class DiskQueue:
         sync_every: int,
         sync_timeout: float,
         logger: logging.Logger | None = None,
+        background_sync: bool = False,
     ) -> None:
         if max_bytes_per_file <= 0:
             raise ValueError("max_bytes_per_file must be positive")
@@ -114,6 +205,11 @@ class DiskQueue:
         self._count = 0  # reads + writes since the last sync
         self._need_sync = False
         self._closed = False
+        self._background = background_sync and self.sync_every > 1
+        self._bg_job: _SyncJob | None = None  # guarded by _WORKER's lock
+        self._bg_running = False  # guarded by _WORKER's lock
+        #: The last failed background sync, kept until ``take_sync_error``.
+        self.sync_error: OSError | None = None
 
         self._wfd: int | None = None
         self._rfd: int | None = None
@@ -142,7 +238,7 @@ class DiskQueue:
             self._roll()
         self._write(_LEN.pack(size) + data, 1)
         if self._count >= self.sync_every or self._need_sync:
-            self.sync()
+            self._request_sync()
 
     def put_many(self, records: list[bytes]) -> None:
         """Append records in order with one write per data file they land in.
@@ -179,7 +275,7 @@ class DiskQueue:
         if parts:
             self._write(b"".join(parts), n)
         if self._count >= self.sync_every or self._need_sync:
-            self.sync()
+            self._request_sync()
 
     def read_many(self, max_count: int) -> list[bytes]:
         """Return up to ``max_count`` next records in FIFO order; they are consumed.
@@ -252,6 +348,7 @@ class DiskQueue:
     def empty(self) -> None:
         """Delete all data files and the metadata file; go on with a new file number."""
         self._check_open()
+        _WORKER.cancel(self)
         self._log.info("DISKQUEUE(%s): emptying", self.name)
         first_err = self._skip_to_next_rw_file()
         try:
@@ -273,6 +370,7 @@ class DiskQueue:
         """
         if self._closed:
             return
+        _WORKER.cancel(self)  # a waiting snapshot is older than this one
         if self._wfd is not None:
             try:
                 os.fsync(self._wfd)
@@ -292,7 +390,43 @@ class DiskQueue:
         """
         del now
         if not self._closed and (self._count > 0 or self._need_sync):
+            self._request_sync()
+
+    def take_sync_error(self) -> OSError | None:
+        """Return and forget the error of the last failed background sync, if any."""
+        err, self.sync_error = self.sync_error, None
+        return err
+
+    def wait_background_sync(self) -> None:
+        """Wait until the background sync asked for so far (if any) is done."""
+        _WORKER.wait(self)
+
+    def _request_sync(self) -> None:
+        """An op-count or timer sync: in the background when allowed, else now."""
+        if not self._background or self._need_sync:
             self.sync()
+            return
+        fds: list[int] = []
+        if self._wfd is not None:
+            try:
+                fds.append(os.dup(self._wfd))
+            except OSError:  # out of descriptors: do it the slow way
+                self.sync()
+                return
+        _WORKER.submit(self, fds, self._meta_text())
+        self._count = 0
+
+    def _run_sync_job(self, job: _SyncJob) -> None:
+        """On the sync thread: fsync the data file(s), then write the metadata snapshot."""
+        try:
+            for fd in job.fds:
+                os.fsync(fd)
+            self._write_metadata(job.meta)
+        except OSError as exc:
+            self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
+            self.sync_error = exc
+        finally:
+            _close_fds(job.fds)
 
     def close(self) -> None:
         """Sync and close the files. Raises ``OSError`` if the final sync fails (files closed)."""
@@ -312,6 +446,7 @@ class DiskQueue:
         ``.bad`` files are left for the operator to inspect, as go-diskqueue does.
         """
         self._log.info("DISKQUEUE(%s): deleting", self.name)
+        _WORKER.cancel(self)
         self._close_read_file()
         self._close_write_file()
         self._closed = True
@@ -555,13 +690,18 @@ class DiskQueue:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _persist_metadata(self) -> None:
-        meta = self._meta_file_name()
-        tmp = f"{meta}.{random.getrandbits(63)}.tmp"
-        text = (
+    def _meta_text(self) -> bytes:
+        return (
             f"{self._depth}\n{self._read_file_num},{self._read_pos}\n"
             f"{self._write_file_num},{self._write_pos}\n"
         ).encode()
+
+    def _persist_metadata(self) -> None:
+        self._write_metadata(self._meta_text())
+
+    def _write_metadata(self, text: bytes) -> None:
+        meta = self._meta_file_name()
+        tmp = f"{meta}.{random.getrandbits(63)}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
         try:
             try:
@@ -653,7 +793,7 @@ class DiskQueue:
         self._check_tail_corruption()
         if self._need_sync or self._count >= self.sync_every:
             try:
-                self.sync()
+                self._request_sync()
             except OSError as exc:
                 self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
 

@@ -1,42 +1,233 @@
-"""The disk backend of a topic or channel: messages encoded into a go-diskqueue."""
+"""The disk backend of a topic or channel: messages encoded into a go-diskqueue.
+
+Deferred messages keep their due time (decision A#12, nsqio/nsq#1107) without changing the queue's
+format. The message goes into the go-diskqueue like any other; its id and wall-clock due time go to
+a side file ``<name>.diskqueue.deferred.dat`` of 24-byte records ``[16-byte id][int64 BE due ns]``,
+appended, the last record for an id winning. Go nsqd never opens that file: it reads the queue as
+its own and delivers such messages at once, as it would itself. When a read meets a message whose
+id has a due time still in the future, the message is not returned but handed, decoded and with
+``defer_until_ns`` set, to ``on_deferred`` (the channel's deferred queue, or the topic's fan-out);
+a due time already past is simply dropped. This costs nothing while no due time is stored. The side
+file is written before the record (a crash leaves at worst an unused due time), fsynced at once
+with ``sync_every=1`` and at ``close`` otherwise (an OS crash may then make such a message early,
+never lost), removed when no due time is left, and rewritten when mostly stale.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Callable
+
 from ..core.message import Message, decode_message
 from .diskqueue import DiskQueue
+
+_DUE = struct.Struct(">16sq")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: Stale side-file records tolerated before a rewrite: records > 2 x live + this.
+_DUE_SLACK = 4096
 
 
 class DiskBackend:
     """``core.backend.BackendQueue`` over a ``DiskQueue``, in nsqd's message encoding."""
 
-    __slots__ = ("dq",)
+    __slots__ = ("_due", "_due_dirty", "_due_fd", "_due_path", "_due_records", "dq", "on_deferred")
 
     def __init__(self, dq: DiskQueue) -> None:
         self.dq = dq
+        #: Receives messages read back whose due time is in the future (one batch per read).
+        self.on_deferred: Callable[[list[Message]], None] | None = None
+        self._due: dict[bytes, int] = {}
+        self._due_path = os.path.join(dq.data_path, f"{dq.name}.diskqueue.deferred.dat")
+        self._due_fd: int | None = None
+        self._due_records = 0  # records in the side file, live or stale
+        self._due_dirty = False
+        self._load_due()
+
+    # -- BackendQueue -------------------------------------------------------------------------
 
     def put_many(self, msgs: list[Message]) -> None:
-        self.dq.put_many([m.encode() for m in msgs])
+        records = [m.encode() for m in msgs]
+        due = [(m.id, m.defer_until_ns) for m in msgs if m.defer_until_ns]
+        if due:
+            self._add_due(due)
+        self.dq.put_many(records)
 
     def read_many(self, max_count: int) -> list[Message]:
-        return list(map(decode_message, self.dq.read_many(max_count)))
+        return list(map(decode_message, self.read_raw(max_count)))
 
     def put_raw(self, records: list[bytes]) -> None:
+        # Records from another backend's read_raw, which kept the deferred ones out.
         self.dq.put_many(records)
 
     def read_raw(self, max_count: int) -> list[bytes]:
-        return self.dq.read_many(max_count)
+        if not self._due or self.on_deferred is None:
+            return self.dq.read_many(max_count)
+        out: list[bytes] = []
+        while len(out) < max_count:
+            records = self.dq.read_many(max_count - len(out))
+            if not records:
+                break
+            out += self._keep_deferred(records)
+            if not self._due:
+                out += self.dq.read_many(max_count - len(out))
+                break
+        return out
 
     def depth(self) -> int:
         return self.dq.depth()
 
     def empty(self) -> None:
+        self._drop_due()
         self.dq.empty()
 
     def close(self) -> None:
-        self.dq.close()
+        try:
+            if self._due_fd is not None and self._due_dirty:
+                os.fsync(self._due_fd)
+        except OSError as exc:
+            self.dq._log.error(
+                "DISKQUEUE(%s) failed to sync %s - %s", self.dq.name, self._due_path, exc
+            )
+        finally:
+            self._close_due_fd()
+            self.dq.close()
 
     def delete(self) -> None:
+        self._drop_due()
         self.dq.delete()
+
+    # -- for nsqd's sync timer ------------------------------------------------------------------
 
     def sync_if_due(self, now: float) -> None:
         self.dq.sync_if_due(now)
+
+    def take_sync_error(self) -> OSError | None:
+        return self.dq.take_sync_error()
+
+    # -- due times ----------------------------------------------------------------------------
+
+    def _keep_deferred(self, records: list[bytes]) -> list[bytes]:
+        """Hand the records with a future due time to ``on_deferred``; return the others."""
+        now = time.time_ns()
+        due = self._due
+        plain: list[bytes] = []
+        deferred: list[Message] = []
+        for rec in records:
+            ts = due.pop(rec[10:26], 0)
+            if ts > now:
+                msg = decode_message(rec)
+                msg.defer_until_ns = ts
+                deferred.append(msg)
+            else:
+                plain.append(rec)
+        if not due:
+            self._drop_due()
+        if deferred:
+            assert self.on_deferred is not None
+            self.on_deferred(deferred)
+        return plain
+
+    def _add_due(self, entries: list[tuple[bytes, int]]) -> None:
+        self._due.update(entries)
+        data = b"".join([_DUE.pack(i, ts) for i, ts in entries])
+        try:
+            if self._due_records > 2 * len(self._due) + _DUE_SLACK:
+                self._rewrite_due()
+            else:
+                if self._due_fd is None:
+                    self._due_fd = os.open(
+                        self._due_path,
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | _O_CLOEXEC,
+                        0o600,
+                    )
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._due_fd, view) :]
+                self._due_records += len(entries)
+                self._due_dirty = True
+            if self.dq.sync_every == 1 and self._due_fd is not None:
+                os.fsync(self._due_fd)
+                self._due_dirty = False
+        except OSError as exc:
+            # The messages themselves can still be stored: they would only come back early.
+            self.dq._log.error(
+                "DISKQUEUE(%s) failed to write due times to %s - %s",
+                self.dq.name,
+                self._due_path,
+                exc,
+            )
+            self._close_due_fd()
+
+    def _rewrite_due(self) -> None:
+        """Replace the side file by the live due times (tmp file, fsync, rename)."""
+        self._close_due_fd()
+        tmp = f"{self._due_path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+        try:
+            data = b"".join([_DUE.pack(i, ts) for i, ts in self._due.items()])
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            os.replace(tmp, self._due_path)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        self._due_fd = fd  # positioned at its end: go on appending to the new file
+        self._due_records = len(self._due)
+        self._due_dirty = False
+
+    def _load_due(self) -> None:
+        try:
+            with open(self._due_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.dq._log.error(
+                "DISKQUEUE(%s) failed to read due times from %s - %s",
+                self.dq.name,
+                self._due_path,
+                exc,
+            )
+            return
+        now = time.time_ns()
+        due: dict[bytes, int] = {}
+        for off in range(0, len(data) - _DUE.size + 1, _DUE.size):
+            msg_id, ts = _DUE.unpack_from(data, off)
+            due[msg_id] = ts
+        self._due = {i: ts for i, ts in due.items() if ts > now}
+        if not self._due or not self.dq.depth():
+            self._drop_due()
+            return
+        try:
+            self._rewrite_due()  # compact, and drop a torn last record
+        except OSError as exc:
+            self.dq._log.error(
+                "DISKQUEUE(%s) failed to rewrite %s - %s", self.dq.name, self._due_path, exc
+            )
+
+    def _drop_due(self) -> None:
+        self._due = {}
+        self._close_due_fd()
+        self._due_records = 0
+        self._due_dirty = False
+        try:
+            os.remove(self._due_path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.dq._log.error(
+                "DISKQUEUE(%s) failed to remove %s - %s", self.dq.name, self._due_path, exc
+            )
+
+    def _close_due_fd(self) -> None:
+        if self._due_fd is not None:
+            fd, self._due_fd = self._due_fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
