@@ -31,11 +31,15 @@ class GUIDFactory:
     def new_ids(self, n: int) -> list[bytes]:
         """``n`` fresh IDs in increasing order."""
         ts = time.time_ns() >> 20
-        if ts <= self._last_ts:  # same tick, or the clock went backwards: never reuse an ID
+        if ts > self._last_ts:
+            seq = 0
+        else:  # same tick, or the clock went backwards (or we borrowed ticks): never reuse
             ts = self._last_ts
             seq = self._seq + 1
-        else:
-            seq = 0
+        if n == 1 and seq < _SEQ_MAX:  # one PUB: skip the batch machinery
+            self._last_ts = ts
+            self._seq = seq
+            return [b"%016x" % (((ts - TWEPOCH) << _TS_SHIFT) | self._node | seq)]
         out: list[bytes] = []
         node = self._node
         while True:
