@@ -43,6 +43,14 @@ class ServerThread:
     def tcp_address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.tcp_port)
 
+    @property
+    def http_port(self) -> int:
+        return int(self.nsqd.http_address.rsplit(":", 1)[1])
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def call(self, fn: Callable[[], T]) -> T:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
 

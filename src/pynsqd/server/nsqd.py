@@ -15,6 +15,8 @@ from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.message import ENCODED_OVERHEAD
 from ..core.topic import Topic
+from ..http.e2e import E2ELatency
+from ..http.server import HTTPService
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..protocol.names import is_ephemeral, is_valid_name
@@ -65,6 +67,8 @@ class NSQD:
         self.health_error: str | None = None
         self.tcp_server: asyncio.Server | None = None
         self.tcp_address = ""
+        self.http: HTTPService | None = None
+        self.http_address = ""
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
@@ -122,6 +126,11 @@ class NSQD:
             ephemeral=is_ephemeral(name),
         )
         log.info("TOPIC(%s): new channel(%s)", topic.name, name)
+        if self.opts.e2e_processing_latency_percentiles:
+            ch.e2e_sink = E2ELatency(
+                self.opts.e2e_processing_latency_percentiles,
+                self.opts.e2e_processing_latency_window_time,
+            )
         backend = ch.queue.backend
         if isinstance(backend, DiskBackend):
             backend.on_deferred = ch.put_deferred
@@ -273,6 +282,13 @@ class NSQD:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tcp_address = format_address(sock)
         log.info("TCP: listening on %s", self.tcp_address)
+        self.http = HTTPService(self)
+        try:
+            await self.http.start()  # HTTP API and statsd
+        except BaseException:
+            await self.stop()
+            raise
+        self.http_address = self.http.address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
     async def stop(self) -> None:
@@ -283,6 +299,8 @@ class NSQD:
         if self.tcp_server is not None:
             log.info("TCP: closing %s", self.tcp_address)
             self.tcp_server.close()
+        if self.http is not None:
+            await self.http.stop()
         for client in list(self.clients.values()):
             client.close_for_exit()
         # Let the transports finish closing, so every client's in-flight messages are back.

@@ -1,0 +1,413 @@
+"""The HTTP API handlers (nsqd's ``nsqd/http.go``): each returns data or raises ``HTTPError``.
+
+What a handler returns is sent as nsqd's ``RespondV1`` does: ``str``/``bytes`` raw, ``None`` as
+an empty body, anything else as JSON. Parameters come only from the URL query string. Error
+checks run in nsqd's order, except that nothing is created before the whole request has been
+validated (a bad ``defer`` or ``/mpub`` body leaves no new topic behind).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+from dataclasses import Field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
+
+from aiohttp.web_request import BaseRequest
+
+from .. import NSQD_VERSION
+from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
+from ..options import config_key, option_fields, option_kind
+from ..protocol.errors import FatalClientError
+from ..protocol.names import is_valid_name
+from ..protocol.parser import parse_mpub_body
+from ..server.listener import is_unix_address, split_host_port
+from .e2e import go_float
+from .memstats import mem_stats
+from .stats import get_stats, health, print_stats, stats_version
+
+if TYPE_CHECKING:
+    from ..core.topic import Topic
+    from ..server.nsqd import NSQD
+
+log = logging.getLogger(LOGGER_NAME)
+
+#: nsqd's ``boolParams``: anything else means "not given" (or, for /mpub ``binary``, true).
+BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+
+#: Go's ``lg.LogLevel`` numbers, as ``GET /config/log_level`` shows them.
+_GO_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+#: Go's ``TLSNotRequired``, ``TLSRequiredExceptHTTP``, ``TLSRequired``.
+_GO_TLS_REQUIRED = {"false": 0, "tcp-https": 1, "true": 2}
+_GO_TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+_INT64_MAX = (1 << 63) - 1
+
+
+class HTTPError(Exception):
+    """An API error: HTTP status and nsqd's token (``{"message": TEXT}``)."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+class Params:
+    """The query string as Go's ``url.ParseQuery`` reads it (first value wins)."""
+
+    def __init__(self, raw_query: str) -> None:
+        # Go refuses bad %-escapes and ';' separators: nsqd answers INVALID_REQUEST.
+        self.error = bool(_BAD_ESCAPE.search(raw_query)) or ";" in raw_query
+        self.values: dict[str, str] = {}
+        if self.error:
+            return
+        for part in raw_query.split("&"):
+            if not part:
+                continue
+            key, _, value = part.partition("=")
+            key = unquote_plus(key, errors="surrogateescape")
+            self.values.setdefault(key, unquote_plus(value, errors="surrogateescape"))
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def checked(self) -> Params:
+        if self.error:
+            raise HTTPError(400, "INVALID_REQUEST")
+        return self
+
+
+async def read_body(request: BaseRequest, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the body, or None if it is longer (the rest is not read)."""
+    buf = bytearray()
+    content = request.content
+    try:
+        while True:
+            chunk = await content.read(limit + 1 - len(buf))
+            if not chunk:
+                return bytes(buf)
+            buf += chunk
+            if len(buf) > limit:
+                return None
+    except Exception as err:
+        log.error("HTTP: failed to read request body - %s", err)
+        raise HTTPError(500, "INTERNAL_ERROR") from err
+
+
+def _port(address: str) -> int:
+    """A bound address's port; -1 for a unix socket (as nsqd's /info)."""
+    if not address or is_unix_address(address):
+        return -1
+    return split_host_port(address)[1]
+
+
+class API:
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _topic_name(self, params: Params) -> str:
+        """nsqd's ``getTopicFromQuery`` without creating the topic."""
+        name = params.checked().get("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    def _existing_topic(self, params: Params) -> tuple[Topic, str]:
+        """nsqd's ``getExistingTopicFromQuery`` (``GetTopicChannelArgs`` tokens)."""
+        params.checked()
+        topic_name = params.get("topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic_name):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel_name = params.get("channel")
+        if channel_name is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel_name):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic, channel_name
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> str:
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        topic = nsqd.get_topic(topic_name)
+        if topic.exiting:
+            raise HTTPError(503, "EXITING")
+        if bodies:
+            try:
+                topic.put_bodies(bodies, defer_ms)
+            except OSError as err:
+                nsqd.set_health_error(err)
+                log.error("TOPIC(%s): failed to put messages - %s", topic_name, err)
+                raise HTTPError(503, "EXITING") from err
+        return "OK"
+
+    # -- handlers, named after nsqd's ---------------------------------------------------
+
+    async def ping(self, request: BaseRequest, params: Params) -> Any:
+        text = health(self.nsqd)
+        if self.nsqd.health_error is not None:
+            raise HTTPError(500, text)
+        return text
+
+    async def info(self, request: BaseRequest, params: Params) -> Any:
+        nsqd = self.nsqd
+        opts = nsqd.opts
+        try:
+            hostname = socket.gethostname()
+        except OSError as err:
+            raise HTTPError(500, str(err)) from err
+        return {
+            "version": NSQD_VERSION,
+            "broadcast_address": opts.broadcast_address,
+            "hostname": hostname,
+            "http_port": _port(getattr(nsqd, "http_address", "")),
+            "tcp_port": _port(nsqd.tcp_address),
+            "start_time": nsqd.start_time,
+            "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
+            "max_output_buffer_size": opts.max_output_buffer_size,
+            "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
+            "max_deflate_level": opts.max_deflate_level,
+            "topology_zone": opts.topology_zone,
+            "topology_region": opts.topology_region,
+        }
+
+    async def pub(self, request: BaseRequest, params: Params) -> Any:
+        max_msg = self.nsqd.opts.max_msg_size
+        if (request.content_length or 0) > max_msg:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await read_body(request, max_msg)
+        if body is None:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        topic_name = self._topic_name(params)
+        defer_ms = 0
+        text = params.get("defer")
+        if text is not None:
+            if not _GO_INT.fullmatch(text) or abs(int(text)) > _INT64_MAX:
+                raise HTTPError(400, "INVALID_DEFER")
+            defer_ms = int(text)
+            if defer_ms < 0 or defer_ms > self.nsqd.opts.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+        return self._publish(topic_name, [body], defer_ms)
+
+    async def mpub(self, request: BaseRequest, params: Params) -> Any:
+        opts = self.nsqd.opts
+        if (request.content_length or 0) > opts.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        topic_name = self._topic_name(params)
+        binary = False
+        mode = params.get("binary")
+        if mode is not None:
+            binary = BOOL_PARAMS.get(mode, True)
+            if mode not in BOOL_PARAMS:
+                log.warning("deprecated value '%s' used for /mpub binary param", mode)
+        body = await read_body(request, opts.max_body_size)
+        if body is None:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if binary:
+            try:
+                bodies = parse_mpub_body(body, self.nsqd.protocol_config)
+            except FatalClientError as err:
+                raise HTTPError(413, err.code.removeprefix("E_")) from err
+        else:
+            bodies = []
+            for line in body.split(b"\n"):
+                # nsqd removes the "\n" only; "\r" stays, empty lines are skipped.
+                if not line:
+                    continue
+                if len(line) > opts.max_msg_size:
+                    raise HTTPError(413, "MSG_TOO_BIG")
+                bodies.append(line)
+        return self._publish(topic_name, bodies)
+
+    async def stats(self, request: BaseRequest, params: Params) -> Any:
+        params.checked()
+        nsqd = self.nsqd
+        include_clients = BOOL_PARAMS.get(params.get("include_clients") or "", True)
+        include_mem = BOOL_PARAMS.get(params.get("include_mem") or "", True)
+        topics, producers = get_stats(
+            nsqd, params.get("topic") or "", params.get("channel") or "", include_clients
+        )
+        memory = mem_stats() if include_mem else None
+        if params.get("format") != "json":
+            return print_stats(
+                stats_version(), topics, producers, memory, health(nsqd), nsqd.start_time
+            )
+        out: dict[str, Any] = {
+            "version": NSQD_VERSION,
+            "health": health(nsqd),
+            "start_time": nsqd.start_time,
+            "topics": topics,
+        }
+        if memory is not None:
+            out["memory"] = memory
+        out["producers"] = producers
+        return out
+
+    # -- topics ---------------------------------------------------------------------------
+
+    async def topic_create(self, request: BaseRequest, params: Params) -> Any:
+        self.nsqd.get_topic(self._topic_name(params))
+        return None
+
+    async def topic_delete(self, request: BaseRequest, params: Params) -> Any:
+        name = params.checked().get("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not self.nsqd.delete_existing_topic(name):
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return None
+
+    async def topic_empty(self, request: BaseRequest, params: Params) -> Any:
+        topic = self.nsqd.get_existing_topic(self._topic_name(params))
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        try:
+            topic.empty()
+        except OSError as err:
+            log.error("TOPIC(%s): failed to empty - %s", topic.name, err)
+            raise HTTPError(500, "INTERNAL_ERROR") from err
+        return None
+
+    async def _topic_pause(self, params: Params, pause: bool) -> Any:
+        name = params.checked().get("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        topic = self.nsqd.get_existing_topic(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        # The core persists the pause flag in nsqd.dat, as nsqd does after this call.
+        if pause:
+            topic.pause()
+        else:
+            topic.unpause()
+        return None
+
+    async def topic_pause(self, request: BaseRequest, params: Params) -> Any:
+        return await self._topic_pause(params, True)
+
+    async def topic_unpause(self, request: BaseRequest, params: Params) -> Any:
+        return await self._topic_pause(params, False)
+
+    # -- channels -------------------------------------------------------------------------
+
+    async def channel_create(self, request: BaseRequest, params: Params) -> Any:
+        topic, channel_name = self._existing_topic(params)
+        topic.get_channel(channel_name)
+        return None
+
+    async def channel_delete(self, request: BaseRequest, params: Params) -> Any:
+        topic, channel_name = self._existing_topic(params)
+        if not topic.delete_channel(channel_name):
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return None
+
+    async def channel_empty(self, request: BaseRequest, params: Params) -> Any:
+        topic, channel_name = self._existing_topic(params)
+        channel = topic.channels.get(channel_name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        try:
+            channel.empty()
+        except OSError as err:
+            log.error("CHANNEL(%s): failed to empty - %s", channel_name, err)
+            raise HTTPError(500, "INTERNAL_ERROR") from err
+        return None
+
+    async def _channel_pause(self, params: Params, pause: bool) -> Any:
+        topic, channel_name = self._existing_topic(params)
+        channel = topic.channels.get(channel_name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        if pause:
+            channel.pause()
+        else:
+            channel.unpause()
+        return None
+
+    async def channel_pause(self, request: BaseRequest, params: Params) -> Any:
+        return await self._channel_pause(params, True)
+
+    async def channel_unpause(self, request: BaseRequest, params: Params) -> Any:
+        return await self._channel_pause(params, False)
+
+    # -- /config/:opt ---------------------------------------------------------------------
+
+    async def config(self, request: BaseRequest, params: Params, opt: str) -> Any:
+        opts = self.nsqd.opts
+        if request.method == "PUT":
+            body = await read_body(request, opts.max_msg_size)
+            if not body:  # None (too big) or empty
+                raise HTTPError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                try:
+                    value = json.loads(body)
+                except ValueError as err:
+                    raise HTTPError(400, "INVALID_VALUE") from err
+                if value is None:
+                    value = []
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise HTTPError(400, "INVALID_VALUE")
+                opts.lookupd_tcp_addresses = value
+                changed = getattr(self.nsqd, "lookupd_addresses_changed", None)
+                if changed is not None:
+                    changed()
+            elif opt == "log_level":
+                try:
+                    levelno = parse_log_level(body.decode("utf-8", "replace"))
+                except ValueError as err:
+                    raise HTTPError(400, "INVALID_VALUE") from err
+                opts.log_level = next(k for k, v in LOG_LEVELS.items() if v == levelno)
+                logging.getLogger(LOGGER_NAME).setLevel(levelno)
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        f = _config_fields().get(opt)
+        if f is None:
+            raise HTTPError(400, "INVALID_OPTION")
+        return config_value(f, getattr(opts, f.name))
+
+
+def _config_fields() -> dict[str, Field[Any]]:
+    # ``config`` names the file the options came from; nsqd's Options has no such field.
+    return {config_key(f): f for f in option_fields() if f.name != "config"}
+
+
+def config_value(f: Field[Any], value: Any) -> Any:
+    """An option's value as nsqd's ``getOptByCfgName`` gives it to ``RespondV1``.
+
+    Go durations are int64 ns; ``log_level``, ``tls_required`` and ``tls_min_version`` are Go
+    integers; strings are written raw (not JSON), everything else is JSON.
+    """
+    kind = option_kind(f)
+    if kind == "duration":
+        return round(value * 1e9)
+    if f.name == "log_level":
+        return _GO_LOG_LEVELS.get(str(value).lower(), 2)
+    if f.name == "tls_required":
+        return _GO_TLS_REQUIRED.get(str(value), 0)
+    if f.name == "tls_min_version":
+        return _GO_TLS_VERSIONS.get(str(value).lower(), 0x0301)
+    if kind == "floatlist":
+        return [go_float(v) for v in value]
+    if kind == "list":
+        return list(value)
+    return value
+
+
+__all__ = ["API", "BOOL_PARAMS", "HTTPError", "Params", "get_stats"]

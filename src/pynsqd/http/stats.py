@@ -1,0 +1,248 @@
+"""``/stats``: nsqd's ``GetStats`` over the live objects, and its JSON and text forms.
+
+Keys, key order and types are nsqd's (``nsqd/stats.go``, ``nsqd/client_v2.go``), so that Go
+nsqadmin, nsq_stat and exporters read them unchanged. One deliberate difference: a client's
+``pub_counts`` lists every topic it published to (decision A#13; nsqd shows at most one).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from ..options import format_duration
+from .e2e import E2ELatency, merged_result, nanoseconds_to_human
+
+if TYPE_CHECKING:
+    from ..core.channel import Channel
+    from ..core.topic import Topic
+    from ..server.nsqd import NSQD
+    from ..server.protocol_v2 import ClientV2
+
+Json = dict[str, Any]
+
+
+def health(nsqd: NSQD) -> str:
+    """nsqd's ``GetHealth``: ``OK`` or ``NOK - <last backend error>``."""
+    return "OK" if nsqd.health_error is None else f"NOK - {nsqd.health_error}"
+
+
+def e2e_sink(channel: Channel) -> E2ELatency | None:
+    sink = channel.e2e_sink
+    return sink if isinstance(sink, E2ELatency) else None
+
+
+def _percentiles(nsqd: NSQD) -> list[float] | None:
+    return nsqd.opts.e2e_processing_latency_percentiles or None
+
+
+def channel_e2e(nsqd: NSQD, channel: Channel) -> Json:
+    sink = e2e_sink(channel)
+    return merged_result([sink] if sink else [], _percentiles(nsqd) if sink else None)
+
+
+def topic_e2e(nsqd: NSQD, topic: Topic) -> Json:
+    # nsqd: the merge of the channels' streams, or an empty result when none has one.
+    sinks = [s for s in map(e2e_sink, topic.channels.values()) if s is not None]
+    return merged_result(sinks, _percentiles(nsqd) if sinks else None)
+
+
+def client_stats(client: ClientV2, topic_filter: str = "") -> Json:
+    """nsqd's ``ClientV2Stats``; optional keys are left out when empty, as its omitempty."""
+    c: Any = client
+    stats: Json = {
+        "client_id": client.client_id,
+        "hostname": client.hostname,
+        "version": "V2",
+        "remote_address": client.remote_address,
+        "state": int(client.state),
+        "ready_count": client.rdy,
+        "in_flight_count": client.in_flight_count,
+        "message_count": client.message_count,
+        "finish_count": client.finish_count,
+        "requeue_count": client.requeue_count,
+        "connect_ts": client.connect_ts,
+        "sample_rate": client.sample_rate,
+        "deflate": bool(getattr(c, "deflate", False)),
+        "snappy": bool(getattr(c, "snappy", False)),
+        "user_agent": client.user_agent,
+    }
+    if getattr(c, "authed", False):
+        stats["authed"] = True
+    for key in ("auth_identity", "auth_identity_url"):
+        value = getattr(c, key, "")
+        if value:
+            stats[key] = str(value)
+    stats["topology_zone"] = str(getattr(c, "topology_zone", ""))
+    stats["topology_region"] = str(getattr(c, "topology_region", ""))
+    pub_counts = [
+        {"topic": t, "count": n}
+        for t, n in sorted(client.pub_counts.items())
+        if not topic_filter or t == topic_filter
+    ]
+    if pub_counts:
+        stats["pub_counts"] = pub_counts
+    stats["tls"] = bool(getattr(c, "tls", False))
+    stats["tls_cipher_suite"] = str(getattr(c, "tls_cipher_suite", ""))
+    stats["tls_version"] = str(getattr(c, "tls_version", ""))
+    stats["tls_negotiated_protocol"] = str(getattr(c, "tls_negotiated_protocol", ""))
+    stats["tls_negotiated_protocol_is_mutual"] = bool(
+        getattr(c, "tls_negotiated_protocol_is_mutual", False)
+    )
+    return stats
+
+
+def channel_stats(
+    nsqd: NSQD, channel: Channel, include_clients: bool, topic_filter: str = ""
+) -> Json:
+    clients: list[Json] | None = None
+    if include_clients:
+        clients = [
+            client_stats(cast("ClientV2", c), topic_filter) for c in channel.clients.values()
+        ]
+    return {
+        "channel_name": channel.name,
+        "depth": channel.depth,
+        "backend_depth": channel.queue.backend.depth(),
+        "in_flight_count": len(channel.in_flight),
+        "deferred_count": len(channel.deferred),
+        "message_count": channel.message_count,
+        "requeue_count": channel.requeue_count,
+        "timeout_count": channel.timeout_count,
+        "client_count": len(channel.clients),
+        "clients": clients,
+        "paused": channel.paused,
+        "e2e_processing_latency": channel_e2e(nsqd, channel),
+    }
+
+
+def topic_stats(nsqd: NSQD, topic: Topic, channels: list[Json]) -> Json:
+    return {
+        "topic_name": topic.name,
+        "channels": channels,
+        "depth": topic.depth,
+        "backend_depth": topic.queue.backend.depth(),
+        "message_count": topic.message_count,
+        "message_bytes": topic.message_bytes,
+        "paused": topic.paused,
+        "e2e_processing_latency": topic_e2e(nsqd, topic),
+    }
+
+
+def get_stats(
+    nsqd: NSQD, topic_name: str = "", channel_name: str = "", include_clients: bool = True
+) -> tuple[list[Json] | None, list[Json] | None]:
+    """nsqd's ``GetStats``: (topics, producers), sorted by name.
+
+    An unknown topic gives (None, None): ``"topics": null``. An unknown channel drops its
+    topic. ``producers`` is None unless clients are included and some connection published.
+    """
+    if not topic_name:
+        topics = list(nsqd.topics.values())
+    elif topic_name in nsqd.topics:
+        topics = [nsqd.topics[topic_name]]
+    else:
+        return None, None
+    out: list[Json] = []
+    for topic in sorted(topics, key=lambda t: t.name):
+        if not channel_name:
+            channels = list(topic.channels.values())
+        elif channel_name in topic.channels:
+            channels = [topic.channels[channel_name]]
+        else:
+            continue
+        channel_list = [
+            channel_stats(nsqd, ch, include_clients, topic_name)
+            for ch in sorted(channels, key=lambda c: c.name)
+        ]
+        out.append(topic_stats(nsqd, topic, channel_list))
+    producers: list[Json] | None = None
+    if include_clients:
+        found = [client_stats(c) for c in nsqd.clients.values() if c.pub_counts]
+        producers = found or None
+    return out, producers
+
+
+# -- the text form ------------------------------------------------------------------------
+
+
+def _rfc3339(ts: float) -> str:
+    text = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _e2e_text(result: Json) -> str:
+    return ", ".join(nanoseconds_to_human(p["value"]) for p in result["percentiles"] or [])
+
+
+def _client_text(c: Json, now: float) -> str:
+    """nsqd's ``ClientV2Stats.String``: a producer line or a consumer line."""
+    connected = format_duration(max(0, int(now - c["connect_ts"])))
+    port = c["remote_address"].rpartition(":")[2]
+    ident = f"{c['hostname']}:{port} {c['user_agent']}"
+    pub_counts = c.get("pub_counts")
+    if pub_counts:
+        total = sum(p["count"] for p in pub_counts)
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in pub_counts)
+        return (
+            f"[{c['version']} {ident:<21}] msgs: {total:<8} topics: {topics} connected: {connected}"
+        )
+    return (
+        f"[{c['version']} {ident:<21}] state: {c['state']} inflt: {c['in_flight_count']:<4} "
+        f"rdy: {c['ready_count']:<4} fin: {c['finish_count']:<8} "
+        f"re-q: {c['requeue_count']:<8} msgs: {c['message_count']:<8} connected: {connected}"
+    )
+
+
+def print_stats(
+    version: str,
+    topics: list[Json] | None,
+    producers: list[Json] | None,
+    memory: dict[str, int] | None,
+    health_text: str,
+    start_time: float,
+) -> str:
+    """nsqd's ``printStats``."""
+    now = time.time()
+    w: list[str] = [
+        f"{version}\n",
+        f"start_time {_rfc3339(start_time)}\n",
+        f"uptime {format_duration(now - start_time)}\n",
+        f"\nHealth: {health_text}\n",
+    ]
+    if memory is not None:
+        w.append("\nMemory:\n")
+        w.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
+    w.append("\nTopics: None\n" if not topics else "\nTopics:")
+    for t in topics or []:
+        prefix = "*P " if t["paused"] else "   "
+        w.append(
+            f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} "
+            f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} "
+            f"e2e%: {_e2e_text(t['e2e_processing_latency'])}\n"
+        )
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            w.append(
+                f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} "
+                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
+                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} "
+                f"e2e%: {_e2e_text(c['e2e_processing_latency'])}\n"
+            )
+            for client in c["clients"] or []:
+                w.append(f"        {_client_text(client, now)}\n")
+    if not producers:
+        w.append("\nProducers: None\n")
+    else:
+        w.append("\nProducers:\n")
+        w.extend(f"   {_client_text(p, now)}\n" for p in producers)
+    return "".join(w)
+
+
+def stats_version() -> str:
+    """``nsqd v1.3.0 (built w/pynsqd-0.1.0)``, the first line of the text form."""
+    from ..cli import version_string  # the CLI imports the server, which imports us
+
+    return version_string()
