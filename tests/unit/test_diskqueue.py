@@ -701,3 +701,130 @@ DiskQueueMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_fifo_property = DiskQueueMachine.TestCase
+
+
+# -- background sync ---------------------------------------------------------------------------
+
+
+def make_bg(path: Path, name: str = "t", sync_every: int = 3, **kw: int) -> DiskQueue:
+    return DiskQueue(
+        name,
+        str(path),
+        max_bytes_per_file=kw.get("max_bytes_per_file", 1024),
+        min_msg_size=MIN,
+        max_msg_size=MAX,
+        sync_every=sync_every,
+        sync_timeout=2.0,
+        background_sync=True,
+    )
+
+
+def test_background_sync_writes_the_snapshot_taken_at_request_time(tmp_path: Path) -> None:
+    q = make_bg(tmp_path)
+    q.put_many([rec(i) for i in range(3)])  # the op count asks for a sync
+    q.put(rec(3))  # after the request: not in the snapshot
+    q.wait_background_sync()
+    assert meta(tmp_path) == b"3\n0,0\n0,162\n"
+    q.sync_if_due(1.0)  # the timer hands its sync to the thread too
+    q.wait_background_sync()
+    assert meta(tmp_path) == b"4\n0,0\n0,216\n"
+    assert q.take_sync_error() is None
+    q.close()
+
+
+def test_background_sync_newest_snapshot_wins(tmp_path: Path) -> None:
+    q = make_bg(tmp_path, sync_every=2)
+    for i in range(200):
+        q.put(rec(i))
+        if i % 3 == 0:
+            q.read_many(1)
+    q.sync_if_due(1.0)
+    q.wait_background_sync()
+    final = b"133\n3,702\n11,108\n"  # 200 puts (rolling every 18), 67 reads
+    assert meta(tmp_path) == final
+    q.close()
+    assert meta(tmp_path) == final
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_close_and_delete_and_empty_wait_for_the_background_job(tmp_path: Path) -> None:
+    q = make_bg(tmp_path, sync_every=2)
+    q.put_many([rec(i) for i in range(4)])
+    q.close()  # cancels or waits, then syncs the final state itself
+    assert meta(tmp_path) == b"4\n0,0\n0,216\n"
+    q = make_bg(tmp_path, sync_every=2)
+    q.put_many([rec(i) for i in range(4)])
+    q.delete()
+    q.wait_background_sync()
+    assert not (tmp_path / "t.diskqueue.meta.dat").exists()
+    assert data_files(tmp_path) == []
+    q = make_bg(tmp_path, sync_every=2)
+    q.put_many([rec(i) for i in range(4)])
+    q.empty()
+    q.wait_background_sync()
+    assert not (tmp_path / "t.diskqueue.meta.dat").exists()
+    assert q.depth() == 0
+    q.close()
+
+
+def test_background_sync_survives_the_queue_rolling_and_closing_its_file(tmp_path: Path) -> None:
+    q = make_bg(tmp_path, sync_every=2, max_bytes_per_file=200)
+    for i in range(20):
+        q.put(rec(i))  # rolls every 3 records while jobs hold duplicated descriptors
+    q.wait_background_sync()
+    assert drain(q) == [rec(i) for i in range(20)]
+    q.close()
+
+
+def test_failed_background_sync_is_logged_and_kept_for_the_owner(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = make_bg(tmp_path, sync_every=2)
+    q.put(rec(0))
+    (tmp_path / "t.diskqueue.meta.dat").mkdir()  # the rename of the metadata file fails
+    q.put(rec(1))  # does not raise: the sync runs in the background
+    q.wait_background_sync()
+    err = q.take_sync_error()
+    assert isinstance(err, OSError)
+    assert q.take_sync_error() is None
+    assert "failed to sync" in caplog.text
+    (tmp_path / "t.diskqueue.meta.dat").rmdir()
+    q.close()
+    assert meta(tmp_path) == b"2\n0,0\n0,108\n"
+
+
+def test_sync_every_one_stays_synchronous(tmp_path: Path) -> None:
+    q = make_bg(tmp_path, sync_every=1)
+    q.put(rec(0))
+    assert meta(tmp_path) == b"1\n0,0\n0,54\n"  # no waiting: durable before put returns
+    q.close()
+
+
+class BackgroundDiskQueueMachine(DiskQueueMachine):
+    """The same model with background syncs; a kill lands after the sync thread's last job."""
+
+    def open(self) -> DiskQueue:
+        return DiskQueue(
+            "p",
+            self.dir,
+            max_bytes_per_file=self.max_bytes,
+            min_msg_size=4,
+            max_msg_size=60,
+            sync_every=self.sync_every,
+            sync_timeout=2.0,
+            background_sync=True,
+        )
+
+    @rule()
+    def kill_and_restart(self) -> None:
+        self.queue.wait_background_sync()
+        super().kill_and_restart()
+
+
+BackgroundDiskQueueMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_fifo_property_background_sync = BackgroundDiskQueueMachine.TestCase
