@@ -43,6 +43,7 @@ from .frames import MAGIC_V2
 from .identify import ProtocolConfig, parse_identify
 from .names import go_quote, is_valid_name
 
+_EMPTY = b""
 _INT32 = struct.Struct(">l")
 _unpack_int32 = _INT32.unpack_from
 _DIGITS = frozenset(b"0123456789")
@@ -83,10 +84,10 @@ class V2Parser:
         "_dead",
         "_handlers",
         "_magic",
-        "_mv",
         "_need",
         "_paused",
         "_scan",
+        "_src",
         "config",
         "heartbeats_disabled",
         "state",
@@ -100,7 +101,8 @@ class V2Parser:
         self.tls = False
         self.heartbeats_disabled = False
         self._buf = bytearray()
-        self._mv: memoryview | None = None
+        #: What ``_parse`` reads: the new bytes themselves, or the buffer when a tail was waiting.
+        self._src: bytes | bytearray = _EMPTY
         self._magic = not expect_magic
         self._dead = False
         self._paused = False
@@ -136,26 +138,35 @@ class V2Parser:
         if self._dead:
             return []
         buf = self._buf
-        if data:
+        if buf or len(data) < self._need:
+            # A partial command is waiting: parse from the buffer.
             buf += data
-        if len(buf) < self._need:
-            return []
+            if len(buf) < self._need:
+                return []
+            src: bytes | bytearray = buf
+        else:
+            # The common case: nothing buffered, so parse the new bytes in place and copy only
+            # an incomplete tail.
+            src = data
+        self._src = src
         self._paused = False
         out: list[Event] = []
         pos = 0
-        self._mv = memoryview(buf)
         try:
             pos = self._parse(out)
         except ProtocolError as err:
             out.append(err)
             self._dead = True
-        finally:
-            self._mv.release()
-            self._mv = None
+        self._src = _EMPTY
         if self._dead:
             buf.clear()
-        elif pos:
-            del buf[:pos]
+            return out
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < len(src):
+            buf += memoryview(src)[pos:]
+        if pos:
             self._scan = max(0, self._scan - pos)
             # _need is an offset into the buffer, which now starts pos bytes later.
             if self._need:
@@ -163,7 +174,7 @@ class V2Parser:
         return out
 
     def _parse(self, out: list[Event]) -> int:
-        buf = self._buf
+        buf = self._src
         n = len(buf)
         pos = 0
         if not self._magic:
@@ -226,18 +237,20 @@ class V2Parser:
     # -- bodies -----------------------------------------------------------------------------
 
     def _body_len(self, start: int) -> int | None:
-        if len(self._buf) - start < 4:
+        if len(self._src) - start < 4:
             self._need = start + 4
             return None
-        size: int = _unpack_int32(self._buf, start)[0]
+        size: int = _unpack_int32(self._src, start)[0]
         return size
 
     def _body(self, start: int, size: int) -> bytes | None:
-        if len(self._buf) - start < size:
+        src = self._src
+        if len(src) - start < size:
             self._need = start + size
             return None
-        assert self._mv is not None
-        return self._mv[start : start + size].tobytes()
+        if type(src) is bytes:
+            return src[start : start + size]
+        return memoryview(src)[start : start + size].tobytes()
 
     def _message_body(self, cmd: str, start: int) -> tuple[bytes | None, int]:
         """The body of PUB or DPUB: nsqd's checks and texts, with the command's name in them."""
