@@ -815,11 +815,14 @@ def test_disconnect_requeues_in_flight_at_once(nsqd: ServerThread) -> None:
 def test_message_ids_are_lowercase_hex_and_unique(nsqd: ServerThread) -> None:
     with nsqd.connect() as pub, nsqd.connect() as sub:
         sub.sub("t", "c", rdy=2500)
+        before = time.time_ns()
         for _ in range(5):
             pub.mpub("t", [b"x"] * 200)
         for _ in range(20):
             pub.pub("t", b"y")
+        after = time.time_ns()
         msgs = take(sub, 1020)
+        assert all(before <= m.timestamp <= after for m in msgs)  # publish time, in ns
         ids = [m.id for m in msgs]
         assert all(re.fullmatch(rb"[0-9a-f]{16}", i) for i in ids)
         assert len(set(ids)) == len(ids)
@@ -904,3 +907,22 @@ def test_a_client_vanishing_mid_body_loses_nothing_for_others(nsqd: ServerThread
             c.sock.shutdown(socket.SHUT_RDWR)
             c.close()
         assert sorted(m.body for m in take(sub, 100)) == sorted(bodies)
+
+
+def test_a_consumer_that_stops_reading_blocks_nobody(nsqd: ServerThread) -> None:
+    body = b"z" * 50_000
+    bodies = [b"%04d" % i + body for i in range(200)]  # 10 MB, beyond the write buffer limit
+    with nsqd.connect() as pub, nsqd.connect() as reader:
+        stuck = nsqd.connect()
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sub("t", "c1", rdy=2500)  # and then never reads
+        reader.sub("t", "c2", rdy=2500)
+        for i in range(0, 200, 20):
+            pub.mpub("t", bodies[i : i + 20])  # each OK arrives: publishing is never blocked
+        assert sorted(m.body for m in take(reader, 200)) == bodies
+        # The stuck consumer leaves: all it was sent but never FINned goes to the next one.
+        stuck.close()
+        with nsqd.connect() as next_one:
+            next_one.sub("t", "c1", rdy=2500)
+            got = take(next_one, 200)
+            assert sorted(m.body for m in got) == bodies
