@@ -297,9 +297,9 @@ class _Flag:
         return None
 
 
-def _flags() -> dict[str, _Flag]:
+def _flags(options: type[Any] = Options) -> dict[str, _Flag]:
     flags: dict[str, _Flag] = {"version": _Flag("version", None)}
-    for f in option_fields():
+    for f in option_fields(options):
         flags[flag_name(f)] = _Flag(flag_name(f), f)
         alias = deprecated_flag_name(f)
         if alias:
@@ -334,10 +334,13 @@ def _convert_flag(flag: _Flag, text: str) -> Any:
     return text  # str, deprecated_bool
 
 
-def parse_command_line(argv: Sequence[str]) -> CommandLine:
-    """Go's ``flag.FlagSet.Parse`` over the options table. Raises ``UsageError`` (exit 2), or
-    ``HelpRequested`` for ``-h``/``-help``."""
-    flags = _flags()
+def parse_command_line(
+    argv: Sequence[str], options: type[Any] = Options, program: str = "nsqd"
+) -> CommandLine:
+    """Go's ``flag.FlagSet.Parse`` over an options table (nsqd's unless ``options`` names
+    another, e.g. nsqlookupd's). Raises ``UsageError`` (exit 2), or ``HelpRequested`` for
+    ``-h``/``-help``."""
+    flags = _flags(options)
     result = CommandLine()
     args = list(argv)
     i = 0
@@ -358,7 +361,7 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
         if not name or name[0] == "-" or arg[minuses] == "=":
             raise UsageError(f"bad flag syntax: {arg}")
         if name in ("h", "help"):
-            raise HelpRequested(usage())
+            raise HelpRequested(usage(options, program))
         flag = flags.get(name)
         if flag is None:
             raise UsageError(f"flag provided but not defined: -{name}")
@@ -401,7 +404,7 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
             result.warnings.append(f"--{name} is deprecated and has no effect ({note})")
         result.values[f.name] = value
     for field_name, (alias, value) in result.alias_values.items():
-        real = flag_name(next(f for f in option_fields() if f.name == field_name))
+        real = flag_name(next(f for f in option_fields(options) if f.name == field_name))
         if field_name not in result.values:
             result.values[field_name] = value
             result.warnings.append(
@@ -415,11 +418,11 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
 # -- the config file ---------------------------------------------------------------------------
 
 
-def _config_keys() -> dict[str, Field[Any]]:
+def _config_keys(options: type[Any] = Options) -> dict[str, Field[Any]]:
     """Every key that names an option: nsqd's key (the cfg alias, else the field name), the
     field name, and the flag name with ``_``."""
     keys: dict[str, Field[Any]] = {}
-    for f in option_fields():
+    for f in option_fields(options):
         if f.name == "config":
             continue
         for key in (config_key(f), f.name, flag_name(f).replace("-", "_")):
@@ -484,7 +487,7 @@ def _coerce_config(f: Field[Any], raw: Any) -> Any:
     raise ValueError("not a string")
 
 
-def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
+def load_config(path: str, options: type[Any] = Options) -> tuple[dict[str, Any], list[str]]:
     """Read a TOML config file: (option values by field name, warnings). Raises ``UsageError``
     (exit 1) naming the file, and the line where there is one."""
     try:
@@ -508,7 +511,7 @@ def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
             message = f"line {text.count(chr(10)) + 1}: {message}"
         raise UsageError(f"failed to load config file {path} - {message}", 1) from None
 
-    keys = _config_keys()
+    keys = _config_keys(options)
     values: dict[str, Any] = {}
     set_by: dict[str, str] = {}
     unknown: list[str] = []
@@ -560,21 +563,26 @@ def _validate(opts: Options, warnings: list[str]) -> None:
             warnings.append(f"--enable-experiment={name} is not an experiment nsqd knows")
 
 
-def resolve(command_line: CommandLine) -> tuple[Options, list[str]]:
-    """Flags > config file > defaults, then validation. Returns the options and the warnings
-    to log once logging is set up. Raises ``UsageError``."""
+def resolve(
+    command_line: CommandLine,
+    options: type[Any] = Options,
+    validate: Callable[[Any, list[str]], None] | None = None,
+) -> tuple[Any, list[str]]:
+    """Flags > config file > defaults, then validation (nsqd's unless ``validate`` is given).
+    Returns the options and the warnings to log once logging is set up. Raises
+    ``UsageError``."""
     warnings = list(command_line.warnings)
     config_path = command_line.values.get("config", "")
     config: dict[str, Any] = {}
     if config_path:
-        config, config_warnings = load_config(config_path)
+        config, config_warnings = load_config(config_path, options)
         warnings.extend(config_warnings)
-    opts = Options()
+    opts = options()
     for name, value in {**config, **command_line.values}.items():
         setattr(opts, name, value)
     if not opts.broadcast_address:
-        opts.broadcast_address = Options().broadcast_address
-    _validate(opts, warnings)
+        opts.broadcast_address = options().broadcast_address
+    (_validate if validate is None else validate)(opts, warnings)
     return opts, warnings
 
 
@@ -587,6 +595,7 @@ def parse_options(argv: list[str]) -> Options:
     opts, warnings = resolve(parse_command_line(argv))
     for warning in warnings:
         log.warning("%s", warning)
+    assert isinstance(opts, Options)
     return opts
 
 
@@ -595,13 +604,14 @@ def parse_options(argv: list[str]) -> Options:
 _TYPE_NAMES = {"str": "string", "int": "int", "duration": "duration", "list": "value"}
 
 
-def usage() -> str:
-    """Go's ``FlagSet.PrintDefaults`` for nsqd, generated from the options table."""
-    defaults = Options()
+def usage(options: type[Any] = Options, program: str = "nsqd") -> str:
+    """Go's ``FlagSet.PrintDefaults`` for nsqd (or ``program``), generated from the options
+    table."""
+    defaults = options()
     entries: list[tuple[str, str, str, str | None]] = [
         ("version", "", "print version string", None)
     ]
-    for f in option_fields():
+    for f in option_fields(options):
         kind = option_kind(f)
         value = getattr(defaults, f.name)
         default: str | None
@@ -625,7 +635,7 @@ def usage() -> str:
         alias = deprecated_flag_name(f)
         if alias:
             entries.append((alias, type_name, f"[deprecated] use --{flag_name(f)}", None))
-    lines = ["Usage of nsqd:"]
+    lines = [f"Usage of {program}:"]
     for name, type_name, help_text, default in sorted(entries):
         head = f"  -{name}" + (f" {type_name}" if type_name else "")
         head += "\t" if len(head) <= 4 else "\n    \t"
@@ -636,10 +646,10 @@ def usage() -> str:
     return "\n".join(lines) + "\n"
 
 
-def version_string() -> str:
+def version_string(program: str = "nsqd") -> str:
     """``nsqd v1.3.0 (built w/pynsqd-0.1.0)``: the form NSQ tooling parses."""
     token = re.sub(r"[^a-z0-9.-]+", "-", pynsqd.__version__.lower()).strip("-")
-    return f"nsqd v{pynsqd.NSQD_VERSION} (built w/pynsqd-{token})"
+    return f"{program} v{pynsqd.NSQD_VERSION} (built w/pynsqd-{token})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -233,8 +233,9 @@ FLAG_NAMES: dict[str, str] = {
 }
 
 
-def option_fields() -> tuple[Field[Any], ...]:
-    return fields(Options)
+def option_fields(options: type[Any] = Options) -> tuple[Field[Any], ...]:
+    """The fields of an options table (nsqd's ``Options`` unless another is given)."""
+    return fields(options)
 
 
 def flag_name(f: Field[Any]) -> str:
