@@ -1,0 +1,344 @@
+"""Channel and topic semantics on a fake clock, without sockets."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from pynsqd.core.backend import DummyBackend
+from pynsqd.core.channel import Channel
+from pynsqd.core.message import Message, decode_message
+from pynsqd.core.topic import Topic
+from pynsqd.protocol.errors import ClientError, FatalClientError
+
+from .fakeloop import FakeLoop
+
+
+class ListBackend:
+    """A backend that keeps encoded records in memory, like a disk queue would on disk."""
+
+    def __init__(self) -> None:
+        self.records: deque[bytes] = deque()
+
+    def put_many(self, msgs: list[Message]) -> None:
+        self.records.extend(m.encode() for m in msgs)
+
+    def read_many(self, max_count: int) -> list[Message]:
+        return [decode_message(r) for r in self.read_raw(max_count)]
+
+    def put_raw(self, records: list[bytes]) -> None:
+        self.records.extend(records)
+
+    def read_raw(self, max_count: int) -> list[bytes]:
+        n = min(max_count, len(self.records))
+        return [self.records.popleft() for _ in range(n)]
+
+    def depth(self) -> int:
+        return len(self.records)
+
+    def empty(self) -> None:
+        self.records.clear()
+
+    def close(self) -> None:
+        pass
+
+    def delete(self) -> None:
+        self.records.clear()
+
+
+class Consumer:
+    _ids = 0
+
+    def __init__(self, rdy: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0) -> None:
+        Consumer._ids += 1
+        self.id = Consumer._ids
+        self.rdy = rdy
+        self.in_flight_count = 0
+        self.msg_timeout = msg_timeout
+        self.sample_rate = sample_rate
+        self.write_paused = False
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.got: list[Message] = []
+        self.timed_out = 0
+        self.closed = False
+
+    def send_messages(self, msgs: list[Message]) -> None:
+        self.got.extend(msgs)
+
+    def messages_timed_out(self, n: int) -> None:
+        self.timed_out += n
+
+    def close_for_exit(self) -> None:
+        self.closed = True
+
+    def take(self) -> list[Message]:
+        got, self.got = self.got, []
+        return got
+
+
+class Owner:
+    """The nsqd side of a topic: makes channels, records deletions."""
+
+    def __init__(self, loop: FakeLoop, mem_queue_size: int = 100) -> None:
+        self.loop = loop
+        self.mem_queue_size = mem_queue_size
+        self.deleted_topics: list[str] = []
+
+    def make_channel(self, topic: Topic, name: str) -> Channel:
+        eph = name.endswith("#ephemeral")
+        return Channel(
+            topic,
+            name,
+            self.loop,
+            mem_queue_size=self.mem_queue_size,
+            backend=DummyBackend() if eph else ListBackend(),
+            max_msg_timeout=900.0,
+            ephemeral=eph,
+        )
+
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        pass
+
+    def topic_emptied_of_channels(self, topic: Topic) -> None:
+        self.deleted_topics.append(topic.name)
+
+
+def _topic(loop: FakeLoop, name: str = "t", mem: int = 100) -> tuple[Topic, Owner]:
+    owner = Owner(loop, mem)
+    eph = name.endswith("#ephemeral")
+    topic = Topic(
+        name,
+        owner,
+        loop,
+        node_id=1,
+        mem_queue_size=mem,
+        backend=DummyBackend() if eph else ListBackend(),
+        ephemeral=eph,
+    )
+    return topic, owner
+
+
+def _publish(loop: FakeLoop, topic: Topic, n: int, prefix: bytes = b"m") -> None:
+    topic.put_bodies([prefix + b"%d" % i for i in range(n)])
+    loop.run_ready()
+
+
+def test_rdy_is_a_window_never_decremented() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    c = Consumer(rdy=2)
+    ch.add_client(c)
+    _publish(loop, topic, 5)
+    first = c.take()
+    assert len(first) == 2 and c.in_flight_count == 2
+    ch.finish(c, first[0].id)
+    loop.run_ready()
+    assert len(c.take()) == 1  # one FIN opens the window by one
+    assert c.rdy == 2
+
+
+def test_competing_consumers_share_and_fanout_copies_per_channel() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    a, b = Consumer(rdy=100), Consumer(rdy=100)
+    ch1 = topic.get_channel("c1")
+    ch1.add_client(a)
+    ch1.add_client(b)
+    ch2 = topic.get_channel("c2")
+    c = Consumer(rdy=100)
+    ch2.add_client(c)
+    _publish(loop, topic, 10)
+    got_a, got_b, got_c = a.take(), b.take(), c.take()
+    assert got_a and got_b, "both consumers of one channel get messages"
+    assert sorted(m.body for m in got_a + got_b) == sorted(m.body for m in got_c)
+    assert len(got_c) == 10
+    # Each channel has its own copy (state), sharing the body bytes.
+    by_id = {m.id: m for m in got_a + got_b}
+    for m in got_c:
+        assert by_id[m.id] is not m and by_id[m.id].body is m.body
+
+
+def test_topic_without_channels_keeps_messages_until_one_appears() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop, mem=10)
+    _publish(loop, topic, 25)  # 10 in memory, 15 in the backend
+    assert topic.depth == 25
+    ch = topic.get_channel("c")
+    loop.run_ready()
+    assert topic.depth == 0 and ch.depth == 25
+    c = Consumer(rdy=100)
+    ch.add_client(c)
+    ch.schedule_pump()
+    loop.run_ready()
+    assert sorted(m.body for m in c.take()) == sorted(b"m%d" % i for i in range(25))
+
+
+def test_timeout_redelivers_with_attempts_counted() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    c = Consumer(rdy=1, msg_timeout=5.0)
+    ch.add_client(c)
+    _publish(loop, topic, 1)
+    (m,) = c.take()
+    assert m.attempts == 1
+    loop.advance(4.9)
+    assert c.take() == []
+    loop.advance(0.2)
+    (again,) = c.take()
+    assert again.id == m.id and again.attempts == 2
+    assert ch.timeout_count == 1 and c.timed_out == 1 and c.in_flight_count == 1
+
+
+def test_req_now_and_deferred() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    c = Consumer(rdy=1)
+    ch.add_client(c)
+    _publish(loop, topic, 1)
+    (m,) = c.take()
+    ch.requeue(c, m.id, 0)
+    loop.run_ready()
+    (m2,) = c.take()
+    assert m2.id == m.id and m2.attempts == 2
+    ch.requeue(c, m.id, 3.0)
+    loop.advance(2.9)
+    assert c.take() == [] and len(ch.deferred) == 1
+    loop.advance(0.2)
+    (m3,) = c.take()
+    assert m3.attempts == 3 and ch.requeue_count == 2 and not ch.deferred
+
+
+def test_fin_errors_are_non_fatal_and_exact() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    a, b = Consumer(rdy=1), Consumer(rdy=0)
+    ch.add_client(a)
+    ch.add_client(b)
+    _publish(loop, topic, 1)
+    (m,) = a.take()
+    with pytest.raises(ClientError) as e:
+        ch.finish(b, m.id)
+    assert e.value.wire == b"E_FIN_FAILED FIN " + m.id + b" failed client does not own message"
+    with pytest.raises(ClientError) as e:
+        ch.finish(a, b"0000000000000000")
+    assert e.value.wire == b"E_FIN_FAILED FIN 0000000000000000 failed ID not in flight"
+    err = ch.finish_many(a, [m.id, m.id])
+    assert err is not None and err.code == "E_FIN_FAILED" and a.finish_count == 1
+
+
+def test_touch_extends_but_is_capped_at_max_msg_timeout() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    ch.max_msg_timeout = 10.0
+    c = Consumer(rdy=1, msg_timeout=4.0)
+    ch.add_client(c)
+    _publish(loop, topic, 1)
+    (m,) = c.take()
+    for _ in range(3):  # touch at 3, 6, 9 s: deadline min(now + 4, 0 + 10)
+        loop.advance(3.0)
+        ch.touch(c, m.id)
+    assert c.take() == []
+    loop.advance(1.1)  # t = 10.1 > the 10 s cap
+    assert [x.id for x in c.take()] == [m.id]
+
+
+def test_disconnect_requeues_in_flight_at_once() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    a, b = Consumer(rdy=5), Consumer(rdy=0)
+    ch.add_client(a)
+    ch.add_client(b)
+    _publish(loop, topic, 3)
+    assert len(a.take()) == 3
+    ch.remove_client(a)
+    b.rdy = 5
+    ch.schedule_pump()
+    loop.run_ready()  # no clock movement: the messages came back at once
+    got = b.take()
+    assert len(got) == 3 and all(m.attempts == 2 for m in got)
+    assert all(m.client is b for m in ch.in_flight.values()) and a.in_flight_count == 0
+
+
+def test_ephemeral_channel_and_topic_go_with_their_last_user() -> None:
+    loop = FakeLoop()
+    topic, owner = _topic(loop, "t#ephemeral")
+    ch = topic.get_channel("c#ephemeral")
+    c = Consumer(rdy=1)
+    ch.add_client(c)
+    ch.remove_client(c)
+    assert "c#ephemeral" not in topic.channels
+    assert owner.deleted_topics == ["t#ephemeral"]
+
+
+def test_ephemeral_overflow_is_dropped() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop, "t#ephemeral", mem=5)
+    _publish(loop, topic, 8)
+    assert topic.depth == 5
+
+
+def test_pause_stops_delivery_and_empty_clears_in_flight() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    c = Consumer(rdy=2)
+    ch.add_client(c)
+    ch.pause()
+    _publish(loop, topic, 4)
+    assert c.take() == [] and ch.depth == 4
+    ch.unpause()
+    loop.run_ready()
+    assert len(c.take()) == 2
+    ch.empty()
+    assert ch.depth == 0 and not ch.in_flight and c.in_flight_count == 0
+
+
+def test_max_consumers() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    ch.max_consumers = 1
+    ch.add_client(Consumer())
+    with pytest.raises(FatalClientError) as e:
+        ch.add_client(Consumer())
+    assert e.value.wire == b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1"
+
+
+def test_dpub_is_deferred_per_channel() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop)
+    ch = topic.get_channel("c")
+    c = Consumer(rdy=5)
+    ch.add_client(c)
+    topic.put_bodies([b"later"], defer_ms=2000)
+    loop.run_ready()
+    assert c.take() == [] and len(ch.deferred) == 1 and ch.message_count == 1
+    loop.advance(2.1)
+    assert [m.body for m in c.take()] == [b"later"]
+
+
+def test_spilled_messages_are_not_starved() -> None:
+    loop = FakeLoop()
+    topic, _ = _topic(loop, mem=4)
+    ch = topic.get_channel("c")
+    _publish(loop, topic, 10)  # 4 in memory, 6 in the backend
+    c = Consumer(rdy=1)
+    ch.add_client(c)
+    seen: list[bytes] = []
+    for i in range(10):
+        ch.schedule_pump()
+        loop.run_ready()
+        (m,) = c.take()
+        seen.append(m.body)
+        ch.finish(c, m.id)
+        topic.put_bodies([b"new%d" % i])  # steady load keeps memory full
+        loop.run_ready()
+    assert any(b.startswith(b"m") and int(b[1:]) >= 4 for b in seen), seen
