@@ -506,3 +506,19 @@ def test_slow_http_client_does_not_stall_tcp(nsqd: ServerThread) -> None:
     finally:
         for s in (stalled, half_body, unread):
             s.close()
+
+
+def test_pub_expect_100_continue(nsqd: ServerThread) -> None:
+    # curl sends "Expect: 100-continue" for large bodies and waits for the interim answer.
+    with socket.create_connection(("127.0.0.1", nsqd.http_port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b"hello")
+        data = b""
+        while not data.endswith(b"OK"):
+            data += sock.recv(1000)
+        assert data.startswith(b"HTTP/1.1 200 OK")
+    assert nsqd.call(lambda: nsqd.nsqd.topics["t"].message_count) == 1

@@ -88,6 +88,12 @@ async def read_body(request: BaseRequest, limit: int) -> bytes | None:
     buf = bytearray()
     content = request.content
     try:
+        if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == (
+            "100-continue"
+        ):
+            # Go's server answers 100 Continue once the handler reads the body (curl waits).
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
         while True:
             chunk = await content.read(limit + 1 - len(buf))
             if not chunk:

@@ -172,7 +172,7 @@ class HTTPService:
             resp.status,
             request.method,
             request.raw_path,
-            request.remote,
+            _peer(request),
             elapsed,
         )
         return resp
@@ -228,6 +228,15 @@ class HTTPService:
 
     async def _profile(self, request: BaseRequest, params: Params) -> StreamResponse:
         return _text_response(await debug.profile(params))
+
+
+def _peer(request: BaseRequest) -> str:
+    """The client's ``host:port`` (Go's ``RemoteAddr``)."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if isinstance(peer, tuple):
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(request.remote or "")
 
 
 def _https_port(address: str) -> int:
