@@ -1,0 +1,1 @@
+"""nsqlookupd: the directory service nsqd nodes register with and consumers query."""

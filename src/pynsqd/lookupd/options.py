@@ -1,0 +1,39 @@
+"""nsqlookupd's options table (``apps/nsqlookupd/main.go``), in the form of ``pynsqd.options``.
+
+The flag parser, the TOML config loader and ``-h`` in ``pynsqd.cli`` are built from whichever
+table they are given, so nsqlookupd's flags behave exactly as nsqd's.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from ..options import opt
+
+
+@dataclass
+class LookupdOptions:
+    config: str = opt("", "path to config file", kind="str")
+    log_level: str = opt("info", "set log verbosity: debug, info, warn, error, or fatal")
+    log_prefix: str = opt("[nsqlookupd] ", "log message prefix")
+    verbose: bool = opt(
+        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
+    )
+    tcp_address: str = opt("0.0.0.0:4160", "<addr>:<port> to listen on for TCP clients")
+    http_address: str = opt("0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients")
+    broadcast_address: str = opt("", "address of this lookupd node, (default to the OS hostname)")
+    inactive_producer_timeout: float = opt(
+        300.0,
+        "duration of time a producer will remain in the active list since its last ping",
+        kind="duration",
+    )
+    tombstone_lifetime: float = opt(
+        45.0,
+        "duration of time a producer will remain tombstoned if registration remains",
+        kind="duration",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.broadcast_address:
+            self.broadcast_address = socket.gethostname()
