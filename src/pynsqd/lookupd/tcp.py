@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..protocol.errors import FatalClientError
 from ..protocol.names import is_ephemeral
@@ -59,8 +59,7 @@ class LookupProtocolV1(asyncio.Protocol):
     # -- asyncio ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.remote = _remote_address(transport)
         self.lookupd.clients.add(self)
         log.info("TCP: new client(%s)", self.remote)

@@ -31,6 +31,7 @@ from ..storage.metadata import (
     write_metadata,
 )
 from .listener import format_address, listen
+from .lookup import Lookup
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -76,6 +77,7 @@ class NSQD:
         self._dir_lock = DirLock(self.data_path)
         self._loading_metadata = False
         self._persist_pending = False
+        self.lookup = Lookup(self)
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -93,6 +95,9 @@ class NSQD:
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            self.lookup.topic_created(topic)
+            if not self._loading_metadata:
+                self.lookup.fetch_channels(topic)  # async: publishing is not held up
             backend = topic.queue.backend
             if isinstance(backend, DiskBackend):
                 backend.on_deferred = topic.put_deferred
@@ -108,6 +113,7 @@ class NSQD:
         if topic is None:
             return False
         log.info("TOPIC(%s): deleting", name)
+        self.lookup.topic_deleted(topic)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
         if not topic.ephemeral:
@@ -126,6 +132,7 @@ class NSQD:
             ephemeral=is_ephemeral(name),
         )
         log.info("TOPIC(%s): new channel(%s)", topic.name, name)
+        self.lookup.channel_created(topic, name)
         if self.opts.e2e_processing_latency_percentiles:
             ch.e2e_sink = E2ELatency(
                 self.opts.e2e_processing_latency_percentiles,
@@ -141,6 +148,7 @@ class NSQD:
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
         self._disk_backends.pop(f"{topic.name}:{channel.name}", None)
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
+        self.lookup.channel_deleted(topic, channel.name)
         if not channel.ephemeral and not topic.exiting:
             self.persist_metadata()
 
@@ -261,6 +269,18 @@ class NSQD:
     def set_health_error(self, err: BaseException | None) -> None:
         self.health_error = None if err is None else str(err)
 
+    # -- nsqlookupd -----------------------------------------------------------------------
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """Register with exactly these lookupds from now on (``PUT /config/...``)."""
+        self.opts.lookupd_tcp_addresses = list(addresses)
+        if not self.exiting and self.tcp_address:
+            self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
+
+    def lookupd_addresses_changed(self) -> None:
+        """``opts.lookupd_tcp_addresses`` was set (the HTTP API's hook)."""
+        self.set_lookupd_addresses(self.opts.lookupd_tcp_addresses)
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -290,12 +310,14 @@ class NSQD:
             raise
         self.http_address = self.http.address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
+        self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
 
     async def stop(self) -> None:
         """nsqd's Exit: close listeners and clients, then flush every queue to its backend."""
         if self.exiting:
             return
         self.exiting = True
+        await self.lookup.close()
         if self.tcp_server is not None:
             log.info("TCP: closing %s", self.tcp_address)
             self.tcp_server.close()
