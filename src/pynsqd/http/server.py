@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -95,8 +96,10 @@ class HTTPService:
         self.api = api = API(nsqd)
         self.registry = make_registry(nsqd)
         self.address = ""
+        self.https_address = ""
         self._web: web_server.Server | None = None
         self._server: asyncio.Server | None = None
+        self._https_server: asyncio.Server | None = None
         self._statsd_task: asyncio.Task[None] | None = None
         self.routes: dict[str, dict[str, tuple[Kind, Handler]]] = {}
         add = self._add
@@ -146,7 +149,20 @@ class HTTPService:
         if opts.statsd_address:
             self._statsd_task = self.nsqd.loop.create_task(StatsdPusher(self.nsqd).run())
 
+    async def start_https(self, address: str, ssl_context: ssl.SSLContext) -> None:
+        """The same API over TLS on --https-address; nsqd starts it when TLS is configured."""
+        if self._web is None:
+            self._web = web_server.Server(
+                self._handle, loop=self.nsqd.loop, access_log=None, lingering_time=1.0
+            )
+        self._https_server = await listen(self.nsqd.loop, self._web, address, ssl=ssl_context)
+        self.https_address = format_address(self._https_server.sockets[0])
+        log.info("HTTPS: listening on %s", self.https_address)
+
     async def stop(self) -> None:
+        if self._https_server is not None:
+            log.info("HTTPS: closing %s", self.https_address)
+            self._https_server.close()
         if self._server is not None:
             log.info("HTTP: closing %s", self.address)
             self._server.close()
@@ -160,6 +176,9 @@ class HTTPService:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._https_server is not None:
+            await self._https_server.wait_closed()
+            self._https_server = None
 
     # -- requests -------------------------------------------------------------------------
 
@@ -179,7 +198,7 @@ class HTTPService:
 
     async def _dispatch(self, request: BaseRequest) -> StreamResponse:
         opts = self.nsqd.opts
-        if opts.tls_required == "true":
+        if opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.
             port = _https_port(opts.https_address)
             resp = Response(status=403, text=f'{{"message": "TLS_REQUIRED", "https_port": {port}}}')

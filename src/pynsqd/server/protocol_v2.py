@@ -46,6 +46,7 @@ from ..protocol.frames import (
     encode_response,
 )
 from ..protocol.parser import V2Parser
+from .secure import SecureClient, Suspend
 
 if TYPE_CHECKING:
     from .nsqd import NSQD
@@ -58,7 +59,7 @@ _HIGH_WATER = 4 * 1024 * 1024
 _LOW_WATER = 1024 * 1024
 
 
-class ClientV2(asyncio.Protocol):
+class ClientV2(SecureClient, asyncio.Protocol):
     """A V2 client: its negotiated settings, RDY and in-flight counts, and its command handlers."""
 
     def __init__(self, nsqd: NSQD) -> None:
@@ -108,6 +109,7 @@ class ClientV2(asyncio.Protocol):
             Identify: self.IDENTIFY,
             Auth: self.AUTH,
         }
+        self._init_secure()  # TLS, snappy, deflate, AUTH: see secure.py
 
     # -- connection lifecycle -------------------------------------------------------------
 
@@ -130,6 +132,7 @@ class ClientV2(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._close_secure()
         if self._heartbeat_timer is not None:
             self._heartbeat_timer.cancel()
         if self._buffer_timer is not None:
@@ -157,6 +160,9 @@ class ClientV2(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        if self._rx is not None:  # TLS, compression or waiting for the auth server
+            self._rx(data)
+            return
         self._reading = True
         self._run(self.parser.receive(data))
         self._reading = False
@@ -165,12 +171,23 @@ class ClientV2(asyncio.Protocol):
             self._respond = False
             self._flush()
 
+    def _process(self, data: bytes) -> None:
+        """data_received's body for bytes that came through TLS or decompression."""
+        reading = self._reading
+        self._reading = True
+        self._run(self.parser.receive(data))
+        self._reading = reading
+        if self._respond and not reading:
+            self._respond = False
+            self._flush()
+
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     def _run(self, events: list[Any]) -> None:
         handlers = self._handlers
-        for ev in events:
+        it = iter(events)
+        for ev in it:
             try:
                 if type(ev) is Fin:
                     self.FIN(ev)
@@ -186,6 +203,10 @@ class ClientV2(asyncio.Protocol):
                 return
             except ProtocolError as err:
                 self._fatal(err)
+                return
+            except Suspend as s:
+                # Waiting for the auth server: the rest runs, in order, once it has answered.
+                self._pending = [ev, *it] if s.retry else list(it)
                 return
             except Exception:  # a bug: log it here, never send a traceback to the client
                 log.exception("PROTOCOL(V2): [%s] internal error", self.remote_address)
@@ -238,7 +259,10 @@ class ClientV2(asyncio.Protocol):
             self._buffer_timer = None
         out = self._out
         if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
+            if self._stack is None:
+                self.transport.write(b"".join(out))
+            else:
+                self.transport.write(self._stack.encode(b"".join(out)))
         out.clear()
         self._out_bytes = 0
 
@@ -286,39 +310,42 @@ class ClientV2(asyncio.Protocol):
         else:
             cfg = self.nsqd.protocol_config
             opts = self.nsqd.opts
-            deflate = opts.deflate and d.deflate
-            if deflate and opts.snappy and d.snappy:
+            tls_v1, snappy, deflate = self.negotiate(d.tls_v1, d.snappy, d.deflate)
+            if deflate and snappy:
                 raise FatalClientError(
                     "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
                 )
             # nsqd's effective level: the client's if it negotiates deflate, else 6; capped.
             deflate_level = d.deflate_level if deflate and d.deflate_level > 0 else 6
             deflate_level = min(deflate_level, opts.max_deflate_level)
-            # TLS, snappy and deflate are offered once their issue lands; until then the
-            # response says truthfully that they are off.
             resp = {
                 "max_rdy_count": cfg.max_rdy_count,
                 "version": NSQD_VERSION,
                 "max_msg_timeout": cfg.max_msg_timeout_ms,
                 "msg_timeout": d.msg_timeout_ms,
-                "tls_v1": False,
-                "deflate": False,
+                "tls_v1": tls_v1,
+                "deflate": deflate,
                 "deflate_level": deflate_level,
                 "max_deflate_level": opts.max_deflate_level,
-                "snappy": False,
+                "snappy": snappy,
                 "sample_rate": d.sample_rate,
-                "auth_required": False,
+                "auth_required": self.nsqd.auth is not None,
                 "output_buffer_size": d.output_buffer_size,
                 "output_buffer_timeout": d.output_buffer_timeout_ms,
             }
             self._send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
+            if tls_v1 or snappy or deflate:
+                self.start_upgrade(tls_v1, snappy, deflate, deflate_level)
+                return
         # The parser pauses after IDENTIFY (an upgrade could follow); carry on with the rest.
         self._run(self.parser.receive(b""))
 
     def AUTH(self, cmd: Auth) -> None:
-        raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+        self.start_auth(cmd.secret)
 
     def SUB(self, cmd: Sub) -> None:
+        if self.nsqd.auth is not None:
+            self.check_auth("SUB", cmd.topic, cmd.channel)
         topic = self.nsqd.get_topic(cmd.topic)
         channel = topic.get_channel(cmd.channel)
         channel.add_client(self)
@@ -380,12 +407,18 @@ class ClientV2(asyncio.Protocol):
         self._send_frame(OK_FRAME)
 
     def PUB(self, cmd: Pub) -> None:
+        if self.nsqd.auth is not None:
+            self.check_auth("PUB", cmd.topic, "")
         self._publish("PUB", cmd.topic, [cmd.body])
 
     def MPUB(self, cmd: Mpub) -> None:
+        if self.nsqd.auth is not None:
+            self.check_auth("MPUB", cmd.topic, "")
         self._publish("MPUB", cmd.topic, cmd.bodies)
 
     def DPUB(self, cmd: Dpub) -> None:
+        if self.nsqd.auth is not None:
+            self.check_auth("DPUB", cmd.topic, "")
         self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms)
 
     # -- for the channel and /stats -------------------------------------------------------
