@@ -145,11 +145,7 @@ def test_clean_shutdown_keeps_memory_in_flight_and_deferred(
     def deferred() -> list[tuple[bytes, float]]:
         ch = s.nsqd.get_topic("t").channels["c"]
         now = s.nsqd.loop.time()
-        return sorted(
-            (m.body, due - now)
-            for due, seq, m in ch.tq._heap
-            if m.tq_seq == seq and m.client is None
-        )
+        return sorted((m.body, due - now) for due, m in ch.tq.live_entries() if m.client is None)
 
     left = s.call(deferred)
     assert [b for b, _ in left] == [b"deferred", in_flight[0].body]

@@ -77,7 +77,7 @@ def test_stale_entries_stay_bounded() -> None:
         if len(window) > 100:
             tq.remove(window.pop(0))
     assert len(tq) == 100
-    assert len(tq._heap) <= 3 * 100 + 8192 + 1
+    assert tq._refs <= 3 * 100 + 8192 + 1 and len(tq._heap) <= tq._refs
 
 
 def test_clear_returns_live_messages_earliest_first() -> None:

@@ -2,14 +2,15 @@
 
 Theory of operation. nsqd keeps two hand-written heaps per channel and finds due items with a
 100 ms random-sample scan over channels. Here each channel has one min-heap of
-``(due, seq, message)`` and one timer armed at the earliest due time, so a message comes due
-within a timer tick (about 1 ms), and an idle channel costs nothing.
+``(due, seq, [messages])`` and one timer armed at the earliest due time, so a message comes due
+within a timer tick (about 1 ms), and an idle channel costs nothing. A batch delivered to one
+client shares its deadline, so it is one heap entry, not one per message.
 
-Removal (FIN, REQ, TOUCH) is lazy: the message's ``tq_seq`` is zeroed and its heap entry
-becomes stale, recognised because ``entry.seq != message.tq_seq``. Stale entries are dropped
-when they reach the top, and the heap is rebuilt when they outnumber live ones, so memory stays
-proportional to what is really in flight (FINs arrive long before their 60 s deadlines) at an
-amortised O(1) cost per removal.
+Removal (FIN, REQ, TOUCH) is lazy: the message's ``tq_seq`` is zeroed, and a message counts in
+an entry only while ``message.tq_seq == entry.seq``. Entries whose messages are all gone are
+dropped when they reach the top, and the heap is rebuilt when stale references outnumber live
+ones, so memory stays proportional to what is really in flight (FINs arrive long before their
+60 s deadlines) at an amortised O(1) cost per removal.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ class Scheduler(Protocol):
 
 
 class TimedQueue:
-    __slots__ = ("_heap", "_live", "_loop", "_on_due", "_seq", "_timer", "_timer_at")
+    __slots__ = ("_heap", "_live", "_loop", "_on_due", "_refs", "_seq", "_timer", "_timer_at")
 
     def __init__(self, loop: Scheduler, on_due: Callable[[list[Message]], None]) -> None:
         self._loop = loop
         self._on_due = on_due
-        self._heap: list[tuple[float, int, Message]] = []
-        self._live = 0
+        self._heap: list[tuple[float, int, list[Message]]] = []
+        self._live = 0  # messages whose entry is current
+        self._refs = 0  # message references held by heap entries, live or stale
         self._seq = 0
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
@@ -53,28 +55,19 @@ class TimedQueue:
         return self._live
 
     def push(self, msg: Message, due: float) -> None:
-        self._seq += 1
-        msg.tq_seq = self._seq
-        heappush(self._heap, (due, self._seq, msg))
-        self._live += 1
-        if due < self._timer_at:
-            self._arm(due)
-        elif len(self._heap) > 3 * self._live + _COMPACT_SLACK:
-            self._compact()
+        self.push_many([msg], due)
 
     def push_many(self, msgs: list[Message], due: float) -> None:
         """Push messages that share one due time (a batch delivered to one client)."""
-        heap = self._heap
-        seq = self._seq
+        self._seq = seq = self._seq + 1
         for msg in msgs:
-            seq += 1
             msg.tq_seq = seq
-            heappush(heap, (due, seq, msg))
-        self._seq = seq
+        heappush(self._heap, (due, seq, msgs))
         self._live += len(msgs)
+        self._refs += len(msgs)
         if due < self._timer_at:
             self._arm(due)
-        elif len(heap) > 3 * self._live + _COMPACT_SLACK:
+        elif self._refs > 3 * self._live + _COMPACT_SLACK:
             self._compact()
 
     def remove(self, msg: Message) -> None:
@@ -82,23 +75,25 @@ class TimedQueue:
         msg.tq_seq = 0
         self._live -= 1
 
+    def live_entries(self) -> list[tuple[float, Message]]:
+        """Every live message with its due time, earliest first (for inspection)."""
+        return [(due, m) for due, seq, msgs in sorted(self._heap) for m in msgs if m.tq_seq == seq]
+
     def clear(self) -> list[Message]:
         """Drop every entry; return the messages that were live, earliest first."""
-        live = [m for due, seq, m in sorted(self._heap) if m.tq_seq == seq]
-        for m in live:
+        return [m for _, m in self.clear_with_due()]
+
+    def clear_with_due(self) -> list[tuple[float, Message]]:
+        """Like ``clear``, with each message's due time (to keep deferrals at exit)."""
+        live = self.live_entries()
+        for _, m in live:
             m.tq_seq = 0
         self._heap = []
-        self._live = 0
+        self._live = self._refs = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._timer_at = float("inf")
-        return live
-
-    def clear_with_due(self) -> list[tuple[float, Message]]:
-        """Like ``clear``, with each message's due time (to keep deferrals at exit)."""
-        live = [(due, m) for due, seq, m in sorted(self._heap) if m.tq_seq == seq]
-        self.clear()
         return live
 
     def pop_due(self, now: float) -> list[Message]:
@@ -106,10 +101,12 @@ class TimedQueue:
         heap = self._heap
         due_msgs: list[Message] = []
         while heap and heap[0][0] <= now:
-            _, seq, msg = heappop(heap)
-            if msg.tq_seq == seq:
-                msg.tq_seq = 0
-                due_msgs.append(msg)
+            _, seq, msgs = heappop(heap)
+            self._refs -= len(msgs)
+            for msg in msgs:
+                if msg.tq_seq == seq:
+                    msg.tq_seq = 0
+                    due_msgs.append(msg)
         self._live -= len(due_msgs)
         return due_msgs
 
@@ -126,13 +123,26 @@ class TimedQueue:
         # a tick rather than re-arming a zero-delay timer until the clock catches up.
         due = self.pop_due(self._loop.time() + _TICK)
         heap = self._heap
-        while heap and heap[0][2].tq_seq != heap[0][1]:  # skip stale tops before re-arming
-            heappop(heap)
+        while heap and not _is_live(heap[0]):  # skip stale tops before re-arming
+            self._refs -= len(heappop(heap)[2])
         if heap:
             self._arm(heap[0][0])
         if due:
             self._on_due(due)
 
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[2].tq_seq == e[1]]
-        heapify(self._heap)
+        heap = []
+        refs = 0
+        for due, seq, msgs in self._heap:
+            live = [m for m in msgs if m.tq_seq == seq]
+            if live:
+                heap.append((due, seq, live))
+                refs += len(live)
+        heapify(heap)
+        self._heap = heap
+        self._refs = refs
+
+
+def _is_live(entry: tuple[float, int, list[Message]]) -> bool:
+    seq = entry[1]
+    return any(m.tq_seq == seq for m in entry[2])
