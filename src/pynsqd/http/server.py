@@ -200,7 +200,7 @@ class HTTPService:
         opts = self.nsqd.opts
         if opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.
-            port = _https_port(opts.https_address)
+            port = _https_port(self.https_address or opts.https_address)
             resp = Response(status=403, text=f'{{"message": "TLS_REQUIRED", "https_port": {port}}}')
             resp.headers[V1_HEADER[0]] = V1_HEADER[1]
             return resp

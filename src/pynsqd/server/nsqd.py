@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from typing import TYPE_CHECKING
 
@@ -30,8 +31,10 @@ from ..storage.metadata import (
     read_metadata,
     write_metadata,
 )
+from .auth import AuthClient
 from .listener import format_address, listen
 from .lookup import Lookup
+from .tls import TLSConfigError, server_context
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -53,6 +56,7 @@ def protocol_config(opts: Options) -> ProtocolConfig:
         max_output_buffer_size=opts.max_output_buffer_size,
         min_output_buffer_timeout_ms=round(opts.min_output_buffer_timeout * 1000),
         max_output_buffer_timeout_ms=round(opts.max_output_buffer_timeout * 1000),
+        tls_required=opts.tls_required != "false",
     )
 
 
@@ -75,6 +79,9 @@ class NSQD:
         self._disk_backends: dict[str, DiskBackend] = {}
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
+        self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
+        self.https_address = ""
+        self.auth = AuthClient(opts) if opts.auth_http_addresses else None
         self._loading_metadata = False
         self._persist_pending = False
         self.lookup = Lookup(self)
@@ -286,6 +293,7 @@ class NSQD:
     async def start(self) -> None:
         from .protocol_v2 import ClientV2
 
+        self.tls_context = server_context(self.opts)  # raises TLSConfigError
         self._dir_lock.lock()  # raises DirLockError
         try:
             self.load_metadata()
@@ -309,6 +317,13 @@ class NSQD:
             await self.stop()
             raise
         self.http_address = self.http.address
+        if self.tls_context is not None and self.opts.https_address:
+            try:
+                await self.http.start_https(self.opts.https_address, self.tls_context)
+            except BaseException:
+                await self.stop()
+                raise
+            self.https_address = self.http.https_address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
         self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
 
@@ -323,6 +338,8 @@ class NSQD:
             self.tcp_server.close()
         if self.http is not None:
             await self.http.stop()
+        if self.auth is not None:
+            await self.auth.close()
         for client in list(self.clients.values()):
             client.close_for_exit()
         # Let the transports finish closing, so every client's in-flight messages are back.
@@ -360,7 +377,7 @@ async def _serve(opts: Options) -> int:
     nsqd = NSQD(opts, loop)
     try:
         await nsqd.start()
-    except DirLockError as err:
+    except (DirLockError, TLSConfigError) as err:
         log.critical("failed to start nsqd - %s", err)
         return 1
     except OSError as err:
