@@ -382,6 +382,19 @@ class V2Parser:
         return params[1].decode()
 
     def _pub(self, params: list[bytes], start: int) -> _Result:
+        # The commonest command after FIN, inlined; any anomaly takes the general path.
+        src = self._src
+        if len(params) < 2 or not is_valid_name(params[1]) or len(src) - start < 4:
+            return self._pub_general(params, start)
+        size: int = _unpack_int32(src, start)[0]
+        end = start + 4 + size
+        if size <= 0 or size > self.config.max_msg_size or len(src) < end:
+            return self._pub_general(params, start)
+        if type(src) is bytes:
+            return Pub(params[1].decode(), src[start + 4 : end]), end
+        return Pub(params[1].decode(), memoryview(src)[start + 4 : end].tobytes()), end
+
+    def _pub_general(self, params: list[bytes], start: int) -> _Result:
         topic = self._topic("PUB", params, 2, "")
         body, after = self._message_body("PUB", start)
         if body is None:
