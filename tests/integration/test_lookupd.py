@@ -2,166 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import socket
-import struct
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
 
 import pytest
-import uvloop
 
-from pynsqd.lookupd.nsqlookupd import NSQLookupd
-from pynsqd.lookupd.options import LookupdOptions
-
-T = TypeVar("T")
-
-
-class LookupdThread:
-    def __init__(self, **overrides: Any) -> None:
-        self.opts = LookupdOptions(
-            tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="lookupd-host"
-        )
-        for key, value in overrides.items():
-            setattr(self.opts, key, value)
-        self.loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.lookupd: NSQLookupd = self.call_async(self._start)
-
-    async def _start(self) -> NSQLookupd:
-        lookupd = NSQLookupd(self.opts, self.loop)
-        await lookupd.start()
-        return lookupd
-
-    def call(self, fn: Callable[[], T]) -> T:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as e:
-                fut.set_exception(e)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result(timeout=10)
-
-    def call_async(self, coro_fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout=30)
-
-    @property
-    def tcp_address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.lookupd.real_tcp_port)
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.lookupd.real_http_port}"
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.call_async(self.lookupd.stop)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        self.loop.close()
+from .lookupd_helpers import (
+    LookupdThread,
+    V1Conn,
+    get_json,
+    go_identify,
+    http,
+    lookupd_factory,
+    wait_for,
+)
 
 
 @pytest.fixture
 def make_lookupd() -> Iterator[Callable[..., LookupdThread]]:
-    servers: list[LookupdThread] = []
-
-    def make(**overrides: Any) -> LookupdThread:
-        server = LookupdThread(**overrides)
-        servers.append(server)
-        return server
-
-    yield make
-    for s in servers:
-        s.stop()
+    yield from lookupd_factory()
 
 
 @pytest.fixture
 def lookupd(make_lookupd: Callable[..., LookupdThread]) -> LookupdThread:
     return make_lookupd()
-
-
-class V1Conn:
-    """A raw nsqlookupd client: send bytes, read ``[size][data]`` responses."""
-
-    def __init__(self, address: tuple[str, int], magic: bytes = b"  V1") -> None:
-        self.sock = socket.create_connection(address, timeout=5)
-        self.buf = b""
-        if magic:
-            self.sock.sendall(magic)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def read(self) -> bytes:
-        (size,) = struct.unpack(">l", self._read(4))
-        return self._read(size)
-
-    def command(self, data: bytes) -> bytes:
-        self.send(data)
-        return self.read()
-
-    def assert_closed(self) -> None:
-        assert self.buf == b""
-        assert self.sock.recv(1) == b""
-        self.sock.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def go_identify(port: int = 4150, http_port: int = 4151, address: str = "node1") -> bytes:
-    """The bytes Go nsqd 1.3.0 sends (go-nsq's Identify: json.Marshal of a map, sorted keys)."""
-    body = (
-        f'{{"broadcast_address":"{address}","hostname":"{address}.local","http_port":{http_port},'
-        f'"tcp_port":{port},"topology_region":"","topology_zone":"","version":"1.3.0"}}'
-    ).encode()
-    return b"IDENTIFY\n" + struct.pack(">l", len(body)) + body
-
-
-def http(
-    url: str, method: str = "GET", data: bytes | None = None
-) -> tuple[int, bytes, dict[str, str]]:
-    req = urllib.request.Request(url, method=method, data=data)
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, resp.read(), dict(resp.headers)
-    except urllib.error.HTTPError as err:
-        return err.code, err.read(), dict(err.headers)
-
-
-def get_json(url: str) -> Any:
-    status, body, headers = http(url)
-    assert status == 200, body
-    assert headers["X-NSQ-Content-Type"] == "nsq; version=1.0"
-    assert headers["Content-Type"] == "application/json; charset=utf-8"
-    return json.loads(body)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 # -- TCP ----------------------------------------------------------------------------------------
