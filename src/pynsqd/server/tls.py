@@ -9,6 +9,7 @@ the handshake is done, and the same code runs on asyncio and uvloop.
 from __future__ import annotations
 
 import ssl
+import warnings
 from typing import Any
 
 from ..options import Options
@@ -44,10 +45,11 @@ def server_context(opts: Options) -> ssl.SSLContext | None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
-        ctx.minimum_version = _MIN_VERSIONS.get(opts.tls_min_version, ssl.TLSVersion.TLSv1)
-        if opts.tls_min_version in ("tls1.0", "tls1.1"):
-            # OpenSSL 3 refuses TLS 1.0/1.1 at its default security level; nsqd accepts them.
-            ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+        with warnings.catch_warnings():
+            # TLS 1.0 and 1.1 are deprecated in Python, but --tls-min-version=tls1.0 is
+            # nsqd's default. (OpenSSL's own security level may still refuse them.)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ctx.minimum_version = _MIN_VERSIONS.get(opts.tls_min_version, ssl.TLSVersion.TLSv1)
         policy = opts.tls_client_auth_policy
         if policy in ("require", "require-verify"):
             ctx.verify_mode = ssl.CERT_REQUIRED
