@@ -1,0 +1,568 @@
+"""A small blocking NSQ client on ``pynsqd.protocol`` (used by the Spark connector).
+
+Two ways to use a :class:`Connection`:
+
+* **request/response** (producers): ``pub``/``mpub``/``dpub``/``request`` send a command and read
+  frames until its response, answering heartbeats with ``NOP`` on the way. An error frame raises
+  :class:`NsqError` carrying nsqd's code (``E_BAD_TOPIC``, ...). ``pipeline`` sends several
+  commands at once and then reads their responses in order.
+* **subscriber**: :meth:`Connection.subscribe` sends ``SUB`` and starts a reader thread that hands
+  messages to a callback in columns (timestamps, attempts, ids, bodies) and answers heartbeats.
+  ``rdy``/``fin``/``touch``/``req`` may then be called from any thread: writes are serialised by a
+  lock, and only the reader thread reads.
+
+TLS (``tls_v1``) and AUTH are supported; snappy and deflate are never requested. Nothing here
+imports pyspark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import ssl
+import struct
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pynsqd.protocol import encode
+from pynsqd.protocol.frames import (
+    FRAME_TYPE_ERROR,
+    FRAME_TYPE_MESSAGE,
+    FRAME_TYPE_RESPONSE,
+    HEARTBEAT,
+    MAGIC_V2,
+    OK,
+    Frame,
+    FrameReader,
+)
+
+__all__ = [
+    "NON_FATAL_ERRORS",
+    "ClientOptions",
+    "Connection",
+    "NsqConnectionError",
+    "NsqError",
+    "NsqLookupError",
+    "lookup_nodes",
+    "lookup_producers",
+    "parse_address",
+]
+
+log = logging.getLogger("pynsqd_spark.client")
+
+VERSION = "0.1.0"
+#: Error codes after which nsqd keeps the connection open (PROTOCOL.md §0).
+NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+DEFAULT_TCP_PORT = 4150
+DEFAULT_LOOKUPD_HTTP_PORT = 4161
+
+_FRAME_HEAD = struct.Struct(">ll")
+_MSG_HEAD = struct.Struct(">llqH")  # size, frame type, timestamp, attempts
+_RECV_SIZE = 256 * 1024
+
+#: on_messages(conn, timestamps_ns, attempts, ids, bodies)
+MessagesCallback = Callable[["Connection", list[int], list[int], list[bytes], list[bytes]], None]
+
+
+class NsqError(Exception):
+    """nsqd answered with an error frame ``"<code> <description>"``."""
+
+    def __init__(self, code: str, desc: str, address: str = "") -> None:
+        where = f" (nsqd {address})" if address else ""
+        super().__init__(f"{code} {desc}{where}" if desc else f"{code}{where}")
+        self.code = code
+        self.desc = desc
+        self.address = address
+
+    @property
+    def fatal(self) -> bool:
+        """nsqd closes the connection after a fatal error."""
+        return self.code not in NON_FATAL_ERRORS
+
+    @classmethod
+    def from_frame(cls, data: bytes, address: str = "") -> NsqError:
+        text = data.decode("utf-8", "replace")
+        code, _, desc = text.partition(" ")
+        return cls(code, desc, address)
+
+
+class NsqConnectionError(ConnectionError):
+    """Connecting failed, the connection broke, or nsqd spoke something we did not expect."""
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class NsqLookupError(ConnectionError):
+    """No nsqlookupd answered."""
+
+
+def parse_address(value: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:
+    """``host:port``, ``host`` or ``[v6]:port`` → ``(host, port)``; ValueError if malformed."""
+    value = value.strip()
+    if not value:
+        raise ValueError("empty address")
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep:
+            raise ValueError(f"bad address {value!r}")
+        port_s = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, port_s = value.split(":")
+    else:
+        host, port_s = value, ""
+    if not host:
+        raise ValueError(f"bad address {value!r}: no host")
+    if not port_s:
+        return host, default_port
+    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ValueError(f"bad address {value!r}: port must be 1..65535")
+    return host, int(port_s)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How to connect and IDENTIFY; picklable, so it can travel to Spark executors."""
+
+    connect_timeout: float = 5.0
+    #: read/write timeout of request/response calls (seconds)
+    timeout: float = 30.0
+    #: IDENTIFY heartbeat_interval in ms (0: nsqd's default, 30 s)
+    heartbeat_interval_ms: int = 0
+    #: IDENTIFY msg_timeout in ms (0: nsqd's --msg-timeout)
+    msg_timeout_ms: int = 0
+    client_id: str = ""
+    user_agent: str = f"pynsqd_spark/{VERSION}"
+    tls: bool = False
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    auth_secret: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.tls_ca_file)
+        if not self.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.tls_cert_file:
+            ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return ctx
+
+
+class Connection:
+    """One V2 connection to one nsqd. See the module docstring for the two ways to use it."""
+
+    def __init__(self, address: str, options: ClientOptions | None = None) -> None:
+        self.host, self.port = parse_address(address)
+        self.address = f"{self.host}:{self.port}"
+        self.options = options or ClientOptions()
+        self.identify_response: dict[str, Any] = {}
+        self.closed = False
+        #: set by the reader thread when the connection ends (None: closed by us)
+        self.close_reason: BaseException | None = None
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._frames = FrameReader()
+        self._pending: list[Frame] = []
+        self._reader: threading.Thread | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def connect(self) -> Connection:
+        """TCP connect, magic, IDENTIFY, optional TLS upgrade and AUTH. Returns self."""
+        opts = self.options
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=opts.connect_timeout)
+        except OSError as e:
+            raise NsqConnectionError(
+                f"cannot connect to nsqd {self.address}: {e}", self.address
+            ) from e
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        try:
+            self._send(MAGIC_V2)
+            ident: dict[str, Any] = {
+                "feature_negotiation": True,
+                "client_id": opts.client_id or socket.gethostname().split(".")[0],
+                "hostname": socket.gethostname(),
+                "user_agent": opts.user_agent,
+            }
+            if opts.heartbeat_interval_ms:
+                ident["heartbeat_interval"] = opts.heartbeat_interval_ms
+            if opts.msg_timeout_ms:
+                ident["msg_timeout"] = opts.msg_timeout_ms
+            if opts.tls:
+                ident["tls_v1"] = True
+            resp = self.request(encode.identify(ident))
+            if resp.startswith(b"{"):
+                self.identify_response = json.loads(resp)
+            if opts.tls:
+                if not self.identify_response.get("tls_v1"):
+                    raise NsqConnectionError(
+                        f"nsqd {self.address} does not offer TLS (tls_v1 not negotiated)",
+                        self.address,
+                    )
+                self._sock = opts.ssl_context().wrap_socket(sock, server_hostname=self.host)
+                if self._read_response() != OK:
+                    raise NsqConnectionError(f"nsqd {self.address}: no OK after TLS", self.address)
+            if self.identify_response.get("auth_required"):
+                if opts.auth_secret is None:
+                    raise NsqConnectionError(
+                        f"nsqd {self.address} requires AUTH but no auth secret was given",
+                        self.address,
+                    )
+                self.request(encode.auth(opts.auth_secret.encode()))
+            self._sock.settimeout(opts.timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def max_rdy_count(self) -> int:
+        return int(self.identify_response.get("max_rdy_count", 2500))
+
+    @property
+    def msg_timeout_ms(self) -> int:
+        return int(self.identify_response.get("msg_timeout", 60000))
+
+    def close(self) -> None:
+        self.closed = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<nsq Connection {self.address}{' closed' if self.closed else ''}>"
+
+    # -- low level ------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            raise NsqConnectionError(f"connection to nsqd {self.address} is closed", self.address)
+        try:
+            with self._send_lock:
+                sock.sendall(data)
+        except OSError as e:
+            self.close()
+            raise NsqConnectionError(
+                f"send to nsqd {self.address} failed: {e}", self.address
+            ) from e
+
+    def send(self, data: bytes) -> None:
+        """Send raw command bytes (thread-safe)."""
+        self._send(data)
+
+    def _read_frame(self) -> Frame:
+        """The next frame other than a heartbeat (which is answered with NOP)."""
+        while True:
+            while not self._pending:
+                sock = self._sock
+                if sock is None:
+                    raise NsqConnectionError(f"connection to nsqd {self.address} is closed")
+                try:
+                    data = sock.recv(_RECV_SIZE)
+                except OSError as e:
+                    self.close()
+                    raise NsqConnectionError(
+                        f"read from nsqd {self.address} failed: {e}", self.address
+                    ) from e
+                if not data:
+                    self.close()
+                    raise NsqConnectionError(
+                        f"nsqd {self.address} closed the connection", self.address
+                    )
+                self._frames.feed(data)
+                self._pending.extend(self._frames.frames())
+            frame = self._pending.pop(0)
+            if frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == HEARTBEAT:
+                self._send(encode.nop())
+                continue
+            return frame
+
+    def _read_response(self) -> bytes:
+        frame = self._read_frame()
+        if frame.frame_type == FRAME_TYPE_RESPONSE:
+            return frame.data
+        if frame.frame_type == FRAME_TYPE_ERROR:
+            err = NsqError.from_frame(frame.data, self.address)
+            if err.fatal:
+                self.close()
+            raise err
+        self.close()
+        raise NsqConnectionError(
+            f"nsqd {self.address}: unexpected frame type {frame.frame_type}", self.address
+        )
+
+    # -- request/response -----------------------------------------------------------------
+
+    def read_response(self) -> bytes:
+        """The next response frame's data (heartbeats answered); NsqError on an error frame."""
+        return self._read_response()
+
+    def request(self, command: bytes) -> bytes:
+        """Send one command and return its response frame's data; NsqError on an error frame."""
+        if self._reader is not None:
+            raise RuntimeError("request() cannot be used on a subscribed connection")
+        self._send(command)
+        return self._read_response()
+
+    def pipeline(self, commands: Sequence[bytes]) -> list[bytes]:
+        """Send several commands in one write, then read one response each (in order).
+
+        The first error frame raises NsqError; the later responses are then unknown.
+        """
+        if self._reader is not None:
+            raise RuntimeError("pipeline() cannot be used on a subscribed connection")
+        self._send(b"".join(commands))
+        return [self._read_response() for _ in commands]
+
+    def pub(self, topic: str, body: bytes) -> None:
+        self._expect_ok(self.request(encode.pub(topic, body)))
+
+    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+        self._expect_ok(self.request(encode.mpub(topic, bodies)))
+
+    def dpub(self, topic: str, defer_ms: int, body: bytes) -> None:
+        self._expect_ok(self.request(encode.dpub(topic, defer_ms, body)))
+
+    def _expect_ok(self, resp: bytes) -> None:
+        if resp != OK:
+            raise NsqConnectionError(f"nsqd {self.address}: expected OK, got {resp!r}")
+
+    # -- subscriber -----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str,
+        channel: str,
+        on_messages: MessagesCallback,
+        on_close: Callable[[Connection], None] | None = None,
+        on_error: Callable[[Connection, NsqError], None] | None = None,
+        rdy: int | None = None,
+    ) -> None:
+        """SUB, then start the reader thread (and send RDY if given).
+
+        ``on_messages`` runs on the reader thread once per received chunk of messages.
+        ``on_error`` gets error frames (non-fatal ones, like E_FIN_FAILED, and the fatal one
+        before the close); ``on_close`` runs when the connection ends, with ``close_reason`` set.
+        """
+        self._expect_ok(self.request(encode.sub(topic, channel)))
+        sock = self._sock
+        assert sock is not None
+        # The reader blocks in recv; a timeout only lets it notice close() promptly.
+        sock.settimeout(1.0)
+        self._reader = threading.Thread(
+            target=self._read_loop,
+            args=(on_messages, on_close, on_error),
+            name=f"nsq-reader-{self.address}",
+            daemon=True,
+        )
+        self._reader.start()
+        if rdy is not None:
+            self.rdy(rdy)
+
+    def rdy(self, count: int) -> None:
+        self._send(encode.rdy(count))
+
+    def fin(self, msg_id: bytes) -> None:
+        self._send(encode.fin(msg_id))
+
+    def fin_many(self, ids: Iterable[bytes]) -> None:
+        """FIN every id in one write (FIN has no response unless it fails)."""
+        data = b"".join([b"FIN " + i + b"\n" for i in ids])
+        if data:
+            self._send(data)
+
+    def touch(self, msg_id: bytes) -> None:
+        self._send(encode.touch(msg_id))
+
+    def touch_many(self, ids: Iterable[bytes]) -> None:
+        data = b"".join([b"TOUCH " + i + b"\n" for i in ids])
+        if data:
+            self._send(data)
+
+    def req(self, msg_id: bytes, timeout_ms: int = 0) -> None:
+        self._send(encode.req(msg_id, timeout_ms))
+
+    def req_many(self, ids: Iterable[bytes], timeout_ms: int = 0) -> None:
+        data = b"".join([encode.req(i, timeout_ms) for i in ids])
+        if data:
+            self._send(data)
+
+    def cls(self) -> None:
+        self._send(encode.cls())
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the reader thread to end."""
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    def _read_loop(
+        self,
+        on_messages: MessagesCallback,
+        on_close: Callable[[Connection], None] | None,
+        on_error: Callable[[Connection, NsqError], None] | None,
+    ) -> None:
+        # Frames are parsed here directly (not through FrameReader) to build the message columns
+        # without a Frame and a Message object per message: this loop is the source's hot path.
+        buf = b""
+        unpack_head = _FRAME_HEAD.unpack_from
+        unpack_msg = _MSG_HEAD.unpack_from
+        try:
+            while not self.closed:
+                sock = self._sock
+                if sock is None:
+                    break
+                try:
+                    data = sock.recv(_RECV_SIZE)
+                except TimeoutError:
+                    continue
+                if not data:
+                    raise NsqConnectionError(f"nsqd {self.address} closed the connection")
+                buf = buf + data if buf else data
+                end = len(buf)
+                pos = 0
+                ts_col: list[int] = []
+                att_col: list[int] = []
+                id_col: list[bytes] = []
+                body_col: list[bytes] = []
+                while end - pos >= 8:
+                    size, ftype = unpack_head(buf, pos)
+                    if size < 4:
+                        raise NsqConnectionError(f"nsqd {self.address}: bad frame size {size}")
+                    stop = pos + 4 + size
+                    if stop > end:
+                        break
+                    if ftype == FRAME_TYPE_MESSAGE:
+                        if size < 30:
+                            raise NsqConnectionError(f"nsqd {self.address}: short message frame")
+                        _, _, ts, attempts = unpack_msg(buf, pos)
+                        ts_col.append(ts)
+                        att_col.append(attempts)
+                        id_col.append(buf[pos + 18 : pos + 34])
+                        body_col.append(buf[pos + 34 : stop])
+                    elif ftype == FRAME_TYPE_RESPONSE:
+                        if buf[pos + 8 : stop] == HEARTBEAT:
+                            self._send(encode.nop())
+                        # other responses (CLOSE_WAIT) need no action
+                    elif ftype == FRAME_TYPE_ERROR:
+                        err = NsqError.from_frame(buf[pos + 8 : stop], self.address)
+                        if on_error is not None:
+                            on_error(self, err)
+                        else:
+                            log.warning("%s", err)
+                    pos = stop
+                buf = buf[pos:] if pos < end else b""
+                if id_col:
+                    on_messages(self, ts_col, att_col, id_col, body_col)
+        except (OSError, NsqConnectionError) as e:
+            if not self.closed:
+                self.close_reason = e
+        except BaseException as e:  # a callback failed: end the connection, report why
+            log.exception("nsq reader for %s failed", self.address)
+            self.close_reason = e
+        finally:
+            self.close()
+            if on_close is not None:
+                on_close(self)
+
+
+# -- nsqlookupd ---------------------------------------------------------------------------------
+
+
+def _lookupd_url(address: str, path: str, query: dict[str, str]) -> str:
+    base = address.strip().rstrip("/")
+    if "://" not in base:
+        base = "http://" + base
+    qs = urllib.parse.urlencode(query)
+    return f"{base}{path}" + (f"?{qs}" if qs else "")
+
+
+def _get_json(url: str, timeout: float) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            body = json.loads(e.read() or b"null")
+        except ValueError:
+            body = None
+        return int(e.code), body
+
+
+def _producer_addresses(body: Any) -> list[str]:
+    out: list[str] = []
+    if isinstance(body, dict):
+        # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
+        producers = body.get("producers", (body.get("data") or {}).get("producers"))
+        for p in producers or []:
+            host = p.get("broadcast_address") or p.get("hostname")
+            port = p.get("tcp_port")
+            if host and port:
+                addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                if addr not in out:
+                    out.append(addr)
+    return out
+
+
+def _query_all(
+    lookupd_addresses: Sequence[str], path: str, query: dict[str, str], timeout: float
+) -> list[str]:
+    found: list[str] = []
+    errors: list[str] = []
+    answered = False
+    for lookupd in lookupd_addresses:
+        url = _lookupd_url(lookupd, path, query)
+        try:
+            status, body = _get_json(url, timeout)
+        except (OSError, ValueError) as e:
+            errors.append(f"{url}: {e}")
+            continue
+        if status == 404:  # TOPIC_NOT_FOUND: nobody has the topic (yet)
+            answered = True
+            continue
+        if status != 200:
+            errors.append(f"{url}: HTTP {status} {body}")
+            continue
+        answered = True
+        for addr in _producer_addresses(body):
+            if addr not in found:
+                found.append(addr)
+    if not answered:
+        raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
+    return found
+
+
+def lookup_producers(
+    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
+) -> list[str]:
+    """``host:port`` TCP addresses of the nsqd nodes that have ``topic``, from every lookupd.
+
+    An empty list when the topic is unknown; NsqLookupError when no lookupd answered at all.
+    """
+    return _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout)
+
+
+def lookup_nodes(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
+    """``host:port`` TCP addresses of every nsqd registered with the lookupds (``/nodes``)."""
+    return _query_all(lookupd_addresses, "/nodes", {}, timeout)

@@ -1,0 +1,223 @@
+"""Parsing and checking the data source options (names are case-insensitive, as in Spark)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .client import DEFAULT_LOOKUPD_HTTP_PORT, ClientOptions, parse_address
+
+_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+
+
+class NsqOptionError(ValueError):
+    """A data source option is missing or has a bad value; the message names the option."""
+
+
+class _Opts:
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self._o = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+    def get(self, name: str) -> str | None:
+        v = self._o.get(name.lower())
+        return v if v is None or v.strip() != "" else None
+
+    def string(self, name: str, default: str) -> str:
+        v = self.get(name)
+        return default if v is None else v
+
+    def integer(self, name: str, default: int, minimum: int = 0) -> int:
+        v = self.get(name)
+        if v is None:
+            return default
+        try:
+            n = int(v.strip())
+        except ValueError:
+            raise NsqOptionError(f"option {name!r} must be an integer, got {v!r}") from None
+        if n < minimum:
+            raise NsqOptionError(f"option {name!r} must be >= {minimum}, got {n}")
+        return n
+
+    def boolean(self, name: str, default: bool) -> bool:
+        v = self.get(name)
+        if v is None:
+            return default
+        low = v.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise NsqOptionError(f"option {name!r} must be true or false, got {v!r}")
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        v = self.string(name, default).strip().lower()
+        if v not in choices:
+            raise NsqOptionError(f"option {name!r} must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def addresses(self, name: str, default_port: int) -> list[str]:
+        v = self.get(name)
+        if v is None:
+            return []
+        out: list[str] = []
+        for part in v.split(","):
+            if not part.strip():
+                continue
+            try:
+                if name.lower().startswith("nsqlookupd") and "://" in part:
+                    out.append(part.strip())
+                    continue
+                host, port = parse_address(part, default_port)
+            except ValueError as e:
+                raise NsqOptionError(f"option {name!r}: {e}") from None
+            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        return out
+
+
+def _check_name(kind: str, option: str, value: str) -> str:
+    if not (1 <= len(value) <= 64 and _NAME.match(value)):
+        raise NsqOptionError(
+            f"option {option!r}: {value!r} is not a valid NSQ {kind} name "
+            "(1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"
+        )
+    return value
+
+
+def _client_options(o: _Opts, msg_timeout_ms: int = 0) -> ClientOptions:
+    secret = o.get("authSecret")
+    env = o.get("authSecretEnv")
+    if secret is None and env is not None:
+        secret = os.environ.get(env)
+        if secret is None:
+            raise NsqOptionError(f"option 'authSecretEnv': environment variable {env!r} is not set")
+    return ClientOptions(
+        connect_timeout=o.integer("connectTimeoutMs", 5000, 1) / 1000,
+        timeout=o.integer("timeoutMs", 30000, 1) / 1000,
+        heartbeat_interval_ms=o.integer("heartbeatIntervalMs", 0),
+        msg_timeout_ms=msg_timeout_ms,
+        client_id=o.string("clientId", ""),
+        tls=o.boolean("tls", False),
+        tls_verify=o.boolean("tlsVerify", True),
+        tls_ca_file=o.get("tlsCaFile"),
+        tls_cert_file=o.get("tlsCertFile"),
+        tls_key_file=o.get("tlsKeyFile"),
+        auth_secret=secret,
+    )
+
+
+def _nodes(o: _Opts) -> tuple[list[str], list[str]]:
+    nsqd = o.addresses("nsqdTcpAddresses", 4150)
+    lookupd = o.addresses("nsqlookupdHttpAddresses", DEFAULT_LOOKUPD_HTTP_PORT)
+    if not nsqd and not lookupd:
+        raise NsqOptionError(
+            "set option 'nsqdTcpAddresses' (host:port,...) or 'nsqlookupdHttpAddresses' "
+            "(host:port,...)"
+        )
+    return nsqd, lookupd
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    topic: str
+    channel: str
+    nsqd_addresses: list[str]
+    lookupd_addresses: list[str]
+    client: ClientOptions
+    max_messages_per_batch: int
+    max_bytes_per_batch: int
+    max_in_flight: int
+    connections_per_node: int  # 0: enough for max_in_flight given nsqd's max_rdy_count
+    msg_timeout_ms: int
+    touch_interval_ms: int
+    lookupd_poll_interval_ms: int
+    flush_empty_batch: bool
+    available_now_idle_ms: int
+    available_now_clock_skew_ms: int
+    max_messages_per_partition: int
+    max_bytes_per_partition: int
+    reconnect_backoff_max_ms: int = 30000
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        o = _Opts(options)
+        topic = o.get("topic")
+        if topic is None:
+            raise NsqOptionError("option 'topic' is required (the NSQ topic to read)")
+        channel = o.get("channel")
+        if channel is None:
+            raise NsqOptionError(
+                "option 'channel' is required (the NSQ channel to consume; queries sharing a "
+                "channel share its messages)"
+            )
+        _check_name("topic", "topic", topic)
+        _check_name("channel", "channel", channel)
+        nsqd, lookupd = _nodes(o)
+        max_batch = o.integer("maxMessagesPerBatch", 10000, 1)
+        msg_timeout = o.integer("msgTimeoutMs", 60000, 1000)
+        return cls(
+            topic=topic,
+            channel=channel,
+            nsqd_addresses=nsqd,
+            lookupd_addresses=lookupd,
+            client=_client_options(o, msg_timeout),
+            max_messages_per_batch=max_batch,
+            max_bytes_per_batch=o.integer("maxBytesPerBatch", 256 * 1024 * 1024, 1),
+            max_in_flight=o.integer("maxInFlight", 2 * max_batch, 1),
+            connections_per_node=o.integer("connectionsPerNode", 0),
+            msg_timeout_ms=msg_timeout,
+            touch_interval_ms=o.integer("touchIntervalMs", max(500, msg_timeout // 2), 100),
+            lookupd_poll_interval_ms=o.integer("lookupdPollIntervalMs", 15000, 100),
+            flush_empty_batch=o.boolean("flushEmptyBatch", True),
+            available_now_idle_ms=o.integer("availableNowIdleMs", 1000, 0),
+            available_now_clock_skew_ms=o.integer("availableNowClockSkewMs", 1000, 0),
+            max_messages_per_partition=o.integer("maxMessagesPerPartition", 50000, 1),
+            max_bytes_per_partition=o.integer("maxBytesPerPartition", 8 * 1024 * 1024, 1),
+        )
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    topic: str | None
+    nsqd_addresses: list[str]
+    lookupd_addresses: list[str]
+    client: ClientOptions
+    max_msg_size: int
+    max_body_size: int
+    max_messages_per_mpub: int
+    oversize: str  # fail | skip
+    empty_body: str  # fail | skip
+    max_retries: int
+    retry_backoff_ms: int
+    pipeline: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], has_topic_column: bool) -> SinkOptions:
+        o = _Opts(options)
+        topic = o.get("topic")
+        if topic is None and not has_topic_column:
+            raise NsqOptionError(
+                "option 'topic' is required unless the DataFrame has a 'topic' column"
+            )
+        if topic is not None:
+            _check_name("topic", "topic", topic)
+        nsqd, lookupd = _nodes(o)
+        max_body = o.integer("maxBodySize", 5 * 1024 * 1024, 16)
+        max_msg = o.integer("maxMsgSize", 1024 * 1024, 1)
+        if max_msg + 8 > max_body:
+            raise NsqOptionError("option 'maxMsgSize' must be at most 'maxBodySize' - 8")
+        return cls(
+            topic=topic,
+            nsqd_addresses=nsqd,
+            lookupd_addresses=lookupd,
+            client=_client_options(o),
+            max_msg_size=max_msg,
+            max_body_size=max_body,
+            max_messages_per_mpub=o.integer("maxMessagesPerMpub", 10000, 1),
+            oversize=o.choice("oversize", "fail", ("fail", "skip")),
+            empty_body=o.choice("emptyBody", "fail", ("fail", "skip")),
+            max_retries=o.integer("maxRetries", 5, 0),
+            retry_backoff_ms=o.integer("retryBackoffMs", 200, 0),
+            pipeline=o.integer("pipelineDepth", 4, 1),
+        )

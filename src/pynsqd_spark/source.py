@@ -1,0 +1,277 @@
+"""``spark.readStream.format("nsq")``: the stream reader (design: SPARK.md §6.1).
+
+Offsets are batch numbers ``{"seq": n}``. The consumer (connections, buffer, ledger) lives in the
+driver-side source runner process and is created on the first engine call, never in ``__init__``
+(the planner process builds and pickles the reader too). ``partitions()`` ships each batch's
+messages to the executors as Arrow record batches inside the partitions, one or more per nsqd
+node; ``read()`` yields them. ``commit(end)`` FINs. NSQ cannot replay: a batch Spark replays after
+a restart comes back empty and its messages, never FIN'd, are redelivered by nsqd into a later
+batch (at-least-once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .consumer import ConsumerPool, Part
+from .options import SourceOptions
+
+log = logging.getLogger("pynsqd_spark.source")
+
+SOURCE_SCHEMA = StructType(
+    [
+        StructField("body", BinaryType()),
+        StructField("message_id", StringType()),
+        StructField("timestamp", TimestampType()),
+        StructField("attempts", IntegerType()),
+        StructField("nsqd_address", StringType()),
+        StructField("topic", StringType()),
+        StructField("channel", StringType()),
+    ]
+)
+_ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
+
+
+class NsqPartition(InputPartition):
+    """One task's share of a batch: messages from one nsqd node, as one Arrow record batch."""
+
+    def __init__(self, seq: int, node: str, index: int, batch: Any) -> None:
+        super().__init__((seq, node, index))
+        self.seq = seq
+        self.node = node
+        self.batch = batch
+
+
+def build_partitions(
+    seq: int,
+    parts: list[Part],
+    topic: str,
+    channel: str,
+    max_messages: int,
+    max_bytes: int,
+) -> list[NsqPartition]:
+    """One partition per node, split further to stay under ``max_messages`` / ``max_bytes``."""
+    by_node: dict[str, list[Part]] = {}
+    for p in parts:
+        by_node.setdefault(p.node, []).append(p)
+    out: list[NsqPartition] = []
+    for node, node_parts in by_node.items():
+        ts = list(itertools.chain.from_iterable(p.ts for p in node_parts))
+        att = list(itertools.chain.from_iterable(p.att for p in node_parts))
+        ids = list(itertools.chain.from_iterable(p.ids for p in node_parts))
+        bodies = list(itertools.chain.from_iterable(p.bodies for p in node_parts))
+        bounds = _split(bodies, max_messages, max_bytes)
+        for index, (lo, hi) in enumerate(bounds):
+            out.append(
+                NsqPartition(
+                    seq,
+                    node,
+                    index,
+                    _record_batch(
+                        ts[lo:hi], att[lo:hi], ids[lo:hi], bodies[lo:hi], node, topic, channel
+                    ),
+                )
+            )
+    return out
+
+
+def _split(bodies: list[bytes], max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
+    n = len(bodies)
+    if n <= max_messages and sum(map(len, bodies)) <= max_bytes:
+        return [(0, n)]
+    bounds: list[tuple[int, int]] = []
+    lo = 0
+    size = 0
+    for i, b in enumerate(bodies):
+        if i > lo and (i - lo >= max_messages or size + len(b) > max_bytes):
+            bounds.append((lo, i))
+            lo, size = i, 0
+        size += len(b)
+    bounds.append((lo, n))
+    return bounds
+
+
+def _record_batch(
+    ts: list[int],
+    att: list[int],
+    ids: list[bytes],
+    bodies: list[bytes],
+    node: str,
+    topic: str,
+    channel: str,
+) -> Any:
+    n = len(ids)
+    ts_us = pc.divide(pa.array(ts, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(bodies, pa.binary()),
+            pa.array(ids, pa.binary()).view(pa.string()),
+            ts_us,
+            pa.array(att, pa.int32()),
+            pa.array([node] * n, pa.string()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([channel] * n, pa.string()),
+        ],
+        schema=_ARROW_SCHEMA,
+    )
+
+
+class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.opts = options
+        self._pool: ConsumerPool | None = None
+        self._seq = 0
+        #: batch numbers this process created (a planned seq not in here is a replay)
+        self._issued: set[int] = set()
+        self._cache: dict[int, list[NsqPartition]] = {}
+        self._last_end = 0
+        self._available_now = False
+        self._done = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The planner process pickles the reader for the executors: no sockets, threads or data.
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_cache"] = {}
+        state["_issued"] = set()
+        return state
+
+    def _ensure(self) -> ConsumerPool:
+        if self._pool is None:
+            pool = ConsumerPool(self.opts)
+            pool.start()
+            self._pool = pool
+        return self._pool
+
+    # -- engine calls (driver, source runner process) -------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        self._ensure()
+        return {"seq": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_messages_per_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pool = self._ensure()
+        self._available_now = True
+        # Only messages published before now (plus a clock-skew allowance) belong to this run.
+        pool.cutoff_ns = time.time_ns() + self.opts.available_now_clock_skew_ms * 1_000_000
+
+    def latestOffset(
+        self, start: dict[Any, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
+        pool = self._ensure()
+        start_seq = self._last_end if start is None else int(start["seq"])
+        self._seq = max(self._seq, start_seq)
+        pending = pool.pending_after(start_seq)
+        if pending is not None:  # taken earlier but not planned yet: offer it again
+            return {"seq": pending}
+        if self._done:
+            return {"seq": start_seq}
+        max_rows, max_bytes = self._limits(limit)
+        while True:
+            if pool.take(self._seq + 1, max_rows, max_bytes):
+                return self._issue()
+            if self.opts.flush_empty_batch and pool.has_uncommitted(start_seq):
+                # Spark commits batch N only when it builds batch N+1: an empty batch makes it
+                # commit (FIN) the last one now rather than whenever the next message comes.
+                return self._issue()
+            if not self._available_now:
+                return {"seq": start_seq}
+            deadline = pool.last_eligible_receive + self.opts.available_now_idle_ms / 1000
+            if pool.clock() >= deadline:
+                self._done = True
+                n = pool.release_all()
+                log.info("nsq source: Trigger.AvailableNow done; %d later messages requeued", n)
+                return {"seq": start_seq}
+            pool.wait_for_messages(deadline)
+
+    def _limits(self, limit: ReadLimit | None) -> tuple[int, int]:
+        if isinstance(limit, ReadAllAvailable):
+            return sys.maxsize, sys.maxsize
+        if isinstance(limit, ReadMaxRows):
+            return max(1, limit.max_rows), self.opts.max_bytes_per_batch
+        if isinstance(limit, ReadMaxBytes):
+            return self.opts.max_messages_per_batch, max(1, limit.max_bytes)
+        return self.opts.max_messages_per_batch, self.opts.max_bytes_per_batch
+
+    def _issue(self) -> dict[str, Any]:
+        self._seq += 1
+        self._issued.add(self._seq)
+        return {"seq": self._seq}
+
+    def partitions(self, start: dict[Any, Any], end: dict[Any, Any]) -> list[InputPartition]:
+        pool = self._ensure()
+        lo, hi = int(start["seq"]), int(end["seq"])
+        self._last_end = max(self._last_end, hi)
+        self._seq = max(self._seq, hi)
+        out: list[InputPartition] = []
+        for seq in range(lo + 1, hi + 1):
+            cached = self._cache.get(seq)
+            if cached is None:
+                parts = pool.parts(seq)
+                if parts is None:
+                    if seq not in self._issued:
+                        log.info(
+                            "nsq source: batch %d is a replay after a restart: empty (its "
+                            "messages were never FIN'd, nsqd redelivers them)",
+                            seq,
+                        )
+                    cached = []
+                else:
+                    cached = build_partitions(
+                        seq,
+                        parts,
+                        self.opts.topic,
+                        self.opts.channel,
+                        self.opts.max_messages_per_partition,
+                        self.opts.max_bytes_per_partition,
+                    )
+                self._cache[seq] = cached
+            out.extend(cached)
+        return out
+
+    def commit(self, end: dict[Any, Any]) -> None:
+        seq = int(end["seq"])
+        for s in [s for s in self._cache if s <= seq]:
+            del self._cache[s]
+        if self._pool is not None:
+            self._pool.commit(seq)
+
+    def stop(self) -> None:
+        # Not reliably called (SPARK.md §1.2); nsqd's timeouts cover us when it is not.
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # -- executor --------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, NsqPartition)
+        yield partition.batch
