@@ -67,11 +67,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import re
 import struct
 import threading
 from collections import deque
+
+from .atomic import write_atomic
 
 __all__ = ["DiskQueue"]
 
@@ -700,22 +701,7 @@ class DiskQueue:
         self._write_metadata(self._meta_text())
 
     def _write_metadata(self, text: bytes) -> None:
-        meta = self._meta_file_name()
-        tmp = f"{meta}.{random.getrandbits(63)}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
-        try:
-            try:
-                view = memoryview(text)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, meta)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
+        write_atomic(self._meta_file_name(), text)
 
     # -- reading ------------------------------------------------------------------------------
 

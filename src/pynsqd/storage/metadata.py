@@ -14,9 +14,10 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 from dataclasses import dataclass, field
 from typing import Any
+
+from .atomic import write_atomic
 
 __all__ = [
     "METADATA_FILE",
@@ -98,23 +99,7 @@ def read_metadata(data_path: str) -> list[TopicMeta] | None:
 
 def write_metadata(data_path: str, topics: list[TopicMeta]) -> None:
     """Write ``nsqd.dat`` atomically: tmp file, fsync, rename, fsync of the directory."""
-    fn = os.path.join(data_path, METADATA_FILE)
-    tmp = f"{fn}.{random.getrandbits(63)}.tmp"
-    data = encode_metadata(topics)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, fn)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_atomic(os.path.join(data_path, METADATA_FILE), encode_metadata(topics))
     _fsync_dir(data_path)
 
 
