@@ -293,20 +293,19 @@ class SecureClient:
             if data:
                 self._process(data)
             return
-        rx = self._rx
         try:
             plain = decoder.decode(data)
-            if plain:
-                self._process(plain)
-            # A small deflate input can hold a lot: it reaches the parser in bounded pieces.
-            while type(decoder) is DeflateDecoder and decoder.more:
-                if self.closed or self._rx is not rx or self.parser.buffered > 2**26:
-                    return
-                plain = decoder.decode(b"")
-                if plain:
-                    self._process(plain)
         except StreamError as err:
             self._stream_failed(str(err))
+            return
+        if plain:
+            self._process(plain)
+        # A small deflate input can hold a lot: one bounded piece per loop turn, with reading
+        # paused meanwhile, so that other clients are served in between.
+        more = type(decoder) is DeflateDecoder and decoder.more
+        if more and not self.closed and self._held is None:
+            self._suspend()
+            self.loop.call_soon(self._resume)
 
     def _stream_failed(self, reason: str) -> None:
         # nsqd: "failed to read command - <err>", logged; the connection closes with no reply.
