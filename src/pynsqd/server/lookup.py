@@ -260,7 +260,7 @@ class Lookup:
         self.peers: dict[str, LookupPeer] = {}
         self.hostname = socket.gethostname()
         self.max_response_size = nsqd.opts.max_body_size
-        self._fetches: set[asyncio.Task[None]] = set()
+        self._fetches: set[asyncio.Task[None]] = set()  # channel queries and peer closes
         self._session: Any = None  # aiohttp.ClientSession, made on first use
         self._closed = False
 
@@ -274,8 +274,9 @@ class Lookup:
         for addr in list(self.peers):
             if addr not in wanted:
                 log.info("LOOKUP(%s): removing peer", addr)
-                peer = self.peers.pop(addr)
-                self.loop.create_task(peer.close())
+                task = self.loop.create_task(self.peers.pop(addr).close())
+                self._fetches.add(task)  # keep a reference until it is done
+                task.add_done_callback(self._fetches.discard)
         for addr in wanted:
             if addr not in self.peers:
                 log.info("LOOKUP(%s): adding peer", addr)
