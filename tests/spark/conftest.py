@@ -1,0 +1,142 @@
+"""Fixtures for the Spark connector tests: nsqd subprocesses and ONE shared SparkSession."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd_spark.client import Connection
+
+BIN = Path(sys.executable).parent
+
+
+class NsqdProcess:
+    """``nsqd`` (our console script) on 127.0.0.1 with OS-chosen ports."""
+
+    def __init__(self, data_path: Path, *args: str) -> None:
+        data_path.mkdir(parents=True, exist_ok=True)
+        self.log_path = data_path / "nsqd.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "nsqd"),
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                f"--data-path={data_path}",
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            text = self.log_path.read_text(errors="replace")
+            tcp = re.search(r"TCP: listening on (\S+)", text)
+            http = re.search(r"HTTP: listening on (\S+)", text)
+            if tcp and http:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nsqd did not start:\n{text}")
+            time.sleep(0.05)
+        self.tcp_address = tcp.group(1)
+        self.http_address = http.group(1)
+
+    def stats(self, topic: str) -> dict[str, Any]:
+        url = f"http://{self.http_address}/stats?format=json&topic={topic}&include_mem=false"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+        return data
+
+    def topic_stats(self, topic: str) -> dict[str, Any] | None:
+        for t in self.stats(topic).get("topics") or []:
+            if t["topic_name"] == topic:
+                return dict(t)
+        return None
+
+    def channel_stats(self, topic: str, channel: str) -> dict[str, Any] | None:
+        t = self.topic_stats(topic)
+        for c in (t or {}).get("channels") or []:
+            if c["channel_name"] == channel:
+                return dict(c)
+        return None
+
+    def wait_drained(self, topic: str, channel: str, timeout: float = 20) -> dict[str, Any]:
+        """Poll /stats until the channel has depth 0 and nothing in flight; return its stats."""
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self.channel_stats(topic, channel)
+            if c is not None and c["depth"] == 0 and c["in_flight_count"] == 0:
+                return c
+            if time.monotonic() > deadline:
+                raise AssertionError(f"channel {topic}/{channel} not drained: {c}")
+            time.sleep(0.1)
+
+    def publish(self, topic: str, bodies: list[bytes]) -> None:
+        with Connection(self.tcp_address).connect() as c:
+            for i in range(0, len(bodies), 1000):
+                c.mpub(topic, bodies[i : i + 1000])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start_nsqd(tmp_path: Path) -> Iterator[Callable[..., NsqdProcess]]:
+    procs: list[NsqdProcess] = []
+
+    def start(*args: str) -> NsqdProcess:
+        p = NsqdProcess(tmp_path / f"nsqd{len(procs)}", *args)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def nsqd_proc(start_nsqd: Callable[..., NsqdProcess]) -> NsqdProcess:
+    return start_nsqd()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession for the whole run: local[2], no UI, 2 shuffle partitions."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from pynsqd_spark import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pynsqd-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()

@@ -1,0 +1,301 @@
+"""The nsq data source in real Spark (local[2], one shared session) against nsqd processes.
+
+Kept few and small: every streaming query costs seconds of Spark start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd_spark.client import Connection
+
+from .conftest import NsqdProcess
+from .test_client import free_port, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+QUERY_TIMEOUT = 150
+
+
+class Collector:
+    """A foreachBatch sink: keeps the rows of every batch that returned normally."""
+
+    def __init__(self, fail_on_batch: int | None = None) -> None:
+        self.rows: list[Any] = []
+        self.batches: list[tuple[int, int, int]] = []  # (batch id, rows, partitions)
+        self.fail_on_batch = fail_on_batch
+        self.lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.collect()
+        parts = df.rdd.getNumPartitions()
+        data_batches = sum(1 for _, n, _ in self.batches if n)
+        if rows and self.fail_on_batch is not None and data_batches + 1 == self.fail_on_batch:
+            raise RuntimeError("injected failure in the middle of a batch")
+        with self.lock:
+            self.rows.extend(rows)
+            self.batches.append((batch_id, len(rows), parts))
+
+    def ids(self) -> set[tuple[str, str]]:
+        with self.lock:
+            return {(r.nsqd_address, r.message_id) for r in self.rows}
+
+
+def read_stream(spark: Any, **options: str) -> Any:
+    reader = spark.readStream.format("nsq")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def run_available_now(df: Any, sink: Callable[[Any, int], None], checkpoint: Path) -> None:
+    q = (
+        df.writeStream.foreachBatch(sink)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        assert q.awaitTermination(QUERY_TIMEOUT), "query did not end"
+    finally:
+        q.stop()
+    assert q.exception() is None, q.exception()
+
+
+def test_read_exactly_n_then_channel_drained(
+    spark: Any, nsqd_proc: NsqdProcess, tmp_path: Path
+) -> None:
+    n = 3000
+    bodies = [b"msg-%05d" % i for i in range(n)]
+    t0 = time.time()
+    nsqd_proc.publish("events", bodies)
+    sink = Collector()
+    df = read_stream(
+        spark,
+        topic="events",
+        channel="spark",
+        nsqdTcpAddresses=nsqd_proc.tcp_address,
+        maxMessagesPerBatch="1000",
+    )
+    run_available_now(df, sink, tmp_path / "ck")
+    assert len(sink.rows) == n
+    assert len(sink.ids()) == n
+    assert sorted(r.body for r in sink.rows) == bodies
+    assert max(rows for _, rows, _ in sink.batches) <= 1000  # admission control
+    r = sink.rows[0]
+    assert (r.topic, r.channel, r.nsqd_address, r.attempts) == (
+        "events",
+        "spark",
+        nsqd_proc.tcp_address,
+        1,
+    )
+    assert len(r.message_id) == 16 and t0 - 60 < r.timestamp.timestamp() < time.time() + 60
+    # Everything was FIN'd: nothing left, nothing in flight (pynsqd would requeue un-FIN'd
+    # messages when the query's connections closed, so depth would show them).
+    nsqd_proc.wait_drained("events", "spark")
+
+
+def test_idle_topic_commits_its_last_batch(
+    spark: Any, nsqd_proc: NsqdProcess, tmp_path: Path
+) -> None:
+    nsqd_proc.publish("idle", [b"x%d" % i for i in range(500)])
+    sink = Collector()
+    df = read_stream(spark, topic="idle", channel="c", nsqdTcpAddresses=nsqd_proc.tcp_address)
+    q = (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(sink.ids()) == 500, QUERY_TIMEOUT, "500 rows")
+        # The query is still running and the topic is idle: the last batch is FIN'd anyway.
+        c = nsqd_proc.wait_drained("idle", "c")
+        assert c["client_count"] >= 1
+    finally:
+        q.stop()
+    assert len(sink.rows) == 500
+
+
+def test_restart_after_failure_mid_batch(
+    spark: Any, nsqd_proc: NsqdProcess, tmp_path: Path
+) -> None:
+    n = 2000
+    nsqd_proc.publish("rs", [b"r%05d" % i for i in range(n)])
+    opts = {
+        "topic": "rs",
+        "channel": "c",
+        "nsqdTcpAddresses": nsqd_proc.tcp_address,
+        "maxMessagesPerBatch": "400",
+        "msgTimeoutMs": "2000",
+    }
+    first = Collector(fail_on_batch=2)
+    q = (
+        read_stream(spark, **opts)
+        .writeStream.foreachBatch(first)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    with pytest.raises(Exception, match="injected failure"):
+        q.awaitTermination(QUERY_TIMEOUT)
+    q.stop()
+    assert 0 < len(first.rows) < n
+    second = Collector()
+    run_available_now(read_stream(spark, **opts), second, tmp_path / "ck")
+    got = {r.body for r in first.rows} | {r.body for r in second.rows}
+    assert got == {b"r%05d" % i for i in range(n)}  # every message at least once
+    redelivered = [r for r in second.rows if r.attempts > 1]
+    assert redelivered  # the failed batch's messages came again
+    nsqd_proc.wait_drained("rs", "c")
+
+
+def test_two_nsqd_nodes_both_read(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    a, b = start_nsqd(), start_nsqd()
+    a.publish("multi", [b"a%d" % i for i in range(600)])
+    b.publish("multi", [b"b%d" % i for i in range(600)])
+    sink = Collector()
+    df = read_stream(
+        spark,
+        topic="multi",
+        channel="c",
+        nsqdTcpAddresses=f"{a.tcp_address},{b.tcp_address}",
+        maxMessagesPerBatch="800",
+    )
+    run_available_now(df, sink, tmp_path / "ck")
+    assert len(sink.ids()) == 1200
+    by_node = {
+        addr: sum(1 for r in sink.rows if r.nsqd_address == addr)
+        for addr in (a.tcp_address, b.tcp_address)
+    }
+    assert by_node == {a.tcp_address: 600, b.tcp_address: 600}
+    assert max(p for _, _, p in sink.batches) >= 2  # one partition per node
+    a.wait_drained("multi", "c")
+    b.wait_drained("multi", "c")
+
+
+def test_source_bad_input(spark: Any, tmp_path: Path) -> None:
+    # Missing topic: fails when the query starts, naming the option.
+    with pytest.raises(Exception, match="'topic'"):
+        q = (
+            read_stream(spark, channel="c", nsqdTcpAddresses="127.0.0.1:1")
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "ck1"))
+            .start()
+        )
+        q.awaitTermination(QUERY_TIMEOUT)
+    # Nobody listening: the query fails, naming the option and the address.
+    dead = f"127.0.0.1:{free_port()}"
+    q = (
+        read_stream(spark, topic="t", channel="c", nsqdTcpAddresses=dead)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck2"))
+        .start()
+    )
+    with pytest.raises(Exception, match="nsqdTcpAddresses") as err:
+        q.awaitTermination(QUERY_TIMEOUT)
+    q.stop()
+    assert dead in str(err.value)
+
+
+# -- sink ---------------------------------------------------------------------------------------
+
+
+def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_messages(
+        c: Connection, ts: Any, att: Any, ids: list[bytes], bodies: list[bytes]
+    ) -> None:
+        with lock:
+            got.extend(bodies)
+        c.fin_many(ids)
+
+    with Connection(nsqd.tcp_address).connect() as conn:
+        conn.subscribe(topic, "check", on_messages, rdy=2500)
+        wait_until(lambda: len(got) >= n, 30, f"{n} messages on {topic}")
+    return got
+
+
+def test_batch_write_n_rows_and_topic_routing(spark: Any, nsqd_proc: NsqdProcess) -> None:
+    n = 5000
+    Connection(nsqd_proc.tcp_address).connect().close()
+    df = spark.range(n).selectExpr("cast(concat('row-', id) as binary) as body")
+    (
+        df.write.format("nsq")
+        .mode("append")
+        .option("topic", "out")
+        .option("nsqdTcpAddresses", nsqd_proc.tcp_address)
+        .option("maxMessagesPerMpub", "700")
+        .save()
+    )
+    assert nsqd_proc.topic_stats("out")["message_count"] == n  # type: ignore[index]
+    assert sorted(consume_all(nsqd_proc, "out", n)) == sorted(b"row-%d" % i for i in range(n))
+    # A string body and a topic column: rows go to their own topics.
+    routed = spark.range(100).selectExpr(
+        "concat('v', id) as body", "if(id % 4 = 0, 'quarter', 'rest') as topic"
+    )
+    routed.write.format("nsq").mode("append").option(
+        "nsqdTcpAddresses", nsqd_proc.tcp_address
+    ).save()
+    assert nsqd_proc.topic_stats("quarter")["message_count"] == 25  # type: ignore[index]
+    assert nsqd_proc.topic_stats("rest")["message_count"] == 75  # type: ignore[index]
+
+
+def test_stream_nsq_to_nsq(spark: Any, nsqd_proc: NsqdProcess, tmp_path: Path) -> None:
+    n = 2000
+    nsqd_proc.publish("in", [b"%d" % i for i in range(n)])
+    df = read_stream(spark, topic="in", channel="c", nsqdTcpAddresses=nsqd_proc.tcp_address)
+    q = (
+        df.selectExpr("concat(cast(body as string), '!') as body")
+        .writeStream.format("nsq")
+        .option("topic", "out")
+        .option("nsqdTcpAddresses", nsqd_proc.tcp_address)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(QUERY_TIMEOUT)
+    finally:
+        q.stop()
+    assert sorted(consume_all(nsqd_proc, "out", n)) == sorted(b"%d!" % i for i in range(n))
+    nsqd_proc.wait_drained("in", "c")
+
+
+def test_sink_bad_rows(spark: Any, nsqd_proc: NsqdProcess) -> None:
+    def write(df: Any, **options: str) -> None:
+        w = df.write.format("nsq").mode("append").option("nsqdTcpAddresses", nsqd_proc.tcp_address)
+        for k, v in options.items():
+            w = w.option(k, v)
+        w.save()
+
+    one_part = spark.range(10).coalesce(1)
+    nulls = one_part.selectExpr("if(id = 7, null, cast(id as string)) as body")
+    with pytest.raises(Exception, match="row 7 of partition 0: column 'body' is null"):
+        write(nulls, topic="bad")
+    big = one_part.selectExpr("if(id = 3, repeat('x', 200), 'ok') as body")
+    with pytest.raises(
+        Exception, match="row 3 of partition 0: body is 200 bytes, over the maxMsgSize of 100"
+    ):
+        write(big, topic="bad", maxMsgSize="100")
+    write(big, topic="skip", maxMsgSize="100", oversize="skip")
+    assert nsqd_proc.topic_stats("skip")["message_count"] == 9  # type: ignore[index]
+    with pytest.raises(Exception, match="'topic' is required"):
+        write(one_part.selectExpr("'x' as body"))
+    with pytest.raises(Exception, match="'body'"):
+        write(one_part.selectExpr("id"), topic="t")
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(Exception, match=f"cannot connect to nsqd {dead}"):
+        one_part.selectExpr("'x' as body").write.format("nsq").mode("append").option(
+            "nsqdTcpAddresses", dead
+        ).option("topic", "t").option("maxRetries", "1").option("retryBackoffMs", "1").save()
