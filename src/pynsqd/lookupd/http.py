@@ -10,18 +10,14 @@ Go's map order is random; lists here are sorted so that answers are stable.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
 
 from .. import NSQD_VERSION
-from ..http import debug
 from ..http.api import HTTPError, Params
-from ..http.server import TEXT_TYPE, respond_plain, respond_v1
+from ..http.router import Router
 from ..protocol.names import is_valid_name
 from ..server.listener import format_address, listen
 from .registration_db import Registration, filter_by_active
@@ -32,9 +28,6 @@ if TYPE_CHECKING:
     from .nsqlookupd import NSQLookupd
 
 log = logging.getLogger("pynsqd.lookupd")
-
-Kind = Literal["v1", "plain", "raw"]
-Handler = Callable[[BaseRequest, Params], Awaitable[Any]]
 
 
 def _topic_channel_args(params: Params) -> tuple[str, str]:
@@ -59,21 +52,15 @@ def _topic_arg(params: Params) -> str:
     return topic
 
 
-def _text_response(text: str) -> Response:
-    resp = Response(status=200, body=text.encode())
-    resp.headers["Content-Type"] = TEXT_TYPE
-    return resp
-
-
-class LookupdHTTP:
+class LookupdHTTP(Router):
     def __init__(self, lookupd: NSQLookupd) -> None:
+        super().__init__(log)
         self.lookupd = lookupd
         self.db = lookupd.db
         self.address = ""
         self._web: web_server.Server | None = None
         self._server: asyncio.Server | None = None
-        self.routes: dict[str, dict[str, tuple[Kind, Handler]]] = {}
-        add = self._add
+        add = self.add
         add("GET", "/ping", "plain", self.ping)
         add("GET", "/info", "v1", self.info)
         add("GET", "/debug", "v1", self.debug)
@@ -86,23 +73,13 @@ class LookupdHTTP:
         add("POST", "/channel/create", "v1", self.channel_create)
         add("POST", "/channel/delete", "v1", self.channel_delete)
         add("POST", "/topic/tombstone", "v1", self.topic_tombstone)
-        add("GET", "/debug/pprof", "raw", _text(lambda r, p: debug.index()))
-        add("GET", "/debug/pprof/cmdline", "raw", _text(lambda r, p: debug.cmdline()))
-        add("GET", "/debug/pprof/symbol", "raw", _text(lambda r, p: debug.symbol(r.method)))
-        add("POST", "/debug/pprof/symbol", "raw", _text(lambda r, p: debug.symbol(r.method)))
-        add("GET", "/debug/pprof/heap", "raw", _text(lambda r, p: debug.heap()))
-        add("GET", "/debug/pprof/goroutine", "raw", _text(lambda r, p: debug.goroutine()))
-        add("GET", "/debug/pprof/block", "raw", _text(lambda r, p: debug.block()))
-        add("GET", "/debug/pprof/threadcreate", "raw", _text(lambda r, p: debug.threadcreate()))
-
-    def _add(self, method: str, path: str, kind: Kind, handler: Handler) -> None:
-        self.routes.setdefault(path, {})[method] = (kind, handler)
+        self.add_pprof_routes("/debug/pprof")  # no trailing slash, unlike nsqd
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str) -> None:
         loop = self.lookupd.loop
-        self._web = web_server.Server(self._handle, loop=loop, access_log=None, lingering_time=1.0)
+        self._web = web_server.Server(self.handle, loop=loop, access_log=None, lingering_time=1.0)
         self._server = await listen(loop, self._web, address)
         self.address = format_address(self._server.sockets[0])
         log.info("HTTP: listening on %s", self.address)
@@ -118,47 +95,6 @@ class LookupdHTTP:
             self._server = None
 
     # -- requests -------------------------------------------------------------------------
-
-    async def _handle(self, request: BaseRequest) -> StreamResponse:
-        started = time.perf_counter()
-        resp = await self._dispatch(request)
-        elapsed = (time.perf_counter() - started) * 1e6
-        log.info(
-            "%d %s %s (%s) %.3fµs",
-            resp.status,
-            request.method,
-            request.raw_path,
-            request.remote,
-            elapsed,
-        )
-        return resp
-
-    async def _dispatch(self, request: BaseRequest) -> StreamResponse:
-        methods = self.routes.get(request.path)
-        if methods is None:
-            return respond_v1(404, "NOT_FOUND")
-        route = methods.get(request.method)
-        if route is None:
-            resp = respond_v1(405, "METHOD_NOT_ALLOWED")
-            resp.headers["Allow"] = ", ".join(sorted(methods))
-            return resp
-        kind, handler = route
-        params = Params(request.rel_url.raw_query_string)
-        try:
-            data = await handler(request, params)
-        except HTTPError as err:
-            if kind == "plain":
-                return respond_plain(err.code, err.text)
-            return respond_v1(err.code, err.text)
-        except Exception:
-            log.exception("HTTP: internal error in %s %s", request.method, request.path)
-            return respond_v1(500, "INTERNAL_ERROR")
-        if kind == "v1":
-            return respond_v1(200, data)
-        if kind == "plain":
-            return respond_plain(200, data)
-        assert isinstance(data, StreamResponse)
-        return data
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -282,10 +218,3 @@ class LookupdHTTP:
         for r in regs:
             self.db.remove_registration(r)
         return None
-
-
-def _text(fn: Callable[[BaseRequest, Params], str]) -> Handler:
-    async def handler(request: BaseRequest, params: Params) -> Any:
-        return _text_response(fn(request, params))
-
-    return handler

@@ -1,0 +1,188 @@
+"""The router nsqd and nsqlookupd share (``julienschmidt/httprouter`` as their http.go uses it).
+
+An exact path and method table: a known path with another method is 405
+``{"message":"METHOD_NOT_ALLOWED"}`` (with ``Allow``), anything else 404
+``{"message":"NOT_FOUND"}``.
+A handler returns data, rendered by its route's kind — ``v1`` (``http_api.RespondV1``),
+``plain`` (``PlainText``) or ``raw`` (a ready response) — or raises ``HTTPError``. Any other
+exception is logged and answered 500 ``INTERNAL_ERROR``; no traceback reaches the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
+
+from . import debug
+from .api import HTTPError, Params
+
+V1_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
+JSON_TYPE = "application/json; charset=utf-8"
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+Kind = Literal["v1", "plain", "raw"]
+Handler = Callable[[BaseRequest, Params], Awaitable[Any]]
+Methods = dict[str, tuple[Kind, Handler]]
+
+
+def _json(data: Any) -> bytes:
+    # Go's json.Marshal: compact, and <, > and & escaped.
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text.encode()
+
+
+def respond_v1(code: int, data: Any) -> Response:
+    """nsqd's ``RespondV1``: raw str/bytes, empty for None, JSON otherwise; errors as JSON."""
+    content_type: str | None = None
+    if code == 200:
+        if isinstance(data, str):
+            body = data.encode("utf-8", "surrogateescape")
+        elif isinstance(data, bytes):
+            body = data
+        elif data is None:
+            body = b""
+        else:
+            body, content_type = _json(data), JSON_TYPE
+    else:
+        body, content_type = _json({"message": str(data)}), JSON_TYPE
+    return _response(code, body, content_type, v1=True)
+
+
+def _response(code: int, body: bytes, content_type: str | None, *, v1: bool) -> Response:
+    resp = Response(status=code, body=body)
+    if content_type is None:
+        # Go sniffs a written body (text here) and sends no Content-Type for an empty one.
+        if body:
+            resp.headers["Content-Type"] = TEXT_TYPE
+        else:
+            resp.headers.popall("Content-Type", None)
+    else:
+        resp.headers["Content-Type"] = content_type
+    if v1:
+        resp.headers[V1_HEADER[0]] = V1_HEADER[1]
+    return resp
+
+
+def respond_plain(code: int, text: str) -> Response:
+    return _response(code, text.encode("utf-8", "surrogateescape"), None, v1=False)
+
+
+def text_response(text: str) -> Response:
+    resp = Response(status=200, body=text.encode())
+    resp.headers["Content-Type"] = TEXT_TYPE
+    return resp
+
+
+def text_handler(fn: Callable[[BaseRequest, Params], str]) -> Handler:
+    async def handler(request: BaseRequest, params: Params) -> Any:
+        return text_response(fn(request, params))
+
+    return handler
+
+
+def sync_handler(fn: Callable[[BaseRequest, Params], Any]) -> Handler:
+    async def handler(request: BaseRequest, params: Params) -> Any:
+        return fn(request, params)
+
+    return handler
+
+
+def peer(request: BaseRequest) -> str:
+    """The client's ``host:port`` (Go's ``RemoteAddr``)."""
+    addr = request.transport.get_extra_info("peername") if request.transport else None
+    if isinstance(addr, tuple):
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(request.remote or "")
+
+
+class Router:
+    """Routes, dispatch and the request log line; subclasses add routes and hooks."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.routes: dict[str, Methods] = {}
+        self._log = logger
+
+    def add(self, method: str, path: str, kind: Kind, handler: Handler) -> None:
+        self.routes.setdefault(path, {})[method] = (kind, handler)
+
+    def add_pprof_routes(self, index_path: str) -> None:
+        """Python stand-ins for Go's ``/debug/pprof`` pages."""
+        add = self.add
+        add("GET", index_path, "raw", text_handler(lambda r, p: debug.index()))
+        add("GET", "/debug/pprof/cmdline", "raw", text_handler(lambda r, p: debug.cmdline()))
+        for method in ("GET", "POST"):
+            add(
+                method,
+                "/debug/pprof/symbol",
+                "raw",
+                text_handler(lambda r, p: debug.symbol(r.method)),
+            )
+        add("GET", "/debug/pprof/heap", "raw", text_handler(lambda r, p: debug.heap()))
+        add("GET", "/debug/pprof/goroutine", "raw", text_handler(lambda r, p: debug.goroutine()))
+        add("GET", "/debug/pprof/block", "raw", text_handler(lambda r, p: debug.block()))
+        add(
+            "GET",
+            "/debug/pprof/threadcreate",
+            "raw",
+            text_handler(lambda r, p: debug.threadcreate()),
+        )
+
+    def find_route(self, path: str) -> Methods | None:
+        """The methods served at ``path`` (subclasses add parameterised paths)."""
+        return self.routes.get(path)
+
+    def gate(self, request: BaseRequest) -> StreamResponse | None:
+        """A response that pre-empts routing (nsqd's TLS-required 403), or None."""
+        return None
+
+    async def handle(self, request: BaseRequest) -> StreamResponse:
+        started = time.perf_counter()
+        resp = await self.dispatch(request)
+        elapsed = (time.perf_counter() - started) * 1e6
+        self._log.info(
+            "%d %s %s (%s) %.3fµs",
+            resp.status,
+            request.method,
+            request.raw_path,
+            peer(request),
+            elapsed,
+        )
+        return resp
+
+    async def dispatch(self, request: BaseRequest) -> StreamResponse:
+        gated = self.gate(request)
+        if gated is not None:
+            return gated
+        methods = self.find_route(request.path)
+        if methods is None:
+            return respond_v1(404, "NOT_FOUND")
+        route = methods.get(request.method)
+        if route is None:
+            resp = respond_v1(405, "METHOD_NOT_ALLOWED")
+            resp.headers["Allow"] = ", ".join(sorted(methods))
+            return resp
+        kind, handler = route
+        params = Params(request.rel_url.raw_query_string)
+        try:
+            data = await handler(request, params)
+        except HTTPError as err:
+            if kind == "v1":
+                return respond_v1(err.code, err.text)
+            return respond_plain(err.code, err.text)
+        except Exception:
+            self._log.exception("HTTP: internal error in %s %s", request.method, request.path)
+            return respond_v1(500, "INTERNAL_ERROR")
+        if kind == "v1":
+            return respond_v1(200, data)
+        if kind == "plain":
+            return respond_plain(200, data)
+        assert isinstance(data, StreamResponse)
+        return data
