@@ -11,6 +11,9 @@ Modes (``all`` runs them in this order):
 - reader: N connections SUB with RDY --rdy and FIN every message, draining the writer's backlog.
 - pubsub: writers and readers at once on a fresh topic.
 - pub: one connection, PUB one message and wait for OK; prints latency percentiles.
+
+--tls, --snappy and --deflate make every connection negotiate them after IDENTIFY (for the nsqd
+it starts, --tls makes a throwaway certificate with trustme), to compare with plain TCP.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,13 +46,93 @@ def _connect(addr: tuple[str, int]) -> socket.socket:
     return s
 
 
-def _identify(s: socket.socket, data: dict[str, Any]) -> None:
+#: --tls / --snappy / --deflate: what every connection negotiates (set in main, kept by fork).
+FEATURES: dict[str, Any] = {}
+
+
+class _Compressed:
+    """snappy (framed) or raw DEFLATE over a plain or TLS socket; recv never over-returns."""
+
+    def __init__(self, sock: Any, kind: str, level: int = 6) -> None:
+        self._sock = sock
+        self._buf = b""
+        if kind == "snappy":
+            import cramjam
+
+            self._dec: Any = _SnappyStream()
+            self._enc = lambda data: bytes(cramjam.snappy.compress(data))
+        else:
+            comp = zlib.compressobj(level, zlib.DEFLATED, -15)
+            self._dec = zlib.decompressobj(-15)
+            self._enc = lambda data: comp.compress(data) + comp.flush(zlib.Z_SYNC_FLUSH)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(self._enc(data))
+
+    def recv(self, n: int) -> bytes:
+        while not self._buf:
+            raw = self._sock.recv(max(n, 65536))
+            if not raw:
+                return b""
+            self._buf = self._dec.decompress(raw)
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def settimeout(self, t: float | None) -> None:
+        self._sock.settimeout(t)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _SnappyStream:
+    """A framed-snappy stream decoder for the bench client (whole chunks to cramjam)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def decompress(self, data: bytes) -> bytes:
+        import cramjam
+
+        buf = self._buf + data
+        pos = 0
+        while len(buf) - pos >= 4:
+            length = int.from_bytes(buf[pos + 1 : pos + 4], "little")
+            if len(buf) - pos - 4 < length:
+                break
+            pos += 4 + length
+        self._buf = buf[pos:]
+        if not pos:
+            return b""
+        chunks = buf[:pos]
+        if not chunks.startswith(b"\xff\x06\x00\x00sNaPpY"):
+            chunks = b"\xff\x06\x00\x00sNaPpY" + chunks
+        return bytes(cramjam.snappy.decompress(chunks))
+
+
+def _identify(s: Any, data: dict[str, Any]) -> Any:
+    """IDENTIFY, then the upgrades --tls/--snappy/--deflate ask for; returns the socket to use."""
+    data = {**data, **{k: v for k, v in FEATURES.items() if k != "ca_file"}}
+    if FEATURES:
+        data["feature_negotiation"] = True
     body = json.dumps(data).encode()
     s.sendall(b"IDENTIFY\n" + _LEN.pack(len(body)) + body)
-    _read_response(s)
+    reply = _read_response(s)
+    if not FEATURES:
+        return s
+    features = json.loads(reply)
+    if features.get("tls_v1"):
+        ctx = ssl.create_default_context(cafile=FEATURES.get("ca_file"))
+        s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
+        _read_response(s)
+    for kind in ("snappy", "deflate"):
+        if features.get(kind):
+            s = _Compressed(s, kind, features.get("deflate_level", 6))
+            _read_response(s)
+    return s
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
+def _recv_exact(s: Any, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = s.recv(n - len(buf))
@@ -57,7 +142,7 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _read_response(s: socket.socket) -> bytes:
+def _read_response(s: Any) -> bytes:
     while True:
         size, ftype = _FRAME.unpack(_recv_exact(s, 8))
         data = _recv_exact(s, size - 4)
@@ -69,8 +154,7 @@ def _read_response(s: socket.socket) -> bytes:
 
 
 def writer(addr: tuple[str, int], topic: str, size: int, batch: int, deadline: float) -> int:
-    s = _connect(addr)
-    _identify(s, {})
+    s = _identify(_connect(addr), {})
     body = b"a" * size
     payload = b"".join(_LEN.pack(size) + body for _ in range(batch))
     cmd = f"MPUB {topic}\n".encode() + _LEN.pack(len(payload) + 4) + _LEN.pack(batch) + payload
@@ -88,8 +172,7 @@ def reader(
     addr: tuple[str, int], topic: str, channel: str, rdy: int, deadline: float, idle_exit: bool
 ) -> tuple[int, float]:
     """FIN everything until the deadline (or, with idle_exit, until 1 s without messages)."""
-    s = _connect(addr)
-    _identify(s, {"feature_negotiation": True, "output_buffer_timeout": 250})
+    s = _identify(_connect(addr), {"feature_negotiation": True, "output_buffer_timeout": 250})
     s.sendall(f"SUB {topic} {channel}\n".encode())
     _read_response(s)
     s.sendall(b"RDY %d\n" % rdy)
@@ -132,8 +215,7 @@ def reader(
 
 
 def pub_latency(addr: tuple[str, int], topic: str, size: int, deadline: float) -> list[float]:
-    s = _connect(addr)
-    _identify(s, {})
+    s = _identify(_connect(addr), {})
     body = b"a" * size
     cmd = f"PUB {topic}\n".encode() + _LEN.pack(size) + body
     lat: list[float] = []
@@ -173,6 +255,20 @@ def _start_nsqd(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], tupl
     raise RuntimeError("nsqd did not start")
 
 
+def _make_certs(directory: str) -> tuple[str, str]:
+    """A throwaway CA and server certificate for 127.0.0.1 (trustme, a dev dependency)."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    ca_file = os.path.join(directory, "ca.pem")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    ca.cert_pem.write_to_path(ca_file)
+    server.cert_chain_pems[0].write_to_path(cert)
+    server.private_key_pem.write_to_path(key)
+    return ca_file, f"--tls-cert={cert} --tls-key={key}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--mode", default="all", choices=["all", "writer", "reader", "pubsub", "pub"])
@@ -186,7 +282,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nsqd-tcp-address", default="", help="use a running nsqd (host:port)")
     p.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
+    p.add_argument("--tls", action="store_true", help="upgrade every connection to TLS")
+    p.add_argument("--tls-ca-file", default="", help="CA for --tls with --nsqd-tcp-address")
+    p.add_argument("--snappy", action="store_true", help="negotiate snappy compression")
+    p.add_argument("--deflate", action="store_true", help="negotiate deflate compression")
+    p.add_argument("--deflate-level", type=int, default=6)
     args = p.parse_args(argv)
+    cert_dir = None
+    if args.tls:
+        FEATURES["tls_v1"] = True
+        if args.tls_ca_file:
+            FEATURES["ca_file"] = args.tls_ca_file
+        elif not args.nsqd_tcp_address:
+            cert_dir = tempfile.mkdtemp(prefix="pynsqd-bench-certs-")
+            FEATURES["ca_file"], flags = _make_certs(cert_dir)
+            args.nsqd_args = f"{args.nsqd_args} {flags}"
+    if args.snappy:
+        FEATURES["snappy"] = True
+    if args.deflate:
+        FEATURES["deflate"] = True
+        FEATURES["deflate_level"] = args.deflate_level
 
     proc = None
     data_dir = None
@@ -241,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(timeout=30)
         if data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
+        if cert_dir:
+            shutil.rmtree(cert_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(results))
     return 0
