@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 
 from .. import NSQD_VERSION
+from ..server import lifecycle
 from ..server.listener import format_address, listen, split_host_port
 from .http import LookupdHTTP
 from .options import LookupdOptions
@@ -73,26 +73,4 @@ class NSQLookupd:
 
 def run(opts: LookupdOptions) -> int:
     """Run nsqlookupd until SIGTERM or SIGINT; the console script's body."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
-    return runner(_serve(opts))
-
-
-async def _serve(opts: LookupdOptions) -> int:
-    loop = asyncio.get_running_loop()
-    lookupd = NSQLookupd(opts, loop)
-    try:
-        await lookupd.start()
-    except OSError as err:
-        log.critical("failed to listen - %s", err)
-        return 1
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await lookupd.stop()
-    return 0
+    return lifecycle.run(lambda loop: NSQLookupd(opts, loop), "nsqlookupd", log)

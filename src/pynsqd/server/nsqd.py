@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import ssl
 import time
@@ -26,15 +25,15 @@ from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (
     ChannelMeta,
     DirLock,
-    DirLockError,
     TopicMeta,
     read_metadata,
     write_metadata,
 )
+from . import lifecycle
 from .auth import AuthClient
 from .listener import format_address, listen
 from .lookup import Lookup
-from .tls import TLSConfigError, server_context
+from .tls import server_context
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -363,29 +362,4 @@ class NSQD:
 
 def run(opts: Options) -> int:
     """Run nsqd until SIGTERM or SIGINT; the console script's body."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
-    return runner(_serve(opts))
-
-
-async def _serve(opts: Options) -> int:
-    loop = asyncio.get_running_loop()
-    nsqd = NSQD(opts, loop)
-    try:
-        await nsqd.start()
-    except (DirLockError, TLSConfigError) as err:
-        log.critical("failed to start nsqd - %s", err)
-        return 1
-    except OSError as err:
-        log.critical("failed to listen on %s - %s", opts.tcp_address, err)
-        return 1
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await nsqd.stop()
-    return 0
+    return lifecycle.run(lambda loop: NSQD(opts, loop), "nsqd", log)

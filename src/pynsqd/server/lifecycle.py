@@ -1,0 +1,46 @@
+"""Process lifecycle shared by nsqd and nsqlookupd: start, run until SIGTERM/SIGINT, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def run(
+    make: Callable[[asyncio.AbstractEventLoop], Service], name: str, log: logging.Logger
+) -> int:
+    """Run the service made by ``make`` on uvloop (when installed) until a signal; exit code."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    return runner(_serve(make, name, log))
+
+
+async def _serve(
+    make: Callable[[asyncio.AbstractEventLoop], Service], name: str, log: logging.Logger
+) -> int:
+    loop = asyncio.get_running_loop()
+    service = make(loop)
+    try:
+        await service.start()
+    except Exception as err:  # bind errors, the data-dir lock, TLS files: one line, no traceback
+        log.critical("failed to start %s - %s", name, err)
+        log.debug("startup failure", exc_info=True)
+        return 1
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.stop()
+    return 0
