@@ -1,0 +1,227 @@
+"""Throughput of the PySpark nsq connector: source and sink rows/s (200-byte messages).
+
+    .venv/bin/python bench/spark_bench.py [--rows 500000] [--size 200] [--mode all|source|sink]
+
+Starts its own pynsqd (default flags, temporary data dir) unless --nsqd-tcp-address is given,
+and one SparkSession ``local[2]`` (as on the 2-core CI machine).
+
+- source: publishes --rows messages first, then drains them with
+  ``readStream.format("nsq")`` → ``noop`` sink, ``Trigger.AvailableNow``. Reports the whole run
+  (query start to end, Spark start-up excluded) and the steady state (sum of the micro-batches'
+  rows / their trigger durations, without the first batch, which includes Python worker start).
+- sink: ``df.write.format("nsq")`` of --rows cached rows (binary body of --size bytes), and the
+  same through ``writeStream`` (rate of the whole query).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def start_nsqd(data: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, str]:
+    log = data / "nsqd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "nsqd"),
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                f"--data-path={data}",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        tcp = re.search(r"TCP: listening on (\S+)", text)
+        http = re.search(r"HTTP: listening on (\S+)", text)
+        if tcp and http:
+            return proc, tcp.group(1), http.group(1)
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"nsqd did not start:\n{log.read_text()}")
+
+
+def topic_count(http: str, topic: str) -> int:
+    with urllib.request.urlopen(f"http://{http}/stats?format=json&topic={topic}") as r:
+        topics = json.loads(r.read()).get("topics") or []
+    return sum(t["message_count"] for t in topics if t["topic_name"] == topic)
+
+
+def prefill(address: str, topic: str, rows: int, size: int) -> float:
+    from pynsqd_spark.client import Connection
+
+    t0 = time.perf_counter()
+    with Connection(address).connect() as c:
+        # The channel first, so that every message is queued for it.
+        c.request(f"SUB {topic} bench\n".encode())
+    batch = 5000
+    with Connection(address).connect() as c:
+        for start in range(0, rows, batch):
+            n = min(batch, rows - start)
+            c.mpub(topic, [b"%010d" % (start + i) + b"x" * (size - 10) for i in range(n)])
+    return time.perf_counter() - t0
+
+
+def bench_source(
+    spark: Any, address: str, rows: int, size: int, batch: int, work: Path
+) -> dict[str, Any]:
+    topic = "bench_source"
+    pub_s = prefill(address, topic, rows, size)
+    df = (
+        spark.readStream.format("nsq")
+        .option("topic", topic)
+        .option("channel", "bench")
+        .option("nsqdTcpAddresses", address)
+        .option("maxMessagesPerBatch", str(batch))
+        .load()
+    )
+    t0 = time.perf_counter()
+    q = (
+        df.writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(work / "ck-source"))
+        .start()
+    )
+    q.awaitTermination(600)
+    wall = time.perf_counter() - t0
+    progress = q.recentProgress
+    q.stop()
+    got = sum(p["numInputRows"] for p in progress)
+    data = [p for p in progress if p["numInputRows"]]
+    steady = data[1:] or data
+    steady_rows = sum(p["numInputRows"] for p in steady)
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    return {
+        "mode": "source",
+        "rows": got,
+        "prefill_rows_per_s": rows / pub_s,
+        "wall_s": wall,
+        "rows_per_s_wall": got / wall,
+        "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
+        "batches": len(data),
+    }
+
+
+def bench_sink(
+    spark: Any, address: str, http: str, rows: int, size: int, work: Path
+) -> list[dict[str, Any]]:
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.range(rows, numPartitions=2)
+        .select(
+            F.concat(F.lpad(F.col("id").cast("string"), 10, "0"), F.lit("x" * (size - 10)))
+            .cast("binary")
+            .alias("body")
+        )
+        .cache()
+    )
+    df.count()
+    out = []
+    t0 = time.perf_counter()
+    df.write.format("nsq").mode("append").option("topic", "bench_sink").option(
+        "nsqdTcpAddresses", address
+    ).save()
+    s = time.perf_counter() - t0
+    assert topic_count(http, "bench_sink") == rows, "sink lost messages"
+    out.append({"mode": "sink (batch write)", "rows": rows, "wall_s": s, "rows_per_s": rows / s})
+
+    # Streaming: the same rows through writeStream (a file source of the cached rows' Parquet).
+    src = work / "sink-src"
+    df.write.parquet(str(src))
+    sdf = spark.readStream.schema(df.schema).parquet(str(src))
+    t0 = time.perf_counter()
+    q = (
+        sdf.writeStream.format("nsq")
+        .option("topic", "bench_sink_stream")
+        .option("nsqdTcpAddresses", address)
+        .option("checkpointLocation", str(work / "ck-sink"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(600)
+    s = time.perf_counter() - t0
+    progress = q.recentProgress
+    q.stop()
+    assert topic_count(http, "bench_sink_stream") == rows, "stream sink lost messages"
+    data = [p for p in progress if p["numInputRows"]]
+    batch_s = sum(p["durationMs"]["triggerExecution"] for p in data) / 1000
+    out.append(
+        {
+            "mode": "sink (writeStream)",
+            "rows": rows,
+            "wall_s": s,
+            "rows_per_s": rows / s,
+            "rows_per_s_batches": rows / batch_s if batch_s else 0.0,
+        }
+    )
+    df.unpersist()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=500_000)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=50_000, help="source maxMessagesPerBatch")
+    ap.add_argument("--mode", choices=["all", "source", "sink"], default="all")
+    ap.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    work = Path(tempfile.mkdtemp(prefix="nsq-spark-bench-"))
+    (work / "nsqd").mkdir()
+    proc, address, http = start_nsqd(work / "nsqd", args.nsqd_args.split())
+    from pyspark.sql import SparkSession
+
+    from pynsqd_spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    results: list[dict[str, Any]] = []
+    try:
+        if args.mode in ("all", "sink"):
+            results += bench_sink(spark, address, http, args.rows, args.size, work)
+        if args.mode in ("all", "source"):
+            results.append(bench_source(spark, address, args.rows, args.size, args.batch, work))
+    finally:
+        spark.stop()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    for r in results:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(
+                "  ".join(
+                    f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
+                )
+            )
+
+
+if __name__ == "__main__":
+    main()
