@@ -22,8 +22,9 @@ from .message import Message
 from .queue import MessageQueue
 from .timed_queue import Scheduler
 
-#: Messages moved from a topic's backlog to its channels per loop turn.
-DRAIN_BATCH = 4096
+#: Messages moved from a topic's backlog to its channels per loop turn: about a millisecond of
+#: work, so that a large backlog never delays other clients' commands by more than that.
+DRAIN_BATCH = 1024
 
 
 class TopicOwner(Protocol):
