@@ -19,9 +19,16 @@ from pynsqd.protocol.frames import (
 
 
 class Conn:
-    def __init__(self, address: tuple[str, int], *, magic: bytes = b"  V2", timeout: float = 5):
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(
+        self, address: tuple[str, int] | str, *, magic: bytes = b"  V2", timeout: float = 5
+    ):
+        if isinstance(address, str):  # a unix socket path
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(address)
+        else:
+            self.sock = socket.create_connection(address, timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = FrameReader()
         self._pending: list[Frame] = []
         if magic:

@@ -337,3 +337,38 @@ def test_pynsq_with_auth_secret(server: ServerThread, authd: AuthServer) -> None
         for r in authd.requests
     }
     assert secrets == {"pynsq-secret"}
+
+
+def test_gnsq_with_auth_secret(server: ServerThread, authd: AuthServer) -> None:
+    gevent = pytest.importorskip("gevent")
+    import gnsq
+
+    addr = f"127.0.0.1:{server.tcp_port}"
+    received: list[bytes] = []
+    consumer = gnsq.Consumer(
+        "allowed", "gnsq", nsqd_tcp_addresses=[addr], auth_secret=b"gnsq-secret"
+    )
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        received.append(message.body)
+
+    producer = gnsq.Producer([addr], auth_secret=b"gnsq-secret")
+    try:
+        with gevent.Timeout(30):
+            producer.start()
+            consumer.start(block=False)
+            assert producer.publish("allowed", b"hello") == b"OK"
+            while not received:
+                gevent.sleep(0.01)
+    finally:
+        producer.close()
+        consumer.close()
+        producer.join(timeout=5)
+        consumer.join(timeout=5)
+    assert received == [b"hello"]
+    secrets = {
+        dict(parse_qsl(urlsplit(r["path"]).query, keep_blank_values=True))["secret"]
+        for r in authd.requests
+    }
+    assert secrets == {"gnsq-secret"}
