@@ -21,6 +21,7 @@ demo runs one query start to finish, so the totals must match exactly.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -102,6 +103,7 @@ def main() -> None:
     if not address:
         (work / "nsqd").mkdir()
         proc, address = start_nsqd(work / "nsqd")
+        atexit.register(proc.terminate)  # also when the job fails
         print(f"pynsqd listening on {address} (data in {work / 'nsqd'})")
 
     from pyspark.sql import SparkSession

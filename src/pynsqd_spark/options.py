@@ -173,7 +173,9 @@ class SourceOptions:
             available_now_idle_ms=o.integer("availableNowIdleMs", 1000, 0),
             available_now_clock_skew_ms=o.integer("availableNowClockSkewMs", 1000, 0),
             max_messages_per_partition=o.integer("maxMessagesPerPartition", 50000, 1),
-            max_bytes_per_partition=o.integer("maxBytesPerPartition", 8 * 1024 * 1024, 1),
+            max_bytes_per_partition=min(
+                o.integer("maxBytesPerPartition", 8 * 1024 * 1024, 1), 1 << 30
+            ),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,11 @@ def check_schema(schema: StructType, opts: SinkOptions) -> None:
 
 
 class Publisher:
-    """MPUBs chunks with pipelining, retries on a fresh connection and failover across nodes."""
+    """MPUBs chunks with pipelining, retries on a fresh connection and failover across nodes.
+
+    Chunks stay in ``_outstanding`` until nsqd's OK for them arrives (responses come in order);
+    after a failure all of them are sent again on a new connection.
+    """
 
     def __init__(self, opts: SinkOptions, start_index: int = 0) -> None:
         self.opts = opts
@@ -85,6 +90,8 @@ class Publisher:
         self._conn: Connection | None = None
         self.retries = 0
         self.used: list[str] = []
+        #: (topic, chunk) sent (or about to be) and not yet acknowledged, in order
+        self._outstanding: deque[tuple[str, list[bytes]]] = deque()
 
     def nodes(self, topic: str) -> list[str]:
         if self._nodes is None:
@@ -128,22 +135,41 @@ class Publisher:
             self._conn = None
 
     def publish(self, topic: str, chunks: Sequence[list[bytes]]) -> None:
-        """Publish every chunk (one MPUB each); NsqSinkError once the retries are used up."""
-        done = 0
+        """Send one MPUB per chunk, keeping at most ``pipelineDepth`` unacknowledged.
+
+        Call :meth:`flush` at the end to wait for the rest. NsqSinkError once the retries
+        are used up.
+        """
+        for chunk in chunks:
+            self._outstanding.append((topic, chunk))
+            self._run(encode.mpub(topic, chunk), self.opts.pipeline)
+
+    def flush(self) -> None:
+        """Wait until nsqd acknowledged every chunk."""
+        self._run(None, 0)
+
+    def _run(self, send: bytes | None, keep: int) -> None:
         failures = 0
-        depth = self.opts.pipeline
-        while done < len(chunks):
+        resend = False
+        while True:
             try:
-                conn = self._connection(topic)
-                while done < len(chunks):
-                    window = chunks[done : done + depth]
-                    conn.send(b"".join([encode.mpub(topic, c) for c in window]))
-                    for _ in window:
-                        conn.read_response()
-                        done += 1
-                        failures = 0
+                if resend:
+                    conn = self._connection(self._outstanding[0][0])
+                    data = b"".join([encode.mpub(t, c) for t, c in self._outstanding])
+                    conn.send(data)
+                    resend = False
+                elif send is not None:
+                    self._connection(self._outstanding[-1][0]).send(send)
+                send = None
+                while len(self._outstanding) > keep:
+                    assert self._conn is not None
+                    self._conn.read_response()
+                    self._outstanding.popleft()
+                    failures = 0
+                return
             except (NsqConnectionError, OSError, NsqError) as e:
                 self.close()
+                topic = self._outstanding[0][0]
                 if isinstance(e, NsqError) and e.code not in RETRIABLE_ERRORS:
                     raise NsqSinkError(f"publishing to topic {topic!r} failed: {e}") from e
                 failures += 1
@@ -157,6 +183,9 @@ class Publisher:
                 backoff = self.opts.retry_backoff_ms / 1000 * 2 ** (failures - 1)
                 log.warning("nsq sink: %s; retry %d in %.2fs", e, failures, backoff)
                 time.sleep(backoff)
+                # Everything not acknowledged goes again on the new connection.
+                resend = True
+                send = None
 
 
 def chunk_bodies(
@@ -202,6 +231,7 @@ class _WriterBase:
                     msg.messages += len(bodies)
                     msg.bytes += sum(lengths)
                 row_base += rb.num_rows
+            pub.flush()
         finally:
             pub.close()
         msg.retries = pub.retries

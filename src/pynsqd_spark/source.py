@@ -11,10 +11,12 @@ batch (at-least-once).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import sys
 import time
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,19 +103,30 @@ def build_partitions(
 
 
 def _split(bodies: list[bytes], max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` ranges of at most ``max_messages`` and ``max_bytes`` (at least one each)."""
     n = len(bodies)
-    if n <= max_messages and sum(map(len, bodies)) <= max_bytes:
+    sizes = list(itertools.accumulate(map(len, bodies)))
+    if n <= max_messages and (not sizes or sizes[-1] <= max_bytes):
         return [(0, n)]
     bounds: list[tuple[int, int]] = []
     lo = 0
-    size = 0
-    for i, b in enumerate(bodies):
-        if i > lo and (i - lo >= max_messages or size + len(b) > max_bytes):
-            bounds.append((lo, i))
-            lo, size = i, 0
-        size += len(b)
-    bounds.append((lo, n))
+    while lo < n:
+        base = sizes[lo - 1] if lo else 0
+        hi = min(bisect.bisect_right(sizes, base + max_bytes, lo), lo + max_messages)
+        hi = max(hi, lo + 1)
+        bounds.append((lo, hi))
+        lo = hi
     return bounds
+
+
+def _binary_array(values: list[bytes]) -> Any:
+    """``pa.array(values, pa.binary())``, built from two buffers (several times faster)."""
+    offsets = array("i", [0])
+    offsets.extend(itertools.accumulate(map(len, values)))
+    data = b"".join(values)
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 def _record_batch(
@@ -129,7 +142,7 @@ def _record_batch(
     ts_us = pc.divide(pa.array(ts, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(bodies, pa.binary()),
+            _binary_array(bodies),
             pa.array(ids, pa.binary()).view(pa.string()),
             ts_us,
             pa.array(att, pa.int32()),
