@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -96,6 +97,66 @@ class NsqdProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+class LookupdProcess:
+    """``nsqlookupd`` (our console script) on 127.0.0.1 with OS-chosen ports."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "nsqlookupd"),
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                "--broadcast-address=127.0.0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            text = log_path.read_text(errors="replace")
+            tcp = re.search(r"TCP: listening on (\S+)", text)
+            http = re.search(r"HTTP: listening on (\S+)", text)
+            if tcp and http:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nsqlookupd did not start:\n{text}")
+            time.sleep(0.05)
+        self.tcp_address = tcp.group(1)
+        self.http_address = http.group(1)
+
+    def producers(self, topic: str) -> list[str]:
+        url = f"http://{self.http_address}/lookup?topic={topic}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                data = json.loads(resp.read())
+        except urllib.error.HTTPError:
+            return []
+        return sorted(f"{p['broadcast_address']}:{p['tcp_port']}" for p in data["producers"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+HAVE_LOOKUPD = (BIN / "nsqlookupd").exists()
+
+
+@pytest.fixture
+def lookupd(tmp_path: Path) -> Iterator[LookupdProcess]:
+    p = LookupdProcess(tmp_path / "nsqlookupd.log")
+    yield p
+    p.stop()
 
 
 @pytest.fixture

@@ -44,6 +44,23 @@ def wait_until(cond: Any, timeout: float = 10, what: str = "condition") -> None:
         time.sleep(0.02)
 
 
+def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_messages(
+        c: Connection, ts: Any, att: Any, ids: list[bytes], bodies: list[bytes]
+    ) -> None:
+        with lock:
+            got.extend(bodies)
+        c.fin_many(ids)
+
+    with Connection(nsqd.tcp_address).connect() as conn:
+        conn.subscribe(topic, "check", on_messages, rdy=2500)
+        wait_until(lambda: len(got) >= n, 30, f"{n} messages on {topic}")
+    return got
+
+
 def test_parse_address() -> None:
     assert parse_address("h:1") == ("h", 1)
     assert parse_address("h") == ("h", 4150)
@@ -204,6 +221,7 @@ def test_publisher_fails_over_to_the_next_node(nsqd_proc: NsqdProcess) -> None:
     )
     pub = Publisher(opts, start_index=0)
     pub.publish("p", [[b"1", b"2"], [b"3"]])
+    pub.flush()
     pub.close()
     assert pub.retries == 1 and pub.used == [nsqd_proc.tcp_address]
     assert nsqd_proc.topic_stats("p")["message_count"] == 3  # type: ignore[index]

@@ -15,8 +15,8 @@ import pytest
 
 from pynsqd_spark.client import Connection
 
-from .conftest import NsqdProcess
-from .test_client import free_port, wait_until
+from .conftest import HAVE_LOOKUPD, NsqdProcess
+from .test_client import consume_all, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -156,30 +156,40 @@ def test_restart_after_failure_mid_batch(
     nsqd_proc.wait_drained("rs", "c")
 
 
-def test_two_nsqd_nodes_both_read(
-    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+@pytest.mark.skipif(not HAVE_LOOKUPD, reason="no nsqlookupd console script")
+def test_two_nsqd_nodes_behind_nsqlookupd(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], request: Any, tmp_path: Path
 ) -> None:
-    a, b = start_nsqd(), start_nsqd()
+    lookupd = request.getfixturevalue("lookupd")
+    flags = (f"--lookupd-tcp-address={lookupd.tcp_address}", "--broadcast-address=127.0.0.1")
+    a, b = start_nsqd(*flags), start_nsqd(*flags)
     a.publish("multi", [b"a%d" % i for i in range(600)])
     b.publish("multi", [b"b%d" % i for i in range(600)])
+    nodes = sorted([a.tcp_address, b.tcp_address])
+    wait_until(lambda: lookupd.producers("multi") == nodes, 20, "both nsqd registered")
     sink = Collector()
     df = read_stream(
         spark,
         topic="multi",
         channel="c",
-        nsqdTcpAddresses=f"{a.tcp_address},{b.tcp_address}",
+        nsqlookupdHttpAddresses=lookupd.http_address,
         maxMessagesPerBatch="800",
     )
     run_available_now(df, sink, tmp_path / "ck")
     assert len(sink.ids()) == 1200
-    by_node = {
-        addr: sum(1 for r in sink.rows if r.nsqd_address == addr)
-        for addr in (a.tcp_address, b.tcp_address)
-    }
+    by_node = {n: sum(1 for r in sink.rows if r.nsqd_address == n) for n in nodes}
     assert by_node == {a.tcp_address: 600, b.tcp_address: 600}
     assert max(p for _, _, p in sink.batches) >= 2  # one partition per node
     a.wait_drained("multi", "c")
     b.wait_drained("multi", "c")
+    # The sink finds the nodes through nsqlookupd too, and spreads the tasks over them.
+    spark.range(1000, numPartitions=2).selectExpr("cast(id as string) as body").write.format(
+        "nsq"
+    ).mode("append").option("topic", "back").option(
+        "nsqlookupdHttpAddresses", lookupd.http_address
+    ).save()
+    counts = [(n.topic_stats("back") or {}).get("message_count", 0) for n in (a, b)]
+    assert sum(counts) == 1000
 
 
 def test_source_bad_input(spark: Any, tmp_path: Path) -> None:
@@ -207,23 +217,6 @@ def test_source_bad_input(spark: Any, tmp_path: Path) -> None:
 
 
 # -- sink ---------------------------------------------------------------------------------------
-
-
-def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
-    got: list[bytes] = []
-    lock = threading.Lock()
-
-    def on_messages(
-        c: Connection, ts: Any, att: Any, ids: list[bytes], bodies: list[bytes]
-    ) -> None:
-        with lock:
-            got.extend(bodies)
-        c.fin_many(ids)
-
-    with Connection(nsqd.tcp_address).connect() as conn:
-        conn.subscribe(topic, "check", on_messages, rdy=2500)
-        wait_until(lambda: len(got) >= n, 30, f"{n} messages on {topic}")
-    return got
 
 
 def test_batch_write_n_rows_and_topic_routing(spark: Any, nsqd_proc: NsqdProcess) -> None:
