@@ -287,3 +287,28 @@ def test_consumer_pool_unreachable_names_the_option() -> None:
         ConsumerPool(source_options(nsqdTcpAddresses=dead, connectTimeoutMs="2000")).start()
     with pytest.raises(NsqSourceError, match="nsqlookupdHttpAddresses"):
         ConsumerPool(source_options(nsqlookupdHttpAddresses=dead, connectTimeoutMs="2000")).start()
+
+
+def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
+    nsqd_proc.publish("slow", [b"%d" % i for i in range(50)])
+    opts = source_options(
+        topic="slow",
+        nsqdTcpAddresses=nsqd_proc.tcp_address,
+        msgTimeoutMs="1000",
+        touchIntervalMs="250",
+    )
+    pool = ConsumerPool(opts)
+    pool.start()
+    try:
+        wait_until(lambda: pool.buffered() == 50, what="50 buffered")
+        assert pool.take(1, 20, 10**9) == 20
+        time.sleep(2.5)  # a "batch" far longer than msg_timeout: TOUCH keeps everything ours
+        assert pool.buffered() == 30  # nothing timed out and came back
+        pool.commit(1)
+        pool.take(2, 100, 10**9)
+        pool.commit(2)
+        nsqd_proc.wait_drained("slow", "c")
+    finally:
+        pool.close()
+    ch = nsqd_proc.channel_stats("slow", "c")
+    assert ch is not None and ch["timeout_count"] == 0 and pool.stats.touched > 0
