@@ -312,3 +312,25 @@ def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
         pool.close()
     ch = nsqd_proc.channel_stats("slow", "c")
     assert ch is not None and ch["timeout_count"] == 0 and pool.stats.touched > 0
+
+
+def test_tls(start_nsqd: Any, tmp_path: Any) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_file, key_file, cert_file = tmp_path / "ca.pem", tmp_path / "key.pem", tmp_path / "cert.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    nsqd = start_nsqd(f"--tls-cert={cert_file}", f"--tls-key={key_file}", "--tls-required=true")
+    opts = ClientOptions(tls=True, tls_ca_file=str(ca_file))
+    got: list[bytes] = []
+    with Connection(nsqd.tcp_address, opts).connect() as c:
+        c.pub("tls", b"secret")
+    with Connection(nsqd.tcp_address, opts).connect() as c:
+        c.subscribe("tls", "c", lambda conn, ts, att, ids, bodies: got.extend(bodies), rdy=1)
+        wait_until(lambda: got == [b"secret"], what="the message over TLS")
+    with Connection(nsqd.tcp_address).connect() as plain, pytest.raises(NsqError) as err:
+        plain.pub("tls", b"x")
+    assert err.value.code == "E_INVALID"
