@@ -74,7 +74,8 @@ def decode_message(data: bytes) -> Message:
     """The inverse of ``Message.encode``; raises ValueError on a record too short to hold one."""
     if len(data) < ENCODED_OVERHEAD:
         raise ValueError(f"invalid message buffer size ({len(data)})")
-    return Message(data[10:26], data[26:], *_unpack_header(data))
+    ts, attempts = _unpack_header(data)
+    return Message(data[10:26], data[26:], ts, attempts)
 
 
 _unpack_header = _ENCODED_HEADER.unpack_from
