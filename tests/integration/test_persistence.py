@@ -229,3 +229,28 @@ def test_write_error_fails_the_publish_and_marks_health(
         c.pub("t", b"y")
         c.sub("t", "c", rdy=1)
         assert c.read_message().body == b"y"
+
+
+def test_unreadable_nsqd_dat_is_kept_and_topics_recovered_from_queue_files(
+    make_nsqd: MakeNSQD, tmp_path: Path
+) -> None:
+    s = make_nsqd(mem_queue_size=0)
+    with s.connect() as c:
+        c.sub("kept", "ch", rdy=0)
+        c.pub("kept", b"a")
+        c.mpub("topic_only", [b"b", b"c"])
+    s.stop()
+    (tmp_path / "nsqd.dat").write_bytes(b'{"topics": [{"name": "kept", trunca')
+
+    s = make_nsqd(mem_queue_size=0)
+    assert (tmp_path / "nsqd.dat.bad").read_bytes().endswith(b"trunca")
+    names = s.call(lambda: {t: sorted(s.nsqd.topics[t].channels) for t in s.nsqd.topics})
+    assert names == {"kept": ["ch"], "topic_only": []}
+    with s.connect() as c:
+        c.sub("kept", "ch", rdy=5)
+        assert c.read_message().body == b"a"
+    with s.connect() as c:
+        c.sub("topic_only", "new", rdy=5)
+        assert sorted(m.body for m in c.read_messages(2)) == [b"b", b"c"]
+    # and the rewritten nsqd.dat is whole again
+    assert json.loads((tmp_path / "nsqd.dat").read_bytes())["version"] == "1.3.0"

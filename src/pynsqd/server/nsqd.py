@@ -23,10 +23,12 @@ from ..protocol.names import is_ephemeral, is_valid_name
 from ..storage.diskqueue import DiskQueue
 from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (
+    METADATA_FILE,
     ChannelMeta,
     DirLock,
     TopicMeta,
     read_metadata,
+    recover_metadata,
     write_metadata,
 )
 from . import lifecycle
@@ -238,7 +240,16 @@ class NSQD:
             topics = read_metadata(self.data_path)
         except ValueError as err:
             log.error("NSQ: %s", err)
-            return
+            path = os.path.join(self.data_path, METADATA_FILE)
+            with contextlib.suppress(OSError):
+                os.replace(path, path + ".bad")
+            topics = recover_metadata(self.data_path)
+            log.warning(
+                "NSQ: kept the unreadable metadata as %s.bad; recovered %d topic(s) from their "
+                "disk queue files (paused flags are lost)",
+                path,
+                len(topics),
+            )
         if not topics:
             return
         self._loading_metadata = True

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,28 @@ def read_metadata(data_path: str) -> list[TopicMeta] | None:
         ]
         topics.append(TopicMeta(t["name"], bool(t.get("paused")), channels))
     return topics
+
+
+_QUEUE_META = re.compile(r"^(?P<name>[^/]+)\.diskqueue\.meta\.dat$")
+
+
+def recover_metadata(data_path: str) -> list[TopicMeta]:
+    """The topics and channels whose disk queues are in ``data_path`` (paused flags unknown).
+
+    For an unreadable ``nsqd.dat``: nsqd refuses to start; we rebuild the list from
+    ``<topic>.diskqueue.meta.dat`` and ``<topic>:<channel>.diskqueue.meta.dat`` so that every
+    message on disk is served again.
+    """
+    topics: dict[str, TopicMeta] = {}
+    for entry in sorted(os.listdir(data_path)):
+        m = _QUEUE_META.match(entry)
+        if m is None:
+            continue
+        topic, _, channel = m.group("name").partition(":")
+        meta = topics.setdefault(topic, TopicMeta(topic, False, []))
+        if channel:
+            meta.channels.append(ChannelMeta(channel, False))
+    return list(topics.values())
 
 
 def write_metadata(data_path: str, topics: list[TopicMeta]) -> None:
