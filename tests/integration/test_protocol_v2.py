@@ -8,6 +8,7 @@ E_TOUCH_FAILED leave the connection working.
 from __future__ import annotations
 
 import re
+import select
 import socket
 import struct
 import time
@@ -452,6 +453,33 @@ def test_heartbeats_and_client_timeout(nsqd: ServerThread) -> None:
         silent.expect_closed()
         alive.nop()
         alive.expect_nothing(0.1)
+
+
+def test_a_trickled_half_command_does_not_keep_a_connection_alive(nsqd: ServerThread) -> None:
+    # nsqd's read deadline restarts per command, not per byte: the server must close this
+    # connection while the client is still trickling bytes into it.
+    with nsqd.connect() as c:
+        c.identify({"heartbeat_interval": 1000})
+        c.send(b"PUB t\n\x00\x00\x01\x00")  # a 256-byte body, sent a byte every 0.3 s
+        closed_while_trickling = False
+        for _ in range(15):  # 4.5 s: well past two 1 s intervals
+            time.sleep(0.3)
+            readable, _, _ = select.select([c.sock], [], [], 0)
+            if readable:
+                try:
+                    data = c.sock.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    closed_while_trickling = True
+                    break
+                continue  # a heartbeat
+            try:
+                c.send(b"x")
+            except OSError:
+                closed_while_trickling = True
+                break
+        assert closed_while_trickling
 
 
 def test_heartbeats_disabled(nsqd: ServerThread) -> None:

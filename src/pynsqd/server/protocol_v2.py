@@ -159,7 +159,6 @@ class ClientV2(SecureClient, asyncio.Protocol):
     # -- input ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self._last_read = self.loop.time()
         if self._rx is not None:  # TLS, compression or waiting for the auth server
             self._rx(data)
             return
@@ -185,6 +184,10 @@ class ClientV2(SecureClient, asyncio.Protocol):
         return None  # close our side too
 
     def _run(self, events: list[Any]) -> None:
+        if events:
+            # nsqd's read deadline restarts with each command: bytes trickling into a
+            # half-sent command do not keep a connection alive.
+            self._last_read = self.loop.time()
         handlers = self._handlers
         it = iter(events)
         for ev in it:
