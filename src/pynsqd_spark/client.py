@@ -237,11 +237,19 @@ class Connection:
 
     def close(self) -> None:
         self.closed = True
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        sock = self._sock
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        reader = self._reader
+        if reader is not None and reader.is_alive() and threading.current_thread() is not reader:
+            # The shutdown wakes the reader thread, which closes the socket itself. Closing the
+            # fd here, under its pending recv, could let that recv read from a new socket that
+            # reuses the fd number (seen: a TLS reader ate the next connection's first 5 bytes).
+            return
+        self._sock = None
+        sock.close()
 
     def __enter__(self) -> Connection:
         return self
@@ -256,7 +264,7 @@ class Connection:
 
     def _send(self, data: bytes) -> None:
         sock = self._sock
-        if sock is None:
+        if sock is None or self.closed:
             raise NsqConnectionError(f"connection to nsqd {self.address} is closed", self.address)
         try:
             with self._send_lock:

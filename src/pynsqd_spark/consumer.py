@@ -374,6 +374,12 @@ class ConsumerPool:
         with self.cond:
             return self._ledger.get(seq)
 
+    def drop_payload(self, seq: int) -> None:
+        """Forget a batch's bodies once Spark has them (its partitions); keep the ids to FIN."""
+        with self.cond:
+            for p in self._ledger.get(seq, ()):
+                p.ts, p.att, p.bodies = [], [], []
+
     def has_uncommitted(self, up_to_seq: int) -> bool:
         """Some ledger batch ``<= up_to_seq`` (handed to Spark) still waits for its FIN."""
         with self.cond:

@@ -266,6 +266,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.opts.max_messages_per_partition,
                         self.opts.max_bytes_per_partition,
                     )
+                    pool.drop_payload(seq)  # the partitions hold the data until commit
                 self._cache[seq] = cached
             out.extend(cached)
         return out

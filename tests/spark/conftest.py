@@ -33,6 +33,7 @@ class NsqdProcess:
                 str(BIN / "nsqd"),
                 "--tcp-address=127.0.0.1:0",
                 "--http-address=127.0.0.1:0",
+                "--https-address=127.0.0.1:0",  # only used with TLS; never the fixed 4152
                 f"--data-path={data_path}",
                 *args,
             ],
