@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol.errors import FatalClientError
-from ..protocol.identify import _fold, _Object, _parse_int, _reject_constant, _surrogates
+from ..protocol.identify import GoObject, go_json_loads, go_key, go_string
 from ..protocol.names import is_valid_name
 
 MAGIC_V1 = b"  V1"
@@ -110,27 +110,22 @@ def _decode_failed() -> FatalClientError:
 def parse_identify_body(body: bytes) -> Identify:
     """``json.Unmarshal`` into ``PeerInfo`` plus nsqlookupd's required-field check."""
     try:
-        doc = json.loads(
-            body.decode("utf-8", "surrogateescape"),
-            object_pairs_hook=_Object,
-            parse_constant=_reject_constant,
-            parse_int=_parse_int,
-        )
-    except (ValueError, RecursionError):
+        doc = go_json_loads(body)
+    except ValueError:
         raise _decode_failed() from None
     fields: dict[str, Any] = {}
     if doc is not None:
-        if not isinstance(doc, _Object):
+        if not isinstance(doc, GoObject):
             raise _decode_failed()
         for key, value in doc:
-            name = _fold(key)
+            name = go_key(key)
             kind = _PEER_FIELDS.get(name)
             if kind is None or value is None:
                 continue
             if kind == "str":
                 if not isinstance(value, str):
                     raise _decode_failed()
-                value = _surrogates("\ufffd", value)
+                value = go_string(value)
             elif not (
                 isinstance(value, int)
                 and not isinstance(value, bool)

@@ -61,7 +61,7 @@ def _decode_failed() -> FatalClientError:
     return FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
 
 
-class _Object(list[tuple[str, Any]]):
+class GoObject(list[tuple[str, Any]]):
     """A JSON object as its pairs in document order, so that a repeated key's last value wins
     even when it is spelled in another case (Go assigns the fields in document order)."""
 
@@ -79,33 +79,48 @@ def _parse_int(text: str) -> int:
 _surrogates = re.compile("[\ud800-\udfff]").sub
 
 
-def _fold(key: str) -> str:
+def go_string(value: str) -> str:
+    """A decoded JSON string as Go sees it: each invalid UTF-8 byte becomes U+FFFD."""
+    return _surrogates("\ufffd", value)
+
+
+def go_key(key: str) -> str:
     """Go's case-insensitive key match: simple case folding, where U+017F is "s" and U+212A "k"."""
     key = key.lower()
     return key if key.isascii() else key.replace("\u017f", "s")
 
 
-def _decode(body: bytes) -> dict[str, Any]:
-    """Decode like ``json.Unmarshal`` into nsqd's identifyDataV2 struct."""
+def go_json_loads(body: bytes) -> Any:
+    """``json.Unmarshal``'s view of ``body``: objects as ordered pairs; ValueError if Go refuses.
+
+    The bytes are decoded here: json.loads(bytes) also accepts a BOM, UTF-16 and UTF-32, which Go
+    rejects. Invalid UTF-8 survives as lone surrogates: a syntax error outside strings, and
+    U+FFFD inside them (``go_string``), as in Go.
+    """
     try:
-        # Decode the bytes here: json.loads(bytes) also accepts a BOM, UTF-16 and UTF-32, which Go
-        # rejects. Invalid UTF-8 survives as lone surrogates: a syntax error outside strings and
-        # U+FFFD inside them (below), as in Go.
-        doc = json.loads(
+        return json.loads(
             body.decode("utf-8", "surrogateescape"),
-            object_pairs_hook=_Object,
+            object_pairs_hook=GoObject,
             parse_constant=_reject_constant,
             parse_int=_parse_int,
         )
-    except (ValueError, RecursionError):
+    except RecursionError as err:
+        raise ValueError("nesting too deep") from err
+
+
+def _decode(body: bytes) -> dict[str, Any]:
+    """Decode like ``json.Unmarshal`` into nsqd's identifyDataV2 struct."""
+    try:
+        doc = go_json_loads(body)
+    except ValueError:
         raise _decode_failed() from None
     if doc is None:  # Go leaves the struct at its zero value
         return {}
-    if not isinstance(doc, _Object):
+    if not isinstance(doc, GoObject):
         raise _decode_failed()
     fields: dict[str, Any] = {}
     for key, value in doc:
-        name = _fold(key)
+        name = go_key(key)
         kind = _FIELDS.get(name)
         if kind is None or value is None:
             continue
@@ -114,7 +129,7 @@ def _decode(body: bytes) -> dict[str, Any]:
             if ok:
                 # Go turns invalid UTF-8 and lone \u surrogates into U+FFFD; a lone surrogate
                 # would also break any later .encode() of the string (logs, /stats).
-                value = _surrogates("\ufffd", value)
+                value = go_string(value)
         elif kind == "bool":
             ok = isinstance(value, bool)
         else:
