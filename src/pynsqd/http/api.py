@@ -113,6 +113,21 @@ def _port(address: str) -> int:
     return split_host_port(address)[1]
 
 
+def topic_channel_args(params: Params) -> tuple[str, str]:
+    """``http_api.GetTopicChannelArgs``, shared by nsqd and nsqlookupd."""
+    topic = params.get("topic")
+    if topic is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise HTTPError(400, "INVALID_ARG_TOPIC")
+    channel = params.get("channel")
+    if channel is None:
+        raise HTTPError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_name(channel):
+        raise HTTPError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
+
+
 class API:
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
@@ -129,18 +144,8 @@ class API:
         return name
 
     def _existing_topic(self, params: Params) -> tuple[Topic, str]:
-        """nsqd's ``getExistingTopicFromQuery`` (``GetTopicChannelArgs`` tokens)."""
-        params.checked()
-        topic_name = params.get("topic")
-        if topic_name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(topic_name):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        channel_name = params.get("channel")
-        if channel_name is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(channel_name):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        """nsqd's ``getExistingTopicFromQuery``."""
+        topic_name, channel_name = topic_channel_args(params.checked())
         topic = self.nsqd.get_existing_topic(topic_name)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")

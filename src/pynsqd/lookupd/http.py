@@ -16,7 +16,7 @@ from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..http.api import HTTPError, Params
+from ..http.api import HTTPError, Params, topic_channel_args
 from ..http.router import Router
 from ..protocol.names import is_valid_name
 from ..server.listener import format_address, listen
@@ -28,21 +28,6 @@ if TYPE_CHECKING:
     from .nsqlookupd import NSQLookupd
 
 log = logging.getLogger("pynsqd.lookupd")
-
-
-def _topic_channel_args(params: Params) -> tuple[str, str]:
-    """``http_api.GetTopicChannelArgs``."""
-    topic = params.get("topic")
-    if topic is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not is_valid_name(topic):
-        raise HTTPError(400, "INVALID_ARG_TOPIC")
-    channel = params.get("channel")
-    if channel is None:
-        raise HTTPError(400, "MISSING_ARG_CHANNEL")
-    if not is_valid_name(channel):
-        raise HTTPError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
 
 
 def _topic_arg(params: Params) -> str:
@@ -202,7 +187,7 @@ class LookupdHTTP(Router):
         return None
 
     async def channel_create(self, request: BaseRequest, params: Params) -> Any:
-        topic, channel = _topic_channel_args(params.checked())
+        topic, channel = topic_channel_args(params.checked())
         log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.db.add_registration(Registration("channel", topic, channel))
         log.info("DB: adding topic(%s)", topic)
@@ -210,7 +195,7 @@ class LookupdHTTP(Router):
         return None
 
     async def channel_delete(self, request: BaseRequest, params: Params) -> Any:
-        topic, channel = _topic_channel_args(params.checked())
+        topic, channel = topic_channel_args(params.checked())
         regs = self.db.find_registrations("channel", topic, channel)
         if not regs:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
