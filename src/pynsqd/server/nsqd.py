@@ -11,6 +11,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING
 
+from .. import NSQD_VERSION, __version__
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.message import ENCODED_OVERHEAD
@@ -303,6 +304,8 @@ class NSQD:
     async def start(self) -> None:
         from .protocol_v2 import ClientV2
 
+        log.info("nsqd v%s (built w/pynsqd-%s)", NSQD_VERSION, __version__)
+        log.info("ID: %d", self.opts.node_id)
         self.tls_context = server_context(self.opts)  # raises TLSConfigError
         self._dir_lock.lock()  # raises DirLockError
         try:
