@@ -12,12 +12,14 @@ row; an oversize or empty body follows the ``oversize`` / ``emptyBody`` option (
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark import TaskContext
@@ -44,6 +46,7 @@ log = logging.getLogger("pynsqd_spark.sink")
 
 #: errors after which a retry on a fresh connection can succeed
 RETRIABLE_ERRORS = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
+_MPUB_HEAD = struct.Struct(">ll")  # body size, number of messages
 
 
 class NsqSinkError(RuntimeError):
@@ -90,8 +93,8 @@ class Publisher:
         self._conn: Connection | None = None
         self.retries = 0
         self.used: list[str] = []
-        #: (topic, chunk) sent (or about to be) and not yet acknowledged, in order
-        self._outstanding: deque[tuple[str, list[bytes]]] = deque()
+        #: (topic, MPUB command) sent (or about to be) and not yet acknowledged, in order
+        self._outstanding: deque[tuple[str, bytes]] = deque()
 
     def nodes(self, topic: str) -> list[str]:
         if self._nodes is None:
@@ -135,14 +138,18 @@ class Publisher:
             self._conn = None
 
     def publish(self, topic: str, chunks: Sequence[list[bytes]]) -> None:
-        """Send one MPUB per chunk, keeping at most ``pipelineDepth`` unacknowledged.
+        """Send one MPUB per chunk of bodies (see :meth:`publish_commands`)."""
+        self.publish_commands(topic, [encode.mpub(topic, chunk) for chunk in chunks])
+
+    def publish_commands(self, topic: str, commands: Sequence[bytes]) -> None:
+        """Send MPUB commands, keeping at most ``pipelineDepth`` unacknowledged.
 
         Call :meth:`flush` at the end to wait for the rest. NsqSinkError once the retries
         are used up.
         """
-        for chunk in chunks:
-            self._outstanding.append((topic, chunk))
-            self._run(encode.mpub(topic, chunk), self.opts.pipeline)
+        for command in commands:
+            self._outstanding.append((topic, command))
+            self._run(command, self.opts.pipeline)
 
     def flush(self) -> None:
         """Wait until nsqd acknowledged every chunk."""
@@ -155,7 +162,7 @@ class Publisher:
             try:
                 if resend:
                     conn = self._connection(self._outstanding[0][0])
-                    data = b"".join([encode.mpub(t, c) for t, c in self._outstanding])
+                    data = b"".join([c for _, c in self._outstanding])
                     conn.send(data)
                     resend = False
                 elif send is not None:
@@ -205,6 +212,41 @@ def chunk_bodies(
     return chunks
 
 
+def mpub_commands(topic: str, bodies: Any, max_count: int, max_body: int) -> list[bytes]:
+    """MPUB commands for an Arrow binary array of (non-null) bodies, split like
+    :func:`chunk_bodies`, built from Arrow buffers without a Python object per row.
+    """
+    n = len(bodies)
+    if not n:
+        return []
+    lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False).astype(np.int64)
+    # Each message on the wire is its 4-byte big-endian size, then the body: join a column of
+    # those prefixes with the bodies element-wise and the data buffer is the MPUB payload.
+    prefix_data = lengths.astype(">u4").tobytes()
+    prefixes = pa.Array.from_buffers(
+        pa.large_binary(),
+        n,
+        [None, pa.py_buffer(np.arange(0, 4 * n + 1, 4, dtype=np.int64)), pa.py_buffer(prefix_data)],
+    )
+    joined = pc.binary_join_element_wise(
+        prefixes, bodies.cast(pa.large_binary()), pa.scalar(b"", pa.large_binary())
+    )
+    bufs = joined.buffers()
+    ends = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=joined.offset * 8)
+    data = bufs[2]
+    head = f"MPUB {topic}\n".encode()
+    commands: list[bytes] = []
+    lo = 0
+    while lo < n:
+        # The largest hi with 4 + payload(lo..hi) <= max_body, at most max_count messages.
+        hi = int(np.searchsorted(ends, ends[lo] + max_body - 4, side="right")) - 1
+        hi = max(lo + 1, min(hi, lo + max_count, n))
+        a, b = int(ends[lo]), int(ends[hi])
+        commands.append(head + _MPUB_HEAD.pack(b - a + 4, hi - lo) + data[a:b].to_pybytes())
+        lo = hi
+    return commands
+
+
 class _WriterBase:
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_schema(schema, opts)
@@ -220,16 +262,16 @@ class _WriterBase:
         row_base = 0
         try:
             for rb in iterator:
-                for topic, bodies, lengths, skipped in self._prepare(rb, row_base, where):
+                for topic, bodies, skipped in self._prepare(rb, row_base, where):
                     msg.skipped += skipped
-                    if not bodies:
+                    if not len(bodies):
                         continue
-                    chunks = chunk_bodies(
-                        bodies, lengths, self.opts.max_messages_per_mpub, self.opts.max_body_size
+                    commands = mpub_commands(
+                        topic, bodies, self.opts.max_messages_per_mpub, self.opts.max_body_size
                     )
-                    pub.publish(topic, chunks)
+                    pub.publish_commands(topic, commands)
                     msg.messages += len(bodies)
-                    msg.bytes += sum(lengths)
+                    msg.bytes += int(pc.sum(pc.binary_length(bodies)).as_py() or 0)
                 row_base += rb.num_rows
             pub.flush()
         finally:
@@ -242,77 +284,84 @@ class _WriterBase:
             )
         return msg
 
-    def _prepare(
-        self, rb: Any, row_base: int, where: str
-    ) -> list[tuple[str, list[bytes], list[int], int]]:
-        """Check a record batch; group its bodies by topic: (topic, bodies, lengths, skipped)."""
+    def _prepare(self, rb: Any, row_base: int, where: str) -> list[tuple[str, Any, int]]:
+        """Check a record batch; group its bodies by topic: (topic, Arrow bodies, skipped)."""
         col = rb.column(rb.schema.get_field_index("body"))
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
         if col.null_count:
             row = row_base + int(pc.index(col.is_null(), True).as_py())
             raise NsqSinkError(f"row {row} of {where}: column 'body' is null")
-        lengths_arr = pc.binary_length(col)
-        lengths: list[int] = lengths_arr.to_pylist()
-        bodies: list[bytes] = col.to_pylist()
-        keep: list[int] | None = None
+        lengths = pc.binary_length(col).to_numpy(zero_copy_only=False)
+        keep: Any = None  # numpy bool mask of the rows to publish, None: all of them
         skipped = 0
-        if rb.num_rows and (
-            pc.max(lengths_arr).as_py() > self.opts.max_msg_size or pc.min(lengths_arr).as_py() == 0
-        ):
-            keep = []
-            for i, n in enumerate(lengths):
-                if n > self.opts.max_msg_size:
-                    if self.opts.oversize == "fail":
-                        raise NsqSinkError(
-                            f"row {row_base + i} of {where}: body is {n} bytes, over the "
-                            f"maxMsgSize of {self.opts.max_msg_size} (option oversize=skip drops "
-                            "such rows)"
-                        )
-                elif n == 0:
-                    if self.opts.empty_body == "fail":
-                        raise NsqSinkError(
-                            f"row {row_base + i} of {where}: body is empty, which NSQ rejects "
-                            "(option emptyBody=skip drops such rows)"
-                        )
-                else:
-                    keep.append(i)
-                    continue
-                skipped += 1
+        if rb.num_rows and (lengths.max() > self.opts.max_msg_size or lengths.min() == 0):
+            oversize = lengths > self.opts.max_msg_size
+            empty = lengths == 0
+            bad = np.flatnonzero(oversize | empty)
+            for i in bad.tolist():
+                n = int(lengths[i])
+                if n and self.opts.oversize == "fail":
+                    raise NsqSinkError(
+                        f"row {row_base + i} of {where}: body is {n} bytes, over the "
+                        f"maxMsgSize of {self.opts.max_msg_size} (option oversize=skip drops "
+                        "such rows)"
+                    )
+                if not n and self.opts.empty_body == "fail":
+                    raise NsqSinkError(
+                        f"row {row_base + i} of {where}: body is empty, which NSQ rejects "
+                        "(option emptyBody=skip drops such rows)"
+                    )
+            keep = ~(oversize | empty)
+            skipped = len(bad)
         if not self.has_topic:
             topic = self.opts.topic
             assert topic is not None
             if keep is not None:
-                bodies = [bodies[i] for i in keep]
-                lengths = [lengths[i] for i in keep]
-            return [(topic, bodies, lengths, skipped)]
-        topics: list[str | None] = rb.column(rb.schema.get_field_index("topic")).to_pylist()
-        groups: dict[str, tuple[list[bytes], list[int]]] = {}
-        for i in keep if keep is not None else range(len(bodies)):
-            t = topics[i] or self.opts.topic
-            if t is None:
+                col = col.filter(pa.array(keep))
+            return [(topic, col, skipped)]
+        topics = rb.column(rb.schema.get_field_index("topic"))
+        if topics.null_count and self.opts.topic is None:
+            nulls = topics.is_null().to_numpy(zero_copy_only=False)
+            if keep is not None:
+                nulls &= keep
+            if nulls.any():
+                row = row_base + int(np.flatnonzero(nulls)[0])
                 raise NsqSinkError(
-                    f"row {row_base + i} of {where}: column 'topic' is null and no 'topic' option "
-                    "is set"
+                    f"row {row} of {where}: column 'topic' is null and no 'topic' option is set"
                 )
-            g = groups.get(t)
-            if g is None:
-                try:
-                    _check_name("topic", "topic", t)
-                except NsqOptionError:
-                    raise NsqSinkError(
-                        f"row {row_base + i} of {where}: {t!r} is not a valid NSQ topic name"
-                    ) from None
-                g = groups[t] = ([], [])
-            g[0].append(bodies[i])
-            g[1].append(lengths[i])
-        out = [(t, b, n, 0) for t, (b, n) in groups.items()]
+        if self.opts.topic is not None:
+            # A null or empty topic cell means the 'topic' option.
+            topics = pc.if_else(pc.equal(topics, ""), self.opts.topic, topics)
+            topics = pc.fill_null(topics, self.opts.topic)
+        if keep is not None:
+            col = col.filter(pa.array(keep))
+            topics = topics.filter(pa.array(keep))
+        out: list[tuple[str, Any, int]] = []
+        # In order of first appearance, as the rows come.
+        for t in pc.unique(topics.drop_null()).to_pylist():
+            try:
+                _check_name("topic", "topic", t)
+            except NsqOptionError:
+                first = np.flatnonzero(pc.equal(topics, t).fill_null(False).to_numpy(False))[0]
+                row = row_base + _original_row(keep, int(first))
+                raise NsqSinkError(
+                    f"row {row} of {where}: {t!r} is not a valid NSQ topic name"
+                ) from None
+            out.append((t, col.filter(pc.equal(topics, t).fill_null(False)), 0))
         if out:
-            t0, b0, n0, _ = out[0]
-            out[0] = (t0, b0, n0, skipped)
+            t0, b0, _ = out[0]
+            out[0] = (t0, b0, skipped)
         elif skipped:
-            out.append((self.opts.topic or "", [], [], skipped))
+            out.append((self.opts.topic or "", col.slice(0, 0), skipped))
         return out
+
+
+def _original_row(keep: Any, i: int) -> int:
+    """The row number in the record batch of the ``i``-th row kept."""
+    if keep is None:
+        return i
+    return int(np.flatnonzero(keep)[i])
 
 
 def _log_commit(messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:

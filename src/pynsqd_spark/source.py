@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -60,13 +61,36 @@ _ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
 
 
 class NsqPartition(InputPartition):
-    """One task's share of a batch: messages from one nsqd node, as one Arrow record batch."""
+    """One task's share of a batch: messages from one nsqd node.
 
-    def __init__(self, seq: int, node: str, index: int, batch: Any) -> None:
+    It carries the per-message columns (body, message_id, timestamp, attempts) as one Arrow
+    record batch; the constant ones (nsqd_address, topic, channel) are added on the executor,
+    so they do not travel through the JVM's task serialization for every row.
+    """
+
+    def __init__(
+        self, seq: int, node: str, index: int, columns: Any, topic: str, channel: str
+    ) -> None:
         super().__init__((seq, node, index))
         self.seq = seq
         self.node = node
-        self.batch = batch
+        self.columns = columns
+        self.topic = topic
+        self.channel = channel
+
+    @property
+    def batch(self) -> Any:
+        """The partition's rows as a record batch of the source schema."""
+        n = self.columns.num_rows
+        return pa.RecordBatch.from_arrays(
+            [
+                *self.columns.columns,
+                _repeat(self.node, n),
+                _repeat(self.topic, n),
+                _repeat(self.channel, n),
+            ],
+            schema=_ARROW_SCHEMA,
+        )
 
 
 def build_partitions(
@@ -94,9 +118,9 @@ def build_partitions(
                     seq,
                     node,
                     index,
-                    _record_batch(
-                        ts[lo:hi], att[lo:hi], ids[lo:hi], bodies[lo:hi], node, topic, channel
-                    ),
+                    _row_columns(ts[lo:hi], att[lo:hi], ids[lo:hi], bodies[lo:hi]),
+                    topic,
+                    channel,
                 )
             )
     return out
@@ -129,28 +153,37 @@ def _binary_array(values: list[bytes]) -> Any:
     )
 
 
-def _record_batch(
-    ts: list[int],
-    att: list[int],
-    ids: list[bytes],
-    bodies: list[bytes],
-    node: str,
-    topic: str,
-    channel: str,
-) -> Any:
+def _fixed_width(type_: Any, data: bytes, n: int, width: int) -> Any:
+    """An Arrow binary/string array of ``n`` values of ``width`` bytes each, laid end to end."""
+    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
+    return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _repeat(value: str, n: int) -> Any:
+    """A string array of ``n`` times ``value`` (no Python object per row)."""
+    raw = value.encode()
+    return _fixed_width(pa.string(), raw * n, n, len(raw))
+
+
+_ROW_SCHEMA = pa.schema(list(_ARROW_SCHEMA)[:4])
+
+
+def _row_columns(ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]) -> Any:
+    """body, message_id, timestamp, attempts as one record batch."""
     n = len(ids)
-    ts_us = pc.divide(pa.array(ts, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+    # Columns from flat buffers: a Python object per row only where there is one already.
+    ts_ns = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array("q", ts))])
+    ts_us = pc.divide(ts_ns, 1000).cast(pa.timestamp("us", tz="UTC"))
+    # The reader thread cuts every id to nsqd's 16 bytes.
+    id_col = _fixed_width(pa.string(), b"".join(ids), n, 16)
     return pa.RecordBatch.from_arrays(
         [
             _binary_array(bodies),
-            pa.array(ids, pa.binary()).view(pa.string()),
+            id_col,
             ts_us,
-            pa.array(att, pa.int32()),
-            pa.array([node] * n, pa.string()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([channel] * n, pa.string()),
+            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", att))]),
         ],
-        schema=_ARROW_SCHEMA,
+        schema=_ROW_SCHEMA,
     )
 
 
