@@ -53,7 +53,8 @@ def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
 
 
@@ -211,7 +212,8 @@ def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
             assert producer.publish("clients", body, defer=300) == b"OK"
         deadline = time.monotonic() + 10
         while len(received) < len(expected):
-            assert time.monotonic() < deadline, f"{len(received)} of {len(expected)} received"
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{len(received)} of {len(expected)} received")
             gevent.sleep(0.01)
         gevent.sleep(0.5)  # a duplicate would show up here
 
@@ -259,7 +261,8 @@ def test_gnsq_requeue_then_finish(nsqd: ServerThread) -> None:
             assert producer.multipublish("requeue", expected) == b"OK"
             deadline = time.monotonic() + 10
             while len(seen) < 2 * len(expected):
-                assert time.monotonic() < deadline, f"{len(seen)} deliveries"
+                if time.monotonic() >= deadline:
+                    pytest.fail(f"{len(seen)} deliveries")
                 gevent.sleep(0.01)
             gevent.sleep(0.3)
     finally:

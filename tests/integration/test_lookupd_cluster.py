@@ -187,7 +187,8 @@ def test_reader_given_only_lookupd_consumes_from_every_node(cluster: Cluster) ->
         try:
             deadline = time.monotonic() + 20
             while len(received) < len(expected):
-                assert time.monotonic() < deadline, f"got {len(received)} of {len(expected)}"
+                if time.monotonic() >= deadline:
+                    pytest.fail(f"got {len(received)} of {len(expected)}")
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)  # a duplicate would show up here
             assert sorted(received) == sorted(expected)

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ..wire import Conn
 
 NSQD = str(Path(sys.executable).with_name("nsqd"))
@@ -36,7 +38,8 @@ class Proc:
             for m in re.finditer(r"(TCP|HTTP): listening on (\S+)", text):
                 self.lines[m.group(1)] = m.group(2)
             assert self.p.poll() is None, text
-            assert time.monotonic() < deadline, text
+            if time.monotonic() >= deadline:
+                pytest.fail(text)
             time.sleep(0.02)
 
     def stop(self) -> int:

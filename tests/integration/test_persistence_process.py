@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ..wire import Conn
 
 NSQD = str(Path(sys.executable).with_name("nsqd"))
@@ -33,7 +35,8 @@ class Proc:
                 self.port = int(m.group(1))
                 return
             assert self.p.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
+            if time.monotonic() >= deadline:
+                pytest.fail(log.read_text())
             time.sleep(0.02)
 
     def connect(self) -> Conn:

@@ -43,7 +43,8 @@ def identify_bytes(data: dict[str, Any]) -> bytes:
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
+        if time.monotonic() >= deadline:
+            pytest.fail("condition not reached")
         time.sleep(0.01)
 
 
@@ -66,7 +67,8 @@ def collect(conns: list[Conn], n: int) -> list[list[Message]]:
         c.sock.settimeout(0.02)
     try:
         while sum(map(len, got)) < n:
-            assert time.monotonic() < deadline, f"only {sum(map(len, got))} of {n} messages"
+            if time.monotonic() >= deadline:
+                pytest.fail(f"only {sum(map(len, got))} of {n} messages")
             for c, out in zip(conns, got, strict=True):
                 try:
                     m = c.read_message()
