@@ -20,14 +20,44 @@ from .wire import Conn
 T = TypeVar("T")
 
 
-class ServerThread:
-    """nsqd in a background thread; ``call`` runs a function on its loop and returns the result."""
+class LoopThread:
+    """An event loop on a background thread: ``call`` and ``call_async`` run work on it."""
 
-    def __init__(self, opts: Options) -> None:
-        self.opts = opts
+    def __init__(self) -> None:
         self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+        self.loop.call_soon_threadsafe(run)
+        return fut.result(timeout=10)
+
+    def call_async(self, coro_fn: Callable[[], Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout=30)
+
+    def stop_loop(self, service_stop: Callable[[], Any]) -> None:
+        """Stop the service with ``service_stop`` (a coroutine function), then the loop."""
+        if self.loop.is_running():
+            self.call_async(service_stop)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        self.loop.close()
+
+
+class ServerThread(LoopThread):
+    """nsqd in a background thread; ``call`` runs a function on its loop and returns the result."""
+
+    def __init__(self, opts: Options) -> None:
+        super().__init__()
+        self.opts = opts
         self.nsqd: NSQD = self.call_async(self._start)
 
     async def _start(self) -> NSQD:
@@ -51,21 +81,6 @@ class ServerThread:
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def call(self, fn: Callable[[], T]) -> T:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as e:
-                fut.set_exception(e)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result(timeout=10)
-
-    def call_async(self, coro_fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout=30)
-
     def connect(self, **identify: Any) -> Conn:
         conn = Conn(self.tcp_address)
         if identify:
@@ -73,11 +88,7 @@ class ServerThread:
         return conn
 
     def stop(self) -> None:
-        if self.loop.is_running():
-            self.call_async(self.nsqd.stop)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        self.loop.close()
+        self.stop_loop(self.nsqd.stop)
 
 
 def make_options(tmp_path: Path, **overrides: Any) -> Options:

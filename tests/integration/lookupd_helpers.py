@@ -2,57 +2,34 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import socket
 import struct
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
-import uvloop
+from typing import Any
 
 from pynsqd.lookupd.nsqlookupd import NSQLookupd
 from pynsqd.lookupd.options import LookupdOptions
+from tests.conftest import LoopThread
 
-T = TypeVar("T")
 
-
-class LookupdThread:
+class LookupdThread(LoopThread):
     def __init__(self, **overrides: Any) -> None:
+        super().__init__()
         self.opts = LookupdOptions(
             tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="lookupd-host"
         )
         for key, value in overrides.items():
             setattr(self.opts, key, value)
-        self.loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
         self.lookupd: NSQLookupd = self.call_async(self._start)
 
     async def _start(self) -> NSQLookupd:
         lookupd = NSQLookupd(self.opts, self.loop)
         await lookupd.start()
         return lookupd
-
-    def call(self, fn: Callable[[], T]) -> T:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as e:
-                fut.set_exception(e)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result(timeout=10)
-
-    def call_async(self, coro_fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout=30)
 
     @property
     def tcp_address(self) -> tuple[str, int]:
@@ -63,11 +40,7 @@ class LookupdThread:
         return f"http://127.0.0.1:{self.lookupd.real_http_port}"
 
     def stop(self) -> None:
-        if self.loop.is_running():
-            self.call_async(self.lookupd.stop)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        self.loop.close()
+        self.stop_loop(self.lookupd.stop)
 
 
 def lookupd_factory() -> Iterator[Callable[..., LookupdThread]]:
