@@ -229,3 +229,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def gnsq_consume(port: int, topic: str, n: int, **options: Any) -> list[bytes]:
+    """Run a gnsq Consumer (gevent, no monkey-patching) until it has ``n`` messages."""
+    import gevent
+    import gnsq
+
+    consumer = gnsq.Consumer(
+        topic,
+        "ch",
+        nsqd_tcp_addresses=[f"127.0.0.1:{port}"],
+        max_backoff_duration=0,
+        **options,
+    )
+    received: list[bytes] = []
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        received.append(message.body)
+
+    try:
+        with gevent.Timeout(20):
+            consumer.start(block=False)
+            while len(received) < n:
+                gevent.sleep(0.01)
+    finally:
+        consumer.close()
+        consumer.join(timeout=5)
+    return received

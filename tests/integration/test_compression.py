@@ -17,6 +17,7 @@ from tests.integration.secure_client import (
     Certs,
     Layered,
     client_id,
+    gnsq_consume,
     identify_exact,
     secure_connect,
 )
@@ -242,32 +243,11 @@ def test_pynsq(make_nsqd: MakeNSQD, certs: Certs, features: dict[str, Any]) -> N
 
 @pytest.mark.parametrize("features", [{"snappy": True}, {"deflate": True}])
 def test_gnsq_consumer(nsqd: ServerThread, features: dict[str, Any]) -> None:
-    gevent = pytest.importorskip("gevent")
-    import gnsq
+    pytest.importorskip("gevent")
 
     with nsqd.connect() as conn:
         conn.mpub("gnsq-c", [b"a" * 1000, b"b", b"c"])
-    consumer = gnsq.Consumer(
-        "gnsq-c",
-        "ch",
-        nsqd_tcp_addresses=[f"127.0.0.1:{nsqd.tcp_port}"],
-        max_backoff_duration=0,
-        **features,
-    )
-    received: list[bytes] = []
-
-    @consumer.on_message.connect
-    def handler(consumer: Any, message: Any) -> None:
-        received.append(message.body)
-
-    try:
-        with gevent.Timeout(20):
-            consumer.start(block=False)
-            while len(received) < 3:
-                gevent.sleep(0.01)
-    finally:
-        consumer.close()
-        consumer.join(timeout=5)
+    received = gnsq_consume(nsqd.tcp_port, "gnsq-c", 3, **features)
     assert sorted(received) == [b"a" * 1000, b"b", b"c"]
 
 

@@ -19,7 +19,13 @@ from pynsqd.server import secure
 from pynsqd.server.nsqd import NSQD
 from pynsqd.server.tls import TLSConfigError
 from tests.conftest import ServerThread, make_options
-from tests.integration.secure_client import Certs, client_id, read_frame_exact, secure_connect
+from tests.integration.secure_client import (
+    Certs,
+    client_id,
+    gnsq_consume,
+    read_frame_exact,
+    secure_connect,
+)
 from tests.wire import Conn
 
 MakeNSQD = Callable[..., ServerThread]
@@ -329,34 +335,12 @@ def test_pynsq_over_tls(make_nsqd: MakeNSQD, certs: Certs) -> None:
 def test_gnsq_over_tls(make_nsqd: MakeNSQD, certs: Certs) -> None:
     """gnsq's Consumer over TLS. (gnsq's Producer cannot take the OK that follows the TLS
     handshake: it pops a response queue that does not exist yet, against nsqd as well.)"""
-    gevent = pytest.importorskip("gevent")
-    import gnsq
+    pytest.importorskip("gevent")
 
     server = make_nsqd(**certs.server_options(tls_required="true"))
     conn, _ = secure_connect(server, certs.client_context(), tls_v1=True)
     with conn:
         conn.mpub("gnsq-tls", [b"a", b"b", b"c"])
     tls_options = {"ca_certs": certs.ca_file, "cert_reqs": ssl.CERT_REQUIRED}
-    consumer = gnsq.Consumer(
-        "gnsq-tls",
-        "ch",
-        nsqd_tcp_addresses=[f"127.0.0.1:{server.tcp_port}"],
-        max_backoff_duration=0,
-        tls_v1=True,
-        tls_options=tls_options,
-    )
-    received: list[bytes] = []
-
-    @consumer.on_message.connect
-    def handler(consumer: Any, message: Any) -> None:
-        received.append(message.body)
-
-    try:
-        with gevent.Timeout(20):
-            consumer.start(block=False)
-            while len(received) < 3:
-                gevent.sleep(0.01)
-    finally:
-        consumer.close()
-        consumer.join(timeout=5)
+    received = gnsq_consume(server.tcp_port, "gnsq-tls", 3, tls_v1=True, tls_options=tls_options)
     assert sorted(received) == [b"a", b"b", b"c"]
