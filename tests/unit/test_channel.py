@@ -24,15 +24,22 @@ class ListBackend:
     def put_many(self, msgs: list[Message]) -> None:
         self.records.extend(m.encode() for m in msgs)
 
-    def read_many(self, max_count: int) -> list[Message]:
-        return [decode_message(r) for r in self.read_raw(max_count)]
+    def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
+        return [decode_message(r) for r in self.read_raw(max_count, max_bytes)]
 
     def put_raw(self, records: list[bytes]) -> None:
         self.records.extend(records)
 
-    def read_raw(self, max_count: int) -> list[bytes]:
-        n = min(max_count, len(self.records))
-        return [self.records.popleft() for _ in range(n)]
+    def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
+        out: list[bytes] = []
+        size = 0
+        while self.records and len(out) < max_count and not (max_bytes and size >= max_bytes):
+            out.append(self.records.popleft())
+            size += len(out[-1])
+        return out
+
+    def commit_reads(self) -> None:
+        pass
 
     def depth(self) -> int:
         return len(self.records)
@@ -61,11 +68,17 @@ class Consumer:
         self.finish_count = 0
         self.requeue_count = 0
         self.got: list[Message] = []
+        self.buffer_limit = 1 << 60  # body bytes it accepts before it is back-pressured
+        self.buffered = 0  # body bytes "in its socket" (the tests drain it by hand)
         self.timed_out = 0
         self.closed = False
 
     def send_messages(self, msgs: list[Message]) -> None:
         self.got.extend(msgs)
+        self.buffered += sum(len(m.body) for m in msgs)
+
+    def output_room(self) -> int:
+        return self.buffer_limit - self.buffered
 
     def messages_timed_out(self, n: int) -> None:
         self.timed_out += n

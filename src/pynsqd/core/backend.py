@@ -16,14 +16,23 @@ class BackendQueue(Protocol):
     def put_many(self, msgs: list[Message]) -> None:
         """Store messages in order; raise OSError if they could not be stored."""
 
-    def read_many(self, max_count: int) -> list[Message]:
-        """The next stored messages, oldest first; returned messages are consumed."""
+    def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
+        """The next stored messages, oldest first; returned messages are consumed.
+
+        With ``max_bytes``, stop once that many body bytes were read (at least one message).
+        """
 
     def put_raw(self, records: list[bytes]) -> None:
         """Store messages already in nsqd's encoding (``Message.encode``)."""
 
-    def read_raw(self, max_count: int) -> list[bytes]:
-        """Like ``read_many``, but the messages stay encoded."""
+    def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
+        """Like ``read_many``, but the messages stay encoded.
+
+        With ``hold``, their consumption is made durable only by ``commit_reads``: a crash before
+        it brings them back. A move to another queue stores them there first, then commits.
+        """
+
+    def commit_reads(self) -> None: ...
 
     def depth(self) -> int: ...
 
@@ -47,14 +56,17 @@ class DummyBackend:
     def put_many(self, msgs: list[Message]) -> None:
         self.dropped += len(msgs)
 
-    def read_many(self, max_count: int) -> list[Message]:
+    def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
         return []
 
     def put_raw(self, records: list[bytes]) -> None:
         self.dropped += len(records)
 
-    def read_raw(self, max_count: int) -> list[bytes]:
+    def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
         return []
+
+    def commit_reads(self) -> None:
+        pass
 
     def depth(self) -> int:
         return 0

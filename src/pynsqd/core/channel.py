@@ -15,15 +15,18 @@ A#10; nsqd waits for their timeout).
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from typing import Protocol
 
 from ..protocol.errors import ClientError, FatalClientError
 from .backend import BackendQueue
-from .message import MAX_ATTEMPTS, Message
+from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
 from .queue import MessageQueue
 from .timed_queue import Scheduler, TimedQueue
+
+log = logging.getLogger("pynsqd")
 
 
 class ConsumerLike(Protocol):
@@ -39,6 +42,10 @@ class ConsumerLike(Protocol):
     requeue_count: int
 
     def send_messages(self, msgs: list[Message]) -> None: ...
+    def output_room(self) -> int:
+        """Body bytes the consumer may still be handed before its connection is back-pressured
+        (0 or less: none now; the connection schedules a pump when room frees up)."""
+
     def messages_timed_out(self, n: int) -> None: ...
     def close_for_exit(self) -> None: ...
 
@@ -116,8 +123,11 @@ class Channel:
 
     # -- input ----------------------------------------------------------------------------
 
-    def put_many(self, msgs: list[Message]) -> None:
-        """Messages from the topic: counted, queued (or deferred), and offered to consumers."""
+    def put_many(self, msgs: list[Message]) -> OSError | None:
+        """Messages from the topic: counted, queued (or deferred), and offered to consumers.
+
+        Never loses them: if the backend fails they stay in memory and the error is returned.
+        """
         self.message_count += len(msgs)
         plain = msgs
         if msgs[0].defer_until_ns or msgs[-1].defer_until_ns:
@@ -125,17 +135,35 @@ class Channel:
             for m in msgs:
                 if m.defer_until_ns:
                     self._defer_until_ns(m)
+        err = None
         if plain:
-            self.queue.put_many(plain)
+            err = self.queue.keep_many(plain)
+            if err is not None:
+                self._kept_in_memory(len(plain), err)
             if self.clients:
                 self.schedule_pump()
+        return err
 
-    def put_raw(self, records: list[bytes]) -> None:
-        """Encoded messages moved from the topic's backend (never deferred)."""
+    def put_raw(self, records: list[bytes]) -> OSError | None:
+        """Encoded messages moved from the topic's backend (never deferred); as ``put_many``."""
         self.message_count += len(records)
-        self.queue.put_raw(records)
+        err = self.queue.keep_raw(records)
+        if err is not None:
+            self._kept_in_memory(len(records), err)
         if self.clients:
             self.schedule_pump()
+        return err
+
+    def _kept_in_memory(self, n: int, err: OSError) -> None:
+        log.warning(
+            "CHANNEL(%s:%s): failed to write %d message(s) to disk, keeping them in memory "
+            "(%d held past --mem-queue-size) - %s",
+            self.topic.name,
+            self.name,
+            n,
+            self.queue.overflow_count,
+            err,
+        )
 
     def put_deferred(self, msgs: list[Message]) -> None:
         """Deferred messages read back from the backend: into the timed queue, uncounted."""
@@ -175,12 +203,17 @@ class Channel:
             share = -(-len(queue) // len(ready))
             still_ready = []
             for client in ready:
+                # A consumer is handed no more than its connection may buffer (bytes, not only
+                # RDY): one that does not read pins at most that, the rest stays here.
+                room = client.output_room()
+                if room <= 0:
+                    continue
                 window = client.rdy - client.in_flight_count
-                batch = queue.take(min(window, share))
+                batch = queue.take(min(window, share), room)
                 if not batch:
                     return
                 self._deliver(client, batch)
-                if window > len(batch):
+                if window > len(batch) and client.output_room() > 0:
                     still_ready.append(client)
             if not len(queue):
                 return
@@ -195,12 +228,22 @@ class Channel:
                 return
         now = self.loop.time()
         in_flight = self.in_flight
+        dups = 0
         for msg in batch:
+            if msg.id in in_flight:
+                # A second copy of a message in flight (a crash between a move's write and its
+                # commit stores a message twice): dropped, the copy in flight stands for both.
+                dups += 1
+                continue
             if msg.attempts < MAX_ATTEMPTS:
                 msg.attempts += 1
             msg.client = client
             msg.delivery_ts = now
             in_flight[msg.id] = msg
+        if dups:
+            batch = [m for m in batch if in_flight.get(m.id) is m]
+            if not batch:
+                return
         self.tq.push_many(batch, now + client.msg_timeout)
         client.in_flight_count += len(batch)
         client.send_messages(batch)
@@ -279,7 +322,9 @@ class Channel:
             self.deferred[msg_id] = msg
             self.tq.push(msg, self.loop.time() + timeout)
         else:
-            self.queue.put(msg)
+            err = self.queue.keep_many([msg])
+            if err is not None:
+                self._kept_in_memory(1, err)
         self.schedule_pump()
 
     def touch(self, client: ConsumerLike, msg_id: bytes) -> None:
@@ -302,14 +347,16 @@ class Channel:
                 msg.client = None
                 timed_out[client.id] = timed_out.get(client.id, 0) + 1
                 owners[client.id] = client
-            else:  # a deferred message now due
-                del self.deferred[msg.id]
+            elif self.deferred.pop(msg.id, None) is None:
+                continue  # a second copy deferred under the same ID already came due
             ready.append(msg)
         for cid, n in timed_out.items():
             owners[cid].in_flight_count -= n
             owners[cid].messages_timed_out(n)
             self.timeout_count += n
-        self.queue.put_many(ready)
+        err = self.queue.keep_many(ready)
+        if err is not None:
+            self._kept_in_memory(len(ready), err)
         self.schedule_pump()
 
     # -- consumers ------------------------------------------------------------------------
@@ -336,6 +383,8 @@ class Channel:
             self.topic.channel_emptied_of_clients(self)
 
     def requeue_client_messages(self, client: ConsumerLike) -> None:
+        """Its in-flight messages go back to the head of the queue, within ``--mem-queue-size``
+        (the rest to the backend), and count as requeued."""
         mine = [m for m in self.in_flight.values() if m.client is client]
         if not mine:
             return
@@ -344,7 +393,10 @@ class Channel:
             self.tq.remove(m)
             m.client = None
         client.in_flight_count -= len(mine)
-        self.queue.put_front(mine)
+        self.requeue_count += len(mine)
+        err = self.queue.put_front(mine)
+        if err is not None:
+            self._kept_in_memory(len(mine), err)
         self.schedule_pump()
 
     # -- administration -------------------------------------------------------------------
@@ -394,7 +446,9 @@ class Channel:
         pending = []
         for due, m in self.tq.clear_with_due():
             if m.client is None:
-                m.defer_until_ns = now_ns + max(1, int((due - now) * 1e9))
+                # Capped so that a corrupt far-future due time cannot overflow int64 on disk.
+                delay_ns = min(max(1, int((due - now) * 1e9)), MAX_DEFER_NS)
+                m.defer_until_ns = now_ns + delay_ns
             m.client = None
             pending.append(m)
         self.in_flight.clear()

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 _ENCODED_HEADER = struct.Struct(">qH")
 ENCODED_OVERHEAD = 26
 MAX_ATTEMPTS = 0xFFFF
+#: The furthest a deferral may reach (ten years): a due time stored past it is corruption, and
+#: now + this still fits the int64 nanoseconds of the deferred side file for centuries.
+MAX_DEFER_NS = 10 * 365 * 86400 * 1_000_000_000
 
 
 class Message:

@@ -15,13 +15,17 @@ from .message import Message, decode_message
 
 
 class MessageQueue:
-    __slots__ = ("_flip", "_mem", "backend", "mem_size")
+    __slots__ = ("_flip", "_mem", "backend", "mem_size", "overflow_count", "write_error")
 
     def __init__(self, mem_size: int, backend: BackendQueue) -> None:
         self.mem_size = mem_size
         self.backend = backend
         self._mem: deque[Message] = deque()
         self._flip = False
+        #: Messages kept in memory past ``mem_size`` because the backend failed to store them.
+        self.overflow_count = 0
+        #: The backend's last write error while it lasts (cleared by the next good write).
+        self.write_error: OSError | None = None
 
     def __len__(self) -> int:
         """nsqd's ``depth``: memory plus backend (not in-flight or deferred)."""
@@ -31,13 +35,9 @@ class MessageQueue:
     def mem_depth(self) -> int:
         return len(self._mem)
 
-    def put(self, msg: Message) -> None:
-        if len(self._mem) < self.mem_size:
-            self._mem.append(msg)
-        else:
-            self.backend.put_many([msg])
-
     def put_many(self, msgs: list[Message]) -> None:
+        """Publish: memory while there is room, then the backend; raises its OSError, and then
+        the messages that did not fit are not stored (the publisher is told it failed)."""
         mem = self._mem
         room = self.mem_size - len(mem)
         if room >= len(msgs):
@@ -48,32 +48,96 @@ class MessageQueue:
             msgs = msgs[room:]
         self.backend.put_many(msgs)
 
-    def put_raw(self, records: list[bytes]) -> None:
-        """Encoded messages from another backend: stored as they are when memory is full."""
+    def keep_many(self, msgs: list[Message]) -> OSError | None:
+        """Messages this queue must not lose (already acknowledged to their publisher): like
+        ``put_many``, but if the backend fails they stay in memory past ``mem_size`` and the
+        error is returned."""
+        mem = self._mem
+        room = self.mem_size - len(mem)
+        if room >= len(msgs):
+            mem.extend(msgs)
+            return None
+        if room > 0:
+            mem.extend(msgs[:room])
+            msgs = msgs[room:]
+        try:
+            self.backend.put_many(msgs)
+        except OSError as err:
+            return self._kept(msgs, err)
+        self.write_error = None
+        return None
+
+    def keep_raw(self, records: list[bytes]) -> OSError | None:
+        """Encoded messages from another backend: stored as they are when memory is full; kept
+        in memory (decoded) if the backend fails, as ``keep_many``."""
         room = self.mem_size - len(self._mem)
         if room > 0:
             self._mem.extend(map(decode_message, records[:room]))
             records = records[room:]
-        if records:
+        if not records:
+            return None
+        try:
             self.backend.put_raw(records)
+        except OSError as err:
+            return self._kept(list(map(decode_message, records)), err)
+        self.write_error = None
+        return None
 
-    def put_front(self, msgs: list[Message]) -> None:
-        """Return messages to the head of the queue (they were taken from it earlier)."""
-        self._mem.extendleft(reversed(msgs))
+    def _kept(self, msgs: list[Message], err: OSError) -> OSError:
+        self._mem.extend(msgs)
+        self.overflow_count += len(msgs)
+        self.write_error = err
+        return err
 
-    def take(self, n: int) -> list[Message]:
-        """Up to ``n`` messages: half from the backend when it has any, the rest from memory."""
+    def put_front(self, msgs: list[Message]) -> OSError | None:
+        """Return messages taken earlier: to the head of memory while there is room (they are
+        the oldest), the rest to the backend, so that ``mem_size`` holds (as ``keep_many``)."""
+        room = self.mem_size - len(self._mem)
+        if room >= len(msgs):
+            self._mem.extendleft(reversed(msgs))
+            return None
+        if room > 0:
+            self._mem.extendleft(reversed(msgs[:room]))
+            msgs = msgs[room:]
+        try:
+            self.backend.put_many(msgs)
+        except OSError as err:
+            return self._kept(msgs, err)
+        self.write_error = None
+        return None
+
+    def take(self, n: int, max_bytes: int = 0) -> list[Message]:
+        """Up to ``n`` messages: half from the backend when it has any, the rest from memory.
+
+        With ``max_bytes``, stop once that many body bytes are taken (at least one message):
+        a consumer is never handed more than its connection may buffer.
+        """
         backend = self.backend
         # Alternate which side gets the odd message, so that a run of take(1) serves both.
         self._flip = flip = not self._flip
-        out = backend.read_many((n + flip) // 2) if backend.depth() else []
+        out = backend.read_many((n + flip) // 2, max_bytes) if backend.depth() else []
         mem = self._mem
         k = min(n - len(out), len(mem))
         if k:
             popleft = mem.popleft
-            out += [popleft() for _ in range(k)]
+            if not max_bytes:
+                out += [popleft() for _ in range(k)]
+            else:
+                budget = max_bytes - sum(len(m.body) for m in out)
+                while k and budget > 0:
+                    m = popleft()
+                    out.append(m)
+                    budget -= len(m.body)
+                    k -= 1
+                if budget <= 0:
+                    return out
         if len(out) < n and backend.depth():
-            out += backend.read_many(n - len(out))
+            if max_bytes:
+                budget = max_bytes - sum(len(m.body) for m in out)
+                if budget > 0:
+                    out += backend.read_many(n - len(out), budget)
+            else:
+                out += backend.read_many(n - len(out))
         return out
 
     def take_memory(self, n: int) -> list[Message]:

@@ -11,6 +11,7 @@ large backlog never stalls the event loop. New messages queue behind the backlog
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,8 @@ from .guid import GUIDFactory
 from .message import Message
 from .queue import MessageQueue
 from .timed_queue import Scheduler
+
+log = logging.getLogger("pynsqd")
 
 #: Messages moved from a topic's backlog to its channels per loop turn: about a millisecond of
 #: work, so that a large backlog never delays other clients' commands by more than that.
@@ -106,19 +109,25 @@ class Topic:
         self.message_bytes += sum(map(len, bodies))
 
     def put_many(self, msgs: list[Message]) -> None:
-        """Raises OSError if the backend could not store the messages."""
+        """Raises OSError if a backend could not store the messages. Channels that could not
+        write them keep them in memory (another channel may have stored them already), but
+        the publisher is told: its OK means stored as ``--mem-queue-size`` says."""
         if self.channels and not self.paused and not len(self.queue):
-            self._fan_out(msgs)
+            err = self._fan_out(msgs)
+            if err is not None:
+                raise err
         else:
             self.queue.put_many(msgs)
             self.schedule_drain()
 
-    def _fan_out(self, msgs: list[Message]) -> None:
+    def _fan_out(self, msgs: list[Message]) -> OSError | None:
+        """Every channel gets the messages; returns the first backend error (none are lost)."""
         channels = iter(self.channels.values())
         first = next(channels)
+        err = None
         for ch in channels:
-            ch.put_many([m.copy() for m in msgs])
-        first.put_many(msgs)
+            err = ch.put_many([m.copy() for m in msgs]) or err
+        return first.put_many(msgs) or err
 
     def schedule_drain(self) -> None:
         if not self._drain_pending and self.channels and not self.paused and len(self.queue):
@@ -140,11 +149,17 @@ class Topic:
             self._fan_out(batch)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
-            # room in memory.
-            records = queue.backend.read_raw(DRAIN_BATCH)
-            if records:
-                for ch in self.channels.values():
-                    ch.put_raw(records)
+            # room in memory. The topic's read is held until every channel has stored them, so
+            # a crash at any instant leaves each message in the topic or in every channel (a
+            # channel that cannot write keeps them in memory: see Channel.put_raw).
+            backend = queue.backend
+            records = backend.read_raw(DRAIN_BATCH, hold=True)
+            try:
+                if records:
+                    for ch in self.channels.values():
+                        ch.put_raw(records)
+            finally:
+                backend.commit_reads()
         self.schedule_drain()
 
     # -- channels -------------------------------------------------------------------------
@@ -204,12 +219,28 @@ class Topic:
         self.queue.empty()
 
     def close(self, *, delete: bool) -> None:
+        """Close every channel, then the topic; one channel's failure never stops the others
+        from flushing (it is logged, and the first error is raised at the end)."""
         self.exiting = True
+        first: Exception | None = None
         for name in list(self.channels):
-            if delete:
-                self.delete_channel(name)
-            else:
-                self.channels[name].close(delete=False)
+            try:
+                if delete:
+                    self.delete_channel(name)
+                else:
+                    self.channels[name].close(delete=False)
+            except Exception as err:
+                log.error("CHANNEL(%s:%s): failed to close - %s", self.name, name, err)
+                first = first or err
+        try:
+            self._close_queue(delete=delete)
+        except Exception as err:
+            log.error("TOPIC(%s): failed to close - %s", self.name, err)
+            first = first or err
+        if first is not None:
+            raise first
+
+    def _close_queue(self, *, delete: bool) -> None:
         if delete:
             self.queue.backend.delete()
             return

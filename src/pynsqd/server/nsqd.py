@@ -183,8 +183,14 @@ class NSQD:
                 background_sync=True,
             )
         )
+        backend.on_write = self._backend_written
         self._disk_backends[name] = backend
         return backend
+
+    def _backend_written(self, err: OSError | None) -> None:
+        # As nsqd: a failed disk write makes /ping unhealthy, the next good one heals it.
+        if err is not None or self.health_error is not None:
+            self.set_health_error(err)
 
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
@@ -364,10 +370,9 @@ class NSQD:
             self._sync_timer.cancel()
         self.persist_metadata()
         for topic in list(self.topics.values()):
-            try:
+            # A failure is logged by the topic; the other topics must still be flushed.
+            with contextlib.suppress(Exception):
                 topic.close(delete=False)
-            except OSError as err:
-                log.error("TOPIC(%s): failed to close - %s", topic.name, err)
         self._dir_lock.unlock()
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()

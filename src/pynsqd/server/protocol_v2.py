@@ -255,6 +255,15 @@ class ClientV2(SecureClient, asyncio.Protocol):
         elif self._buffer_timer is None:
             self._buffer_timer = self.loop.call_later(self.output_buffer_timeout, self._flush)
 
+    def output_room(self) -> int:
+        """For the channel: body bytes this client may still be handed. What is buffered here
+        and in the transport counts, so a client that does not read pins at most about
+        ``_HIGH_WATER`` (plus one message), whatever its RDY."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return 0
+        return _HIGH_WATER - self._out_bytes - transport.get_write_buffer_size()
+
     def _flush(self) -> None:
         self._flush_pending = False
         if self._buffer_timer is not None:
@@ -266,6 +275,14 @@ class ClientV2(SecureClient, asyncio.Protocol):
                 self.transport.write(b"".join(out))
             else:
                 self.transport.write(self._stack.encode(b"".join(out)))
+            if (
+                self._out_bytes >= _LOW_WATER
+                and self.channel is not None
+                and self.in_flight_count < self.rdy
+            ):
+                # It may have been passed over for lack of room: the bytes have left this
+                # buffer (pause_writing/resume_writing cover the transport's).
+                self.channel.schedule_pump()
         out.clear()
         self._out_bytes = 0
 

@@ -212,6 +212,8 @@ class DiskQueue:
         #: The last failed background sync, kept until ``take_sync_error``.
         self.sync_error: OSError | None = None
 
+        self._holding = False  # reads not to be persisted before commit_reads
+        self._held_removals: list[str] = []  # consumed files to delete at commit_reads
         self._wfd: int | None = None
         self._rfd: int | None = None
         self._rbuf = b""  # bytes of the read file starting at file offset _rbuf_pos
@@ -278,15 +280,21 @@ class DiskQueue:
         if self._count >= self.sync_every or self._need_sync:
             self._request_sync()
 
-    def read_many(self, max_count: int) -> list[bytes]:
+    def read_many(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
         """Return up to ``max_count`` next records in FIFO order; they are consumed.
 
-        Fewer records are returned only when the queue runs dry. A crash after this returns loses
-        the returned records (the depth and read position already moved past them).
+        Fewer records are returned when the queue runs dry, or once ``max_bytes`` (if nonzero) of
+        records have been returned (always at least one). A crash after this returns loses the
+        returned records (the depth and read position already moved past them), unless
+        ``hold`` is given: then the new read position is not persisted and no consumed file is
+        deleted until ``commit_reads``, so a crash before that makes the records come back. The
+        caller moving records to another queue stores them there first, then commits.
         """
         out: list[bytes] = []
         if self._closed or max_count <= 0:
             return out
+        self._holding = hold
+        nbytes = 0
         while len(out) < max_count and self._has_data():
             try:
                 if self._rfd is None:
@@ -323,6 +331,11 @@ class DiskQueue:
                 append(buf[off + 4 : nxt])
                 off = nxt
                 got += 1
+                if max_bytes:
+                    nbytes += size
+                    if nbytes >= max_bytes:  # the caller's byte budget is spent
+                        want = got
+                        max_count = len(out)
             if got:
                 self._read_pos = base + off
                 self._depth -= got
@@ -345,6 +358,22 @@ class DiskQueue:
                 self._handle_read_error("unexpected EOF (truncated record)")
         self._after_read()
         return out
+
+    def commit_reads(self) -> None:
+        """Make the reads done with ``hold=True`` final: delete the files they consumed and
+        persist the read position (now with ``sync_every=1``, else as the op count says)."""
+        self._holding = False
+        removals, self._held_removals = self._held_removals, []
+        for old in removals:
+            try:
+                os.remove(old)
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to Remove(%s) - %s", self.name, old, exc)
+        if not self._closed and (self._need_sync or self._count >= self.sync_every):
+            try:
+                self._request_sync()
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
 
     def empty(self) -> None:
         """Delete all data files and the metadata file; go on with a new file number."""
@@ -435,6 +464,8 @@ class DiskQueue:
             return
         self._log.info("DISKQUEUE(%s): closing", self.name)
         try:
+            if self._held_removals:
+                self.commit_reads()
             self.sync()
         finally:
             self._close_read_file()
@@ -762,6 +793,9 @@ class DiskQueue:
         self._read_pos = 0
         # sync every time we start reading from a new file
         self._need_sync = True
+        if self._holding:  # the records read from it are not stored elsewhere yet
+            self._held_removals.append(old)
+            return
         try:
             os.remove(old)
         except OSError as exc:
@@ -777,6 +811,8 @@ class DiskQueue:
             if at_end:
                 self._next_read_file()
         self._check_tail_corruption()
+        if self._holding:
+            return  # commit_reads persists the read position
         if self._need_sync or self._count >= self.sync_every:
             try:
                 self._request_sync()

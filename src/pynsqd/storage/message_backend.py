@@ -21,7 +21,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from ..core.message import Message, decode_message
+from ..core.message import MAX_DEFER_NS, Message, decode_message
 from .diskqueue import DiskQueue
 
 _DUE = struct.Struct(">16sq")
@@ -33,10 +33,24 @@ _DUE_SLACK = 4096
 class DiskBackend:
     """``core.backend.BackendQueue`` over a ``DiskQueue``, in nsqd's message encoding."""
 
-    __slots__ = ("_due", "_due_dirty", "_due_fd", "_due_path", "_due_records", "dq", "on_deferred")
+    __slots__ = (
+        "_due",
+        "_due_dirty",
+        "_due_fd",
+        "_due_path",
+        "_due_records",
+        "_failing",
+        "dq",
+        "on_deferred",
+        "on_write",
+    )
 
     def __init__(self, dq: DiskQueue) -> None:
         self.dq = dq
+        #: Told of a failed write (the error) and of the first good write after one (None):
+        #: nsqd's health follows its backends' writes.
+        self.on_write: Callable[[OSError | None], None] | None = None
+        self._failing = False
         #: Receives messages read back whose due time is in the future (one batch per read).
         self.on_deferred: Callable[[list[Message]], None] | None = None
         self._due: dict[bytes, int] = {}
@@ -53,28 +67,46 @@ class DiskBackend:
         due = [(m.id, m.defer_until_ns) for m in msgs if m.defer_until_ns]
         if due:
             self._add_due(due)
-        self.dq.put_many(records)
+        self._put(records)
 
-    def read_many(self, max_count: int) -> list[Message]:
-        return list(map(decode_message, self.read_raw(max_count)))
+    def _put(self, records: list[bytes]) -> None:
+        try:
+            self.dq.put_many(records)
+        except OSError as err:
+            self._failing = True
+            if self.on_write is not None:
+                self.on_write(err)
+            raise
+        if self._failing:
+            self._failing = False
+            if self.on_write is not None:
+                self.on_write(None)
+
+    def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
+        return list(map(decode_message, self.read_raw(max_count, max_bytes)))
 
     def put_raw(self, records: list[bytes]) -> None:
         # Records from another backend's read_raw, which kept the deferred ones out.
-        self.dq.put_many(records)
+        self._put(records)
 
-    def read_raw(self, max_count: int) -> list[bytes]:
+    def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
         if not self._due or self.on_deferred is None:
-            return self.dq.read_many(max_count)
+            return self.dq.read_many(max_count, max_bytes, hold=hold)
         out: list[bytes] = []
         while len(out) < max_count:
-            records = self.dq.read_many(max_count - len(out))
+            records = self.dq.read_many(max_count - len(out), max_bytes, hold=hold)
             if not records:
                 break
             out += self._keep_deferred(records)
+            if max_bytes and out:
+                break  # a byte-bounded read stops at its first plain records
             if not self._due:
-                out += self.dq.read_many(max_count - len(out))
+                out += self.dq.read_many(max_count - len(out), hold=hold)
                 break
         return out
+
+    def commit_reads(self) -> None:
+        self.dq.commit_reads()
 
     def depth(self) -> int:
         return self.dq.depth()
@@ -198,9 +230,16 @@ class DiskBackend:
             return
         now = time.time_ns()
         due: dict[bytes, int] = {}
+        bad = 0
         for off in range(0, len(data) - _DUE.size + 1, _DUE.size):
             msg_id, ts = _DUE.unpack_from(data, off)
+            if ts > now + MAX_DEFER_NS:  # corruption: deliver it now rather than never
+                bad += 1
+                due.pop(msg_id, None)
+                continue
             due[msg_id] = ts
+        if bad:
+            self._quarantine_due(data, bad)
         self._due = {i: ts for i, ts in due.items() if ts > now}
         if not self._due or not self.dq.depth():
             self._drop_due()
@@ -211,6 +250,22 @@ class DiskBackend:
             self.dq._log.error(
                 "DISKQUEUE(%s) failed to rewrite %s - %s", self.dq.name, self._due_path, exc
             )
+
+    def _quarantine_due(self, data: bytes, bad: int) -> None:
+        bad_path = self._due_path + ".bad"
+        self.dq._log.error(
+            "DISKQUEUE(%s) %d due time(s) in %s are out of range (corrupt): those messages are "
+            "delivered now; the file is kept as %s",
+            self.dq.name,
+            bad,
+            self._due_path,
+            bad_path,
+        )
+        try:
+            with open(bad_path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            self.dq._log.error("DISKQUEUE(%s) failed to write %s - %s", self.dq.name, bad_path, exc)
 
     def _drop_due(self) -> None:
         self._due = {}
