@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -229,3 +232,185 @@ def test_messages_of_a_departed_consumer_respect_the_memory_bound(
     proc = Proc(data, log, *flags)
     consume_all(proc, "t", "c", set(bodies))
     proc.stop(signal.SIGTERM)
+
+
+# -- 3: consumers that never read ------------------------------------------------------------
+
+
+def test_a_consumer_that_never_reads_pins_a_bounded_amount(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_msg_size=2 << 20, max_body_size=4 << 20)
+    body = b"x" * (1 << 20)
+    n = 64
+    with server.connect() as pub:
+        pub.sub("t", "c")  # the channel exists: the backlog waits there
+        for _ in range(n):
+            pub.pub("t", body)
+    stuck = []
+    try:
+        for _ in range(2):
+            c = server.connect()
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.sub("t", "c", rdy=1000)  # a window of 1000 MiB, and it never reads
+            stuck.append(c)
+        _check_pinned(server, n)
+    finally:
+        for c in stuck:
+            c.close()
+    wait_for(
+        lambda: server.call(lambda: server.nsqd.topics["t"].channels["c"].depth) == n,
+        "the messages to return to the channel",
+    )
+    # and another consumer gets them all
+    with server.connect() as c:
+        c.sub("t", "c", rdy=4)
+        for _ in range(n):
+            m = c.read_message()
+            c.fin(m.id)
+
+
+def _check_pinned(server: ServerThread, n: int) -> None:
+    def pinned() -> tuple[int, int, int]:
+        ch = server.nsqd.topics["t"].channels["c"]
+        clients = [server.nsqd.clients[cid] for cid in ch.clients]
+        held = sum(c.transport.get_write_buffer_size() + c._out_bytes for c in clients)  # type: ignore[union-attr]
+        return len(ch.in_flight), held, ch.depth
+
+    wait_for(lambda: server.call(pinned)[0] > 0, "delivery to start")
+    wait_for(
+        lambda: all(c.write_paused for c in server.nsqd.clients.values() if c.channel),
+        "back-pressure",
+    )
+    in_flight, held, depth = server.call(pinned)
+    # each holds about the 4 MiB high-water mark plus one message, not its whole RDY window
+    # (the kernel socket buffers take a few more)
+    assert in_flight <= 2 * 12, in_flight
+    assert held <= 2 * 6 * (1 << 20), held
+    assert depth == n - in_flight  # the rest waits in the channel
+
+
+# -- 6: a corrupt due time in the deferred side file ---------------------------------------------
+
+
+def test_an_out_of_range_due_time_is_quarantined_and_shutdown_flushes_the_rest(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    first = make_nsqd(data_path=str(data), http_address="")
+    with first.connect() as c:
+        c.sub("t1", "c")
+        c.dpub("t1", 60_000, b"deferred")
+        wait_for(
+            lambda: first.call(lambda: len(first.nsqd.topics["t1"].channels["c"].deferred)) == 1,
+            "DPUB",
+        )
+    first.stop()
+    side = data / "t1:c.diskqueue.deferred.dat"
+    record = side.read_bytes()
+    assert len(record) == 24
+    side.write_bytes(record[:16] + struct.pack(">q", 2**63 - 1))  # ~year 2262: corrupt
+
+    second = make_nsqd(data_path=str(data), http_address="")
+    with second.connect() as c:
+        c.sub("t1", "c", rdy=1)
+        m = c.read_message()  # delivered at once rather than in 240 years
+        assert m.body == b"deferred"
+        c.req(m.id, 60_000)  # deferred again, properly this time
+    with second.connect() as c:
+        c.mpub("t2", [b"m%04d" % i for i in range(5000)])  # memory only, no channel
+    assert (data / "t1:c.diskqueue.deferred.dat.bad").exists()
+    second.stop()
+
+    third = make_nsqd(data_path=str(data), http_address="")
+    assert third.call(lambda: third.nsqd.topics["t2"].depth) == 5000
+    assert third.call(lambda: len(third.nsqd.topics["t1"].channels["c"].queue)) == 1
+
+
+# -- 7, 8: a full disk -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB filesystem (tmpfs) for the data directory; needs mount rights (root)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> Path:
+    """Fill the filesystem of ``path`` to the last byte; remove the file to free it."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (65536, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def http_get(server: ServerThread, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_ping_recovers_once_the_disk_has_room_again(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path
+) -> None:
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)
+    with server.connect() as c:
+        c.pub("t", b"before")
+    filler = fill(small_disk)
+    with server.connect() as c:
+        c.send(b"PUB t\n" + struct.pack(">l", 4096) + b"x" * 4096)
+        err = c.read_frame()
+        assert err.data.startswith(b"E_PUB_FAILED"), err
+    assert http_get(server, "/ping")[0] == 500
+    filler.unlink()
+    with server.connect() as c:
+        c.pub("t", b"after")  # publishing works again
+    assert http_get(server, "/ping") == (200, b"OK")
+
+
+def test_messages_coming_due_on_a_full_disk_are_kept(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)
+    with server.connect() as p:
+        p.mpub("t", [b"timeout-%02d" % i for i in range(20)] + [b"req-%02d" % i for i in range(20)])
+    consumer = server.connect(msg_timeout=1000)
+    consumer.sub("t", "c", rdy=100)
+    first = consumer.read_messages(40)
+    with server.connect() as p:
+        for i in range(20):
+            p.dpub("t", 300, b"dpub-%02d" % i)
+    fill(small_disk)
+    for m in first:
+        if m.body.startswith(b"req"):
+            consumer.req(m.id, 200)
+    # the timed-out, REQ-deferred and DPUB messages come due while nothing can be written
+    got = {m.body for m in consumer.read_messages(60)}
+    assert got == {m.body for m in first} | {b"dpub-%02d" % i for i in range(20)}
+    consumer.close()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    stats = json.loads(http_get(server, "/stats?format=json")[1])
+    assert stats["topics"][0]["channels"][0]["overflow_count"] >= 40

@@ -110,6 +110,8 @@ def channel_stats(
         "message_count": channel.message_count,
         "requeue_count": channel.requeue_count,
         "timeout_count": channel.timeout_count,
+        # pynsqd: messages held in memory past --mem-queue-size because a disk write failed
+        "overflow_count": channel.queue.overflow_count,
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": channel.paused,

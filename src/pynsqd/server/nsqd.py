@@ -366,6 +366,13 @@ class NSQD:
             if not self.clients:
                 break
             await asyncio.sleep(0.01)
+        # A client that does not read cannot hold shutdown: drop what it has not taken.
+        for client in list(self.clients.values()):
+            client.abort()
+        for _ in range(100):
+            if not self.clients:
+                break
+            await asyncio.sleep(0.01)
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         self.persist_metadata()

@@ -150,6 +150,11 @@ class ClientV2(SecureClient, asyncio.Protocol):
         if self.channel is not None:
             self.channel.schedule_pump()
 
+    def abort(self) -> None:
+        """Close now, dropping unsent output (shutdown, for a client that does not read)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def close_for_exit(self) -> None:
         """The channel or nsqd is going away: flush and close."""
         self._flush()
