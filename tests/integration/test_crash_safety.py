@@ -104,6 +104,20 @@ def test_crash_while_the_backlog_moves_to_channels_loses_nothing(
         assert got == {b"m%05d" % i for i in range(n)}
 
 
+_LIVE: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left() -> Iterator[None]:
+    """A failing test must not leave its nsqd running."""
+    yield
+    while _LIVE:
+        p = _LIVE.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Proc:
     """The real nsqd process with TCP and HTTP on port 0."""
 
@@ -123,6 +137,7 @@ class Proc:
             stdout=subprocess.DEVNULL,
             stderr=self.log_file,
         )
+        _LIVE.append(self.p)
         ports: dict[str, int] = {}
 
         def listening() -> bool:

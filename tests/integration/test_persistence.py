@@ -254,3 +254,47 @@ def test_unreadable_nsqd_dat_is_kept_and_topics_recovered_from_queue_files(
         assert sorted(m.body for m in c.read_messages(2)) == [b"b", b"c"]
     # and the rewritten nsqd.dat is whole again
     assert json.loads((tmp_path / "nsqd.dat").read_bytes())["version"] == "1.3.0"
+
+
+def test_creating_many_topics_coalesces_metadata_writes(
+    make_nsqd: MakeNSQD, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import http.client
+
+    s = make_nsqd()
+    caplog.set_level(logging.DEBUG, logger="pynsqd")
+    conn = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=10)
+    n = 200
+    for i in range(n):
+        for path in (f"/topic/create?topic=t{i}", f"/channel/create?topic=t{i}&channel=a"):
+            conn.request("POST", path)
+            assert conn.getresponse().read() == b""
+    conn.close()
+
+    def on_disk() -> int:
+        try:
+            return len(json.loads((tmp_path / "nsqd.dat").read_bytes())["topics"])
+        except (OSError, ValueError):
+            return -1
+
+    deadline = time.monotonic() + 20
+    while on_disk() != n:  # written in the background, soon after the burst
+        assert time.monotonic() < deadline, on_disk()
+        time.sleep(0.01)
+    writes = [r for r in caplog.records if r.getMessage().startswith("NSQ: persisted metadata")]
+    assert 1 <= len(writes) < n // 2  # not one (with an fsync) per creation
+
+
+def test_shutdown_leaves_idle_queues_untouched(make_nsqd: MakeNSQD, tmp_path: Path) -> None:
+    s = make_nsqd()
+    with s.connect() as c:
+        for i in range(20):
+            c.pub(f"t{i}", b"x")
+    s.stop()  # every queue synced and closed
+    metas = sorted(tmp_path.glob("*.diskqueue.meta.dat"))
+    assert len(metas) == 20
+    inodes = {p: p.stat().st_ino for p in metas}
+
+    s = make_nsqd()
+    s.stop()  # nothing happened: no queue needs an fsync or a new metadata file
+    assert {p: p.stat().st_ino for p in metas} == inodes

@@ -27,10 +27,10 @@ from ..storage.metadata import (
     METADATA_FILE,
     ChannelMeta,
     DirLock,
+    MetadataWriter,
     TopicMeta,
     read_metadata,
     recover_metadata,
-    write_metadata,
 )
 from . import lifecycle
 from .auth import AuthClient
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
 
 log = logging.getLogger("pynsqd")
+
+#: How long a new topic or channel waits for others before nsqd.dat is written (one write for a
+#: burst of creations; nsqd persists them asynchronously too).
+METADATA_DELAY = 0.1
 
 
 def protocol_config(opts: Options) -> ProtocolConfig:
@@ -85,7 +89,7 @@ class NSQD:
         self.https_address = ""
         self.auth = AuthClient(opts) if opts.auth_http_addresses else None
         self._loading_metadata = False
-        self._persist_pending = False
+        self._metadata = MetadataWriter(self.data_path, log)
         self.lookup = Lookup(self)
 
     # -- topics and channels --------------------------------------------------------------
@@ -214,10 +218,11 @@ class NSQD:
 
     def persist_metadata(self) -> None:
         """Write nsqd.dat now: every non-ephemeral topic and channel with its paused flag."""
-        self._persist_pending = False
-        if self._loading_metadata:
-            return
-        topics = [
+        if not self._loading_metadata:
+            self._metadata.write_now(self._metadata_snapshot())
+
+    def _metadata_snapshot(self) -> list[TopicMeta]:
+        return [
             TopicMeta(
                 t.name,
                 t.paused,
@@ -226,20 +231,15 @@ class NSQD:
             for t in self.topics.values()
             if not t.ephemeral
         ]
-        try:
-            write_metadata(self.data_path, topics)
-        except OSError as err:
-            log.error("NSQ: failed to persist metadata - %s", err)
 
     def _persist_metadata_soon(self) -> None:
-        # At the end of the loop turn: a new channel is added to its topic after make_channel.
-        if not self._persist_pending and not self._loading_metadata:
-            self._persist_pending = True
-            self.loop.call_soon(self._persist_if_pending)
-
-    def _persist_if_pending(self) -> None:
-        if self._persist_pending:
-            self.persist_metadata()
+        # New topics and channels: a burst of creations shares one write, off the loop.
+        if not self._loading_metadata and not self.exiting:
+            self._metadata.write_soon(
+                lambda: None if self.exiting else self._metadata_snapshot(),
+                self.loop.call_later,
+                METADATA_DELAY,
+            )
 
     def load_metadata(self) -> None:
         """Create the topics and channels of nsqd.dat, paused as they were."""
@@ -375,6 +375,7 @@ class NSQD:
             await asyncio.sleep(0.01)
         if self._sync_timer is not None:
             self._sync_timer.cancel()
+        self._metadata.close()
         self.persist_metadata()
         for topic in list(self.topics.values()):
             # A failure is logged by the topic; the other topics must still be flushed.

@@ -209,6 +209,7 @@ class DiskQueue:
         self._background = background_sync and self.sync_every > 1
         self._bg_job: _SyncJob | None = None  # guarded by _WORKER's lock
         self._bg_running = False  # guarded by _WORKER's lock
+        self._bg_failed = False
         #: The last failed background sync, kept until ``take_sync_error``.
         self.sync_error: OSError | None = None
 
@@ -409,6 +410,7 @@ class DiskQueue:
                 raise
         self._persist_metadata()
         self._need_sync = False
+        self._bg_failed = False
         self._count = 0
 
     def sync_if_due(self, now: float) -> None:
@@ -455,6 +457,7 @@ class DiskQueue:
         except OSError as exc:
             self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
             self.sync_error = exc
+            self._bg_failed = True  # until a sync succeeds: close must not skip its own
         finally:
             _close_fds(job.fds)
 
@@ -466,6 +469,12 @@ class DiskQueue:
         try:
             if self._held_removals:
                 self.commit_reads()
+            if self._count == 0 and not self._need_sync:
+                # Nothing since the last sync: once a background one asked for is done, the
+                # files are as they should be (a thousand idle queues close without fsyncs).
+                _WORKER.wait(self)
+                if not self._bg_failed:
+                    return
             self.sync()
         finally:
             self._close_read_file()

@@ -10,11 +10,15 @@ fsynced and renamed over ``nsqd.dat`` (then the directory is fsynced, which nsqd
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +29,7 @@ __all__ = [
     "ChannelMeta",
     "DirLock",
     "DirLockError",
+    "MetadataWriter",
     "TopicMeta",
     "encode_metadata",
     "read_metadata",
@@ -173,3 +178,73 @@ class DirLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.unlock()
+
+
+class MetadataWriter:
+    """Writes ``nsqd.dat`` for nsqd: now (pause, delete, exit) or soon (create), off the loop.
+
+    Creating a thousand topics must not write the file a thousand times with an fsync each:
+    ``write_soon`` waits ``delay`` seconds for more changes, then writes one snapshot on a
+    thread of its own, so the event loop never waits for the disk. nsqd, too, persists new
+    topics and channels asynchronously. Snapshots are numbered; an older one never overwrites a
+    newer one, whichever thread gets to the file first.
+    """
+
+    def __init__(self, data_path: str, log: logging.Logger) -> None:
+        self.data_path = data_path
+        self._log = log
+        self._lock = threading.Lock()  # one writer of the file at a time
+        self._seq = 0  # the newest snapshot taken
+        self._written = 0  # the newest snapshot on disk (guarded by _lock)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[None] | None = None
+
+    def write_now(self, topics: list[TopicMeta]) -> None:
+        """Write this snapshot before returning; an ``OSError`` is logged."""
+        self._seq += 1
+        self._write(self._seq, topics)
+
+    def write_soon(
+        self,
+        snapshot: Callable[[], list[TopicMeta] | None],
+        call_later: Callable[[float, Callable[[], None]], object],
+        delay: float,
+    ) -> None:
+        """Call ``snapshot`` (on the caller's thread) ``delay`` seconds from now and write it in
+        the background; calls until then share that write. A None snapshot writes nothing."""
+        if self._pending is not None:
+            return
+        self._pending = concurrent.futures.Future()
+
+        def take() -> None:
+            self._pending = None
+            topics = snapshot()
+            if topics is None:
+                return
+            self._seq += 1
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="nsqd-metadata"
+                )
+            self._executor.submit(self._write, self._seq, topics)
+
+        call_later(delay, take)
+
+    def close(self) -> None:
+        """Wait for a background write under way (a pending one is dropped: write_now follows)."""
+        self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _write(self, seq: int, topics: list[TopicMeta]) -> None:
+        with self._lock:
+            if seq < self._written:
+                return  # a newer snapshot is already on disk
+            try:
+                write_metadata(self.data_path, topics)
+            except OSError as err:
+                self._log.error("NSQ: failed to persist metadata - %s", err)
+                return
+            self._written = seq
+            self._log.debug("NSQ: persisted metadata of %d topic(s)", len(topics))
