@@ -32,6 +32,7 @@ CHANNEL_KEYS = [
     "clients",
     "paused",
     "e2e_processing_latency",
+    "overflow_count",  # pynsqd's own, after nsqd's
 ]
 CLIENT_TYPES: dict[str, type] = {
     "client_id": str,

@@ -110,12 +110,13 @@ def channel_stats(
         "message_count": channel.message_count,
         "requeue_count": channel.requeue_count,
         "timeout_count": channel.timeout_count,
-        # pynsqd: messages held in memory past --mem-queue-size because a disk write failed
-        "overflow_count": channel.queue.overflow_count,
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": channel.paused,
         "e2e_processing_latency": channel_e2e(nsqd, channel),
+        # pynsqd's own, after nsqd's keys: messages held in memory past --mem-queue-size
+        # because a disk write failed
+        "overflow_count": channel.queue.overflow_count,
     }
 
 
