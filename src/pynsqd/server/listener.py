@@ -36,12 +36,29 @@ async def listen(
     address: str,
     **kwargs: object,
 ) -> asyncio.Server:
-    """Start a server on ``address``; a stale unix socket file is replaced."""
+    """Start a server on ``address``; a stale unix socket file is replaced.
+
+    The listen backlog is the system's maximum, as Go's ``net.Listen`` (asyncio's default of 100
+    resets a burst of clients connecting at once).
+    """
+    backlog = listen_backlog()
     if is_unix_address(address):
         if os.path.exists(address):
             os.unlink(address)
-        return await loop.create_unix_server(factory, address, **kwargs)  # type: ignore[arg-type]
+        return await loop.create_unix_server(  # type: ignore[arg-type]
+            factory, address, backlog=backlog, **kwargs
+        )
     host, port = split_host_port(address)
     return await loop.create_server(  # type: ignore[call-overload, no-any-return]
-        factory, host or None, port, reuse_address=True, **kwargs
+        factory, host or None, port, reuse_address=True, backlog=backlog, **kwargs
     )
+
+
+def listen_backlog() -> int:
+    """``net.core.somaxconn`` where the system says, else ``socket.SOMAXCONN``."""
+    try:
+        with open("/proc/sys/net/core/somaxconn", "rb") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+    return max(value, socket.SOMAXCONN)
