@@ -45,8 +45,11 @@ async def listen(
     if is_unix_address(address):
         if os.path.exists(address):
             os.unlink(address)
-        return await loop.create_unix_server(  # type: ignore[arg-type]
-            factory, address, backlog=backlog, **kwargs
+        return await loop.create_unix_server(
+            factory,
+            address,
+            backlog=backlog,
+            **kwargs,  # type: ignore[arg-type]
         )
     host, port = split_host_port(address)
     return await loop.create_server(  # type: ignore[call-overload, no-any-return]
