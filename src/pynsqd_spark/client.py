@@ -18,7 +18,6 @@ imports pyspark.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import ssl
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pynsqd.internal import jsonbound
 from pynsqd.protocol import encode
 from pynsqd.protocol.frames import (
     FRAME_TYPE_ERROR,
@@ -204,7 +204,7 @@ class Connection:
                 ident["tls_v1"] = True
             resp = self.request(encode.identify(ident))
             if resp.startswith(b"{"):
-                self.identify_response = json.loads(resp)
+                self.identify_response = jsonbound.loads(resp)
             if opts.tls:
                 if not self.identify_response.get("tls_v1"):
                     raise NsqConnectionError(
@@ -509,10 +509,10 @@ def _get_json(url: str, timeout: float) -> tuple[int, Any]:
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), json.loads(resp.read() or b"null")
+            return int(resp.status), jsonbound.loads(resp.read() or b"null")
     except urllib.error.HTTPError as e:
         try:
-            body = json.loads(e.read() or b"null")
+            body = jsonbound.loads(e.read() or b"null")
         except ValueError:
             body = None
         return int(e.code), body

@@ -8,7 +8,6 @@ validated (a bad ``defer`` or ``/mpub`` body leaves no new topic behind).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -19,6 +18,7 @@ from urllib.parse import unquote_plus
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
+from ..internal import jsonbound
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
 from ..options import config_key, option_fields, option_kind
 from ..protocol.errors import FatalClientError
@@ -368,7 +368,7 @@ class API:
                 raise HTTPError(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
                 try:
-                    value = json.loads(body)
+                    value = jsonbound.loads(body)
                 except ValueError as err:
                     raise HTTPError(400, "INVALID_VALUE") from err
                 if value is None:

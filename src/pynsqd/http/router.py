@@ -10,12 +10,15 @@ exception is logged and answered 500 ``INTERNAL_ERROR``; no traceback reaches th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
@@ -103,6 +106,32 @@ def peer(request: BaseRequest) -> str:
     return str(request.remote or "")
 
 
+class _BadRequestLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """What aiohttp's server logs about requests it could not parse or serve: one line, in
+    nsqd's form, at WARNING at most, with the error's own text instead of a traceback."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.pop("exc_info", None)
+        if exc is True:
+            exc = sys.exc_info()[1]
+        if isinstance(exc, BaseException):
+            text = str(msg) % args if args else str(msg)
+            text = text.replace("Error handling request", "bad request")
+            msg, args = "HTTP: %s - %s", (text, _one_line(exc))
+        if not self.logger.isEnabledFor(min(level, logging.WARNING)):
+            return
+        self.logger.log(min(level, logging.WARNING), msg, *args, **kwargs)
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        kwargs.setdefault("exc_info", True)
+        self.log(logging.WARNING, msg, *args, **kwargs)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 class Router:
     """Routes, dispatch and the request log line; subclasses add routes and hooks."""
 
@@ -112,6 +141,22 @@ class Router:
 
     def add(self, method: str, path: str, kind: Kind, handler: Handler) -> None:
         self.routes.setdefault(path, {})[method] = (kind, handler)
+
+    def web_server(self, loop: asyncio.AbstractEventLoop) -> web_server.Server:
+        """aiohttp's low-level server for these routes, configured as nsqd behaves:
+
+        - a body is what the client sent: ``Content-Encoding`` is not decoded (Go nsqd
+          publishes it as it is, and inflating a small body to gigabytes would stall the loop);
+        - a request aiohttp cannot parse is one line at WARNING, never a traceback.
+        """
+        return web_server.Server(
+            self.handle,
+            loop=loop,
+            access_log=None,
+            lingering_time=1.0,
+            auto_decompress=False,
+            logger=_BadRequestLog(self._log),
+        )
 
     def add_pprof_routes(self, index_path: str) -> None:
         """Python stand-ins for Go's ``/debug/pprof`` pages."""

@@ -82,9 +82,7 @@ class HTTPService(Router):
         install_gc_timer()
         opts = self.nsqd.opts
         if opts.http_address:
-            self._web = web_server.Server(
-                self.handle, loop=self.nsqd.loop, access_log=None, lingering_time=1.0
-            )
+            self._web = self.web_server(self.nsqd.loop)
             self._server = await listen(self.nsqd.loop, self._web, opts.http_address)
             self.address = format_address(self._server.sockets[0])
             log.info("HTTP: listening on %s", self.address)
@@ -94,9 +92,7 @@ class HTTPService(Router):
     async def start_https(self, address: str, ssl_context: ssl.SSLContext) -> None:
         """The same API over TLS on --https-address; nsqd starts it when TLS is configured."""
         if self._web is None:
-            self._web = web_server.Server(
-                self.handle, loop=self.nsqd.loop, access_log=None, lingering_time=1.0
-            )
+            self._web = self.web_server(self.nsqd.loop)
         self._https_server = await listen(self.nsqd.loop, self._web, address, ssl=ssl_context)
         self.https_address = format_address(self._https_server.sockets[0])
         log.info("HTTPS: listening on %s", self.https_address)

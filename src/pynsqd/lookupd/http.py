@@ -64,7 +64,7 @@ class LookupdHTTP(Router):
 
     async def start(self, address: str) -> None:
         loop = self.lookupd.loop
-        self._web = web_server.Server(self.handle, loop=loop, access_log=None, lingering_time=1.0)
+        self._web = self.web_server(loop)
         self._server = await listen(loop, self._web, address)
         self.address = format_address(self._server.sockets[0])
         log.info("HTTP: listening on %s", self.address)

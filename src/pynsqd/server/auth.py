@@ -22,6 +22,7 @@ from urllib.parse import quote_plus, urlsplit, urlunsplit
 import aiohttp
 from yarl import URL
 
+from ..internal import jsonbound
 from ..options import Options
 from .tls import client_context
 
@@ -111,8 +112,8 @@ def encode_post_body(remote_ip: str, tls: bool, common_name: str, secret: bytes)
 def parse_state(body: bytes) -> AuthState:
     """Decode and validate the reply, as ``QueryAuthd`` does; raises ``AuthError``."""
     try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as err:
+        doc = jsonbound.loads(body)
+    except ValueError as err:
         raise AuthError(f"invalid JSON - {err}") from None
     if not isinstance(doc, dict):
         raise AuthError("invalid JSON - not an object")
@@ -237,7 +238,7 @@ class AuthClient:
 
 def _https_endpoint(endpoint: str, body: bytes) -> str:
     try:
-        port = int(json.loads(body)["https_port"])
+        port = int(jsonbound.loads(body)["https_port"])
     except (ValueError, KeyError, TypeError) as err:
         raise AuthError(f"got 403 without an https_port - {err}") from None
     parts = urlsplit(endpoint)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import socket
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from .. import NSQD_VERSION
+from ..internal import jsonbound
 from ..lookupd.protocol import (
     MAGIC_V1,
     PING,
@@ -200,7 +200,7 @@ class LookupPeer:
         if resp == b"E_INVALID":
             raise LookupPeerError(f"lookupd returned {resp!r}")
         try:
-            info = json.loads(resp)
+            info = jsonbound.loads(resp)
         except ValueError:
             raise LookupPeerError(f"parsing response - {resp[:200]!r}") from None
         if not isinstance(info, dict):
@@ -396,7 +396,10 @@ class Lookup:
             if resp.status != 200:
                 raise LookupPeerError(f"got response {resp.status} {resp.reason}")
             body = await resp.read()
-        data = json.loads(body)
+        try:
+            data = jsonbound.loads(body)
+        except ValueError as err:
+            raise LookupPeerError(f"parsing response - {err}") from None
         channels = data.get("channels") if isinstance(data, dict) else None
         if not isinstance(channels, list):
             raise LookupPeerError("no channels in the response")

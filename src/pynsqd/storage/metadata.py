@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..internal import jsonbound
 from .atomic import write_atomic
 
 __all__ = [
@@ -85,7 +86,7 @@ def read_metadata(data_path: str) -> list[TopicMeta] | None:
     except OSError as exc:
         raise ValueError(f"failed to read {fn} - {exc}") from exc
     try:
-        doc = json.loads(data)
+        doc = jsonbound.loads(data)
     except ValueError as exc:
         raise ValueError(f"failed to parse metadata in {fn} - {exc}") from exc
     if not isinstance(doc, dict):

@@ -1,0 +1,1 @@
+"""Infrastructure shared by nsqd, nsqlookupd and the tools, with no nsqd-specific knowledge."""

@@ -1,0 +1,110 @@
+"""Hostile input over real sockets: deep JSON, malformed HTTP, compressed bodies."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import logging
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ServerThread
+
+DEEP = b"[" * 100_000
+
+
+def request(
+    server: ServerThread, method: str, path: str, body: bytes = b"", **headers: str
+) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+# -- 9: deeply nested JSON ----------------------------------------------------------------------
+
+
+def test_deep_json_in_nsqd_dat_is_quarantined(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    first = make_nsqd()
+    with first.connect() as c:
+        c.pub("kept", b"x")
+    first.stop()
+    (tmp_path / "nsqd.dat").write_bytes(DEEP)
+    second = make_nsqd()  # starts: the file is kept as .bad, topics come from their queue files
+    assert (tmp_path / "nsqd.dat.bad").read_bytes() == DEEP
+    assert second.call(lambda: second.nsqd.topics["kept"].depth) == 1
+
+
+def test_deep_json_in_config_is_a_400(nsqd: ServerThread) -> None:
+    status, body = request(nsqd, "PUT", "/config/nsqlookupd_tcp_addresses", DEEP)
+    assert (status, body) == (400, b'{"message":"INVALID_VALUE"}')
+
+
+def test_deep_json_in_identify_is_e_bad_body(nsqd: ServerThread) -> None:
+    with nsqd.connect() as c:
+        c.send(b"IDENTIFY\n" + len(DEEP).to_bytes(4, "big") + DEEP)
+        frame = c.read_frame()
+        assert frame.data == b"E_BAD_BODY IDENTIFY failed to decode JSON body"
+
+
+# -- 4: compressed HTTP bodies ------------------------------------------------------------------
+
+
+def test_a_gzip_body_is_published_as_sent(nsqd: ServerThread) -> None:
+    packed = gzip.compress(b"\0" * (64 << 20))  # 64 MiB inflated, about 64 KiB sent
+    assert len(packed) < 1 << 20
+    status, body = request(nsqd, "POST", "/pub?topic=t", packed, **{"Content-Encoding": "gzip"})
+    assert (status, body) == (200, b"OK")
+    bogus = b"not gzip at all"
+    status, body = request(nsqd, "POST", "/pub?topic=t", bogus, **{"Content-Encoding": "gzip"})
+    assert (status, body) == (200, b"OK")
+    with nsqd.connect() as c:
+        c.sub("t", "c", rdy=2)
+        assert [m.body for m in c.read_messages(2)] == [packed, bogus]  # as Go nsqd: undecoded
+
+
+# -- 10: malformed HTTP requests ----------------------------------------------------------------
+
+MALFORMED = [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/9.9\r\n\r\n",
+    b"GET /ping HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"POST /pub?topic=t HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+    b"POST /pub?topic=t HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+    b"POST /pub?topic=t HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",
+    b"GET /\xff\xfe HTTP/1.1\r\n\r\n",
+    b"GET /ping HTTP/1.1\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\0" * 64,  # a TLS hello
+]
+
+
+@pytest.mark.parametrize("raw", MALFORMED, ids=range(len(MALFORMED)))
+def test_a_malformed_request_logs_one_line_and_no_traceback(
+    nsqd: ServerThread, raw: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.create_connection(("127.0.0.1", nsqd.http_port), timeout=10) as s:
+        try:
+            s.sendall(raw)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+    # the server is fine and logged what it had to say by the time it answers the next request
+    assert request(nsqd, "GET", "/ping") == (200, b"OK")
+    traced = [r for r in caplog.records if r.exc_info]
+    assert not traced, traced[0].getMessage()
+    loud = [r for r in caplog.records if r.levelno > logging.WARNING]
+    assert not loud, loud[0].getMessage()
+    lines = [r for r in caplog.records if "bad request" in r.getMessage()]
+    assert len(lines) <= 1
