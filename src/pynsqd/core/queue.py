@@ -120,17 +120,14 @@ class MessageQueue:
         k = min(n - len(out), len(mem))
         if k:
             popleft = mem.popleft
-            if not max_bytes:
-                out += [popleft() for _ in range(k)]
-            else:
-                budget = max_bytes - sum(len(m.body) for m in out)
-                while k and budget > 0:
-                    m = popleft()
-                    out.append(m)
-                    budget -= len(m.body)
-                    k -= 1
-                if budget <= 0:
-                    return out
+            got = [popleft() for _ in range(k)]
+            if max_bytes:
+                # Checked after the fact, in one pass: the budget is rarely what limits a take.
+                sizes = [len(m.body) for m in out]
+                sizes += [len(m.body) for m in got]
+                if sum(sizes) > max_bytes:
+                    return self._trim(out, got, sizes, max_bytes)
+            out += got
         if len(out) < n and backend.depth():
             if max_bytes:
                 budget = max_bytes - sum(len(m.body) for m in out)
@@ -139,6 +136,25 @@ class MessageQueue:
             else:
                 out += backend.read_many(n - len(out))
         return out
+
+    def _trim(
+        self, out: list[Message], got: list[Message], sizes: list[int], max_bytes: int
+    ) -> list[Message]:
+        """Keep what fits ``max_bytes`` (at least one message); the rest of ``got`` goes back
+        to the head of memory, where it came from."""
+        total = 0
+        keep = 0
+        for size in sizes:
+            if keep and total + size > max_bytes:
+                break
+            total += size
+            keep += 1
+        first = len(out)
+        if keep <= first:  # the backend's part alone filled the budget
+            self._mem.extendleft(reversed(got))
+            return out
+        self._mem.extendleft(reversed(got[keep - first :]))
+        return out + got[: keep - first]
 
     def take_memory(self, n: int) -> list[Message]:
         mem = self._mem
