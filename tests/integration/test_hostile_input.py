@@ -6,6 +6,7 @@ import gzip
 import http.client
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_a_malformed_request_logs_one_line_and_no_traceback(
     assert not loud, loud[0].getMessage()
     lines = [r for r in caplog.records if "bad request" in r.getMessage()]
     assert len(lines) <= 1
+
+
+# -- issue 13: MPUB as nsq.js and squeaky send it -------------------------------------------------
+
+
+def test_mpub_with_a_declared_size_of_only_the_message_bytes(nsqd: ServerThread) -> None:
+    # nsq.js's transcript: body size 9 (3 x 3 bytes), where the spec's size would be 25
+    raw = b"MPUB t\n" + struct.pack(">ll", 9, 3)
+    raw += b"".join(struct.pack(">l", 3) + b for b in (b"foo", b"bar", b"baz"))
+    with nsqd.connect() as c:
+        c.send(raw)
+        assert c.read_response() == b"OK"
+        c.send(b"NOP\n")  # the stream goes on after the messages
+        c.pub("t", b"qux")
+    with nsqd.connect() as c:
+        c.sub("t", "c", rdy=4)
+        assert [m.body for m in c.read_messages(4)] == [b"foo", b"bar", b"baz", b"qux"]

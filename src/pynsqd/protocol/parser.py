@@ -417,16 +417,82 @@ class V2Parser:
     def _mpub(self, params: list[bytes], start: int) -> _Result:
         # nsqd repeats the code inside the description here; clients may match on it.
         topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
+        size = self._body_len(start)
+        if size is not None and self._mpub_declared_size_is_wrong(start + 4, size):
+            return self._mpub_framed(topic, start + 4)
         body, after = self._sized_body("MPUB", start)
         if body is None:
             return None, -1
         return Mpub(topic, parse_mpub_body(body, self.config)), after
 
+    def _mpub_declared_size_is_wrong(self, p: int, size: int) -> bool:
+        """nsqd only range-checks MPUB's body size: it reads the messages by their count and
+        sizes. Some clients (nsq.js, squeaky) declare only the messages' bytes. The declared
+        size is used as the frame when it is right (one length check per read while the body
+        trickles in); it is known wrong once its bytes are here and do not frame the messages."""
+        if size <= 0 or size > self.config.max_body_size:
+            return False  # _sized_body gives nsqd's error
+        src = self._src
+        if len(src) - p < size:
+            return False  # wait for the declared bytes first
+        end = p + size
+        if end - p < 4:
+            return False  # not even a count: parse_mpub_body's error, as for a short body
+        count: int = _unpack_int32(src, p)[0]
+        if count <= 0 or count > (self.config.max_body_size - 4) // 5:
+            return False
+        q = p + 4
+        for _ in range(count):
+            if end - q < 4:
+                return True
+            n: int = _unpack_int32(src, q)[0]
+            if n <= 0 or n > self.config.max_msg_size:
+                return False  # parse_mpub_body gives nsqd's error
+            q += 4 + n
+            if q > end:
+                return True
+        return q != end
+
+    def _mpub_framed(self, topic: str, p: int) -> _Result:
+        """MPUB framed as nsqd reads it: ``[count]([size][data])*``, whatever the declared size
+        (bounded by --max-body-size all the same)."""
+        src = self._src
+        limit = self.config.max_body_size
+        q = p + 4
+        if len(src) < q:
+            self._need = q
+            return None, -1
+        count: int = _unpack_int32(src, p)[0]
+        if count <= 0 or count > (limit - 4) // 5:
+            raise FatalClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
+        for _ in range(count):
+            if len(src) < q + 4:
+                self._need = q + 4
+                return None, -1
+            n: int = _unpack_int32(src, q)[0]
+            if n <= 0 or n > self.config.max_msg_size:
+                break  # parse_mpub_body below gives nsqd's error for it
+            q += 4 + n
+            if q - p > limit:
+                raise FatalClientError("E_BAD_BODY", f"MPUB body too big {q - p} > {limit}")
+            if len(src) < q:
+                self._need = q
+                return None, -1
+        else:
+            body = self._body(p, q - p)
+            assert body is not None
+            return Mpub(topic, parse_mpub_body(body, self.config)), q
+        body = self._body(p, q + 4 - p)
+        assert body is not None
+        parse_mpub_body(body, self.config)  # raises the error for the bad message size
+        raise AssertionError("unreachable")
+
 
 def parse_mpub_body(body: bytes, config: ProtocolConfig) -> list[bytes]:
     """Split ``[count]([size][data])*`` into message bodies, with nsqd's checks and texts.
 
-    Unlike nsqd, the messages must fill the declared body exactly (our decision A#6).
+    ``body`` is exactly the messages: the TCP parser frames them by their count and sizes (as
+    nsqd) and HTTP's binary ``/mpub`` gives the whole request body, which must hold nothing more.
     """
     end = len(body)
     if end < 4:
