@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import json
 import logging
 import socket
 import struct
@@ -126,3 +127,21 @@ def test_mpub_with_a_declared_size_of_only_the_message_bytes(nsqd: ServerThread)
     with nsqd.connect() as c:
         c.sub("t", "c", rdy=4)
         assert [m.body for m in c.read_messages(4)] == [b"foo", b"bar", b"baz", b"qux"]
+
+
+def test_many_pipelined_identifies_are_answered(nsqd: ServerThread) -> None:
+    body = json.dumps({"client_id": "x"}).encode()
+    one = b"IDENTIFY\n" + struct.pack(">l", len(body)) + body
+    with nsqd.connect() as c:
+        c.send(one * 1000 + b"NOP\n")  # nsqd allows IDENTIFY again and again before SUB
+        for _ in range(1000):
+            assert c.read_response() == b"OK"
+        c.pub("t", b"still fine")
+
+
+def test_topology_from_identify_shows_in_stats(nsqd: ServerThread) -> None:
+    with nsqd.connect(topology_zone="z1", topology_region="r1") as c:
+        c.sub("t", "c")
+        _, body = request(nsqd, "GET", "/stats?format=json")
+        client = json.loads(body)["topics"][0]["channels"][0]["clients"][0]
+        assert (client["topology_zone"], client["topology_region"]) == ("z1", "r1")

@@ -74,8 +74,8 @@ def client_stats(client: ClientV2, topic_filter: str = "") -> Json:
         value = getattr(c, key, "")
         if value:
             stats[key] = str(value)
-    stats["topology_zone"] = str(getattr(c, "topology_zone", ""))
-    stats["topology_region"] = str(getattr(c, "topology_region", ""))
+    stats["topology_zone"] = client.topology_zone
+    stats["topology_region"] = client.topology_region
     pub_counts = [
         {"topic": t, "count": n}
         for t, n in sorted(client.pub_counts.items())

@@ -73,6 +73,8 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self.client_id = ""
         self.hostname = ""
         self.user_agent = ""
+        self.topology_zone = ""
+        self.topology_region = ""
         self.connect_ts = int(time.time())
         self.heartbeat_interval = nsqd.protocol_config.heartbeat_interval_ms / 1000
         self.msg_timeout: float = opts.msg_timeout
@@ -92,6 +94,7 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self._out_bytes = 0
         self._flush_pending = False
         self._reading = False  # inside data_received: responses are written when it returns
+        self._go_on = False  # IDENTIFY done without an upgrade: _run resumes the parser
         self._respond = False
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._heartbeat_timer: asyncio.TimerHandle | None = None
@@ -189,6 +192,16 @@ class ClientV2(SecureClient, asyncio.Protocol):
         return None  # close our side too
 
     def _run(self, events: list[Any]) -> None:
+        # The parser pauses after each IDENTIFY (an upgrade could follow); when none does, the
+        # handler asks to go on here, in a loop: a thousand pipelined IDENTIFYs never recurse.
+        while True:
+            self._go_on = False
+            self._run_events(events)
+            if not self._go_on or self.closed:
+                return
+            events = self.parser.receive(b"")
+
+    def _run_events(self, events: list[Any]) -> None:
         if events:
             # nsqd's read deadline restarts with each command: bytes trickling into a
             # half-sent command do not keep a connection alive.
@@ -324,6 +337,8 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self.client_id = d.client_id
         self.hostname = d.hostname
         self.user_agent = d.user_agent
+        self.topology_zone = d.topology_zone
+        self.topology_region = d.topology_region
         self.heartbeat_interval = d.heartbeat_interval_ms / 1000
         self.output_buffer_size = d.output_buffer_size
         self.output_buffer_timeout = d.output_buffer_timeout_ms / 1000
@@ -362,8 +377,8 @@ class ClientV2(SecureClient, asyncio.Protocol):
             if tls_v1 or snappy or deflate:
                 self.start_upgrade(tls_v1, snappy, deflate, deflate_level)
                 return
-        # The parser pauses after IDENTIFY (an upgrade could follow); carry on with the rest.
-        self._run(self.parser.receive(b""))
+        # The parser pauses after IDENTIFY (an upgrade could follow); _run carries on.
+        self._go_on = True
 
     def AUTH(self, cmd: Auth) -> None:
         self.start_auth(cmd.secret)
