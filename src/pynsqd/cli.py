@@ -251,9 +251,17 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
 }
 #: Checked after resolution with nsqd's own messages instead.
 _NSQD_CHECKED = frozenset({"node_id", "max_deflate_level"})
-#: Integers that make no sense at zero.
+#: Integers and durations that make no sense at zero (an interval of 0 would spin a core).
 _POSITIVE = frozenset(
-    {"max_bytes_per_file", "sync_every", "max_msg_size", "max_body_size", "statsd_udp_packet_size"}
+    {
+        "max_bytes_per_file",
+        "sync_every",
+        "max_msg_size",
+        "max_body_size",
+        "statsd_udp_packet_size",
+        "statsd_interval",
+        "sync_timeout",
+    }
 )
 
 
@@ -268,8 +276,11 @@ def check_value(f: Field[Any], value: Any) -> Any:
             raise ValueError("must be > 0")
         if value < 0:
             raise ValueError("must not be negative")
-    if kind == "duration" and value < 0:
-        raise ValueError("must not be negative")
+    if kind == "duration":
+        if f.name in _POSITIVE and value <= 0:
+            raise ValueError("must be > 0")
+        if value < 0:
+            raise ValueError("must not be negative")
     return value
 
 

@@ -429,3 +429,28 @@ def test_messages_coming_due_on_a_full_disk_are_kept(
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     stats = json.loads(http_get(server, "/stats?format=json")[1])
     assert stats["topics"][0]["channels"][0]["overflow_count"] >= 40
+
+
+# -- issue 13: a data path that cannot be written ------------------------------------------------
+
+
+def test_an_unwritable_data_path_stops_start_up_with_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "ro"
+    data.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(data)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs: {res.stderr.decode().strip()}")
+    try:
+        proc = subprocess.run(
+            [NSQD, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"],
+            capture_output=True,
+            timeout=30,
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert f"data path {data} is not writable - Read-only file system" in err
+    assert "Traceback" not in err

@@ -650,6 +650,9 @@ def test_validation_errors(argv: list[str], message: str) -> None:
             'invalid value "-1" for flag -mem-queue-size: must not be negative',
         ),
         (["--max-msg-size=0"], 'invalid value "0" for flag -max-msg-size: must be > 0'),
+        # a zero interval would spin a core (a statsd push or a sync per loop turn)
+        (["--statsd-interval=0s"], 'invalid value "0s" for flag -statsd-interval: must be > 0'),
+        (["--sync-timeout=0"], 'invalid value "0" for flag -sync-timeout: must be > 0'),
     ],
 )
 def test_value_errors_name_the_flag_and_value(argv: list[str], message: str) -> None:

@@ -29,6 +29,7 @@ from ..storage.metadata import (
     DirLock,
     MetadataWriter,
     TopicMeta,
+    check_writable,
     read_metadata,
     recover_metadata,
 )
@@ -315,6 +316,7 @@ class NSQD:
         self.tls_context = server_context(self.opts)  # raises TLSConfigError
         self._dir_lock.lock()  # raises DirLockError
         try:
+            check_writable(self.data_path)  # raises DirLockError
             self.load_metadata()
             self.persist_metadata()
             self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)

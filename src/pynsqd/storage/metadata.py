@@ -32,6 +32,7 @@ __all__ = [
     "DirLockError",
     "MetadataWriter",
     "TopicMeta",
+    "check_writable",
     "encode_metadata",
     "read_metadata",
     "write_metadata",
@@ -143,6 +144,17 @@ def _fsync_dir(path: str) -> None:
 
 class DirLockError(Exception):
     pass
+
+
+def check_writable(path: str) -> None:
+    """nsqd cannot keep anything in a data path it cannot write: refuse to start, naming it."""
+    probe = os.path.join(path, f".pynsqd-write-check.{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise DirLockError(f"data path {path} is not writable - {exc.strerror or exc}") from exc
 
 
 class DirLock:
