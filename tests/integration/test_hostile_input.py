@@ -145,3 +145,17 @@ def test_topology_from_identify_shows_in_stats(nsqd: ServerThread) -> None:
         _, body = request(nsqd, "GET", "/stats?format=json")
         client = json.loads(body)["topics"][0]["channels"][0]["clients"][0]
         assert (client["topology_zone"], client["topology_region"]) == ("z1", "r1")
+
+
+def test_debug_level_logs_client_commands_without_bodies(
+    nsqd: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="pynsqd")
+    with nsqd.connect(client_id="dbg") as c:
+        c.pub("t", b"secret-body")
+        c.sub("t", "c")
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("IDENTIFY" in m and "'client_id': 'dbg'" in m for m in debug), debug
+    assert any(m.endswith("] PUB t") for m in debug), debug
+    assert any("state change to SUBSCRIBED on t:c" in m for m in debug), debug
+    assert not any("secret-body" in m for m in debug)

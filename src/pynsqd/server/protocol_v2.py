@@ -207,8 +207,11 @@ class ClientV2(SecureClient, asyncio.Protocol):
             # half-sent command do not keep a connection alive.
             self._last_read = self.loop.time()
         handlers = self._handlers
+        debug = log.isEnabledFor(logging.DEBUG)  # once per read: free when not debugging
         it = iter(events)
         for ev in it:
+            if debug:
+                log.debug("PROTOCOL(V2): [%s] %s", self.remote_address, _describe(ev))
             try:
                 if type(ev) is Fin:
                     self.FIN(ev)
@@ -339,6 +342,8 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self.user_agent = d.user_agent
         self.topology_zone = d.topology_zone
         self.topology_region = d.topology_region
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("PROTOCOL(V2): [%s] IDENTIFY %s", self.remote_address, dict(d._asdict()))
         self.heartbeat_interval = d.heartbeat_interval_ms / 1000
         self.output_buffer_size = d.output_buffer_size
         self.output_buffer_timeout = d.output_buffer_timeout_ms / 1000
@@ -390,6 +395,12 @@ class ClientV2(SecureClient, asyncio.Protocol):
         channel = topic.get_channel(cmd.channel)
         channel.add_client(self)
         self.channel = channel
+        log.debug(
+            "PROTOCOL(V2): [%s] state change to SUBSCRIBED on %s:%s",
+            self.remote_address,
+            cmd.topic,
+            cmd.channel,
+        )
         self._send_frame(OK_FRAME)
 
     def RDY(self, cmd: Rdy) -> None:
@@ -470,3 +481,19 @@ class ClientV2(SecureClient, asyncio.Protocol):
     @property
     def state(self) -> ClientState:
         return self.parser.state
+
+
+def _describe(ev: object) -> str:
+    """A command as nsqd's debug line shows it: its name and parameters, never a body."""
+    if isinstance(ev, ProtocolError):
+        return str(ev)
+    name = type(ev).__name__.upper()
+    if not isinstance(ev, tuple):
+        return name
+    fields: dict[str, object] = cast(Any, ev)._asdict()  # every command is a NamedTuple
+    shown = [
+        str(v)
+        for k, v in fields.items()
+        if k not in ("body", "bodies", "data", "secret") and not isinstance(v, bytes | list)
+    ]
+    return " ".join([name, *shown])
