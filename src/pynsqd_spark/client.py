@@ -58,7 +58,7 @@ __all__ = [
 log = logging.getLogger("pynsqd_spark.client")
 
 VERSION = "0.1.0"
-#: Error codes after which nsqd keeps the connection open (PROTOCOL.md §0).
+#: Error codes after which nsqd keeps the connection open; every other error closes it.
 NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 DEFAULT_TCP_PORT = 4150
 DEFAULT_LOOKUPD_HTTP_PORT = 4161

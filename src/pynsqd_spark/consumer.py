@@ -1,7 +1,8 @@
 """The driver-side consumer of the streaming source: connections, buffer, ledger, FIN and TOUCH.
 
 One :class:`ConsumerPool` lives in Spark's driver-side source runner process for the whole query
-run (SPARK.md §1.2). Reader threads append the messages they receive to per-connection buffers;
+run (Spark does not promise it). Reader threads append the messages they receive to
+per-connection buffers;
 the engine's ``latestOffset`` moves buffered messages into a numbered batch of the *ledger*;
 ``commit`` FINs a batch's messages on the connections that received them (nsqd only accepts a FIN
 from the owning connection). A maintenance thread TOUCHes every message not yet FIN'd, reconnects

@@ -1,4 +1,4 @@
-"""``df.write.format("nsq")`` and ``df.writeStream.format("nsq")`` (design: SPARK.md §6.3).
+"""``df.write.format("nsq")`` and ``df.writeStream.format("nsq")``.
 
 Each task publishes its rows with MPUB in chunks under nsqd's limits (``maxBodySize`` per MPUB,
 ``maxMsgSize`` per message), a few MPUBs pipelined, on one connection per task. A broken

@@ -1,4 +1,4 @@
-"""``spark.readStream.format("nsq")``: the stream reader (design: SPARK.md §6.1).
+"""``spark.readStream.format("nsq")``: the stream reader.
 
 Offsets are batch numbers ``{"seq": n}``. The consumer (connections, buffer, ledger) lives in the
 driver-side source runner process and is created on the first engine call, never in ``__init__``
@@ -312,7 +312,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._pool.commit(seq)
 
     def stop(self) -> None:
-        # Not reliably called (SPARK.md §1.2); nsqd's timeouts cover us when it is not.
+        # Spark does not promise to call it; nsqd's timeouts cover us when it does not.
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -1,4 +1,4 @@
-"""The HTTP API over real HTTP connections: every endpoint, status and token of nsqd's §2."""
+"""The HTTP API over real HTTP connections: every endpoint, status and token of nsqd."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Transcript tests of the V2 TCP protocol over real sockets (PROTOCOL.md §1).
+"""Transcript tests of the V2 TCP protocol over real sockets (nsqd 1.3.0's V2 protocol).
 
 Each test reads like a session with nsqd: what a client sends, what it gets back. Fatal errors
 are an error frame followed by the server closing the connection; E_FIN_FAILED, E_REQ_FAILED and
@@ -125,7 +125,7 @@ def test_magic_split_across_packets(nsqd: ServerThread) -> None:
         c.pub("t", b"x")
 
 
-# -- fatal errors, every one of §1.3 -------------------------------------------------------
+# -- fatal errors, every one -------------------------------------------------------
 
 _IN_INIT: list[tuple[bytes, bytes]] = [
     (b"FOO\n", b"E_INVALID invalid command FOO"),
@@ -392,7 +392,7 @@ def test_identify_feature_negotiation_values(make_nsqd: MakeNSQD) -> None:
 def test_identify_without_negotiation_is_plain_ok(nsqd: ServerThread) -> None:
     with nsqd.connect() as c:
         assert c.identify({"client_id": "x"}) == b"OK"
-        assert c.identify({"feature_negotiation": False}) == b"OK"  # repeated: allowed (A#9)
+        assert c.identify({"feature_negotiation": False}) == b"OK"  # repeated: allowed
         c.sub("t", "c")
 
 
@@ -794,7 +794,7 @@ def test_sample_rate_is_roughly_honoured(nsqd: ServerThread) -> None:
         sub.sub("t", "c", rdy=2500)
         pub.mpub("t", [b"%d" % i for i in range(n)])
         got = drain(sub)
-        # About 51% (rand < 100 kept when <= 50); unsampled ones are dropped (A#11), not requeued.
+        # About 51% (rand < 100 kept when <= 50); unsampled ones are dropped, not requeued.
         assert 0.35 * n < len(got) < 0.67 * n
         assert len({m.id for m in got}) == len(got)
         ch = nsqd.call(lambda: nsqd.nsqd.topics["t"].channels["c"])

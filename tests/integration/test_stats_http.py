@@ -1,4 +1,4 @@
-"""/stats over HTTP: nsqd's keys, key order and types (§2.1), filters, text form, e2e."""
+"""/stats over HTTP: nsqd's keys, key order and types, filters, text form, e2e."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_stats_json_keys_and_types(nsqd: ServerThread) -> None:
     assert client["remote_address"].startswith("127.0.0.1:")
     assert msg.body == b"hello"
 
-    # Every topic a producer published to (decision A#13), sorted.
+    # Every topic a producer published to, sorted.
     (producer,) = data["producers"]
     check_client(producer, producer=True)
     assert producer["pub_counts"] == [{"topic": "t", "count": 1}, {"topic": "u", "count": 2}]

@@ -128,7 +128,7 @@ def test_accepted(field: str, value: int, attr: str, effective: int) -> None:
         ("output_buffer_size", 63, OBS),
         ("output_buffer_size", 65537, OBS),
         ("output_buffer_timeout", -2, OBT),
-        ("output_buffer_timeout", 1, OBT),  # the spec's 1 ms minimum is outdated (A#17)
+        ("output_buffer_timeout", 1, OBT),  # the spec's 1 ms minimum is outdated: nsqd's is 25 ms
         ("output_buffer_timeout", 24, OBT),
         ("output_buffer_timeout", 30_001, OBT),
         ("sample_rate", -1, SR),

@@ -1,4 +1,4 @@
-"""Topic and channel names (§1.13) and Go's %q quoting of them in error texts."""
+"""Topic and channel names and Go's %q quoting of them in error texts."""
 
 from __future__ import annotations
 

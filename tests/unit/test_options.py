@@ -22,7 +22,7 @@ from pynsqd.options import (
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "contrib" / "nsqd.cfg.example"
 
-#: Every nsqd flag (PROTOCOL.md §3.12) other than --version.
+#: Every nsqd flag (nsqd 1.3.0's flags) other than --version.
 NSQD_FLAGS = {
     "config", "log-level", "log-prefix", "verbose", "node-id", "worker-id", "tcp-address",
     "http-address", "https-address", "broadcast-address", "broadcast-tcp-port",

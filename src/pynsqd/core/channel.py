@@ -9,8 +9,8 @@ RDY is never decremented) a share of the queued messages in one call, so the per
 is a few attribute writes, a dict insert and a heap push: no task, future or timer per message.
 
 In-flight deadlines and deferred due times share one ``TimedQueue``. When a consumer
-disconnects its in-flight messages go back to the head of the queue at once (our decision
-A#10; nsqd waits for their timeout).
+disconnects its in-flight messages go back to the head of the queue at once (nsqd waits for
+their timeout; README, "Differences from nsqd").
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class Channel:
 
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> None:
         if client.sample_rate:
-            # nsqd drops unsampled messages from the channel (decision A#11).
+            # nsqd drops unsampled messages from the channel (README, "Differences from nsqd").
             rate = client.sample_rate
             batch = [m for m in batch if random.randrange(100) <= rate]
             if not batch:
@@ -375,7 +375,7 @@ class Channel:
         self.clients[client.id] = client
 
     def remove_client(self, client: ConsumerLike) -> None:
-        """A consumer left: requeue its in-flight messages at once (decision A#10)."""
+        """A consumer left: requeue its in-flight messages at once (README: differences)."""
         if self.clients.pop(client.id, None) is None:
             return
         self.requeue_client_messages(client)
@@ -439,7 +439,7 @@ class Channel:
             self.queue.backend.delete()
             return
         # In-flight and deferred messages go back to the queue so that nothing is lost; the
-        # deferred ones keep their due time (decision A#12).
+        # deferred ones keep their due time (nsqio/nsq#1107).
         from time import time_ns
 
         now, now_ns = self.loop.time(), time_ns()

@@ -1,4 +1,6 @@
-"""``/debug/*``: Python equivalents of Go's pprof endpoints (decision A#14: they answer 200).
+"""``/debug/*``: Python equivalents of Go's pprof endpoints; they answer 200.
+
+README, "Differences from nsqd": nsqd's answer 500 after working.
 
 ``profile`` runs cProfile on the event loop thread for ``seconds`` (default 30, as Go's);
 ``heap`` is a GC and allocation summary; ``goroutine`` lists the asyncio tasks and threads with

@@ -1,4 +1,4 @@
-"""``GET /metrics``: Prometheus text exposition (decision A#22, nsqio/nsq#732).
+"""``GET /metrics``: Prometheus text exposition (nsqio/nsq#732; README, "Differences from nsqd").
 
 A custom collector reads the live topics, channels and clients at scrape time (nothing is
 counted on the message path); prometheus_client's own collectors add the process, GC and

@@ -2,7 +2,8 @@
 
 Keys, key order and types are nsqd's (``nsqd/stats.go``, ``nsqd/client_v2.go``), so that Go
 nsqadmin, nsq_stat and exporters read them unchanged. One deliberate difference: a client's
-``pub_counts`` lists every topic it published to (decision A#13; nsqd shows at most one).
+``pub_counts`` lists every topic it published to (nsqd shows at most one: README,
+"Differences from nsqd").
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The request carries ``common_name``, ``remote_ip``, ``secret`` and ``tls``: as a
 Go's sorted ``url.Values.Encode`` order for GET, or as the JSON of ``url.Values`` (every value an
 array) for POST. The reply's authorizations are topic and channel regexes, matched unanchored
 (Go's ``MatchString``); publishing checks the channel ``""``, so it needs a channel regex that
-matches the empty string (PROTOCOL.md A#3). Errors here are for the log only: the client sees
+matches the empty string (kept as nsqd: README, "Differences from nsqd"). Errors here are
+for the log only: the client sees
 ``E_AUTH_FAILED AUTH failed``.
 """
 

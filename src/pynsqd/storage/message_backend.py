@@ -1,6 +1,6 @@
 """The disk backend of a topic or channel: messages encoded into a go-diskqueue.
 
-Deferred messages keep their due time (decision A#12, nsqio/nsq#1107) without changing the queue's
+Deferred messages keep their due time (nsqio/nsq#1107) without changing the queue's
 format. The message goes into the go-diskqueue like any other; its id and wall-clock due time go to
 a side file ``<name>.diskqueue.deferred.dat`` of 24-byte records ``[16-byte id][int64 BE due ns]``,
 appended, the last record for an id winning. Go nsqd never opens that file: it reads the queue as
