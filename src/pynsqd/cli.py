@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, field
 from typing import Any
 
-import pynsqd
+from pynsqd.internal.listener import is_unix_address, split_host_port
+from pynsqd.internal.version import version_string
 from pynsqd.log import LOG_LEVELS, configure_logging, parse_log_level
 from pynsqd.options import (
     Options,
@@ -35,7 +36,6 @@ from pynsqd.options import (
     option_kind,
     parse_duration,
 )
-from pynsqd.server.listener import is_unix_address, split_host_port
 
 log = logging.getLogger("pynsqd.cli")
 
@@ -655,12 +655,6 @@ def usage(options: type[Any] = Options, program: str = "nsqd") -> str:
             line += f" (default {default})"
         lines.append(line)
     return "\n".join(lines) + "\n"
-
-
-def version_string(program: str = "nsqd") -> str:
-    """``nsqd v1.3.0 (built w/pynsqd-0.1.0)``: the form NSQ tooling parses."""
-    token = re.sub(r"[^a-z0-9.-]+", "-", pynsqd.__version__.lower()).strip("-")
-    return f"{program} v{pynsqd.NSQD_VERSION} (built w/pynsqd-{token})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from pynsqd.lookupd.protocol import Identify, V1Parser, encode_response
 from pynsqd.protocol import encode
 from pynsqd.protocol.errors import FatalClientError
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
+from pynsqd.protocol.lookup import Identify, V1Parser, encode_response
 
 from ..conftest import ServerThread
 from .lookupd_helpers import LookupdThread, get_json, http, lookupd_factory, wait_for

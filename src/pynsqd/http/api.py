@@ -19,19 +19,19 @@ from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
 from ..internal import jsonbound
+from ..internal.listener import is_unix_address, split_host_port
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
 from ..options import config_key, option_fields, option_kind
 from ..protocol.errors import FatalClientError
 from ..protocol.names import is_valid_name
 from ..protocol.parser import parse_mpub_body
-from ..server.listener import is_unix_address, split_host_port
 from .e2e import go_float
+from .host import NSQDHost
 from .memstats import mem_stats
 from .stats import get_stats, health, print_stats, stats_version
 
 if TYPE_CHECKING:
     from ..core.topic import Topic
-    from ..server.nsqd import NSQD
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -129,7 +129,7 @@ def topic_channel_args(params: Params) -> tuple[str, str]:
 
 
 class API:
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
 
     # -- helpers --------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class API:
             "version": NSQD_VERSION,
             "broadcast_address": opts.broadcast_address,
             "hostname": hostname,
-            "http_port": _port(getattr(nsqd, "http_address", "")),
+            "http_port": _port(nsqd.http_address),
             "tcp_port": _port(nsqd.tcp_address),
             "start_time": nsqd.start_time,
             "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
@@ -376,9 +376,7 @@ class API:
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise HTTPError(400, "INVALID_VALUE")
                 opts.lookupd_tcp_addresses = value
-                changed = getattr(self.nsqd, "lookupd_addresses_changed", None)
-                if changed is not None:
-                    changed()
+                self.nsqd.lookupd_addresses_changed()
             elif opt == "log_level":
                 try:
                     levelno = parse_log_level(body.decode("utf-8", "replace"))

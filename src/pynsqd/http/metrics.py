@@ -11,7 +11,6 @@ Names follow Prometheus conventions: an ``nsq_`` namespace, ``_total`` on counte
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -24,10 +23,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .. import NSQD_VERSION, __version__
+from .host import NSQDHost
 from .stats import channel_e2e, e2e_sink, topic_e2e
-
-if TYPE_CHECKING:
-    from ..server.nsqd import NSQD
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -35,7 +32,7 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 class NSQCollector:
     """Topic, channel and client metrics of one nsqd."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
 
     def collect(self) -> Iterator[Metric]:
@@ -146,7 +143,7 @@ def _add_quantiles(metric: Metric, labels: dict[str, str], result: dict[str, obj
     metric.add_sample(metric.name + "_count", labels, count)
 
 
-def make_registry(nsqd: NSQD) -> CollectorRegistry:
+def make_registry(nsqd: NSQDHost) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NSQCollector(nsqd))
     # The process, GC and platform collectors are stateless readers: share the defaults'.

@@ -11,16 +11,17 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
+from ..internal.listener import format_address, listen, split_host_port
 from ..log import LOGGER_NAME
-from ..server.listener import format_address, listen, split_host_port
 from . import debug
 from .api import API, Params
+from .host import NSQDHost
 from .memstats import install_gc_timer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import make_registry, render
@@ -34,16 +35,13 @@ from .router import (
 )
 from .statsd import StatsdPusher
 
-if TYPE_CHECKING:
-    from ..server.nsqd import NSQD
-
 log = logging.getLogger(LOGGER_NAME)
 
 
 class HTTPService(Router):
     """The HTTP API on ``--http-address`` plus the statsd task."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQDHost) -> None:
         super().__init__(log)
         self.nsqd = nsqd
         self.api = api = API(nsqd)

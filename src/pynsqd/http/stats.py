@@ -12,19 +12,19 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from ..internal.version import version_string
 from ..options import format_duration
 from .e2e import E2ELatency, merged_result, nanoseconds_to_human
+from .host import NSQDHost, StatsClient
 
 if TYPE_CHECKING:
     from ..core.channel import Channel
     from ..core.topic import Topic
-    from ..server.nsqd import NSQD
-    from ..server.protocol_v2 import ClientV2
 
 Json = dict[str, Any]
 
 
-def health(nsqd: NSQD) -> str:
+def health(nsqd: NSQDHost) -> str:
     """nsqd's ``GetHealth``: ``OK`` or ``NOK - <last backend error>``."""
     return "OK" if nsqd.health_error is None else f"NOK - {nsqd.health_error}"
 
@@ -34,22 +34,22 @@ def e2e_sink(channel: Channel) -> E2ELatency | None:
     return sink if isinstance(sink, E2ELatency) else None
 
 
-def _percentiles(nsqd: NSQD) -> list[float] | None:
+def _percentiles(nsqd: NSQDHost) -> list[float] | None:
     return nsqd.opts.e2e_processing_latency_percentiles or None
 
 
-def channel_e2e(nsqd: NSQD, channel: Channel) -> Json:
+def channel_e2e(nsqd: NSQDHost, channel: Channel) -> Json:
     sink = e2e_sink(channel)
     return merged_result([sink] if sink else [], _percentiles(nsqd) if sink else None)
 
 
-def topic_e2e(nsqd: NSQD, topic: Topic) -> Json:
+def topic_e2e(nsqd: NSQDHost, topic: Topic) -> Json:
     # nsqd: the merge of the channels' streams, or an empty result when none has one.
     sinks = [s for s in map(e2e_sink, topic.channels.values()) if s is not None]
     return merged_result(sinks, _percentiles(nsqd) if sinks else None)
 
 
-def client_stats(client: ClientV2, topic_filter: str = "") -> Json:
+def client_stats(client: StatsClient, topic_filter: str = "") -> Json:
     """nsqd's ``ClientV2Stats``; optional keys are left out when empty, as its omitempty."""
     c: Any = client
     stats: Json = {
@@ -95,12 +95,12 @@ def client_stats(client: ClientV2, topic_filter: str = "") -> Json:
 
 
 def channel_stats(
-    nsqd: NSQD, channel: Channel, include_clients: bool, topic_filter: str = ""
+    nsqd: NSQDHost, channel: Channel, include_clients: bool, topic_filter: str = ""
 ) -> Json:
     clients: list[Json] | None = None
     if include_clients:
         clients = [
-            client_stats(cast("ClientV2", c), topic_filter) for c in channel.clients.values()
+            client_stats(cast("StatsClient", c), topic_filter) for c in channel.clients.values()
         ]
     return {
         "channel_name": channel.name,
@@ -121,7 +121,7 @@ def channel_stats(
     }
 
 
-def topic_stats(nsqd: NSQD, topic: Topic, channels: list[Json]) -> Json:
+def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
     return {
         "topic_name": topic.name,
         "channels": channels,
@@ -135,7 +135,7 @@ def topic_stats(nsqd: NSQD, topic: Topic, channels: list[Json]) -> Json:
 
 
 def get_stats(
-    nsqd: NSQD, topic_name: str = "", channel_name: str = "", include_clients: bool = True
+    nsqd: NSQDHost, topic_name: str = "", channel_name: str = "", include_clients: bool = True
 ) -> tuple[list[Json] | None, list[Json] | None]:
     """nsqd's ``GetStats``: (topics, producers), sorted by name.
 
@@ -247,6 +247,4 @@ def print_stats(
 
 def stats_version() -> str:
     """``nsqd v1.3.0 (built w/pynsqd-0.1.0)``, the first line of the text form."""
-    from ..cli import version_string  # the CLI imports the server, which imports us
-
     return version_string()

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..internal.listener import split_host_port
 from ..log import LOGGER_NAME
-from ..server.listener import split_host_port
+from .host import NSQDHost
 from .memstats import mem_stats
 from .stats import get_stats
-
-if TYPE_CHECKING:
-    from ..server.nsqd import NSQD
 
 log = logging.getLogger(LOGGER_NAME)
 _EPHEMERAL = "#ephemeral"
@@ -57,7 +55,7 @@ def pack_packets(lines: list[str], packet_size: int) -> list[bytes]:
 class StatsdPusher:
     """Builds each push's lines, remembering the last counters to send deltas."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
         self._last_topics: dict[str, dict[str, Any]] = {}
         self._last_gc_runs = 0
@@ -167,7 +165,7 @@ class StatsdPusher:
         opts = self.nsqd.opts
         if opts.broadcast_http_port:
             return opts.broadcast_http_port
-        address = getattr(self.nsqd, "http_address", "")
+        address = self.nsqd.http_address
         try:
             return split_host_port(address)[1] if address else 0
         except ValueError:

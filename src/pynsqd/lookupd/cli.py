@@ -7,9 +7,10 @@ import logging
 import sys
 from typing import Any
 
-from ..cli import HelpRequested, UsageError, parse_command_line, resolve, version_string
+from ..cli import HelpRequested, UsageError, parse_command_line, resolve
+from ..internal.listener import is_unix_address
+from ..internal.version import version_string
 from ..log import configure_logging
-from ..server.listener import is_unix_address
 from .options import LookupdOptions
 
 PROGRAM = "nsqlookupd"

@@ -18,8 +18,8 @@ from aiohttp.web_request import BaseRequest
 from .. import NSQD_VERSION
 from ..http.api import HTTPError, Params, topic_channel_args
 from ..http.router import Router
+from ..internal.listener import format_address, listen
 from ..protocol.names import is_valid_name
-from ..server.listener import format_address, listen
 from .registration_db import Registration, filter_by_active
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import logging
 import socket
 
 from .. import NSQD_VERSION
-from ..server import lifecycle
-from ..server.listener import format_address, listen, split_host_port
+from ..internal import lifecycle
+from ..internal.listener import format_address, listen, split_host_port
 from .http import LookupdHTTP
 from .options import LookupdOptions
 from .registration_db import RegistrationDB

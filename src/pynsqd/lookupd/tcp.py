@@ -14,8 +14,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from ..protocol.errors import FatalClientError
-from ..protocol.names import is_ephemeral
-from .protocol import (
+from ..protocol.lookup import (
     Command,
     Identify,
     Ping,
@@ -25,6 +24,7 @@ from .protocol import (
     encode_response,
     go_json,
 )
+from ..protocol.names import is_ephemeral
 from .registration_db import PeerInfo, Producer, Registration
 
 if TYPE_CHECKING:

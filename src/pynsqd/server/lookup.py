@@ -37,7 +37,8 @@ from urllib.parse import quote
 
 from .. import NSQD_VERSION
 from ..internal import jsonbound
-from ..lookupd.protocol import (
+from ..internal.listener import is_unix_address, split_host_port
+from ..protocol.lookup import (
     MAGIC_V1,
     PING,
     ResponseReader,
@@ -46,7 +47,6 @@ from ..lookupd.protocol import (
     encode_unregister,
 )
 from ..protocol.names import is_ephemeral, is_valid_name
-from .listener import is_unix_address, split_host_port
 
 if TYPE_CHECKING:
     from ..core.topic import Topic

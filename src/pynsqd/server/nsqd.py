@@ -18,6 +18,8 @@ from ..core.message import ENCODED_OVERHEAD
 from ..core.topic import Topic
 from ..http.e2e import E2ELatency
 from ..http.server import HTTPService
+from ..internal import lifecycle
+from ..internal.listener import format_address, listen
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..protocol.names import is_ephemeral, is_valid_name
@@ -33,9 +35,7 @@ from ..storage.metadata import (
     read_metadata,
     recover_metadata,
 )
-from . import lifecycle
 from .auth import AuthClient
-from .listener import format_address, listen
 from .lookup import Lookup
 from .tls import server_context
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pynsqd.lookupd.protocol import (
+from pynsqd.protocol.errors import FatalClientError
+from pynsqd.protocol.lookup import (
     Command,
     Identify,
     Ping,
@@ -25,7 +26,6 @@ from pynsqd.lookupd.protocol import (
     go_json,
     go_trim_space,
 )
-from pynsqd.protocol.errors import FatalClientError
 
 BODY = b'{"broadcast_address":"h","tcp_port":4150,"http_port":4151,"version":"1.3.0"}'
 IDENT = Identify("h", 4150, 4151, "1.3.0")

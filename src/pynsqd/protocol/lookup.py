@@ -22,9 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol.errors import FatalClientError
-from ..protocol.identify import GoObject, go_json_loads, go_key, go_string
-from ..protocol.names import is_valid_name
+from .errors import FatalClientError
+from .identify import GoObject, go_json_loads, go_key, go_string
+from .names import is_valid_name
 
 MAGIC_V1 = b"  V1"
 _SIZE = struct.Struct(">l")

@@ -1,0 +1,70 @@
+"""What the HTTP API, ``/stats``, ``/metrics`` and statsd need of nsqd: a narrow, typed seam.
+
+The server package builds the HTTP service and hands it the nsqd object; this package never
+imports the server (core sees its owners the same way, through ``TopicOwner``/``ChannelOwner``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Protocol
+
+from ..core.topic import Topic
+from ..options import Options
+from ..protocol.commands import ClientState
+from ..protocol.identify import ProtocolConfig
+
+
+class StatsClient(Protocol):
+    """The fields of a client connection that ``/stats`` reports (nsqd's ClientV2Stats)."""
+
+    client_id: str
+    hostname: str
+    remote_address: str
+    rdy: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    user_agent: str
+    topology_zone: str
+    topology_region: str
+    pub_counts: dict[str, int]
+
+    @property
+    def state(self) -> ClientState: ...
+
+
+class NSQDHost(Protocol):
+    """The nsqd the HTTP side serves."""
+
+    @property
+    def opts(self) -> Options: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def topics(self) -> Mapping[str, Topic]: ...
+    @property
+    def clients(self) -> Mapping[int, StatsClient]: ...
+    @property
+    def start_time(self) -> int: ...
+    @property
+    def health_error(self) -> str | None: ...
+    @property
+    def exiting(self) -> bool: ...
+    @property
+    def tcp_address(self) -> str: ...
+    @property
+    def http_address(self) -> str: ...
+    @property
+    def protocol_config(self) -> ProtocolConfig: ...
+
+    def get_topic(self, name: str) -> Topic: ...
+    def get_existing_topic(self, name: str) -> Topic | None: ...
+    def delete_existing_topic(self, name: str) -> bool: ...
+    def set_health_error(self, err: BaseException | None) -> None: ...
+    def lookupd_addresses_changed(self) -> None:
+        """``opts.lookupd_tcp_addresses`` was set through ``/config``."""

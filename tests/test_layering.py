@@ -1,0 +1,123 @@
+"""The package structure: no import cycle between pynsqd's subpackages, and the sans-IO and core
+packages stay free of I/O.
+
+Every import counts, wherever it is: at module level, inside a function, or under
+``TYPE_CHECKING`` (a cycle there is still a knot a reader has to untie). The nodes are the
+subpackages of ``pynsqd`` (``core``, ``http``, ...) and its top-level modules (``cli``,
+``options``, ``log``); the Spark connector is its own node and the server must never import it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "pynsqd"
+
+
+def _node(module: str) -> str | None:
+    """``pynsqd.http.api`` -> ``http``; ``pynsqd.cli`` -> ``cli``; ``pynsqd_spark.x`` -> spark."""
+    parts = module.split(".")
+    if parts[0] == "pynsqd_spark":
+        return "pynsqd_spark"
+    if parts[0] != "pynsqd":
+        return None
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports."""
+    rel = path.relative_to(SRC).with_suffix("")
+    package = list(rel.parts[:-1])
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)  # `from . import lifecycle`
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in [*PKG.rglob("*.py"), *(SRC / "pynsqd_spark").rglob("*.py")]:
+        src = _node(".".join(path.relative_to(SRC).with_suffix("").parts))
+        assert src is not None
+        deps = graph.setdefault(src, set())
+        for mod in _imports(path):
+            dst = _node(mod)
+            if (
+                dst is not None
+                and dst != src
+                and (SRC / mod.replace(".", "/")).exists()
+                | (SRC / (mod.replace(".", "/") + ".py")).exists()
+            ):
+                deps.add(dst)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_between_subpackages() -> None:
+    graph = _graph()
+    assert {"core", "protocol", "server", "http", "lookupd", "storage", "internal"} <= set(graph)
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_server_never_imports_the_spark_connector() -> None:
+    graph = _graph()
+    assert not [n for n, deps in graph.items() if n != "pynsqd_spark" and "pynsqd_spark" in deps]
+
+
+FORBIDDEN_IN_SANS_IO = {"asyncio", "socket", "ssl", "selectors", "uvloop", "aiohttp"}
+
+
+def test_protocol_and_core_do_no_io() -> None:
+    for sub in ("protocol", "core"):
+        for path in (PKG / sub).rglob("*.py"):
+            for mod in _imports(path):
+                top = mod.split(".")[0]
+                assert top not in FORBIDDEN_IN_SANS_IO, f"{path.name} imports {mod}"
+                node = _node(mod)
+                assert node not in {"server", "http", "lookupd", "storage", "cli"}, (
+                    f"{path.name} imports {mod}"
+                )
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
