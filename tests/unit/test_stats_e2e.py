@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pynsqd.http import e2e
-from pynsqd.http.e2e import E2ELatency, merged_result, nanoseconds_to_human
+from pynsqd.core import e2e
+from pynsqd.core.e2e import E2ELatency, merged_result, nanoseconds_to_human
 
 
 def test_window_rotation(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import unquote_plus
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
+from ..core.e2e import go_float
 from ..internal import jsonbound
 from ..internal.listener import is_unix_address, split_host_port
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
@@ -25,7 +26,6 @@ from ..options import config_key, option_fields, option_kind
 from ..protocol.errors import FatalClientError
 from ..protocol.names import is_valid_name
 from ..protocol.parser import parse_mpub_body
-from .e2e import go_float
 from .host import NSQDHost
 from .memstats import mem_stats
 from .stats import get_stats, health, print_stats, stats_version

@@ -12,9 +12,9 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from ..core.e2e import E2ELatency, merged_result, nanoseconds_to_human
 from ..internal.version import version_string
 from ..options import format_duration
-from .e2e import E2ELatency, merged_result, nanoseconds_to_human
 from .host import NSQDHost, StatsClient
 
 if TYPE_CHECKING:

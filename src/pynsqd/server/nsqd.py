@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from .. import NSQD_VERSION, __version__
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
+from ..core.e2e import E2ELatency
 from ..core.message import ENCODED_OVERHEAD
 from ..core.topic import Topic
-from ..http.e2e import E2ELatency
 from ..http.server import HTTPService
 from ..internal import lifecycle
 from ..internal.listener import format_address, listen
