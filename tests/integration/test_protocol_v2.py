@@ -753,8 +753,12 @@ def test_ephemeral_channel_and_topic_are_deleted(nsqd: ServerThread) -> None:
         a.sub("t#ephemeral", "c#ephemeral")
         b.sub("t#ephemeral", "c#ephemeral")
         a.close()
-        time.sleep(0.1)
-        assert nsqd.call(lambda: "c#ephemeral" in topics["t#ephemeral"].channels)
+        # once the server has seen a leave, the channel still has b: it stays
+        wait_until(
+            lambda: (
+                nsqd.call(lambda: len(topics["t#ephemeral"].channels["c#ephemeral"].clients)) == 1
+            )
+        )
     wait_until(lambda: nsqd.call(lambda: "t#ephemeral" not in topics))
     # An ephemeral channel of a durable topic goes; the topic stays.
     with nsqd.connect() as c:
@@ -764,14 +768,13 @@ def test_ephemeral_channel_and_topic_are_deleted(nsqd: ServerThread) -> None:
     # A durable channel stays when its consumer leaves.
     with nsqd.connect() as c:
         c.sub("durable", "kept")
-    time.sleep(0.1)
+    wait_until(lambda: nsqd.call(lambda: not nsqd.nsqd.clients))  # the server saw it leave
     assert nsqd.call(lambda: "kept" in topics["durable"].channels)
 
 
 def test_ephemeral_topic_without_channels_is_kept(nsqd: ServerThread) -> None:
     with nsqd.connect() as c:
-        c.pub("e#ephemeral", b"x")
-    time.sleep(0.1)
+        c.pub("e#ephemeral", b"x")  # its OK means the topic holds it
     assert nsqd.call(lambda: nsqd.nsqd.topics["e#ephemeral"].depth) == 1
 
 
@@ -782,7 +785,7 @@ def test_max_channel_consumers(make_nsqd: MakeNSQD) -> None:
         b.send(b"SUB t c\n")
         b.expect_fatal(b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1")
         other.sub("t", "c2")  # the limit is per channel
-    time.sleep(0.1)
+    wait_until(lambda: s.call(lambda: not s.nsqd.topics["t"].channels["c"].clients))
     with s.connect() as c:
         c.sub("t", "c")  # a's place is free again
 
@@ -866,7 +869,12 @@ def test_pub_to_many_topics(nsqd: ServerThread) -> None:
                 pub.mpub(name, [name.encode() + b"-m"])
         for sub, name in zip(subs, names, strict=True):
             assert [m.body for m in sub.read_messages(2)] == [name.encode(), name.encode() + b"-m"]
-        time.sleep(0.2)
+
+        def delivered_once() -> bool:  # every channel: two in flight and nothing left to send
+            chans = [nsqd.nsqd.topics[n].channels["c"] for n in names]
+            return all(len(ch.in_flight) == 2 and ch.depth == 0 for ch in chans)
+
+        assert nsqd.call(delivered_once)  # so no duplicate can still be on its way
         for sub in subs:
             sub.expect_nothing(0.01)
     finally:
