@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .commands import (
     Auth,
@@ -76,6 +77,32 @@ def _parse_base10(raw: bytes) -> int | None:
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
+
+
+class StateRule(NamedTuple):
+    runs_in: frozenset[ClientState]
+    ignored_in: frozenset[ClientState]  # dropped without a reply (elsewhere: E_INVALID)
+    moves_to: ClientState | None
+
+
+_INIT, _SUBSCRIBED, _CLOSING = ClientState.INIT, ClientState.SUBSCRIBED, ClientState.CLOSING
+_NONE: frozenset[ClientState] = frozenset()
+_FIN_STATES = frozenset({_SUBSCRIBED, _CLOSING})
+
+#: Which command runs in which client state, and the state it moves the client to: nsqd's rules,
+#: checked in one place, before the command's own checks (as nsqd's handlers do first). A command
+#: not listed (PUB, MPUB, DPUB, NOP) runs in every state. Anything else in a state not listed is
+#: ``E_INVALID cannot <CMD> in current state``.
+STATE_TABLE: dict[bytes, StateRule] = {
+    b"IDENTIFY": StateRule(frozenset({_INIT}), _NONE, None),  # again and again, as nsqd
+    b"AUTH": StateRule(frozenset({_INIT}), _NONE, None),
+    b"SUB": StateRule(frozenset({_INIT}), _NONE, _SUBSCRIBED),
+    b"RDY": StateRule(frozenset({_SUBSCRIBED}), frozenset({_CLOSING}), None),
+    b"FIN": StateRule(_FIN_STATES, _NONE, None),
+    b"REQ": StateRule(_FIN_STATES, _NONE, None),
+    b"TOUCH": StateRule(_FIN_STATES, _NONE, None),
+    b"CLS": StateRule(frozenset({_SUBSCRIBED}), _NONE, _CLOSING),
+}
 
 
 class V2Parser:
@@ -190,7 +217,7 @@ class V2Parser:
         self._need = 0
         while pos < n:
             # Fast path for the commonest command: a run of "FIN <16-byte id>\n".
-            if buf[pos] == 70 and self.state >= ClientState.SUBSCRIBED:  # 70: "F"
+            if buf[pos] == 70 and self.state in _FIN_STATES:  # 70: "F"
                 m = _fin_run(buf, pos)
                 if m is not None:
                     run = m[0]
@@ -215,13 +242,18 @@ class V2Parser:
                 raise FatalClientError(
                     "E_INVALID", f"cannot {_text(name)} in current state (TLS required)"
                 )
-            if name == b"IDENTIFY":
-                cmd, after = self._identify(params, nl + 1)
+            handler = self._identify if name == b"IDENTIFY" else handlers.get(name)
+            if handler is None:
+                raise FatalClientError("E_INVALID", f"invalid command {_text(name)}")
+            rule = STATE_TABLE.get(name)
+            if rule is not None and self.state not in rule.runs_in:
+                if self.state not in rule.ignored_in:
+                    raise FatalClientError("E_INVALID", f"cannot {_text(name)} in current state")
+                cmd, after = None, nl + 1  # nsqd drops it without a reply
             else:
-                handler = handlers.get(name)
-                if handler is None:
-                    raise FatalClientError("E_INVALID", f"invalid command {_text(name)}")
                 cmd, after = handler(params, nl + 1)
+                if rule is not None and rule.moves_to is not None and after >= 0:
+                    self.state = rule.moves_to
             if after < 0:
                 self._scan = pos  # the line is known; resume at it when the body is here
                 break
@@ -285,8 +317,6 @@ class V2Parser:
     # -- commands, each in nsqd's check order --------------------------------------------------
 
     def _identify(self, params: list[bytes], start: int) -> _Result:
-        if self.state != ClientState.INIT:
-            raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
         body, after = self._sized_body("IDENTIFY", start)
         if body is None:
             return None, -1
@@ -295,8 +325,6 @@ class V2Parser:
         return Identify(data), after
 
     def _auth(self, params: list[bytes], start: int) -> _Result:
-        if self.state != ClientState.INIT:
-            raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
             raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
         body, after = self._sized_body("AUTH", start)
@@ -305,8 +333,6 @@ class V2Parser:
         return Auth(body), after
 
     def _sub(self, params: list[bytes], start: int) -> _Result:
-        if self.state != ClientState.INIT:
-            raise FatalClientError("E_INVALID", "cannot SUB in current state")
         if self.heartbeats_disabled:
             raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
         if len(params) < 3:
@@ -319,14 +345,9 @@ class V2Parser:
             raise FatalClientError(
                 "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
             )
-        self.state = ClientState.SUBSCRIBED
         return Sub(params[1].decode(), params[2].decode()), start
 
     def _rdy(self, params: list[bytes], start: int) -> _Result:
-        if self.state == ClientState.CLOSING:
-            return None, start  # nsqd ignores RDY while closing, without a reply
-        if self.state != ClientState.SUBSCRIBED:
-            raise FatalClientError("E_INVALID", "cannot RDY in current state")
         count = 1
         if len(params) > 1:
             parsed = _parse_base10(params[1])
@@ -341,8 +362,6 @@ class V2Parser:
         return Rdy(count), start
 
     def _message_id(self, cmd: str, params: list[bytes], min_params: int) -> bytes:
-        if self.state < ClientState.SUBSCRIBED:
-            raise FatalClientError("E_INVALID", f"cannot {cmd} in current state")
         if len(params) < min_params:
             raise FatalClientError("E_INVALID", f"{cmd} insufficient number of params")
         if len(params[1]) != 16:
@@ -363,9 +382,6 @@ class V2Parser:
         return Req(msg_id, min(timeout, self.config.max_req_timeout_ms), timeout), start
 
     def _cls(self, params: list[bytes], start: int) -> _Result:
-        if self.state != ClientState.SUBSCRIBED:
-            raise FatalClientError("E_INVALID", "cannot CLS in current state")
-        self.state = ClientState.CLOSING
         return Cls(), start
 
     def _nop(self, params: list[bytes], start: int) -> _Result:
