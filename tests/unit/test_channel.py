@@ -8,9 +8,11 @@ import pytest
 
 from pynsqd.core.backend import DummyBackend
 from pynsqd.core.channel import Channel
+from pynsqd.core.errors import NotInFlight, NotOwner, TooManyConsumers
 from pynsqd.core.message import Message, decode_message
 from pynsqd.core.topic import Topic
 from pynsqd.protocol.errors import ClientError, FatalClientError
+from pynsqd.server.protocol_v2 import channel_error
 
 from .fakeloop import FakeLoop
 
@@ -235,14 +237,22 @@ def test_fin_errors_are_non_fatal_and_exact() -> None:
     ch.add_client(b)
     _publish(loop, topic, 1)
     (m,) = a.take()
-    with pytest.raises(ClientError) as e:
+    with pytest.raises(NotOwner) as owner:
         ch.finish(b, m.id)
-    assert e.value.wire == b"E_FIN_FAILED FIN " + m.id + b" failed client does not own message"
-    with pytest.raises(ClientError) as e:
+    assert owner.value.msg_id == m.id
+    with pytest.raises(NotInFlight):
         ch.finish(a, b"0000000000000000")
-    assert e.value.wire == b"E_FIN_FAILED FIN 0000000000000000 failed ID not in flight"
     err = ch.finish_many(a, [m.id, m.id])
-    assert err is not None and err.code == "E_FIN_FAILED" and a.finish_count == 1
+    assert isinstance(err, NotInFlight) and err.msg_id == m.id and a.finish_count == 1
+    # and as nsqd words them on the wire
+    assert channel_error("FIN", owner.value, b"").wire == (
+        b"E_FIN_FAILED FIN " + m.id + b" failed client does not own message"
+    )
+    assert (
+        channel_error("FIN", err, b"").wire
+        == b"E_FIN_FAILED FIN " + m.id + b" failed ID not in flight"
+    )
+    assert isinstance(channel_error("FIN", err, b""), ClientError)  # not fatal, as nsqd
 
 
 def test_touch_extends_but_is_capped_at_max_msg_timeout() -> None:
@@ -320,9 +330,11 @@ def test_max_consumers() -> None:
     ch = topic.get_channel("c")
     ch.max_consumers = 1
     ch.add_client(Consumer())
-    with pytest.raises(FatalClientError) as e:
+    with pytest.raises(TooManyConsumers) as e:
         ch.add_client(Consumer())
-    assert e.value.wire == b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1"
+    wire = channel_error("SUB", e.value, b"")
+    assert isinstance(wire, FatalClientError)
+    assert wire.wire == b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1"
 
 
 def test_dpub_is_deferred_per_channel() -> None:

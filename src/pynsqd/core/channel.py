@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..protocol.errors import ClientError, FatalClientError
 from .backend import BackendQueue
+from .errors import (
+    AlreadyDeferred,
+    ChannelError,
+    Exiting,
+    NotInFlight,
+    NotOwner,
+    TooManyConsumers,
+)
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
 from .queue import MessageQueue
 from .timed_queue import Scheduler, TimedQueue
@@ -250,68 +258,53 @@ class Channel:
 
     # -- consumer commands ----------------------------------------------------------------
 
-    def _take_in_flight(self, client: ConsumerLike, msg_id: bytes, cmd: str) -> Message:
+    def _take_in_flight(self, client: ConsumerLike, msg_id: bytes) -> Message:
         msg = self.in_flight.get(msg_id)
         if msg is None:
-            raise ClientError(f"E_{cmd}_FAILED", f"{cmd} {_id(msg_id)} failed ID not in flight")
+            raise NotInFlight(msg_id)
         if msg.client is not client:
-            raise ClientError(
-                f"E_{cmd}_FAILED", f"{cmd} {_id(msg_id)} failed client does not own message"
-            )
+            raise NotOwner(msg_id)
         return msg
 
     def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
-        msg = self._take_in_flight(client, msg_id, "FIN")
-        del self.in_flight[msg_id]
-        self.tq.remove(msg)
-        msg.client = None
-        client.in_flight_count -= 1
-        client.finish_count += 1
-        if self.e2e_sink is not None:
-            from time import time_ns
+        """FIN one message; raises NotInFlight or NotOwner."""
+        err = self.finish_many(client, [msg_id])
+        if err is not None:
+            raise err
 
-            self.e2e_sink(time_ns() - msg.timestamp)
-        if len(self.queue):
-            self.schedule_pump()
-
-    def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> ClientError | None:
-        """FIN a run of ids; stops at, and returns, the first non-fatal error."""
+    def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> ChannelError | None:
+        """FIN a run of ids (one pipelined read's worth); stops at, and returns, the first one
+        that is not this client's to finish. The one body of FIN."""
         in_flight = self.in_flight
         remove = self.tq.remove
+        sink = self.e2e_sink
+        now_ns = time.time_ns() if sink is not None else 0
         done = 0
-        err: ClientError | None = None
-        if self.e2e_sink is None:
-            for msg_id in ids:
-                msg = in_flight.get(msg_id)
-                if msg is None or msg.client is not client:
-                    try:
-                        self._take_in_flight(client, msg_id, "FIN")
-                    except ClientError as e:
-                        err = e
-                    break
-                del in_flight[msg_id]
-                remove(msg)
-                msg.client = None
-                done += 1
-            client.in_flight_count -= done
-            client.finish_count += done
-            if done and len(self.queue):
-                self.schedule_pump()
-            return err
+        err: ChannelError | None = None
         for msg_id in ids:
-            try:
-                self.finish(client, msg_id)
-            except ClientError as e:
-                return e
-        return None
+            msg = in_flight.get(msg_id)
+            if msg is None or msg.client is not client:
+                err = NotInFlight(msg_id) if msg is None else NotOwner(msg_id)
+                break
+            del in_flight[msg_id]
+            remove(msg)
+            msg.client = None
+            done += 1
+            if sink is not None:
+                sink(now_ns - msg.timestamp)
+        client.in_flight_count -= done
+        client.finish_count += done
+        if done and len(self.queue):
+            self.schedule_pump()
+        return err
 
     def requeue(self, client: ConsumerLike, msg_id: bytes, timeout: float) -> None:
         """REQ: back to the queue now (timeout 0) or deferred by ``timeout`` seconds."""
         if self.exiting:
-            raise ClientError("E_REQ_FAILED", f"REQ {_id(msg_id)} failed exiting")
-        msg = self._take_in_flight(client, msg_id, "REQ")
+            raise Exiting()
+        msg = self._take_in_flight(client, msg_id)
         if timeout > 0 and msg_id in self.deferred:
-            raise ClientError("E_REQ_FAILED", f"REQ {_id(msg_id)} failed ID already deferred")
+            raise AlreadyDeferred(msg_id)
         del self.in_flight[msg_id]
         self.tq.remove(msg)
         msg.client = None
@@ -328,7 +321,7 @@ class Channel:
         self.schedule_pump()
 
     def touch(self, client: ConsumerLike, msg_id: bytes) -> None:
-        msg = self._take_in_flight(client, msg_id, "TOUCH")
+        msg = self._take_in_flight(client, msg_id)
         now = self.loop.time()
         deadline = min(now + client.msg_timeout, msg.delivery_ts + self.max_msg_timeout)
         self.tq.remove(msg)
@@ -363,15 +356,11 @@ class Channel:
 
     def add_client(self, client: ConsumerLike) -> None:
         if self.exiting:
-            raise FatalClientError("E_SUB_FAILED", "SUB failed exiting")
+            raise Exiting()
         if client.id in self.clients:
             return
         if self.max_consumers and len(self.clients) >= self.max_consumers:
-            raise FatalClientError(
-                "E_SUB_FAILED",
-                f"SUB failed consumers for {self.topic.name}:{self.name} "
-                f"exceeds limit of {self.max_consumers}",
-            )
+            raise TooManyConsumers(self.topic.name, self.name, self.max_consumers)
         self.clients[client.id] = client
 
     def remove_client(self, client: ConsumerLike) -> None:
@@ -457,7 +446,3 @@ class Channel:
         if leftovers:
             self.queue.backend.put_many(leftovers)
         self.queue.backend.close()
-
-
-def _id(msg_id: bytes) -> str:
-    return msg_id.decode("ascii", "replace")

@@ -20,6 +20,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import NSQD_VERSION
 from ..core.channel import Channel
+from ..core.errors import (
+    AlreadyDeferred,
+    ChannelError,
+    Exiting,
+    NotInFlight,
+    NotOwner,
+    TooManyConsumers,
+)
 from ..core.message import Message
 from ..protocol.commands import (
     Auth,
@@ -393,7 +401,10 @@ class ClientV2(SecureClient, asyncio.Protocol):
             self.check_auth("SUB", cmd.topic, cmd.channel)
         topic = self.nsqd.get_topic(cmd.topic)
         channel = topic.get_channel(cmd.channel)
-        channel.add_client(self)
+        try:
+            channel.add_client(self)
+        except ChannelError as err:
+            raise channel_error("SUB", err, b"") from None
         self.channel = channel
         log.debug(
             "PROTOCOL(V2): [%s] state change to SUBSCRIBED on %s:%s",
@@ -420,7 +431,7 @@ class ClientV2(SecureClient, asyncio.Protocol):
         assert self.channel is not None
         err = self.channel.finish_many(self, cmd.ids)
         if err is not None:
-            raise err
+            raise channel_error("FIN", err, b"")
 
     def REQ(self, cmd: Req) -> None:
         assert self.channel is not None
@@ -432,11 +443,17 @@ class ClientV2(SecureClient, asyncio.Protocol):
                 self.nsqd.protocol_config.max_req_timeout_ms,
                 cmd.timeout_ms,
             )
-        self.channel.requeue(self, cmd.id, cmd.timeout_ms / 1000)
+        try:
+            self.channel.requeue(self, cmd.id, cmd.timeout_ms / 1000)
+        except ChannelError as err:
+            raise channel_error("REQ", err, cmd.id) from None
 
     def TOUCH(self, cmd: Touch) -> None:
         assert self.channel is not None
-        self.channel.touch(self, cmd.id)
+        try:
+            self.channel.touch(self, cmd.id)
+        except ChannelError as err:
+            raise channel_error("TOUCH", err, cmd.id) from None
 
     def CLS(self, cmd: Cls) -> None:
         self.rdy = 0
@@ -497,3 +514,29 @@ def _describe(ev: object) -> str:
         if k not in ("body", "bodies", "data", "secret") and not isinstance(v, bytes | list)
     ]
     return " ".join([name, *shown])
+
+
+def channel_error(cmd: str, err: ChannelError, msg_id: bytes) -> ProtocolError:
+    """The channel's refusal as nsqd words it: the one place where core errors become ``E_*``.
+
+    FIN, REQ and TOUCH failures are non-fatal (``ClientError``); SUB's close the connection.
+    """
+    if isinstance(err, NotInFlight | NotOwner | AlreadyDeferred):
+        msg_id = err.msg_id
+    mid = msg_id.decode("ascii", "replace")
+    if isinstance(err, NotInFlight):
+        return ClientError(f"E_{cmd}_FAILED", f"{cmd} {mid} failed ID not in flight")
+    if isinstance(err, NotOwner):
+        return ClientError(f"E_{cmd}_FAILED", f"{cmd} {mid} failed client does not own message")
+    if isinstance(err, AlreadyDeferred):
+        return ClientError(f"E_{cmd}_FAILED", f"{cmd} {mid} failed ID already deferred")
+    if isinstance(err, TooManyConsumers):
+        return FatalClientError(
+            "E_SUB_FAILED",
+            f"SUB failed consumers for {err.topic}:{err.channel} exceeds limit of {err.limit}",
+        )
+    if isinstance(err, Exiting):
+        if cmd == "SUB":
+            return FatalClientError("E_SUB_FAILED", "SUB failed exiting")
+        return ClientError(f"E_{cmd}_FAILED", f"{cmd} {mid} failed exiting")
+    return FatalClientError("E_INVALID", f"{cmd} failed")

@@ -1,0 +1,40 @@
+"""What can go wrong in a channel, in the core's own terms.
+
+The core knows nothing of the wire: the connection maps these to nsqd's ``E_*`` codes and texts
+in one place (``server/protocol_v2.py``, ``channel_error``), as nsqd's ``protocol_v2.go`` wraps
+the errors of its channel.
+"""
+
+from __future__ import annotations
+
+
+class ChannelError(Exception):
+    """A consumer command the channel refused."""
+
+
+class NotInFlight(ChannelError):
+    def __init__(self, msg_id: bytes) -> None:
+        super().__init__(msg_id)
+        self.msg_id = msg_id
+
+
+class NotOwner(ChannelError):
+    def __init__(self, msg_id: bytes) -> None:
+        super().__init__(msg_id)
+        self.msg_id = msg_id
+
+
+class AlreadyDeferred(ChannelError):
+    def __init__(self, msg_id: bytes) -> None:
+        super().__init__(msg_id)
+        self.msg_id = msg_id
+
+
+class Exiting(ChannelError):
+    """The channel is closing or being deleted."""
+
+
+class TooManyConsumers(ChannelError):
+    def __init__(self, topic: str, channel: str, limit: int) -> None:
+        super().__init__(topic, channel, limit)
+        self.topic, self.channel, self.limit = topic, channel, limit
