@@ -203,3 +203,15 @@ def test_options_field_types_are_kept() -> None:
     assert types["mem_queue_size"] == "int"
     assert types["lookupd_tcp_addresses"] == "list[str]"
     assert types["e2e_processing_latency_percentiles"] == "list[float]"
+
+
+def test_protocol_config_is_derived_from_the_options_table() -> None:
+    from pynsqd.options import Options
+    from pynsqd.server.nsqd import protocol_config
+
+    opts = Options(msg_timeout=2.5, max_rdy_count=7, output_buffer_timeout=0.1)
+    opts.tls_required = "tcp-https"
+    cfg = protocol_config(opts)
+    assert (cfg.msg_timeout_ms, cfg.max_rdy_count, cfg.output_buffer_timeout_ms) == (2500, 7, 100)
+    assert cfg.tls_required and cfg.max_req_timeout_ms == 3_600_000
+    assert cfg.heartbeat_interval_ms == 30_000  # nsqd's constant, not an option

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import NSQD_VERSION, __version__
 from ..core.backend import BackendQueue, DummyBackend
@@ -50,21 +51,22 @@ METADATA_DELAY = 0.1
 
 
 def protocol_config(opts: Options) -> ProtocolConfig:
-    """The protocol limits from the options (the parser works in ms and bytes)."""
-    return ProtocolConfig(
-        max_msg_size=opts.max_msg_size,
-        max_body_size=opts.max_body_size,
-        max_rdy_count=opts.max_rdy_count,
-        max_req_timeout_ms=round(opts.max_req_timeout * 1000),
-        msg_timeout_ms=round(opts.msg_timeout * 1000),
-        max_msg_timeout_ms=round(opts.max_msg_timeout * 1000),
-        max_heartbeat_interval_ms=round(opts.max_heartbeat_interval * 1000),
-        output_buffer_timeout_ms=round(opts.output_buffer_timeout * 1000),
-        max_output_buffer_size=opts.max_output_buffer_size,
-        min_output_buffer_timeout_ms=round(opts.min_output_buffer_timeout * 1000),
-        max_output_buffer_timeout_ms=round(opts.max_output_buffer_timeout * 1000),
-        tls_required=opts.tls_required != "false",
-    )
+    """The protocol limits from the options, in the parser's units.
+
+    Derived from the options table: a ``ProtocolConfig`` field ``x_ms`` is the duration option
+    ``x`` in milliseconds, a field ``x`` the option ``x`` itself; what is not an option
+    (``heartbeat_interval_ms``, ``output_buffer_size``, ``max_line_length``: nsqd's constants)
+    keeps its default, and ``tls_required`` is the one value with a meaning of its own.
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(ProtocolConfig):
+        if f.name == "tls_required":
+            values[f.name] = opts.tls_required != "false"
+        elif f.name.endswith("_ms") and hasattr(opts, f.name[:-3]):
+            values[f.name] = round(getattr(opts, f.name[:-3]) * 1000)
+        elif hasattr(opts, f.name):
+            values[f.name] = getattr(opts, f.name)
+    return ProtocolConfig(**values)
 
 
 class NSQD:
