@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import sys
 import tomllib
@@ -23,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, field
 from typing import Any
 
-from pynsqd.internal.listener import is_unix_address, split_host_port
+from pynsqd.internal.checks import parse_go_bool, quote
 from pynsqd.internal.version import version_string
-from pynsqd.log import LOG_LEVELS, configure_logging, parse_log_level
+from pynsqd.log import LOG_LEVELS, configure_logging
 from pynsqd.options import (
     Options,
     config_key,
@@ -41,9 +40,6 @@ log = logging.getLogger("pynsqd.cli")
 
 #: ``--enable-experiment`` values nsqd knows (master).
 EXPERIMENTS = ("topology-aware-consumption",)
-TLS_VERSIONS = ("tls1.0", "tls1.1", "tls1.2", "tls1.3")
-#: Longest unix socket path (``sun_path`` is 108 bytes with the terminating NUL on Linux).
-MAX_UNIX_PATH = 107
 
 
 class UsageError(Exception):
@@ -65,19 +61,8 @@ class HelpRequested(UsageError):
 
 # -- Go's strconv, as the flag package uses it ------------------------------------------------
 
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _OCTAL = re.compile(r"([+-]?)0([0-7_]*[0-7])")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def parse_go_bool(text: str) -> bool:
-    """``strconv.ParseBool``."""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError("not a boolean (true or false)")
 
 
 def parse_go_int(text: str) -> int:
@@ -94,7 +79,7 @@ def parse_go_int(text: str) -> int:
     return value
 
 
-def parse_go_float(text: str) -> float:
+def parsego_float_text(text: str) -> float:
     """``strconv.ParseFloat(s, 64)`` (near enough: no surrounding spaces)."""
     if not text or text != text.strip():
         raise ValueError("not a number")
@@ -104,180 +89,18 @@ def parse_go_float(text: str) -> float:
         raise ValueError("not a number") from None
 
 
-def _go_float(value: float) -> str:
-    """A float as Go's ``%v`` prints it: 1.0 → ``1``, 0.99 → ``0.99``."""
-    text = repr(value)
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _quote(value: Any) -> str:
-    """A value as the user wrote it, for error messages: strings in Go's ``%q`` style."""
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_quote(v) for v in value) + "]"
-    return str(value)
-
-
-# -- value checks: one per option that takes less than its type allows ------------------------
-
-
-def _check_log_level(value: str) -> str:
-    parse_log_level(value)
-    return value.lower()
-
-
-def _check_tls_required(value: str) -> str:
-    lowered = value.lower()
-    if lowered == "tcp-https":
-        return lowered
-    try:
-        return "true" if parse_go_bool(lowered) else "false"
-    except ValueError:
-        raise ValueError("must be true, false or tcp-https") from None
-
-
-def _check_tls_min_version(value: str) -> str:
-    lowered = value.lower()
-    if lowered == "":
-        return "tls1.0"
-    if lowered in TLS_VERSIONS:
-        return lowered
-    if lowered == "ssl3.0":
-        raise ValueError("SSL 3.0 is not supported; must be tls1.0, tls1.1, tls1.2 or tls1.3")
-    raise ValueError("must be tls1.0, tls1.1, tls1.2 or tls1.3")
-
-
-def _check_tls_client_auth_policy(value: str) -> str:
-    if value in ("", "require", "require-verify"):
-        return value
-    raise ValueError("must be require or require-verify")
-
-
-def _check_auth_http_request_method(value: str) -> str:
-    lowered = value.lower()
-    if lowered in ("get", "post"):
-        return lowered
-    raise ValueError("--auth-http-request-method must be post or get")
-
-
-def _check_port(value: int) -> int:
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number [0,65535]")
-    return value
-
-
-def _check_host_port(value: str, *, port_zero: bool) -> str:
-    if is_unix_address(value):
-        raise ValueError("must be <addr>:<port>")
-    host, port = split_host_port(value)
-    if ":" in host and not value.startswith("["):
-        raise ValueError("an IPv6 address needs brackets, as in [::1]:4150")
-    if port > 65535 or (port == 0 and not port_zero):
-        raise ValueError(f"port {port} out of range")
-    return value
-
-
-def _listen_address(*, may_disable: bool) -> Callable[[str], str]:
-    """``host:port`` (port 0 picks a free port), ``[v6]:port``, or a unix socket path."""
-
-    def check(value: str) -> str:
-        if value == "":
-            if may_disable:
-                return value
-            raise ValueError("must not be empty")
-        if not is_unix_address(value):
-            return _check_host_port(value, port_zero=True)
-        if value.startswith("["):
-            raise ValueError("an IPv6 address needs a port, as in [::1]:4150")
-        if len(os.fsencode(value)) > MAX_UNIX_PATH:
-            raise ValueError(f"a unix socket path is at most {MAX_UNIX_PATH} bytes")
-        return value
-
-    return check
-
-
-def _check_lookupd_addresses(values: list[str]) -> list[str]:
-    for value in values:
-        try:
-            _check_host_port(value, port_zero=False)
-        except ValueError as e:
-            raise ValueError(f"{_quote(value)}: {e}") from None
-    return values
-
-
-def _check_auth_addresses(values: list[str]) -> list[str]:
-    for value in values:
-        if value.startswith(("http://", "https://")):
-            if value.partition("://")[2].strip("/") == "":
-                raise ValueError(f"{_quote(value)}: a URL needs a host")
-            continue
-        try:
-            _check_host_port(value, port_zero=False)
-        except ValueError:
-            raise ValueError(f"{_quote(value)}: must be <addr>:<port> or a full URL") from None
-    return values
-
-
-def _check_statsd_address(value: str) -> str:
-    return value if value == "" else _check_host_port(value, port_zero=False)
-
-
-def _check_percentiles(values: list[float]) -> list[float]:
-    for v in values:
-        if not 0 < v <= 1:
-            raise ValueError(f"invalid E2E processing latency percentile: {_go_float(v)}")
-    # nsqd's FloatArray keeps them sorted, largest first; a repeat would only repeat a column.
-    return sorted(set(values), reverse=True)
-
-
-_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "log_level": _check_log_level,
-    "tls_required": _check_tls_required,
-    "tls_min_version": _check_tls_min_version,
-    "tls_client_auth_policy": _check_tls_client_auth_policy,
-    "auth_http_request_method": _check_auth_http_request_method,
-    "tcp_address": _listen_address(may_disable=False),
-    "http_address": _listen_address(may_disable=True),
-    "https_address": _listen_address(may_disable=True),
-    "broadcast_tcp_port": _check_port,
-    "broadcast_http_port": _check_port,
-    "lookupd_tcp_addresses": _check_lookupd_addresses,
-    "auth_http_addresses": _check_auth_addresses,
-    "statsd_address": _check_statsd_address,
-    "e2e_processing_latency_percentiles": _check_percentiles,
-}
-#: Checked after resolution with nsqd's own messages instead.
-_NSQD_CHECKED = frozenset({"node_id", "max_deflate_level"})
-#: Integers and durations that make no sense at zero (an interval of 0 would spin a core).
-_POSITIVE = frozenset(
-    {
-        "max_bytes_per_file",
-        "sync_every",
-        "max_msg_size",
-        "max_body_size",
-        "statsd_udp_packet_size",
-        "statsd_interval",
-        "sync_timeout",
-    }
-)
-
-
 def check_value(f: Field[Any], value: Any) -> Any:
-    """Check one option's value; return it normalised, or raise ``ValueError(reason)``."""
-    check = _CHECKS.get(f.name)
+    """Check one option's value as its declaration says; return it normalised, or raise
+    ``ValueError(reason)``."""
+    meta = f.metadata
+    check = meta.get("check")
     if check is not None:
         return check(value)
+    if meta.get("checked_later"):  # nsqd checks it after resolution, in its own words
+        return value
     kind = option_kind(f)
-    if kind == "int" and f.name not in _NSQD_CHECKED:
-        if f.name in _POSITIVE and value <= 0:
-            raise ValueError("must be > 0")
-        if value < 0:
-            raise ValueError("must not be negative")
-    if kind == "duration":
-        if f.name in _POSITIVE and value <= 0:
+    if kind in ("int", "duration"):
+        if meta.get("positive") and value <= 0:
             raise ValueError("must be > 0")
         if value < 0:
             raise ValueError("must not be negative")
@@ -339,7 +162,7 @@ def _convert_flag(flag: _Flag, text: str) -> Any:
     if kind == "duration":
         return parse_duration(text)
     if kind == "floatlist":
-        return [parse_go_float(part) for part in text.split(",")]
+        return [parsego_float_text(part) for part in text.split(",")]
     if kind == "list":
         return [text]
     return text  # str, deprecated_bool
@@ -361,12 +184,12 @@ def parse_command_line(
         i += 1
         if len(arg) < 2 or arg[0] != "-":
             hint = f"a boolean flag takes -{last_bool}={arg}" if last_bool else "see -h"
-            raise UsageError(f"unexpected argument {_quote(arg)} ({hint})")
+            raise UsageError(f"unexpected argument {quote(arg)} ({hint})")
         last_bool = ""
         minuses = 2 if arg[1] == "-" else 1
         if minuses == 2 and len(arg) == 2:  # "--" ends the flags
             if i < len(args):
-                raise UsageError(f"unexpected argument {_quote(args[i])} after --")
+                raise UsageError(f"unexpected argument {quote(args[i])} after --")
             break
         name, has_value, text = arg[minuses:].partition("=")
         if not name or name[0] == "-" or arg[minuses] == "=":
@@ -396,7 +219,7 @@ def parse_command_line(
                 value = check_value(flag.field, value)
         except ValueError as e:
             what = "boolean value" if flag.kind in ("bool", "version") else "value"
-            raise UsageError(f"invalid {what} {_quote(text)} for flag -{name}: {e}") from None
+            raise UsageError(f"invalid {what} {quote(text)} for flag -{name}: {e}") from None
         if flag.field is None:
             result.version = value
             continue
@@ -409,7 +232,7 @@ def parse_command_line(
             try:
                 value = check_value(f, value)
             except ValueError as e:
-                raise UsageError(f"invalid value {_quote(text)} for flag -{name}: {e}") from None
+                raise UsageError(f"invalid value {quote(text)} for flag -{name}: {e}") from None
         if f.metadata.get("deprecated"):
             note = f.metadata["deprecated"]
             result.warnings.append(f"--{name} is deprecated and has no effect ({note})")
@@ -484,7 +307,7 @@ def _coerce_config(f: Field[Any], raw: Any) -> Any:
         out: list[float] = []
         for v in items:
             if isinstance(v, str):
-                out.append(parse_go_float(v))
+                out.append(parsego_float_text(v))
             elif isinstance(v, int | float) and not isinstance(v, bool):
                 out.append(float(v))
             else:
@@ -540,7 +363,7 @@ def load_config(path: str, options: type[Any] = Options) -> tuple[dict[str, Any]
         try:
             value = check_value(f, _coerce_config(f, raw))
         except ValueError as e:
-            raise UsageError(f"{where}: invalid value {_quote(raw)} for {key}: {e}", 1) from None
+            raise UsageError(f"{where}: invalid value {quote(raw)} for {key}: {e}", 1) from None
         if f.metadata.get("deprecated"):
             warnings.append(f"{where}: {key} is deprecated and has no effect")
         values[f.name] = value

@@ -16,9 +16,12 @@ import hashlib
 import re
 import socket
 import zlib
+from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from fractions import Fraction
 from typing import Any, Literal
+
+from .internal import checks
 
 Kind = Literal["str", "int", "bool", "duration", "list", "floatlist", "deprecated_bool"]
 
@@ -32,11 +35,17 @@ def opt(
     deprecated: str | None = None,
     deprecated_flag: str | None = None,
     implicit: str | None = None,
+    check: Callable[[Any], Any] | None = None,
+    positive: bool = False,
+    checked_later: bool = False,
 ) -> Any:
     """One option. ``deprecated``: the flag itself is deprecated (the note says what to use).
     ``deprecated_flag``: an old flag name still accepted for this option, with a warning
     (go-options' ``deprecated`` tag). ``implicit``: the value a flag given without ``=value``
-    takes, for string options that Go declares as boolean flags (``-tls-required``)."""
+    takes, for string options that Go declares as boolean flags (``-tls-required``).
+    ``check``: the value check of an option narrower than its type (``internal/checks.py``);
+    ``positive``: a number or duration that makes no sense at zero; otherwise numbers must not
+    be negative. ``checked_later``: nsqd checks it after resolution, in its own words."""
     meta = {
         "help": help,
         "kind": kind,
@@ -44,6 +53,9 @@ def opt(
         "deprecated": deprecated,
         "deprecated_flag": deprecated_flag,
         "implicit": implicit,
+        "check": check,
+        "positive": positive,
+        "checked_later": checked_later,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -64,7 +76,11 @@ def _hostname() -> str:
 class Options:
     # -- basic
     config: str = opt("", "path to config file", kind="str")
-    log_level: str = opt("info", "set log verbosity: debug, info, warn, error, or fatal")
+    log_level: str = opt(
+        "info",
+        "set log verbosity: debug, info, warn, error, or fatal",
+        check=checks.check_log_level,
+    )
     log_prefix: str = opt("[nsqd] ", "log message prefix")
     verbose: bool = opt(
         False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
@@ -73,40 +89,57 @@ class Options:
         -1,
         "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
         cfg="id",
+        checked_later=True,
     )
     worker_id: bool = opt(
         False, "[deprecated] use --node-id", kind="deprecated_bool", deprecated="use --node-id"
     )
-    https_address: str = opt("0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
-    http_address: str = opt(
-        "0.0.0.0:4151", '<addr>:<port> to listen on for HTTP clients ("" disables it)'
+    https_address: str = opt(
+        "0.0.0.0:4152",
+        "<addr>:<port> to listen on for HTTPS clients",
+        check=checks.listen_address(may_disable=True),
     )
-    tcp_address: str = opt("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    http_address: str = opt(
+        "0.0.0.0:4151",
+        '<addr>:<port> to listen on for HTTP clients ("" disables it)',
+        check=checks.listen_address(may_disable=True),
+    )
+    tcp_address: str = opt(
+        "0.0.0.0:4150",
+        "<addr>:<port> to listen on for TCP clients",
+        check=checks.listen_address(may_disable=False),
+    )
     broadcast_address: str = opt(
         "", "address that will be registered with lookupd (defaults to the OS hostname)"
     )
     broadcast_tcp_port: int = opt(
         0,
         "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)",
+        check=checks.check_port,
     )
     broadcast_http_port: int = opt(
         0,
         "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)",
+        check=checks.check_port,
     )
     lookupd_tcp_addresses: list[str] = opt(
         [],
         "lookupd TCP address (may be given multiple times)",
         kind="list",
         cfg="nsqlookupd_tcp_addresses",
+        check=checks.check_lookupd_addresses,
     )
     auth_http_addresses: list[str] = opt(
         [],
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
         kind="list",
         cfg="auth_http_addresses",
+        check=checks.check_auth_addresses,
     )
     auth_http_request_method: str = opt(
-        "get", "HTTP method to use for auth server requests (get or post)"
+        "get",
+        "HTTP method to use for auth server requests (get or post)",
+        check=checks.check_auth_http_request_method,
     )
     http_client_connect_timeout: float = opt(2.0, "timeout for HTTP connect", kind="duration")
     http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
@@ -123,9 +156,13 @@ class Options:
     # -- disk queue
     data_path: str = opt("", "path to store disk-backed messages (default: the current directory)")
     mem_queue_size: int = opt(10000, "number of messages to keep in memory (per topic/channel)")
-    max_bytes_per_file: int = opt(104857600, "number of bytes per diskqueue file before rolling")
-    sync_every: int = opt(2500, "number of messages per diskqueue fsync")
-    sync_timeout: float = opt(2.0, "duration of time per diskqueue fsync", kind="duration")
+    max_bytes_per_file: int = opt(
+        104857600, "number of bytes per diskqueue file before rolling", positive=True
+    )
+    sync_every: int = opt(2500, "number of messages per diskqueue fsync", positive=True)
+    sync_timeout: float = opt(
+        2.0, "duration of time per diskqueue fsync", kind="duration", positive=True
+    )
     queue_scan_worker_pool_max: int = opt(
         4,
         "max concurrency for checking in-flight and deferred message timeouts (pynsqd: accepted, unused: timeouts fire from one timed queue per channel)",
@@ -145,9 +182,10 @@ class Options:
         1048576,
         "maximum size of a single message in bytes",
         deprecated_flag="max-message-size",
+        positive=True,
     )
     max_req_timeout: float = opt(3600.0, "maximum requeuing timeout for a message", kind="duration")
-    max_body_size: int = opt(5242880, "maximum size of a single command body")
+    max_body_size: int = opt(5242880, "maximum size of a single command body", positive=True)
     # -- client overridable
     max_heartbeat_interval: float = opt(
         60.0,
@@ -176,13 +214,19 @@ class Options:
         "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
     )
     # -- statsd
-    statsd_address: str = opt("", "UDP <addr>:<port> of a statsd daemon for pushing stats")
-    statsd_interval: float = opt(60.0, "duration between pushing to statsd", kind="duration")
+    statsd_address: str = opt(
+        "",
+        "UDP <addr>:<port> of a statsd daemon for pushing stats",
+        check=checks.check_statsd_address,
+    )
+    statsd_interval: float = opt(
+        60.0, "duration between pushing to statsd", kind="duration", positive=True
+    )
     statsd_mem_stats: bool = opt(True, "toggle sending memory and GC stats to statsd")
     statsd_prefix: str = opt(
         "nsq.%s", "prefix used for keys sent to statsd (%s for host replacement)"
     )
-    statsd_udp_packet_size: int = opt(508, "the size in bytes of statsd UDP packets")
+    statsd_udp_packet_size: int = opt(508, "the size in bytes of statsd UDP packets", positive=True)
     statsd_exclude_ephemeral: bool = opt(
         False, "Skip ephemeral topics and channels when sending stats to statsd"
     )
@@ -192,6 +236,7 @@ class Options:
         "message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)",
         kind="floatlist",
         cfg="e2e_processing_latency_percentiles",
+        check=checks.check_percentiles,
     )
     e2e_processing_latency_window_time: float = opt(
         600.0,
@@ -202,19 +247,28 @@ class Options:
     tls_cert: str = opt("", "path to certificate file")
     tls_key: str = opt("", "path to key file")
     tls_client_auth_policy: str = opt(
-        "", "client certificate auth policy ('require' or 'require-verify')"
+        "",
+        "client certificate auth policy ('require' or 'require-verify')",
+        check=checks.check_tls_client_auth_policy,
     )
     tls_root_ca_file: str = opt("", "path to certificate authority file")
     tls_required: str = opt(
-        "false", "require TLS for client connections (true, false, tcp-https)", implicit="true"
+        "false",
+        "require TLS for client connections (true, false, tcp-https)",
+        implicit="true",
+        check=checks.check_tls_required,
     )
     tls_min_version: str = opt(
-        "tls1.0", "minimum SSL/TLS version acceptable (tls1.0, tls1.1, tls1.2 or tls1.3)"
+        "tls1.0",
+        "minimum SSL/TLS version acceptable (tls1.0, tls1.1, tls1.2 or tls1.3)",
+        check=checks.check_tls_min_version,
     )
     # -- compression
     deflate: bool = opt(True, "enable deflate feature negotiation (client compression)")
     max_deflate_level: int = opt(
-        6, "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)"
+        6,
+        "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)",
+        checked_later=True,
     )
     snappy: bool = opt(True, "enable snappy feature negotiation (client compression)")
 

@@ -215,3 +215,19 @@ def test_protocol_config_is_derived_from_the_options_table() -> None:
     assert (cfg.msg_timeout_ms, cfg.max_rdy_count, cfg.output_buffer_timeout_ms) == (2500, 7, 100)
     assert cfg.tls_required and cfg.max_req_timeout_ms == 3_600_000
     assert cfg.heartbeat_interval_ms == 30_000  # nsqd's constant, not an option
+
+
+def test_each_table_declares_its_own_checks() -> None:
+    from dataclasses import fields
+
+    from pynsqd.cli import check_value
+    from pynsqd.lookupd.options import LookupdOptions
+
+    lookupd = {f.name: f for f in fields(LookupdOptions)}
+    assert lookupd["tcp_address"].metadata["check"] is not None  # declared there, not by name
+    with pytest.raises(ValueError, match="must not be empty"):
+        check_value(lookupd["tcp_address"], "")
+    nsqd = {f.name: f for f in fields(Options)}
+    with pytest.raises(ValueError, match="must be > 0"):
+        check_value(nsqd["sync_timeout"], 0.0)
+    assert check_value(nsqd["node_id"], -5) == -5  # nsqd's own check comes after resolution
