@@ -100,6 +100,7 @@ class Owner:
         self.loop = loop
         self.mem_queue_size = mem_queue_size
         self.deleted_topics: list[str] = []
+        self.metadata_changes = 0
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
         eph = name.endswith("#ephemeral")
@@ -118,6 +119,9 @@ class Owner:
 
     def topic_emptied_of_channels(self, topic: Topic) -> None:
         self.deleted_topics.append(topic.name)
+
+    def metadata_changed(self) -> None:
+        self.metadata_changes += 1
 
 
 def _topic(loop: FakeLoop, name: str = "t", mem: int = 100) -> tuple[Topic, Owner]:

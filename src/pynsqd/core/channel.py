@@ -64,6 +64,8 @@ class ChannelOwner(Protocol):
     name: str
 
     def channel_emptied_of_clients(self, channel: Channel) -> None: ...
+    def metadata_changed(self) -> None:
+        """A pause flag changed (nsqd persists its metadata)."""
 
 
 class Channel:
@@ -400,10 +402,8 @@ class Channel:
         self._metadata_changed()
 
     def _metadata_changed(self) -> None:
-        # nsqd persists nsqd.dat on pause/unpause; owners without metadata don't care.
-        notify = getattr(self.topic, "metadata_changed", None)
-        if notify is not None:
-            notify()
+        # nsqd persists nsqd.dat on pause/unpause.
+        self.topic.metadata_changed()
 
     def empty(self) -> None:
         """Drop queued, in-flight and deferred messages (nsqd's ``Empty``)."""

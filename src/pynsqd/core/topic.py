@@ -36,6 +36,8 @@ class TopicOwner(Protocol):
     def make_channel(self, topic: Topic, name: str) -> Channel: ...
     def channel_deleted(self, topic: Topic, channel: Channel) -> None: ...
     def topic_emptied_of_channels(self, topic: Topic) -> None: ...
+    def metadata_changed(self) -> None:
+        """A topic's or channel's pause flag changed (nsqd persists nsqd.dat)."""
 
 
 class Topic:
@@ -209,10 +211,8 @@ class Topic:
         self.metadata_changed()
 
     def metadata_changed(self) -> None:
-        """A pause flag changed: nsqd persists its metadata (if the owner keeps any)."""
-        notify = getattr(self._owner, "metadata_changed", None)
-        if notify is not None:
-            notify()
+        """A pause flag changed: nsqd persists its metadata."""
+        self._owner.metadata_changed()
 
     def empty(self) -> None:
         """Drop the topic's own queue (not its channels'), as nsqd's ``/topic/empty``."""

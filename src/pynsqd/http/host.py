@@ -33,9 +33,22 @@ class StatsClient(Protocol):
     topology_zone: str
     topology_region: str
     pub_counts: dict[str, int]
+    deflate: bool
+    snappy: bool
+    tls: bool
+    tls_version: str
+    tls_cipher_suite: str
+    tls_negotiated_protocol: str
+    tls_negotiated_protocol_is_mutual: bool
 
     @property
     def state(self) -> ClientState: ...
+    @property
+    def authed(self) -> bool: ...
+    @property
+    def auth_identity(self) -> str: ...
+    @property
+    def auth_identity_url(self) -> str: ...
 
 
 class NSQDHost(Protocol):

@@ -51,7 +51,6 @@ def topic_e2e(nsqd: NSQDHost, topic: Topic) -> Json:
 
 def client_stats(client: StatsClient, topic_filter: str = "") -> Json:
     """nsqd's ``ClientV2Stats``; optional keys are left out when empty, as its omitempty."""
-    c: Any = client
     stats: Json = {
         "client_id": client.client_id,
         "hostname": client.hostname,
@@ -65,16 +64,16 @@ def client_stats(client: StatsClient, topic_filter: str = "") -> Json:
         "requeue_count": client.requeue_count,
         "connect_ts": client.connect_ts,
         "sample_rate": client.sample_rate,
-        "deflate": bool(getattr(c, "deflate", False)),
-        "snappy": bool(getattr(c, "snappy", False)),
+        "deflate": client.deflate,
+        "snappy": client.snappy,
         "user_agent": client.user_agent,
     }
-    if getattr(c, "authed", False):
+    if client.authed:
         stats["authed"] = True
-    for key in ("auth_identity", "auth_identity_url"):
-        value = getattr(c, key, "")
-        if value:
-            stats[key] = str(value)
+    if client.auth_identity:
+        stats["auth_identity"] = client.auth_identity
+    if client.auth_identity_url:
+        stats["auth_identity_url"] = client.auth_identity_url
     stats["topology_zone"] = client.topology_zone
     stats["topology_region"] = client.topology_region
     pub_counts = [
@@ -84,13 +83,11 @@ def client_stats(client: StatsClient, topic_filter: str = "") -> Json:
     ]
     if pub_counts:
         stats["pub_counts"] = pub_counts
-    stats["tls"] = bool(getattr(c, "tls", False))
-    stats["tls_cipher_suite"] = str(getattr(c, "tls_cipher_suite", ""))
-    stats["tls_version"] = str(getattr(c, "tls_version", ""))
-    stats["tls_negotiated_protocol"] = str(getattr(c, "tls_negotiated_protocol", ""))
-    stats["tls_negotiated_protocol_is_mutual"] = bool(
-        getattr(c, "tls_negotiated_protocol_is_mutual", False)
-    )
+    stats["tls"] = client.tls
+    stats["tls_cipher_suite"] = client.tls_cipher_suite
+    stats["tls_version"] = client.tls_version
+    stats["tls_negotiated_protocol"] = client.tls_negotiated_protocol
+    stats["tls_negotiated_protocol_is_mutual"] = client.tls_negotiated_protocol_is_mutual
     return stats
 
 

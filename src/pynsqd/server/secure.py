@@ -104,6 +104,9 @@ class SecureClient:
         self.tls = False
         self.tls_version = ""
         self.tls_cipher_suite = ""
+        # nsqd reports ALPN; no NSQ client negotiates it, so these stay empty, as with nsqd
+        self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
         self.tls_common_name = ""
         self.snappy = False
         self.deflate = False
