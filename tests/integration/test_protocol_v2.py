@@ -8,7 +8,6 @@ E_TOUCH_FAILED leave the connection working.
 from __future__ import annotations
 
 import re
-import select
 import socket
 import struct
 import time
@@ -19,11 +18,9 @@ import pytest
 
 from pynsqd.protocol import encode
 from pynsqd.protocol.frames import (
-    FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     Frame,
     Message,
-    decode_message,
 )
 from tests.conftest import ServerThread
 from tests.wire import Conn
@@ -436,49 +433,6 @@ def test_subscriber_may_publish(nsqd: ServerThread) -> None:
 # -- heartbeats --------------------------------------------------------------------------
 
 
-def test_heartbeats_and_client_timeout(nsqd: ServerThread) -> None:
-    hb = Frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
-    with nsqd.connect() as silent, nsqd.connect() as alive:
-        silent.identify({"heartbeat_interval": 1000})
-        alive.identify({"heartbeat_interval": 1000})
-        alive.sub("t", "c")
-        # The one that answers every heartbeat stays; the silent one is closed after 2 intervals.
-        for _ in range(3):
-            assert alive.read_frame(skip_heartbeats=False) == hb
-            alive.nop()
-        assert silent.read_frame(skip_heartbeats=False) == hb
-        silent.expect_closed()
-        alive.nop()
-        alive.expect_nothing(0.1)
-
-
-def test_a_trickled_half_command_does_not_keep_a_connection_alive(nsqd: ServerThread) -> None:
-    # nsqd's read deadline restarts per command, not per byte: the server must close this
-    # connection while the client is still trickling bytes into it.
-    with nsqd.connect() as c:
-        c.identify({"heartbeat_interval": 1000})
-        c.send(b"PUB t\n\x00\x00\x01\x00")  # a 256-byte body, sent a byte every 0.3 s
-        closed_while_trickling = False
-        for _ in range(15):  # 4.5 s: well past two 1 s intervals
-            time.sleep(0.3)
-            readable, _, _ = select.select([c.sock], [], [], 0)
-            if readable:
-                try:
-                    data = c.sock.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    closed_while_trickling = True
-                    break
-                continue  # a heartbeat
-            try:
-                c.send(b"x")
-            except OSError:
-                closed_while_trickling = True
-                break
-        assert closed_while_trickling
-
-
 def test_heartbeats_disabled(nsqd: ServerThread) -> None:
     with nsqd.connect() as c:
         c.identify({"heartbeat_interval": -1})
@@ -488,15 +442,6 @@ def test_heartbeats_disabled(nsqd: ServerThread) -> None:
 
 
 # -- output buffering --------------------------------------------------------------------
-
-
-def test_output_buffer_timeout_delays_messages(nsqd: ServerThread) -> None:
-    with nsqd.connect() as pub, nsqd.connect() as sub:
-        sub.identify({"output_buffer_timeout": 1000})
-        sub.sub("t", "c", rdy=10)
-        pub.pub("t", b"buffered")
-        sub.expect_nothing(0.3)  # buffered: RDY not reached, buffer not full
-        assert sub.read_message().body == b"buffered"
 
 
 def test_output_buffer_flushes_when_not_ready_or_full(nsqd: ServerThread) -> None:
@@ -584,63 +529,6 @@ def test_pipelined_fins(nsqd: ServerThread) -> None:
         assert nsqd.call(lambda: len(ch.in_flight)) == 0
 
 
-def test_msg_timeout_redelivers(nsqd: ServerThread) -> None:
-    with nsqd.connect() as pub, nsqd.connect() as sub:
-        sub.identify({"msg_timeout": 1000})
-        sub.sub("t", "c", rdy=1)
-        pub.pub("t", b"slow")
-        first = sub.read_message()
-        assert first.attempts == 1
-        again = sub.read_message()  # not FINned: back after msg_timeout
-        assert (again.id, again.body, again.attempts) == (first.id, b"slow", 2)
-        assert again.timestamp == first.timestamp
-        sub.fin(again.id)
-        sub.expect_nothing()
-        ch = nsqd.call(lambda: nsqd.nsqd.topics["t"].channels["c"])
-        assert nsqd.call(lambda: ch.timeout_count) == 1
-
-
-def test_touch_extends_the_deadline(nsqd: ServerThread) -> None:
-    with nsqd.connect() as pub, nsqd.connect() as sub:
-        sub.identify({"msg_timeout": 1000})
-        sub.sub("t", "c", rdy=1)
-        pub.pub("t", b"touched")
-        m = sub.read_message()
-        for _ in range(3):  # 1.8 s in all, past the 1 s msg_timeout
-            time.sleep(0.6)
-            sub.touch(m.id)
-        sub.fin(m.id)
-        sub.expect_nothing(0.3)  # no E_FIN_FAILED, no redelivery
-        ch = nsqd.call(lambda: nsqd.nsqd.topics["t"].channels["c"])
-        assert nsqd.call(lambda: (ch.timeout_count, len(ch.in_flight))) == (0, 0)
-
-
-def test_touch_is_capped_at_max_msg_timeout(make_nsqd: MakeNSQD) -> None:
-    s = make_nsqd(max_msg_timeout=1.2)
-    with s.connect() as pub, s.connect() as sub:
-        sub.identify({"msg_timeout": 1000})
-        sub.sub("t", "c", rdy=1)
-        pub.pub("t", b"x")
-        m = sub.read_message()
-        redelivered = None
-        sub.sock.settimeout(0.5)
-        for _ in range(8):
-            sub.touch(m.id)
-            try:
-                frame = sub.read_frame()
-            except TimeoutError:
-                continue
-            if frame.frame_type == FRAME_TYPE_MESSAGE:
-                redelivered = decode_message(frame.data)
-                break
-            # a TOUCH racing the timeout itself may find the message not in flight
-            assert frame.data.startswith(b"E_TOUCH_FAILED "), frame
-        sub.sock.settimeout(5)
-        # Touched every 0.5 s, yet redelivered once 1.2 s from its delivery had passed.
-        assert redelivered is not None, "never redelivered"
-        assert (redelivered.id, redelivered.attempts) == (m.id, 2)
-
-
 def test_req_zero_redelivers_at_once(nsqd: ServerThread) -> None:
     with nsqd.connect() as pub, nsqd.connect() as sub:
         sub.sub("t", "c", rdy=1)
@@ -653,22 +541,6 @@ def test_req_zero_redelivers_at_once(nsqd: ServerThread) -> None:
         sub.expect_nothing()
         ch = nsqd.call(lambda: nsqd.nsqd.topics["t"].channels["c"])
         assert nsqd.call(lambda: ch.requeue_count) == 1
-
-
-def test_req_with_timeout_defers(nsqd: ServerThread) -> None:
-    with nsqd.connect() as pub, nsqd.connect() as sub:
-        sub.sub("t", "c", rdy=5)
-        pub.pub("t", b"later")
-        m = sub.read_message()
-        sub.req(m.id, 1000)
-        pub.pub("t", b"now")
-        assert sub.read_message().body == b"now"  # the deferred one waits, others pass it
-        ch = nsqd.call(lambda: nsqd.nsqd.topics["t"].channels["c"])
-        assert nsqd.call(lambda: len(ch.deferred)) == 1
-        sub.expect_nothing(0.3)
-        m2 = sub.read_message()
-        assert (m2.id, m2.body, m2.attempts) == (m.id, b"later", 2)
-        assert nsqd.call(lambda: len(ch.deferred)) == 0
 
 
 def test_req_timeout_is_clamped(make_nsqd: MakeNSQD) -> None:

@@ -57,7 +57,7 @@ from ..protocol.parser import V2Parser
 from .secure import SecureClient, Suspend
 
 if TYPE_CHECKING:
-    from .nsqd import NSQD
+    from .context import ConnectionContext
 
 log = logging.getLogger("pynsqd")
 
@@ -70,7 +70,7 @@ _LOW_WATER = 1024 * 1024
 class ClientV2(SecureClient, asyncio.Protocol):
     """A V2 client: its negotiated settings, RDY and in-flight counts, and its command handlers."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: ConnectionContext) -> None:
         self.nsqd = nsqd
         self.loop = nsqd.loop
         opts = nsqd.opts

@@ -38,7 +38,7 @@ from .tls import TLSLayer, first_record_is_tls
 
 if TYPE_CHECKING:
     from ..protocol.parser import V2Parser
-    from .nsqd import NSQD
+    from .context import ConnectionContext
 
 log = logging.getLogger("pynsqd")
 
@@ -84,7 +84,7 @@ class SecureClient:
     """Mixin for ClientV2: upgrade after IDENTIFY, AUTH, and the matching /stats attributes."""
 
     if TYPE_CHECKING:
-        nsqd: NSQD
+        nsqd: ConnectionContext
         loop: asyncio.AbstractEventLoop
         transport: asyncio.Transport | None
         parser: V2Parser

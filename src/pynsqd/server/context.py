@@ -1,0 +1,38 @@
+"""What a client connection needs of nsqd: the seam that lets it be built, and tested, alone.
+
+``ClientV2`` is constructed from a ``ConnectionContext`` (nsqd itself in production; in the unit
+tests a small stand-in with a fake loop and real core topics), never from nsqd's privates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING, Protocol
+
+from ..core.topic import Topic
+from ..options import Options
+from ..protocol.identify import ProtocolConfig
+from .auth import AuthClient
+
+if TYPE_CHECKING:
+    from .protocol_v2 import ClientV2
+
+
+class ConnectionContext(Protocol):
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def opts(self) -> Options: ...
+    @property
+    def protocol_config(self) -> ProtocolConfig: ...
+    @property
+    def auth(self) -> AuthClient | None: ...
+    @property
+    def tls_context(self) -> ssl.SSLContext | None: ...
+
+    def next_client_id(self) -> int: ...
+    def add_client(self, client: ClientV2) -> None: ...
+    def remove_client(self, client: ClientV2) -> None: ...
+    def get_topic(self, name: str) -> Topic: ...
+    def set_health_error(self, err: BaseException | None) -> None: ...

@@ -1,0 +1,277 @@
+"""The V2 connection without sockets: a fake loop whose clock moves only when told, a transport
+that records what is written, and real topics and channels of the core.
+
+Heartbeats, the client timeout, output buffering, msg_timeout, REQ and TOUCH are all about time;
+here they take none.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from pynsqd.core.backend import DummyBackend
+from pynsqd.core.channel import Channel
+from pynsqd.core.topic import Topic
+from pynsqd.options import Options
+from pynsqd.protocol import encode
+from pynsqd.protocol.frames import (
+    FRAME_TYPE_MESSAGE,
+    FRAME_TYPE_RESPONSE,
+    Frame,
+    FrameReader,
+    Message,
+    decode_message,
+)
+from pynsqd.server.nsqd import protocol_config
+from pynsqd.server.protocol_v2 import ClientV2
+
+from .fakeloop import FakeLoop
+
+HEARTBEAT = Frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
+OK = Frame(FRAME_TYPE_RESPONSE, b"OK")
+
+
+class Transport:
+    """Records writes; closing is observable."""
+
+    def __init__(self) -> None:
+        self.reader = FrameReader()
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.reader.feed(data)
+
+    def frames(self) -> list[Frame]:
+        return self.reader.frames()
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+class Context:
+    """What a connection needs of nsqd (``ConnectionContext``), with real core topics."""
+
+    def __init__(self, loop: FakeLoop, **overrides: Any) -> None:
+        self.loop = loop
+        self.opts = Options(**overrides)
+        self.protocol_config = protocol_config(self.opts)
+        self.auth = None
+        self.tls_context: ssl.SSLContext | None = None
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, ClientV2] = {}
+        self._ids = 0
+
+    def next_client_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def add_client(self, client: ClientV2) -> None:
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ClientV2) -> None:
+        self.clients.pop(client.id, None)
+
+    def get_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(
+                name, self, self.loop, node_id=1, mem_queue_size=100, backend=DummyBackend()
+            )  # type: ignore[arg-type]
+            self.topics[name] = topic
+        return topic
+
+    def set_health_error(self, err: BaseException | None) -> None:
+        pass
+
+    # what a topic needs of its owner
+    def make_channel(self, topic: Topic, name: str) -> Channel:
+        return Channel(
+            topic,
+            name,
+            self.loop,  # type: ignore[arg-type]
+            mem_queue_size=100,
+            backend=DummyBackend(),
+            max_msg_timeout=self.opts.max_msg_timeout,
+        )
+
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        pass
+
+    def topic_emptied_of_channels(self, topic: Topic) -> None:
+        pass
+
+    def metadata_changed(self) -> None:
+        pass
+
+
+def connect(ctx: Context) -> tuple[ClientV2, Transport]:
+    client = ClientV2(ctx)  # type: ignore[arg-type]
+    transport = Transport()
+    client.connection_made(transport)  # type: ignore[arg-type]
+    client.data_received(b"  V2")
+    return client, transport
+
+
+def send(client: ClientV2, loop: FakeLoop, data: bytes) -> None:
+    client.data_received(data)
+    loop.run_ready()
+
+
+def messages(frames: list[Frame]) -> list[Message]:
+    return [decode_message(f.data) for f in frames if f.frame_type == FRAME_TYPE_MESSAGE]
+
+
+def subscriber(
+    ctx: Context, loop: FakeLoop, rdy: int, **identify: Any
+) -> tuple[ClientV2, Transport]:
+    client, t = connect(ctx)
+    send(client, loop, encode.identify(identify) + encode.sub("t", "c") + encode.rdy(rdy))
+    t.frames()  # the OKs
+    return client, t
+
+
+def publish(ctx: Context, loop: FakeLoop, body: bytes) -> None:
+    ctx.get_topic("t").put_bodies([body])
+    loop.run_ready()
+
+
+# -- heartbeats and the client timeout ----------------------------------------------------------
+
+
+def test_heartbeats_and_client_timeout() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    silent, ts = connect(ctx)
+    alive, ta = connect(ctx)
+    for c in (silent, alive):
+        send(c, loop, encode.identify({"heartbeat_interval": 1000}))
+    assert ts.frames() == ta.frames() == [OK]
+    for _ in range(3):  # the one that answers every heartbeat stays
+        loop.advance(1.0)
+        assert ta.frames() == [HEARTBEAT]
+        send(alive, loop, encode.nop())
+    assert not ta.closed
+    # the silent one got its heartbeats and was closed after two intervals without a command
+    assert ts.closed
+    assert ts.frames() == [HEARTBEAT]
+
+
+def test_a_trickled_half_command_does_not_keep_a_connection_alive() -> None:
+    # nsqd's read deadline restarts per command, not per byte.
+    loop = FakeLoop()
+    ctx = Context(loop)
+    c, t = connect(ctx)
+    send(c, loop, encode.identify({"heartbeat_interval": 1000}))
+    send(c, loop, b"PUB t\n\x00\x00\x01\x00")  # a 256-byte body, then a byte every 0.3 s
+    for _ in range(7):
+        loop.advance(0.3)
+        send(c, loop, b"x")
+    assert t.closed  # 2.1 s: past two 1 s intervals since the last whole command
+
+
+def test_no_heartbeats_when_disabled() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    c, t = connect(ctx)
+    send(c, loop, encode.identify({"heartbeat_interval": -1}))
+    loop.advance(3600)
+    assert t.frames() == [OK] and not t.closed
+
+
+# -- output buffering ---------------------------------------------------------------------------
+
+
+def test_output_buffer_timeout_delays_a_message_until_it_expires() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    _, t = subscriber(ctx, loop, rdy=10, output_buffer_timeout=1000)
+    publish(ctx, loop, b"buffered")
+    loop.advance(0.999)
+    assert t.frames() == []  # RDY not reached, buffer not full: it waits
+    loop.advance(0.001)
+    assert [m.body for m in messages(t.frames())] == [b"buffered"]
+
+
+def test_output_buffer_flushes_at_once_when_the_client_is_no_longer_ready() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    _, t = subscriber(ctx, loop, rdy=1, output_buffer_timeout=1000)
+    publish(ctx, loop, b"last one it takes")
+    assert [m.body for m in messages(t.frames())] == [b"last one it takes"]
+
+
+# -- msg_timeout, REQ, TOUCH ----------------------------------------------------------------------
+
+
+def test_msg_timeout_redelivers() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    _, t = subscriber(ctx, loop, rdy=1, msg_timeout=1000)
+    publish(ctx, loop, b"slow")
+    (first,) = messages(t.frames())
+    loop.advance(0.999)
+    assert t.frames() == []
+    loop.advance(0.001)
+    (again,) = messages(t.frames())
+    assert (again.id, again.body, again.attempts) == (first.id, b"slow", 2)
+    assert ctx.topics["t"].channels["c"].timeout_count == 1
+
+
+def test_req_with_a_timeout_defers_the_message() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    c, t = subscriber(ctx, loop, rdy=5)
+    publish(ctx, loop, b"later")
+    loop.advance(0.25)  # the output buffer timeout
+    (m,) = messages(t.frames())
+    send(c, loop, encode.req(m.id, 1000))
+    publish(ctx, loop, b"now")
+    loop.advance(0.25)
+    assert [x.body for x in messages(t.frames())] == [b"now"]  # the deferred one waits
+    loop.advance(0.7)
+    assert t.frames() == []  # due 1 s after its REQ
+    loop.advance(0.3 + 0.25)  # due, then the output buffer timeout
+    (m2,) = messages(t.frames())
+    assert (m2.id, m2.attempts) == (m.id, 2)
+
+
+def test_touch_extends_the_deadline_up_to_max_msg_timeout() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop, max_msg_timeout=2.0)
+    c, t = subscriber(ctx, loop, rdy=1, msg_timeout=1000)
+    publish(ctx, loop, b"touched")
+    (m,) = messages(t.frames())
+    for _ in range(3):  # every 0.6 s: past the 1 s msg_timeout, within the 2 s cap
+        loop.advance(0.6)
+        send(c, loop, encode.touch(m.id))
+        assert t.frames() == []
+    # at 1.8 s its deadline is min(1.8 + 1, 0 + 2): the cap wins, so it comes back at 2 s
+    loop.advance(0.195)
+    assert t.frames() == []
+    loop.advance(0.01)  # (float sums of 0.6 are not exact: a few ms either side)
+    (again,) = messages(t.frames())
+    assert (again.id, again.attempts) == (m.id, 2)
+    channel = ctx.topics["t"].channels["c"]
+    assert channel.timeout_count == 1
