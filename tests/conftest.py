@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import http.client
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -89,6 +90,19 @@ class ServerThread(LoopThread):
 
     def stop(self) -> None:
         self.stop_loop(self.nsqd.stop)
+
+
+def http_request(
+    server: ServerThread, method: str, path: str, body: bytes = b"", **headers: str
+) -> tuple[int, bytes]:
+    """One request to nsqd's HTTP port: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
 
 
 def make_options(tmp_path: Path, **overrides: Any) -> Options:

@@ -8,6 +8,7 @@ work is under way.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import ServerThread
+from ..conftest import ServerThread, http_request
 from ..wire import Conn
 
 NSQD = str(Path(sys.executable).with_name("nsqd"))
@@ -346,20 +347,26 @@ def test_an_out_of_range_due_time_is_quarantined_and_shutdown_flushes_the_rest(
 # -- 7, 8: a full disk -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 8 MiB filesystem (tmpfs) for the data directory; needs mount rights (root)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs mounted at ``path`` (needs mount rights: root); skips the test without."""
+    path.mkdir()
     res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
     )
     if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill up: {res.stderr.decode().strip()}")
+        pytest.skip(f"cannot mount a tmpfs ({options}): {res.stderr.decode().strip()}")
     try:
-        yield mnt
+        yield path
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB filesystem for the data directory, to fill up."""
+    with tmpfs(tmp_path / "small", "size=8m") as mnt:
+        yield mnt
 
 
 def fill(path: Path) -> Path:
@@ -378,16 +385,6 @@ def fill(path: Path) -> Path:
     return filler
 
 
-def http_get(server: ServerThread, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
-
-
 def test_ping_recovers_once_the_disk_has_room_again(
     make_nsqd: Callable[..., ServerThread], small_disk: Path
 ) -> None:
@@ -399,11 +396,11 @@ def test_ping_recovers_once_the_disk_has_room_again(
         c.send(b"PUB t\n" + struct.pack(">l", 4096) + b"x" * 4096)
         err = c.read_frame()
         assert err.data.startswith(b"E_PUB_FAILED"), err
-    assert http_get(server, "/ping")[0] == 500
+    assert http_request(server, "GET", "/ping")[0] == 500
     filler.unlink()
     with server.connect() as c:
         c.pub("t", b"after")  # publishing works again
-    assert http_get(server, "/ping") == (200, b"OK")
+    assert http_request(server, "GET", "/ping") == (200, b"OK")
 
 
 def test_messages_coming_due_on_a_full_disk_are_kept(
@@ -427,7 +424,7 @@ def test_messages_coming_due_on_a_full_disk_are_kept(
     assert got == {m.body for m in first} | {b"dpub-%02d" % i for i in range(20)}
     consumer.close()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
-    stats = json.loads(http_get(server, "/stats?format=json")[1])
+    stats = json.loads(http_request(server, "GET", "/stats?format=json")[1])
     assert stats["topics"][0]["channels"][0]["overflow_count"] >= 40
 
 
@@ -435,21 +432,12 @@ def test_messages_coming_due_on_a_full_disk_are_kept(
 
 
 def test_an_unwritable_data_path_stops_start_up_with_one_line(tmp_path: Path) -> None:
-    data = tmp_path / "ro"
-    data.mkdir()
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(data)], capture_output=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as data:
         proc = subprocess.run(
             [NSQD, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"],
             capture_output=True,
             timeout=30,
         )
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
     assert proc.returncode != 0
     err = proc.stderr.decode()
     assert f"data path {data} is not writable - Read-only file system" in err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import http.client
 import json
 import logging
 import socket
@@ -14,20 +13,9 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ServerThread
+from ..conftest import http_request as request
 
 DEEP = b"[" * 100_000
-
-
-def request(
-    server: ServerThread, method: str, path: str, body: bytes = b"", **headers: str
-) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
 
 
 # -- 9: deeply nested JSON ----------------------------------------------------------------------

@@ -60,12 +60,7 @@ class MessageQueue:
         if room > 0:
             mem.extend(msgs[:room])
             msgs = msgs[room:]
-        try:
-            self.backend.put_many(msgs)
-        except OSError as err:
-            return self._kept(msgs, err)
-        self.write_error = None
-        return None
+        return self._store(msgs)
 
     def keep_raw(self, records: list[bytes]) -> OSError | None:
         """Encoded messages from another backend: stored as they are when memory is full; kept
@@ -99,6 +94,10 @@ class MessageQueue:
         if room > 0:
             self._mem.extendleft(reversed(msgs[:room]))
             msgs = msgs[room:]
+        return self._store(msgs)
+
+    def _store(self, msgs: list[Message]) -> OSError | None:
+        """To the backend; kept in memory (and the error returned) if it fails."""
         try:
             self.backend.put_many(msgs)
         except OSError as err:
