@@ -433,13 +433,16 @@ class V2Parser:
     def _mpub(self, params: list[bytes], start: int) -> _Result:
         # nsqd repeats the code inside the description here; clients may match on it.
         topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
-        size = self._body_len(start)
-        if size is not None and self._mpub_declared_size_is_wrong(start + 4, size):
-            return self._mpub_framed(topic, start + 4)
         body, after = self._sized_body("MPUB", start)
         if body is None:
             return None, -1
-        return Mpub(topic, parse_mpub_body(body, self.config)), after
+        try:
+            return Mpub(topic, parse_mpub_body(body, self.config)), after
+        except FatalClientError:
+            # One walk for the right declared size; a second only when it did not frame them.
+            if not self._mpub_declared_size_is_wrong(start + 4, after - start - 4):
+                raise
+        return self._mpub_framed(topic, start + 4)
 
     def _mpub_declared_size_is_wrong(self, p: int, size: int) -> bool:
         """nsqd only range-checks MPUB's body size: it reads the messages by their count and
