@@ -7,13 +7,15 @@ import json
 import logging
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ServerThread
+from ..conftest import ServerThread, http_request
 from ..conftest import http_request as request
+from .lookupd_helpers import LookupdThread, lookupd_factory
+from .lookupd_helpers import http as lookupd_http
 
 DEEP = b"[" * 100_000
 
@@ -77,12 +79,35 @@ MALFORMED = [
 ]
 
 
+@pytest.fixture
+def lookupd() -> Iterator[LookupdThread]:
+    servers = lookupd_factory()
+    make = next(servers)
+    yield make()
+    next(servers, None)  # stops it
+
+
+@pytest.mark.parametrize("server", ["nsqd", "nsqlookupd"])
 @pytest.mark.parametrize("raw", MALFORMED, ids=range(len(MALFORMED)))
 def test_a_malformed_request_logs_one_line_and_no_traceback(
-    nsqd: ServerThread, raw: bytes, caplog: pytest.LogCaptureFixture
+    request: pytest.FixtureRequest, server: str, raw: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
+    if server == "nsqd":
+        nsqd: ServerThread = request.getfixturevalue("nsqd")
+        port = nsqd.http_port
+
+        def ping() -> tuple[int, bytes]:
+            return http_request(nsqd, "GET", "/ping")
+    else:
+        lookupd: LookupdThread = request.getfixturevalue("lookupd")
+        port = lookupd.lookupd.real_http_port
+
+        def ping() -> tuple[int, bytes]:
+            status, body, _ = lookupd_http(f"{lookupd.http_url}/ping")
+            return status, body
+
     caplog.set_level(logging.DEBUG)
-    with socket.create_connection(("127.0.0.1", nsqd.http_port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         try:
             s.sendall(raw)
             s.shutdown(socket.SHUT_WR)
@@ -91,7 +116,7 @@ def test_a_malformed_request_logs_one_line_and_no_traceback(
         except ConnectionResetError:
             pass
     # the server is fine and logged what it had to say by the time it answers the next request
-    assert request(nsqd, "GET", "/ping") == (200, b"OK")
+    assert ping() == (200, b"OK")
     traced = [r for r in caplog.records if r.exc_info]
     assert not traced, traced[0].getMessage()
     loud = [r for r in caplog.records if r.levelno > logging.WARNING]
