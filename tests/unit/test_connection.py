@@ -8,7 +8,10 @@ here they take none.
 from __future__ import annotations
 
 import ssl
+import zlib
 from typing import Any
+
+import snappy
 
 from pynsqd.core.backend import DummyBackend
 from pynsqd.core.channel import Channel
@@ -275,3 +278,43 @@ def test_touch_extends_the_deadline_up_to_max_msg_timeout() -> None:
     assert (again.id, again.attempts) == (m.id, 2)
     channel = ctx.topics["t"].channels["c"]
     assert channel.timeout_count == 1
+
+
+# -- the pipeline: upgrade, trailing data, bounded inflate ----------------------------------------
+
+
+def identify_then_snappy_commands() -> bytes:
+    comp = snappy.StreamCompressor()
+    wire = encode.identify({"feature_negotiation": True, "snappy": True})
+    return wire + comp.compress(encode.pub("t", b"after identify") + encode.nop())
+
+
+def test_compressed_commands_in_the_same_read_as_identify_are_run() -> None:
+    # The parser stops after IDENTIFY; what it buffered goes through the new snappy layer.
+    loop = FakeLoop()
+    ctx = Context(loop, snappy=True)
+    whole, tw = connect(ctx)
+    send(whole, loop, identify_then_snappy_commands())
+    bytewise, tb = connect(ctx)
+    wire = identify_then_snappy_commands()
+    for i in range(len(wire)):
+        send(bytewise, loop, wire[i : i + 1])
+    for c, t in ((whole, tw), (bytewise, tb)):
+        assert c.snappy and not t.closed
+        assert c.pub_counts == {"t": 1}
+    assert ctx.topics["t"].depth == 2
+
+
+def test_a_deflate_bomb_is_inflated_one_piece_per_loop_turn() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop, deflate=True, max_msg_size=8 << 20)
+    c, t = connect(ctx)
+    send(c, loop, encode.identify({"feature_negotiation": True, "deflate": True}))
+    body = b"\0" * (3 << 20)
+    z = zlib.compressobj(6, zlib.DEFLATED, -15)
+    c.data_received(z.compress(encode.pub("t", body)) + z.flush(zlib.Z_SYNC_FLUSH))
+    assert not t.reading  # one piece inflated; reading stops until the next turn
+    assert "t" not in ctx.topics
+    loop.run_ready()
+    assert t.reading and not t.closed
+    assert ctx.topics["t"].depth == 1

@@ -153,6 +153,12 @@ class V2Parser:
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def paused(self) -> bool:
+        """It stopped after IDENTIFY (h11's PAUSED): an upgrade may change what the buffered
+        bytes mean. ``receive(b"")`` goes on; ``take_buffered()`` hands them to the upgrade."""
+        return self._paused
+
     def take_buffered(self) -> bytes:
         """Remove and return unparsed bytes (what follows IDENTIFY before a TLS upgrade)."""
         data = bytes(self._buf)

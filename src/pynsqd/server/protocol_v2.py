@@ -1,21 +1,38 @@
-"""One client connection speaking NSQ V2: a thin asyncio.Protocol over the sans-IO parser.
+"""One client connection speaking NSQ V2: a thin asyncio.Protocol over the sans-IO parts.
 
-Theory of operation. ``data_received`` feeds the parser and runs each command it returns by
-calling the handler named after the wire command (``PUB``, ``SUB``, ...). Everything sent is
-appended to one output list and written with a single ``transport.write`` per loop turn:
-responses and errors at the end of the turn, message frames when the client stops being ready,
-when ``output_buffer_size`` bytes are buffered, or when ``output_buffer_timeout`` expires — the
-rules of nsqd's message pump. A fatal error is written and the connection closed; non-fatal
-ones (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) are written and the connection goes on.
+Theory of operation. Bytes from the socket go through the connection's ``Pipeline`` of byte
+transforms (none on a plain connection; TLS, then snappy or deflate, after an IDENTIFY that
+negotiates them; see transforms.py), then the parser, whose commands join one event queue. One
+drain loop, ``_drain``, runs the queued commands in order, each by the handler named after the
+wire command (``PUB``, ``SUB``, ...), until the queue is empty or the connection pauses:
+
+- ``UPGRADE``: after an IDENTIFY that negotiated TLS, until the handshake is done. The parser
+  stopped after IDENTIFY (h11's PAUSED); what it buffered is taken back and fed to the
+  handshake. No command runs and no output is written until the handshake is done.
+- ``AUTH``: while the auth server is asked (AUTH, or an expired authorization before PUB/SUB).
+  Reading is paused; raw bytes still delivered are held and fed on when the reply comes.
+- ``INFLATE``: deflate had more output than one bounded piece; the rest comes a loop turn
+  later, so that other clients are served in between.
+
+Each pause ends in ``_resume``, which drains the queue again: there is no recursion and no
+control-flow exception. Everything sent is appended to one output list and written, through the
+pipeline, with a single ``transport.write``: responses and errors at the end of each input,
+message frames when the client stops being ready, when ``output_buffer_size`` bytes are buffered,
+or when ``output_buffer_timeout`` expires, as nsqd's message pump does. A fatal error is written
+and the connection closed; non-fatal ones (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) are
+written and the connection goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import struct
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import NSQD_VERSION
@@ -53,8 +70,17 @@ from ..protocol.frames import (
     encode_error,
     encode_response,
 )
-from ..protocol.parser import V2Parser
-from .secure import SecureClient, Suspend
+from ..protocol.names import go_quote
+from ..protocol.parser import Event, V2Parser
+from .auth import AuthError, AuthState
+from .transforms import (
+    DeflateTransform,
+    Pipeline,
+    SnappyTransform,
+    TLSTransform,
+    Transform,
+    TransformError,
+)
 
 if TYPE_CHECKING:
     from .context import ConnectionContext
@@ -65,9 +91,19 @@ _MSG_HEADER = struct.Struct(">llqH")
 #: Transport buffer limits: past ``_HIGH`` unsent bytes a consumer gets no more messages.
 _HIGH_WATER = 4 * 1024 * 1024
 _LOW_WATER = 1024 * 1024
+#: nsqd's TLS handshake deadline.
+HANDSHAKE_TIMEOUT = 5.0
 
 
-class ClientV2(SecureClient, asyncio.Protocol):
+class Pause(enum.Enum):
+    """Why the drain loop is stopped (see the module docstring)."""
+
+    UPGRADE = "upgrade"
+    AUTH = "auth"
+    INFLATE = "inflate"
+
+
+class ClientV2(asyncio.Protocol):
     """A V2 client: its negotiated settings, RDY and in-flight counts, and its command handlers."""
 
     def __init__(self, nsqd: ConnectionContext) -> None:
@@ -77,6 +113,7 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self.id = nsqd.next_client_id()
         self.parser = V2Parser(nsqd.protocol_config)
         self.transport: asyncio.Transport | None = None
+        # -- what /stats reports ----------------------------------------------------------
         self.remote_address = ""
         self.client_id = ""
         self.hostname = ""
@@ -95,19 +132,45 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
+        self.tls = False
+        self.tls_version = ""
+        self.tls_cipher_suite = ""
+        # nsqd reports ALPN; no NSQ client negotiates it, so these stay empty, as with nsqd
+        self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
+        self.tls_common_name = ""
+        self.snappy = False
+        self.deflate = False
+        self.deflate_level = 0
+        self.auth_state: AuthState | None = None
+        self.auth_secret = b""
+        # -- for the channel --------------------------------------------------------------
         self.channel: Channel | None = None
         self.write_paused = False
+        #: The connection is closing or closed: nothing more is read or run.
         self.closed = False
+        # -- input: pipeline, event queue, pause --------------------------------------------
+        self.pipeline: Pipeline | None = None  # None: a plain connection (the fast path)
+        self._queue: deque[Event] = deque()
+        self._paused: Pause | None = None
+        #: Raw bytes delivered while paused for AUTH or INFLATE; fed on when it resumes.
+        self._held = bytearray()
+        self._upgrading: TLSTransform | None = None
+        self._after_tls: Transform | None = None  # compression negotiated with TLS
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._auth_task: asyncio.Task[AuthState] | None = None
+        self._auth_fresh = False  # the retried command's authorization was just fetched
+        self._last_read = 0.0
+        # -- output ------------------------------------------------------------------------
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_pending = False
-        self._reading = False  # inside data_received: responses are written when it returns
-        self._go_on = False  # IDENTIFY done without an upgrade: _run resumes the parser
+        #: A response or error is queued: written when the current input has been run.
         self._respond = False
+        self._flush_pending = False
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._heartbeat_timer: asyncio.TimerHandle | None = None
-        self._last_read = 0.0
-        self._handlers: dict[type, Any] = {
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Fin: self.FIN,
             Pub: self.PUB,
             Mpub: self.MPUB,
             Dpub: self.DPUB,
@@ -120,7 +183,6 @@ class ClientV2(SecureClient, asyncio.Protocol):
             Identify: self.IDENTIFY,
             Auth: self.AUTH,
         }
-        self._init_secure()  # TLS, snappy, deflate, AUTH: see secure.py
 
     # -- connection lifecycle -------------------------------------------------------------
 
@@ -143,11 +205,12 @@ class ClientV2(SecureClient, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._close_secure()
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
-        if self._buffer_timer is not None:
-            self._buffer_timer.cancel()
+        for timer in (self._heartbeat_timer, self._buffer_timer, self._handshake_timer):
+            if timer is not None:
+                timer.cancel()
+        if self._auth_task is not None:
+            self._auth_task.cancel()
+            self._auth_task = None
         if self.channel is not None:
             self.channel.remove_client(self)
         self.nsqd.remove_client(self)
@@ -168,99 +231,249 @@ class ClientV2(SecureClient, asyncio.Protocol):
 
     def close_for_exit(self) -> None:
         """The channel or nsqd is going away: flush and close."""
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = True
         self._flush()
         if self.transport is not None:
             self.transport.close()
-
-    # -- input ----------------------------------------------------------------------------
-
-    def data_received(self, data: bytes) -> None:
-        if self._rx is not None:  # TLS, compression or waiting for the auth server
-            self._rx(data)
-            return
-        self._reading = True
-        self._run(self.parser.receive(data))
-        self._reading = False
-        if self._respond:
-            # Responses to this read go out now, in one write, rather than a loop turn later.
-            self._respond = False
-            self._flush()
-
-    def _process(self, data: bytes) -> None:
-        """data_received's body for bytes that came through TLS or decompression."""
-        reading = self._reading
-        self._reading = True
-        self._run(self.parser.receive(data))
-        self._reading = reading
-        if self._respond and not reading:
-            self._respond = False
-            self._flush()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
-    def _run(self, events: list[Any]) -> None:
-        # The parser pauses after each IDENTIFY (an upgrade could follow); when none does, the
-        # handler asks to go on here, in a loop: a thousand pipelined IDENTIFYs never recurse.
-        while True:
-            self._go_on = False
-            self._run_events(events)
-            if not self._go_on or self.closed:
-                return
-            events = self.parser.receive(b"")
+    # -- input ----------------------------------------------------------------------------
 
-    def _run_events(self, events: list[Any]) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        paused = self._paused
+        if paused is None:
+            if self.pipeline is None:  # the hot path: a plain connection
+                self._parse(data)
+                self._drain()
+            else:
+                self._input(data)
+        elif paused is Pause.UPGRADE:
+            self._handshake(data)
+        else:
+            self._held += data  # reading is paused: these few bytes wait for the resume
+            return
+        if self._respond:
+            # Responses to this read go out now, in one write, rather than a loop turn later.
+            self._flush()
+
+    def _input(self, data: bytes) -> None:
+        """Bytes from the socket through the pipeline into the queue, which is then drained."""
+        pipeline = self.pipeline
+        if pipeline is not None:
+            try:
+                data = pipeline.feed(data)
+            except TransformError as err:
+                self._stream_failed(err)
+                return
+            out = pipeline.outgoing()
+            if out and self.transport is not None:
+                self.transport.write(out)
+            if pipeline.eof:  # TLS close_notify: run what came with it, then close
+                self._parse(data)
+                self._drain()
+                self._close()
+                return
+        self._parse(data)
+        self._drain()
+        if pipeline is not None and pipeline.more and self._paused is None and not self.closed:
+            # A small deflate input can hold a lot: one bounded piece per loop turn.
+            self._pause(Pause.INFLATE)
+            self.loop.call_soon(self._resume)
+
+    def _parse(self, data: bytes) -> None:
+        events = self.parser.receive(data)
         if events:
             # nsqd's read deadline restarts with each command: bytes trickling into a
             # half-sent command do not keep a connection alive.
             self._last_read = self.loop.time()
+            self._queue.extend(events)
+
+    def _drain(self) -> None:
+        """The one loop: run queued commands in order until none is left or the connection
+        pauses. The parser stops after each IDENTIFY; unless that IDENTIFY paused the
+        connection for an upgrade, parsing goes on here, so any number of pipelined IDENTIFYs
+        never recurse."""
+        queue = self._queue
+        parser = self.parser
         handlers = self._handlers
-        debug = log.isEnabledFor(logging.DEBUG)  # once per read: free when not debugging
-        it = iter(events)
-        for ev in it:
+        debug = log.isEnabledFor(logging.DEBUG)  # once per input: free when not debugging
+        while self._paused is None and not self.closed:
+            if not queue:
+                if not parser.paused:
+                    return
+                events = parser.receive(b"")
+                if not events:
+                    return
+                queue.extend(events)
+            ev = queue.popleft()
             if debug:
                 log.debug("PROTOCOL(V2): [%s] %s", self.remote_address, _describe(ev))
             try:
-                if type(ev) is Fin:
-                    self.FIN(ev)
-                elif isinstance(ev, ProtocolError):
+                if isinstance(ev, ProtocolError):
                     raise ev
-                else:
-                    handlers[type(ev)](ev)
+                handlers[type(ev)](ev)
             except ClientError as err:
                 log.info("PROTOCOL(V2): [%s] %s", self.remote_address, err)
                 self._send_frame(encode_error(err.wire))
-            except FatalClientError as err:
+            except ProtocolError as err:  # FatalClientError and the parser's own
                 self._fatal(err)
-                return
-            except ProtocolError as err:
-                self._fatal(err)
-                return
-            except Suspend as s:
-                # Waiting for the auth server: the rest runs, in order, once it has answered.
-                self._pending = [ev, *it] if s.retry else list(it)
-                return
             except Exception:  # a bug: log it here, never send a traceback to the client
                 log.exception("PROTOCOL(V2): [%s] internal error", self.remote_address)
                 self._fatal(FatalClientError("E_INVALID", "internal error"))
-                return
+
+    def _pause(self, why: Pause) -> None:
+        self._paused = why
+        # The handshake needs the client's bytes; the other pauses stop reading.
+        if why is not Pause.UPGRADE and self.transport is not None:
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        """A pause ended: run what is queued, then feed on what was held back."""
+        paused, self._paused = self._paused, None
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return
+        if paused is not Pause.UPGRADE:
+            self.transport.resume_reading()
+        held, self._held = self._held, bytearray()
+        self._drain()
+        if self._paused is not None:  # paused again: what was held stays in front
+            self._held[:0] = held
+        elif not self.closed and (held or (self.pipeline is not None and self.pipeline.more)):
+            self._input(bytes(held))
+        if self._respond:
+            self._flush()
 
     def _fatal(self, err: ProtocolError) -> None:
         log.error("PROTOCOL(V2): [%s] - %s", self.remote_address, err)
         self._out.append(encode_error(err.wire))
+        self._close()
+
+    def _stream_failed(self, err: TransformError) -> None:
+        # nsqd: "failed to read command - <err>", logged; the connection closes with no reply.
+        log.error("PROTOCOL(V2): [%s] failed to read command - %s", self.remote_address, err)
+        self._out.clear()  # a broken TLS stream cannot encode them
+        self._out_bytes = 0
+        if err.alert and self.transport is not None:
+            self.transport.write(err.alert)
+        self._close()
+
+    # -- upgrade after IDENTIFY -----------------------------------------------------------
+
+    def _negotiate(self, tls_v1: bool, snappy: bool, deflate: bool) -> tuple[bool, bool, bool]:
+        """What this IDENTIFY turns on: what the server offers and the client asks, once."""
+        opts = self.nsqd.opts
+        compressed = self.snappy or self.deflate
+        tls_v1 = tls_v1 and self.nsqd.tls_context is not None and not self.tls and not compressed
+        snappy = snappy and opts.snappy and not compressed
+        return tls_v1, snappy, deflate and opts.deflate and not compressed
+
+    def _upgrade(self, tls_v1: bool, codec: Transform | None) -> None:
+        """IDENTIFY negotiated TLS and/or compression; its reply is queued."""
+        self._flush()  # the IDENTIFY reply goes out as it is, before any upgrade
+        # Bytes the client sent after IDENTIFY belong to the new layer (the ClientHello, or
+        # compressed commands): the parser stopped there and hands them back.
+        leftover = self.parser.take_buffered()
+        if self.pipeline is None:
+            self.pipeline = Pipeline()
+        if tls_v1:
+            ctx = self.nsqd.tls_context
+            assert ctx is not None
+            stage = TLSTransform(ctx)
+            self.pipeline.push(stage)
+            self._upgrading = stage
+            self._after_tls = codec
+            self._pause(Pause.UPGRADE)
+            self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+            # (The handshake cannot complete on these alone: the server has not answered yet.)
+            self._handshake(leftover)
+        elif codec is not None:
+            self._compress(codec)
+            try:
+                self._parse(codec.feed(leftover))
+            except TransformError as err:
+                self._stream_failed(err)
+
+    def _handshake(self, data: bytes) -> None:
+        stage = self._upgrading
+        assert stage is not None
+        try:
+            stage.feed(data)
+        except TransformError as err:
+            self._upgrade_failed(err.reason, err.alert)
+            return
+        out = stage.outgoing()
+        if out and self.transport is not None:
+            self.transport.write(out)
+        if stage.ready:
+            self._upgraded(stage)
+
+    def _handshake_timeout(self) -> None:
+        self._handshake_timer = None
+        self._upgrade_failed("tls: handshake timeout")
+
+    def _upgrade_failed(self, reason: str, alert: bytes = b"") -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        if alert and self.transport is not None:
+            self.transport.write(alert)
+        # As nsqd: the error goes out on the raw connection, which then closes.
+        self.pipeline = None
+        self._upgrading = None
+        self._paused = None
+        self._fatal(FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {reason}"))
+
+    def _upgraded(self, stage: TLSTransform) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self._upgrading = None
+        layer = stage.layer
+        self.parser.tls = True
+        self.tls = True
+        self.tls_version = layer.version
+        self.tls_cipher_suite = layer.cipher_suite
+        self.tls_common_name = layer.common_name
+        log.info(
+            "PROTOCOL(V2): [%s] upgraded to %s (%s)",
+            self.remote_address,
+            self.tls_version,
+            self.tls_cipher_suite,
+        )
+        self._paused = None
+        # OK over TLS first; what waited during the handshake (heartbeats) after it.
+        self._out.insert(0, OK_FRAME)
         self._flush()
-        if self.transport is not None:
-            self.transport.close()
+        if self._after_tls is not None:
+            self._compress(self._after_tls)
+            self._after_tls = None
+        self._input(b"")  # application data that came with the client's Finished
+
+    def _compress(self, codec: Transform) -> None:
+        assert self.pipeline is not None
+        self._flush()  # what is queued goes out as it was
+        self.pipeline.push(codec)
+        if isinstance(codec, DeflateTransform):
+            self.deflate = True
+            self.deflate_level = codec.level
+        else:
+            self.snappy = True
+        self._out.append(OK_FRAME)  # the first compressed frame
+        self._flush()
 
     # -- output ---------------------------------------------------------------------------
 
     def _send_frame(self, frame: bytes) -> None:
+        """A response or error: written once the current input has been run."""
         self._out.append(frame)
-        if self._reading:
-            self._respond = True
-        elif not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._flush)
+        self._respond = True
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
@@ -278,11 +491,14 @@ class ClientV2(SecureClient, asyncio.Protocol):
             or self.in_flight_count >= self.rdy
             or not self.output_buffer_timeout
         ):
-            if not self._flush_pending:
-                self._flush_pending = True
-                self.loop.call_soon(self._flush)
+            self._flush_soon()
         elif self._buffer_timer is None:
             self._buffer_timer = self.loop.call_later(self.output_buffer_timeout, self._flush)
+
+    def _flush_soon(self) -> None:
+        if self._out and not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
 
     def output_room(self) -> int:
         """For the channel: body bytes this client may still be handed. What is buffered here
@@ -295,15 +511,19 @@ class ClientV2(SecureClient, asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_pending = False
+        self._respond = False
         if self._buffer_timer is not None:
             self._buffer_timer.cancel()
             self._buffer_timer = None
+        if self._paused is Pause.UPGRADE:
+            return  # output waits for the handshake: OK over TLS goes first
         out = self._out
-        if out and self.transport is not None and not self.transport.is_closing():
-            if self._stack is None:
-                self.transport.write(b"".join(out))
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            if self.pipeline is None:
+                transport.write(b"".join(out))
             else:
-                self.transport.write(self._stack.encode(b"".join(out)))
+                transport.write(self.pipeline.encode(b"".join(out)))
             if (
                 self._out_bytes >= _LOW_WATER
                 and self.channel is not None
@@ -333,11 +553,10 @@ class ClientV2(SecureClient, asyncio.Protocol):
             log.error(
                 "PROTOCOL(V2): [%s] failed to read command - i/o timeout", self.remote_address
             )
-            self._flush()
-            if self.transport is not None:
-                self.transport.close()
+            self._close()
             return
-        self._send_frame(HEARTBEAT_FRAME)
+        self._out.append(HEARTBEAT_FRAME)
+        self._flush()
         wake = min(interval, self._last_read + 2 * interval - now)
         self._heartbeat_timer = self.loop.call_later(max(wake, 0.001), self._heartbeat)
 
@@ -363,7 +582,7 @@ class ClientV2(SecureClient, asyncio.Protocol):
         else:
             cfg = self.nsqd.protocol_config
             opts = self.nsqd.opts
-            tls_v1, snappy, deflate = self.negotiate(d.tls_v1, d.snappy, d.deflate)
+            tls_v1, snappy, deflate = self._negotiate(d.tls_v1, d.snappy, d.deflate)
             if deflate and snappy:
                 raise FatalClientError(
                     "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
@@ -387,18 +606,17 @@ class ClientV2(SecureClient, asyncio.Protocol):
                 "output_buffer_timeout": d.output_buffer_timeout_ms,
             }
             self._send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
-            if tls_v1 or snappy or deflate:
-                self.start_upgrade(tls_v1, snappy, deflate, deflate_level)
-                return
-        # The parser pauses after IDENTIFY (an upgrade could follow); _run carries on.
-        self._go_on = True
-
-    def AUTH(self, cmd: Auth) -> None:
-        self.start_auth(cmd.secret)
+            codec: Transform | None = None
+            if deflate:
+                codec = DeflateTransform(deflate_level)
+            elif snappy:
+                codec = SnappyTransform()
+            if tls_v1 or codec is not None:
+                self._upgrade(tls_v1, codec)
 
     def SUB(self, cmd: Sub) -> None:
-        if self.nsqd.auth is not None:
-            self.check_auth("SUB", cmd.topic, cmd.channel)
+        if self.nsqd.auth is not None and not self._authorized("SUB", cmd.topic, cmd.channel, cmd):
+            return
         topic = self.nsqd.get_topic(cmd.topic)
         channel = topic.get_channel(cmd.channel)
         try:
@@ -421,11 +639,6 @@ class ClientV2(SecureClient, asyncio.Protocol):
                 self._flush_soon()
             else:
                 self.channel.schedule_pump()
-
-    def _flush_soon(self) -> None:
-        if self._out and not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._flush)
 
     def FIN(self, cmd: Fin) -> None:
         assert self.channel is not None
@@ -475,19 +688,110 @@ class ClientV2(SecureClient, asyncio.Protocol):
         self._send_frame(OK_FRAME)
 
     def PUB(self, cmd: Pub) -> None:
-        if self.nsqd.auth is not None:
-            self.check_auth("PUB", cmd.topic, "")
+        if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
+            return
         self._publish("PUB", cmd.topic, [cmd.body])
 
     def MPUB(self, cmd: Mpub) -> None:
-        if self.nsqd.auth is not None:
-            self.check_auth("MPUB", cmd.topic, "")
+        if self.nsqd.auth is not None and not self._authorized("MPUB", cmd.topic, "", cmd):
+            return
         self._publish("MPUB", cmd.topic, cmd.bodies)
 
     def DPUB(self, cmd: Dpub) -> None:
-        if self.nsqd.auth is not None:
-            self.check_auth("DPUB", cmd.topic, "")
+        if self.nsqd.auth is not None and not self._authorized("DPUB", cmd.topic, "", cmd):
+            return
         self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms)
+
+    # -- AUTH: asking the auth server without blocking the loop ----------------------------
+
+    def AUTH(self, cmd: Auth) -> None:
+        if self.authed:
+            raise FatalClientError("E_INVALID", "AUTH already set")
+        if self.nsqd.auth is None:
+            raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
+        self.auth_secret = cmd.secret
+        self._ask_auth(self._auth_replied)
+
+    def _authorized(self, name: str, topic: str, channel: str, cmd: Event) -> bool:
+        """nsqd's CheckAuth for PUB, MPUB, DPUB and SUB (only called when auth is enabled).
+
+        False: the authorization expired and the server is asked again; ``cmd`` goes back to
+        the front of the queue and runs again when it has answered."""
+        state = self.auth_state
+        if self._auth_fresh:
+            # The command that waited for a re-query: its answer decides, as in nsqd.
+            self._auth_fresh = False
+        else:
+            if state is None or not state.authorizations:
+                raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {name}")
+            if state.is_expired():
+                self._queue.appendleft(cmd)
+                self._ask_auth(self._auth_refreshed)
+                return False
+        if state is None or not state.is_allowed(topic, channel):
+            where = f"{go_quote(topic.encode())} {go_quote(channel.encode())}"
+            raise FatalClientError("E_UNAUTHORIZED", f"AUTH failed for {name} on {where}")
+        return True
+
+    def _ask_auth(self, done: Callable[[asyncio.Task[AuthState]], None]) -> None:
+        auth = self.nsqd.auth
+        assert auth is not None
+        remote_ip = ""
+        if self.transport is not None:
+            peer = self.transport.get_extra_info("peername")
+            if isinstance(peer, tuple):
+                remote_ip = str(peer[0])
+        self._pause(Pause.AUTH)
+        task = self.loop.create_task(
+            auth.query_any(remote_ip, self.tls, self.tls_common_name, self.auth_secret)
+        )
+        self._auth_task = task
+        task.add_done_callback(done)
+
+    def _auth_answer(self, task: asyncio.Task[AuthState]) -> AuthState | None:
+        self._auth_task = None
+        if self.closed or task.cancelled():
+            return None
+        err = task.exception()
+        if err is None:
+            return task.result()
+        if isinstance(err, AuthError):
+            log.warning("PROTOCOL(V2): [%s] AUTH failed %s", self.remote_address, err)
+        else:
+            log.error("PROTOCOL(V2): [%s] AUTH failed", self.remote_address, exc_info=err)
+        # Never the auth server's details: they are for the log.
+        self._fatal(FatalClientError("E_AUTH_FAILED", "AUTH failed"))
+        return None
+
+    def _auth_replied(self, task: asyncio.Task[AuthState]) -> None:
+        state = self._auth_answer(task)
+        if state is None:
+            return
+        self.auth_state = state
+        if not state.authorizations:
+            self._fatal(FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found"))
+            return
+        body = json.dumps(
+            {
+                "identity": state.identity,
+                "identity_url": state.identity_url,
+                "permission_count": len(state.authorizations),
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        # Go's encoding/json escapes these.
+        body = body.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        self._send_frame(encode_response(body.encode()))
+        self._resume()
+
+    def _auth_refreshed(self, task: asyncio.Task[AuthState]) -> None:
+        state = self._auth_answer(task)
+        if state is None:
+            return
+        self.auth_state = state
+        self._auth_fresh = True
+        self._resume()
 
     # -- for the channel and /stats -------------------------------------------------------
 
@@ -498,6 +802,18 @@ class ClientV2(SecureClient, asyncio.Protocol):
     @property
     def state(self) -> ClientState:
         return self.parser.state
+
+    @property
+    def authed(self) -> bool:
+        return self.auth_state is not None and bool(self.auth_state.authorizations)
+
+    @property
+    def auth_identity(self) -> str:
+        return self.auth_state.identity if self.auth_state is not None else ""
+
+    @property
+    def auth_identity_url(self) -> str:
+        return self.auth_state.identity_url if self.auth_state is not None else ""
 
 
 def _describe(ev: object) -> str:

@@ -115,6 +115,9 @@ class TLSLayer:
                 self.eof = True  # close_notify: the client is done
                 break
             if not chunk:
+                # CPython's SSLObject returns b"" (rather than raising) once close_notify has
+                # been received; no data at all raises SSLWantReadError.
+                self.eof = True
                 break
             chunks.append(chunk)
         if len(chunks) == 1:
