@@ -1,65 +1,24 @@
-"""The one options table: every nsqd flag, its config-file key, default and help.
+"""nsqd's options table: every flag, its config-file key, default, help and value check.
 
-Each dataclass field of ``Options`` is one option. Its metadata names the flag kind and help
-text; the flag is the field name with ``_`` → ``-`` and the config key is the field name (or the
-``cfg`` alias nsqd uses). ``cli.py`` builds the flag parser and the TOML loader from this table,
-and the HTTP API's ``/config/:opt`` reads it, so an option is written down exactly once.
+Each dataclass field of ``Options`` is one option, declared with ``internal.optiontable.opt``:
+the flag is the field name with ``_`` → ``-`` (or its ``flag=``), the config key is the field
+name (or its ``cfg=``). ``internal.flags`` builds the flag parser, the TOML loader and ``-h`` from
+this table, and the HTTP API's ``/config/:opt`` reads it, so an option is written down once.
 
 Durations are held as float seconds; on the wire they are converted to nsqd's units (ms in
-IDENTIFY, ns in /info). ``parse_duration`` and ``format_duration`` speak Go's ``time.Duration``
-text (``1m0s``, ``250ms``), which is what flags, the config file and ``/config`` use.
+IDENTIFY, ns in /info). Flags, the config file and ``/config`` speak Go's ``time.Duration`` text
+(``1m0s``, ``250ms``; ``internal.gotext``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import socket
 import zlib
-from collections.abc import Callable
-from dataclasses import MISSING, Field, dataclass, field, fields
-from fractions import Fraction
-from typing import Any, Literal
+from dataclasses import dataclass
 
 from .internal import checks
-
-Kind = Literal["str", "int", "bool", "duration", "list", "floatlist", "deprecated_bool"]
-
-
-def opt(
-    default: Any,
-    help: str,
-    *,
-    kind: Kind | None = None,
-    cfg: str | None = None,
-    deprecated: str | None = None,
-    deprecated_flag: str | None = None,
-    implicit: str | None = None,
-    check: Callable[[Any], Any] | None = None,
-    positive: bool = False,
-    checked_later: bool = False,
-) -> Any:
-    """One option. ``deprecated``: the flag itself is deprecated (the note says what to use).
-    ``deprecated_flag``: an old flag name still accepted for this option, with a warning
-    (go-options' ``deprecated`` tag). ``implicit``: the value a flag given without ``=value``
-    takes, for string options that Go declares as boolean flags (``-tls-required``).
-    ``check``: the value check of an option narrower than its type (``internal/checks.py``);
-    ``positive``: a number or duration that makes no sense at zero; otherwise numbers must not
-    be negative. ``checked_later``: nsqd checks it after resolution, in its own words."""
-    meta = {
-        "help": help,
-        "kind": kind,
-        "cfg": cfg,
-        "deprecated": deprecated,
-        "deprecated_flag": deprecated_flag,
-        "implicit": implicit,
-        "check": check,
-        "positive": positive,
-        "checked_later": checked_later,
-    }
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+from .internal.optiontable import opt
 
 
 def default_node_id() -> int:
@@ -126,6 +85,7 @@ class Options:
         [],
         "lookupd TCP address (may be given multiple times)",
         kind="list",
+        flag="lookupd-tcp-address",
         cfg="nsqlookupd_tcp_addresses",
         check=checks.check_lookupd_addresses,
     )
@@ -133,6 +93,7 @@ class Options:
         [],
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
         kind="list",
+        flag="auth-http-address",
         cfg="auth_http_addresses",
         check=checks.check_auth_addresses,
     )
@@ -235,6 +196,7 @@ class Options:
         [],
         "message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma separated '1.0,0.99,0.95', default none)",
         kind="floatlist",
+        flag="e2e-processing-latency-percentile",
         cfg="e2e_processing_latency_percentiles",
         check=checks.check_percentiles,
     )
@@ -277,136 +239,3 @@ class Options:
             self.node_id = default_node_id()
         if not self.broadcast_address:
             self.broadcast_address = _hostname()
-
-
-#: nsqd's flag names where they are not simply the field name with ``_`` → ``-``.
-FLAG_NAMES: dict[str, str] = {
-    "lookupd_tcp_addresses": "lookupd-tcp-address",
-    "auth_http_addresses": "auth-http-address",
-    "e2e_processing_latency_percentiles": "e2e-processing-latency-percentile",
-}
-
-
-def option_fields(options: type[Any] = Options) -> tuple[Field[Any], ...]:
-    """The fields of an options table (nsqd's ``Options`` unless another is given)."""
-    return fields(options)
-
-
-def flag_name(f: Field[Any]) -> str:
-    return FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
-
-
-def config_key(f: Field[Any]) -> str:
-    cfg = f.metadata.get("cfg")
-    return cfg if cfg else f.name
-
-
-def option_kind(f: Field[Any]) -> Kind:
-    kind: Kind | None = f.metadata.get("kind")
-    if kind is not None:
-        return kind
-    default = f.default if f.default is not MISSING else None
-    if isinstance(default, bool):
-        return "bool"
-    if isinstance(default, int):
-        return "int"
-    return "str"
-
-
-def deprecated_flag_name(f: Field[Any]) -> str | None:
-    """An old flag name still accepted for this option (``--max-message-size``)."""
-    name: str | None = f.metadata.get("deprecated_flag")
-    return name
-
-
-# -- Go's time.Duration text ------------------------------------------------------------------
-
-_NS_PER_UNIT: dict[str, int] = {
-    "ns": 1,
-    "us": 1_000,
-    "\u00b5s": 1_000,  # micro sign
-    "\u03bcs": 1_000,  # Greek mu
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60 * 1_000_000_000,
-    "h": 3600 * 1_000_000_000,
-}
-_NUMBER = re.compile(r"([0-9]*)(?:\.([0-9]*))?")
-_UNIT = re.compile(r"[^0-9.]*")
-_MAX_NS = (1 << 63) - 1
-
-
-def parse_duration_ns(text: str) -> int:
-    """Go's ``time.ParseDuration``: ``60s``, ``1h0m0s``, ``1.5h``, ``300µs``; ``0`` alone is 0.
-
-    Raises ``ValueError`` with Go's message (``time: missing unit in duration "60"``).
-    """
-    s = text
-    negative = False
-    if s[:1] in ("-", "+"):
-        negative = s[0] == "-"
-        s = s[1:]
-    if s == "0":
-        return 0
-    if not s:
-        raise ValueError(f'time: invalid duration "{text}"')
-    total = Fraction(0)
-    while s:
-        number = _NUMBER.match(s)
-        assert number is not None  # the pattern matches the empty string
-        whole, frac = number.group(1), number.group(2)
-        if not whole and not frac:
-            raise ValueError(f'time: invalid duration "{text}"')
-        s = s[number.end() :]
-        unit_match = _UNIT.match(s)
-        assert unit_match is not None
-        unit = unit_match.group(0)
-        s = s[unit_match.end() :]
-        if not unit:
-            raise ValueError(f'time: missing unit in duration "{text}"')
-        if unit not in _NS_PER_UNIT:
-            raise ValueError(f'time: unknown unit "{unit}" in duration "{text}"')
-        value = Fraction(int(whole or "0"))
-        if frac:
-            value += Fraction(int(frac), 10 ** len(frac))
-        total += value * _NS_PER_UNIT[unit]
-        if total > _MAX_NS + (1 if negative else 0):
-            raise ValueError(f'time: invalid duration "{text}"')
-    ns = int(total)
-    return -ns if negative else ns
-
-
-def parse_duration(text: str) -> float:
-    """Go duration text → float seconds (the unit ``Options`` keeps durations in)."""
-    return parse_duration_ns(text) / 1e9
-
-
-def _with_fraction(value: int, unit: int, digits: int) -> str:
-    whole, frac = divmod(value, unit)
-    if not frac:
-        return str(whole)
-    return f"{whole}." + f"{frac:0{digits}d}".rstrip("0")
-
-
-def format_duration(seconds: float) -> str:
-    """Go's ``Duration.String``: 60.0 → ``1m0s``, 0.25 → ``250ms``, 3600.0 → ``1h0m0s``."""
-    ns = round(seconds * 1e9)
-    sign = "-" if ns < 0 else ""
-    u = abs(ns)
-    if u == 0:
-        return "0s"
-    if u < 1_000:
-        return f"{sign}{u}ns"
-    if u < 1_000_000:
-        return f"{sign}{_with_fraction(u, 1_000, 3)}\u00b5s"
-    if u < 1_000_000_000:
-        return f"{sign}{_with_fraction(u, 1_000_000, 6)}ms"
-    whole_seconds, frac_ns = divmod(u, 1_000_000_000)
-    hours, rest = divmod(whole_seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    sec_text = _with_fraction(secs * 1_000_000_000 + frac_ns, 1_000_000_000, 9) + "s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{sec_text}"
-    if minutes:
-        return f"{sign}{minutes}m{sec_text}"
-    return f"{sign}{sec_text}"

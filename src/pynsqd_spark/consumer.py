@@ -433,10 +433,14 @@ class ConsumerPool:
             held = {st: list(st.ids) for st in self._states.values()}
             for st in self._states.values():
                 st.ts, st.att, st.ids, st.bodies = [], [], [], []
+        # Every connection to RDY 0 before any REQ: otherwise a sibling connection still ready
+        # would be sent the requeued messages at once (and hold them until it closes).
+        for st in held:
+            with contextlib.suppress(NsqConnectionError, OSError):
+                st.conn.rdy(0)
         n = 0
         for st, ids in held.items():
             try:
-                st.conn.rdy(0)
                 st.conn.req_many(ids, 0)
                 n += len(ids)
             except (NsqConnectionError, OSError):

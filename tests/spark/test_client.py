@@ -277,8 +277,17 @@ def test_consumer_pool_cutoff_and_release(nsqd_proc: NsqdProcess) -> None:
         assert pool.release_all() == 3
     finally:
         pool.close()
+
+    # All three are back in the channel. (requeue_count may be higher than 3: between the RDY 0
+    # sent to a sibling connection and the REQ on another socket, nsqd may hand the sibling a
+    # requeued message, which comes back again when the pool closes.)
+    def back() -> bool:
+        ch = nsqd_proc.channel_stats("t", "c")
+        return ch is not None and ch["depth"] == 3 and ch["in_flight_count"] == 0
+
+    wait_until(back, what="the 3 released messages back in the channel")
     ch = nsqd_proc.channel_stats("t", "c")
-    assert ch is not None and ch["requeue_count"] == 3
+    assert ch is not None and ch["requeue_count"] >= 3
 
 
 def test_consumer_pool_unreachable_names_the_option() -> None:

@@ -19,8 +19,14 @@ from pynsqd.cli import (
     usage,
     version_string,
 )
+from pynsqd.internal.optiontable import config_key, flag_name, option_kind
+from pynsqd.internal.optiontable import option_fields as _option_fields
 from pynsqd.log import configure_logging
-from pynsqd.options import Options, config_key, flag_name, option_fields, option_kind
+from pynsqd.options import Options
+
+
+def option_fields() -> tuple[Field[Any], ...]:
+    return _option_fields(Options)
 
 
 def parse_error(argv: list[str]) -> UsageError:

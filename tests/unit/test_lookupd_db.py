@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pynsqd.cli import UsageError, parse_command_line, usage, version_string
+from pynsqd.internal.flags import UsageError, parse_command_line, usage
+from pynsqd.internal.version import version_string
 from pynsqd.lookupd.cli import main, parse_options
 from pynsqd.lookupd.options import LookupdOptions
 from pynsqd.lookupd.registration_db import (

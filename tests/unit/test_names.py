@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pynsqd.protocol.names import EPHEMERAL_SUFFIX, go_quote, is_ephemeral, is_valid_name
+from pynsqd.internal.names import EPHEMERAL_SUFFIX, go_quote, is_ephemeral, is_valid_name
 
 
 @pytest.mark.parametrize(

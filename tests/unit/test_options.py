@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import Field, fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pynsqd.cli import parse_options
-from pynsqd.options import (
-    Options,
-    config_key,
-    flag_name,
-    format_duration,
-    option_fields,
-    option_kind,
-    parse_duration,
-    parse_duration_ns,
-)
+from pynsqd.internal.gotext import format_duration, parse_duration, parse_duration_ns
+from pynsqd.internal.optiontable import config_key, flag_name, option_kind
+from pynsqd.internal.optiontable import option_fields as _option_fields
+from pynsqd.options import Options
+
+
+def option_fields() -> tuple[Field[Any], ...]:
+    return _option_fields(Options)
+
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "contrib" / "nsqd.cfg.example"
 
@@ -220,7 +220,7 @@ def test_protocol_config_is_derived_from_the_options_table() -> None:
 def test_each_table_declares_its_own_checks() -> None:
     from dataclasses import fields
 
-    from pynsqd.cli import check_value
+    from pynsqd.internal.flags import check_value
     from pynsqd.lookupd.options import LookupdOptions
 
     lookupd = {f.name: f for f in fields(LookupdOptions)}

@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pynsqd.internal.names import is_valid_name
 from pynsqd.protocol.commands import (
     Auth,
     ClientState,
@@ -30,7 +31,6 @@ from pynsqd.protocol.commands import (
 )
 from pynsqd.protocol.errors import FatalClientError, ProtocolError
 from pynsqd.protocol.identify import ProtocolConfig
-from pynsqd.protocol.names import is_valid_name
 from pynsqd.protocol.parser import V2Parser
 
 COMMANDS = (Identify, Auth, Sub, Pub, Mpub, Dpub, Rdy, Fin, Req, Touch, Cls, Nop)

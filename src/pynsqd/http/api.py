@@ -13,21 +13,22 @@ import re
 import socket
 from dataclasses import Field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_plus
 
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
 from ..core.e2e import go_float
 from ..internal import jsonbound
+from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
+from ..internal.memstats import mem_stats
+from ..internal.names import is_valid_name
+from ..internal.optiontable import config_key, option_fields, option_kind
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
-from ..options import config_key, option_fields, option_kind
+from ..options import Options
 from ..protocol.errors import FatalClientError
-from ..protocol.names import is_valid_name
 from ..protocol.parser import parse_mpub_body
 from .host import NSQDHost
-from .memstats import mem_stats
 from .stats import get_stats, health, print_stats, stats_version
 
 if TYPE_CHECKING:
@@ -44,43 +45,8 @@ _GO_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 _GO_TLS_REQUIRED = {"false": 0, "tcp-https": 1, "true": 2}
 _GO_TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
-
-
-class HTTPError(Exception):
-    """An API error: HTTP status and nsqd's token (``{"message": TEXT}``)."""
-
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(text)
-        self.code = code
-        self.text = text
-
-
-class Params:
-    """The query string as Go's ``url.ParseQuery`` reads it (first value wins)."""
-
-    def __init__(self, raw_query: str) -> None:
-        # Go refuses bad %-escapes and ';' separators: nsqd answers INVALID_REQUEST.
-        self.error = bool(_BAD_ESCAPE.search(raw_query)) or ";" in raw_query
-        self.values: dict[str, str] = {}
-        if self.error:
-            return
-        for part in raw_query.split("&"):
-            if not part:
-                continue
-            key, _, value = part.partition("=")
-            key = unquote_plus(key, errors="surrogateescape")
-            self.values.setdefault(key, unquote_plus(value, errors="surrogateescape"))
-
-    def get(self, key: str) -> str | None:
-        return self.values.get(key)
-
-    def checked(self) -> Params:
-        if self.error:
-            raise HTTPError(400, "INVALID_REQUEST")
-        return self
 
 
 async def read_body(request: BaseRequest, limit: int) -> bytes | None:
@@ -111,21 +77,6 @@ def _port(address: str) -> int:
     if not address or is_unix_address(address):
         return -1
     return split_host_port(address)[1]
-
-
-def topic_channel_args(params: Params) -> tuple[str, str]:
-    """``http_api.GetTopicChannelArgs``, shared by nsqd and nsqlookupd."""
-    topic = params.get("topic")
-    if topic is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not is_valid_name(topic):
-        raise HTTPError(400, "INVALID_ARG_TOPIC")
-    channel = params.get("channel")
-    if channel is None:
-        raise HTTPError(400, "MISSING_ARG_CHANNEL")
-    if not is_valid_name(channel):
-        raise HTTPError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
 
 
 class API:
@@ -394,7 +345,7 @@ class API:
 
 def _config_fields() -> dict[str, Field[Any]]:
     # ``config`` names the file the options came from; nsqd's Options has no such field.
-    return {config_key(f): f for f in option_fields() if f.name != "config"}
+    return {config_key(f): f for f in option_fields(Options) if f.name != "config"}
 
 
 def config_value(f: Field[Any], value: Any) -> Any:

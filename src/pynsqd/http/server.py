@@ -17,15 +17,11 @@ from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
+from ..internal import debug
+from ..internal.httpapi import Params
 from ..internal.listener import format_address, listen, split_host_port
-from ..log import LOGGER_NAME
-from . import debug
-from .api import API, Params
-from .host import NSQDHost
-from .memstats import install_gc_timer
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import make_registry, render
-from .router import (
+from ..internal.memstats import install_gc_timer
+from ..internal.router import (
     V1_HEADER,
     Handler,
     Methods,
@@ -33,6 +29,11 @@ from .router import (
     sync_handler,
     text_response,
 )
+from ..log import LOGGER_NAME
+from .api import API
+from .host import NSQDHost
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import make_registry, render
 from .statsd import StatsdPusher
 
 log = logging.getLogger(LOGGER_NAME)

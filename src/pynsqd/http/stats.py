@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core.e2e import E2ELatency, merged_result, nanoseconds_to_human
+from ..internal.gotext import format_duration
 from ..internal.version import version_string
-from ..options import format_duration
 from .host import NSQDHost, StatsClient
 
 if TYPE_CHECKING:

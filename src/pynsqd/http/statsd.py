@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from ..internal.listener import split_host_port
+from ..internal.memstats import mem_stats
 from ..log import LOGGER_NAME
 from .host import NSQDHost
-from .memstats import mem_stats
 from .stats import get_stats
 
 log = logging.getLogger(LOGGER_NAME)

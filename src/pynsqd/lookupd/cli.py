@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from ..cli import HelpRequested, UsageError, parse_command_line, resolve
+from ..internal.flags import HelpRequested, UsageError, parse_command_line, resolve
 from ..internal.listener import is_unix_address
 from ..internal.version import version_string
 from ..log import configure_logging

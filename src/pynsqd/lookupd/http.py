@@ -16,10 +16,10 @@ from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..http.api import HTTPError, Params, topic_channel_args
-from ..http.router import Router
+from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import format_address, listen
-from ..protocol.names import is_valid_name
+from ..internal.names import is_valid_name
+from ..internal.router import Router
 from .registration_db import Registration, filter_by_active
 
 if TYPE_CHECKING:

@@ -1,6 +1,7 @@
-"""nsqlookupd's options table (``apps/nsqlookupd/main.go``), in the form of ``pynsqd.options``.
+"""nsqlookupd's options table (``apps/nsqlookupd/main.go``), declared as nsqd's
+is (``internal.optiontable``).
 
-The flag parser, the TOML config loader and ``-h`` in ``pynsqd.cli`` are built from whichever
+The flag parser, the TOML config loader and ``-h`` in ``internal.flags`` are built from whichever
 table they are given, so nsqlookupd's flags behave exactly as nsqd's.
 """
 
@@ -10,7 +11,7 @@ import socket
 from dataclasses import dataclass
 
 from ..internal import checks
-from ..options import opt
+from ..internal.optiontable import opt
 
 
 @dataclass

@@ -13,6 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, cast
 
+from ..internal.gotext import go_json
+from ..internal.names import is_ephemeral
 from ..protocol.errors import FatalClientError
 from ..protocol.lookup import (
     Command,
@@ -22,9 +24,7 @@ from ..protocol.lookup import (
     Unregister,
     V1Parser,
     encode_response,
-    go_json,
 )
-from ..protocol.names import is_ephemeral
 from .registration_db import PeerInfo, Producer, Registration
 
 if TYPE_CHECKING:
@@ -163,14 +163,15 @@ class LookupProtocolV1(asyncio.Protocol):
         self.peer_info = peer
         if lookupd.db.add_producer(_CLIENT, Producer(peer)):
             log.info("DB: client(%s) REGISTER category:client key: subkey:", self.remote)
-        return go_json(
-            {
+        return go_json(  # a Go map: sorted keys
+            sort_keys=True,
+            data={
                 "tcp_port": lookupd.real_tcp_port,
                 "http_port": lookupd.real_http_port,
                 "version": lookupd.version,
                 "broadcast_address": lookupd.opts.broadcast_address,
                 "hostname": lookupd.hostname,
-            }
+            },
         )
 
     def register(self, cmd: Register) -> bytes:

@@ -17,14 +17,14 @@ nsqlookupd panic) are refused with the same error codes instead of buffering wit
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from ..internal.gotext import go_json
+from ..internal.names import is_valid_name
 from .errors import FatalClientError
 from .identify import GoObject, go_json_loads, go_key, go_string
-from .names import is_valid_name
 
 MAGIC_V1 = b"  V1"
 _SIZE = struct.Struct(">l")
@@ -279,24 +279,9 @@ def encode_response(data: bytes) -> bytes:
 # -- the client side (nsqd registering) -----------------------------------------------------------
 
 
-def go_json(data: Any) -> bytes:
-    """Go's ``json.Marshal`` of a ``map[string]interface{}``: sorted keys, compact, with
-    ``<``, ``>``, ``&``, U+2028 and U+2029 escaped."""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
-    for ch, esc in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        text = text.replace(ch, esc)
-    return text.encode("utf-8", "surrogateescape")
-
-
 def encode_identify(data: dict[str, Any]) -> bytes:
     """go-nsq's ``Identify(js)``: ``IDENTIFY\\n[int32 size][JSON]``."""
-    body = go_json(data)
+    body = go_json(data, sort_keys=True)  # a Go map
     return b"IDENTIFY\n" + _SIZE.pack(len(body)) + body
 
 
@@ -353,7 +338,6 @@ __all__ = [
     "encode_register",
     "encode_response",
     "encode_unregister",
-    "go_json",
     "go_trim_space",
     "parse_identify_body",
 ]

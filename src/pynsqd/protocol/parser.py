@@ -23,6 +23,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..internal.names import go_quote, is_valid_name
 from .commands import (
     Auth,
     ClientState,
@@ -42,7 +43,6 @@ from .commands import (
 from .errors import FatalClientError, ProtocolError
 from .frames import MAGIC_V2
 from .identify import ProtocolConfig, parse_identify
-from .names import go_quote, is_valid_name
 
 _EMPTY = b""
 _INT32 = struct.Struct(">l")

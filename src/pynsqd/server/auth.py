@@ -11,19 +11,18 @@ for the log only: the client sees
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import quote_plus, urlsplit, urlunsplit
 
 import aiohttp
 from yarl import URL
 
 from ..internal import jsonbound
+from ..internal.gotext import go_json
 from ..options import Options
 from .tls import client_context
 
@@ -76,14 +75,6 @@ def auth_url(address: str) -> str:
     return address if "://" in address else f"http://{address}/auth"
 
 
-def _go_json(data: Any) -> bytes:
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(ch, esc)
-    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return text.encode()
-
-
 def request_values(remote_ip: str, tls: bool, common_name: str, secret: bytes) -> dict[str, str]:
     """nsqd's url.Values, in sorted key order; Go strings are bytes, shown as UTF-8."""
     return {
@@ -107,7 +98,7 @@ def encode_query(remote_ip: str, tls: bool, common_name: str, secret: bytes) -> 
 
 def encode_post_body(remote_ip: str, tls: bool, common_name: str, secret: bytes) -> bytes:
     values = request_values(remote_ip, tls, common_name, secret)
-    return _go_json({k: [v] for k, v in values.items()})
+    return go_json({k: [v] for k, v in values.items()}, sort_keys=True)  # url.Values
 
 
 def parse_state(body: bytes) -> AuthState:

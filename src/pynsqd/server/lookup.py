@@ -38,6 +38,7 @@ from urllib.parse import quote
 from .. import NSQD_VERSION
 from ..internal import jsonbound
 from ..internal.listener import is_unix_address, split_host_port
+from ..internal.names import is_ephemeral, is_valid_name
 from ..protocol.lookup import (
     MAGIC_V1,
     PING,
@@ -46,7 +47,6 @@ from ..protocol.lookup import (
     encode_register,
     encode_unregister,
 )
-from ..protocol.names import is_ephemeral, is_valid_name
 
 if TYPE_CHECKING:
     from ..core.topic import Topic

@@ -21,9 +21,9 @@ from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import lifecycle
 from ..internal.listener import format_address, listen
+from ..internal.names import is_ephemeral, is_valid_name
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
-from ..protocol.names import is_ephemeral, is_valid_name
 from ..storage.diskqueue import DiskQueue
 from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (

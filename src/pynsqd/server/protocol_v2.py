@@ -46,6 +46,8 @@ from ..core.errors import (
     TooManyConsumers,
 )
 from ..core.message import Message
+from ..internal.gotext import go_json
+from ..internal.names import go_quote
 from ..protocol.commands import (
     Auth,
     ClientState,
@@ -70,7 +72,6 @@ from ..protocol.frames import (
     encode_error,
     encode_response,
 )
-from ..protocol.names import go_quote
 from ..protocol.parser import Event, V2Parser
 from .auth import AuthError, AuthState
 from .transforms import (
@@ -771,18 +772,14 @@ class ClientV2(asyncio.Protocol):
         if not state.authorizations:
             self._fatal(FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found"))
             return
-        body = json.dumps(
+        body = go_json(
             {
                 "identity": state.identity,
                 "identity_url": state.identity_url,
                 "permission_count": len(state.authorizations),
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+            }
         )
-        # Go's encoding/json escapes these.
-        body = body.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-        self._send_frame(encode_response(body.encode()))
+        self._send_frame(encode_response(body))
         self._resume()
 
     def _auth_refreshed(self, task: asyncio.Task[AuthState]) -> None:

@@ -11,7 +11,6 @@ exception is logged and answered 500 ``INTERNAL_ERROR``; no traceback reaches th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import time
@@ -22,8 +21,9 @@ from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
+from ..internal.gotext import go_json
 from . import debug
-from .api import HTTPError, Params
+from .httpapi import HTTPError, Params
 
 V1_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
@@ -32,13 +32,6 @@ TEXT_TYPE = "text/plain; charset=utf-8"
 Kind = Literal["v1", "plain", "raw"]
 Handler = Callable[[BaseRequest, Params], Awaitable[Any]]
 Methods = dict[str, tuple[Kind, Handler]]
-
-
-def _json(data: Any) -> bytes:
-    # Go's json.Marshal: compact, and <, > and & escaped.
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return text.encode()
 
 
 def respond_v1(code: int, data: Any) -> Response:
@@ -52,9 +45,9 @@ def respond_v1(code: int, data: Any) -> Response:
         elif data is None:
             body = b""
         else:
-            body, content_type = _json(data), JSON_TYPE
+            body, content_type = go_json(data), JSON_TYPE
     else:
-        body, content_type = _json({"message": str(data)}), JSON_TYPE
+        body, content_type = go_json({"message": str(data)}), JSON_TYPE
     return _response(code, body, content_type, v1=True)
 
 

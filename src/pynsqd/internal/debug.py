@@ -22,7 +22,7 @@ import threading
 import traceback
 from collections import Counter
 
-from .api import HTTPError, Params
+from .httpapi import HTTPError, Params
 from .memstats import mem_stats
 
 _PROFILES = ("block", "goroutine", "heap", "threadcreate")
