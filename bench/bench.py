@@ -1,6 +1,6 @@
 """pynsqd benchmark, modelled on nsq's bench_writer / bench_reader.
 
-    scripts/bench [--mode all|writer|reader|pubsub|pub] [--runfor 10] [--size 200] ...
+    scripts/bench [--mode all|writer|reader|pubsub|pub|logread] [--runfor 10] [--size 200] ...
 
 Starts its own nsqd (ours, default flags, a temporary data dir) unless --nsqd-tcp-address is
 given, so the same command measures Go nsqd too. Each connection runs in its own process with a
@@ -13,8 +13,15 @@ Modes (``all`` runs them in this order):
 - pub: one connection, PUB one message and wait for OK; prints latency percentiles, then the
   same against a do-nothing uvloop server ("floor"): the machine's own round-trip limit.
 
---tls, --snappy and --deflate make every connection negotiate them after IDENTIFY (for the nsqd
-it starts, --tls makes a throwaway certificate with trustme), to compare with plain TCP.
+Not in ``all``:
+- logread: replayable topics. Publishes --log-messages messages to a retained topic (the nsqd
+  it starts gets --retention-time=1h), then reads the whole log over HTTP (GET /topic/log,
+  64 MiB per request) with one reader, then with two at once; prints msgs/s for each.
+
+--retention starts nsqd with --retention-time=1h, so writer/pubsub measure a replayable topic
+(compare with and without it). --tls, --snappy and --deflate make every connection negotiate
+them after IDENTIFY (for the nsqd it starts, --tls makes a throwaway certificate with trustme),
+to compare with plain TCP.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -169,6 +177,50 @@ def writer(addr: tuple[str, int], topic: str, size: int, batch: int, deadline: f
     return n
 
 
+def writer_n(addr: tuple[str, int], topic: str, size: int, batch: int, total: int) -> int:
+    s = _identify(_connect(addr), {})
+    body = b"a" * size
+    payload = b"".join(_LEN.pack(size) + body for _ in range(batch))
+    cmd = f"MPUB {topic}\n".encode() + _LEN.pack(len(payload) + 4) + _LEN.pack(batch) + payload
+    n = 0
+    while n < total:
+        s.sendall(cmd)
+        if _read_response(s) != b"OK":
+            raise RuntimeError("MPUB failed")
+        n += batch
+    s.close()
+    return n
+
+
+def log_reader(http_addr: tuple[str, int], topic: str, total: int) -> tuple[int, float]:
+    """Read the retained log from offset 0 until ``total`` records: (records, end time)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(*http_addr, timeout=60)
+    offset = n = 0
+    buf = bytearray(64 << 20)
+    view = memoryview(buf)
+    while n < total:
+        conn.request("GET", f"/topic/log?topic={topic}&offset={offset}&max_bytes={64 << 20}")
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"/topic/log: {r.status} {r.read()!r}")
+        length = int(r.headers["Content-Length"])
+        got = 0
+        while got < length:
+            k = r.readinto(view[got:length])
+            if not k:
+                raise RuntimeError("short body")
+            got += k
+        count = int(r.headers["X-Nsq-Count"])
+        if not count:
+            break
+        n += count
+        offset = int(r.headers["X-Nsq-Next-Offset"])
+    conn.close()
+    return n, time.time()
+
+
 def reader(
     addr: tuple[str, int], topic: str, channel: str, rdy: int, deadline: float, idle_exit: bool
 ) -> tuple[int, float]:
@@ -288,18 +340,29 @@ def _report(name: str, msgs: int, secs: float, size: int) -> dict[str, float]:
     return {"msgs": msgs, "msgs_per_s": rate, "mb_per_s": mbps}
 
 
-def _start_nsqd(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
+def _start_nsqd(
+    args: argparse.Namespace,
+) -> tuple[subprocess.Popen[bytes], tuple[str, int], tuple[str, int] | None, str]:
     data = tempfile.mkdtemp(prefix="pynsqd-bench-")
     nsqd = shutil.which("nsqd", path=os.path.dirname(sys.executable)) or "nsqd"
-    cmd = [nsqd, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"]
+    http = "127.0.0.1:0" if args.mode == "logread" else ""
+    cmd = [nsqd, "--tcp-address=127.0.0.1:0", f"--http-address={http}", f"--data-path={data}"]
     cmd += args.nsqd_args.split()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
     assert proc.stderr is not None
+    tcp: tuple[str, int] | None = None
+    http_addr: tuple[str, int] | None = None
     for raw in proc.stderr:
         line = raw.decode(errors="replace")
-        m = re.search(r"TCP: listening on ([\d.]+):(\d+)", line)
-        if m:
-            return proc, (m.group(1), int(m.group(2))), data
+        m = re.search(r"(TCP|HTTP): listening on ([\d.]+):(\d+)", line)
+        if m and m.group(1) == "TCP":
+            tcp = (m.group(2), int(m.group(3)))
+        elif m:
+            http_addr = (m.group(2), int(m.group(3)))
+        if tcp is not None and (http_addr is not None or not http):
+            # Keep draining stderr so that nsqd never blocks on a full pipe.
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, tcp, http_addr, data
     raise RuntimeError("nsqd did not start")
 
 
@@ -319,7 +382,11 @@ def _make_certs(directory: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--mode", default="all", choices=["all", "writer", "reader", "pubsub", "pub"])
+    p.add_argument(
+        "--mode", default="all", choices=["all", "writer", "reader", "pubsub", "pub", "logread"]
+    )
+    p.add_argument("--retention", action="store_true", help="nsqd with --retention-time=1h")
+    p.add_argument("--log-messages", type=int, default=2_000_000, help="logread: log size")
     p.add_argument("--runfor", type=float, default=10.0, help="seconds per phase")
     p.add_argument("--size", type=int, default=200, help="message size in bytes")
     p.add_argument("--batch-size", type=int, default=200, help="messages per MPUB")
@@ -351,13 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         FEATURES["deflate"] = True
         FEATURES["deflate_level"] = args.deflate_level
 
+    if args.retention or args.mode == "logread":
+        args.nsqd_args = f"{args.nsqd_args} --retention-time=1h"
     proc = None
     data_dir = None
+    http_addr = None
     if args.nsqd_tcp_address:
         host, _, port = args.nsqd_tcp_address.rpartition(":")
         addr = (host, int(port))
     else:
-        proc, addr, data_dir = _start_nsqd(args)
+        proc, addr, http_addr, data_dir = _start_nsqd(args)
     results: dict[str, Any] = {}
     try:
         modes = ["writer", "reader", "pubsub", "pub"] if args.mode == "all" else [args.mode]
@@ -389,6 +459,25 @@ def main(argv: list[str] | None = None) -> int:
                 subbed = sum(c for c, _ in counts[:n])
                 results["pubsub_in"] = _report("pub in", sum(counts[n:]), args.runfor, args.size)
                 results["pubsub_out"] = _report("sub out", subbed, args.runfor, args.size)
+            elif mode == "logread":
+                if http_addr is None:
+                    raise SystemExit("logread needs the nsqd this bench starts")
+                topic = args.topic + "_log"
+                total = args.log_messages
+                per = -(-total // n // args.batch_size) * args.batch_size
+                t0 = time.time()
+                written = sum(
+                    _run_procs([(writer_n, (addr, topic, args.size, args.batch_size, per))] * n)
+                )
+                results["log_write"] = _report("log pub", written, time.time() - t0, args.size)
+                for readers in (1, 2):
+                    t0 = time.time()
+                    done = _run_procs([(log_reader, (http_addr, topic, written))] * readers)
+                    secs = max(t for _, t in done) - t0
+                    got = sum(c for c, _ in done)
+                    results[f"log_read_{readers}"] = _report(
+                        f"log rd x{readers}", got, secs, args.size
+                    )
             elif mode == "pub":
                 secs = min(args.runfor, 5.0)
                 lat = pub_latency(addr, args.topic + "_pub", args.size, time.time() + secs)

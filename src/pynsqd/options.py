@@ -124,6 +124,16 @@ class Options:
     sync_timeout: float = opt(
         2.0, "duration of time per diskqueue fsync", kind="duration", positive=True
     )
+    # -- replayable topics (pynsqd; off by default)
+    retention_time: float = opt(
+        0.0,
+        "pynsqd: keep every topic's messages in a log readable by offset for this long (0: no time bound; no log unless --retention-bytes is set; per topic: POST /topic/retention)",
+        kind="duration",
+    )
+    retention_bytes: int = opt(
+        0,
+        "pynsqd: keep each topic's log to about this many bytes, whole segments of --max-bytes-per-file (0: no size bound)",
+    )
     queue_scan_worker_pool_max: int = opt(
         4,
         "max concurrency for checking in-flight and deferred message timeouts (pynsqd: accepted, unused: timeouts fire from one timed queue per channel)",

@@ -128,7 +128,12 @@ def test_info(nsqd: ServerThread) -> None:
         "max_deflate_level",
         "topology_zone",
         "topology_region",
+        "features",
+        "retention_time",
+        "retention_bytes",
     ]
+    assert info["features"] == ["replayable-topics"]
+    assert info["retention_time"] == 0 and info["retention_bytes"] == 0
     assert info["version"] == "1.3.0"
     assert info["http_port"] == nsqd.http_port and info["tcp_port"] == nsqd.tcp_port
     assert info["hostname"] == socket.gethostname()

@@ -12,6 +12,33 @@ from typing import Protocol
 from .message import Message
 
 
+class MessageLog(Protocol):
+    """A replayable topic's retained log (``storage/topiclog.py``)."""
+
+    def append(self, msgs: list[Message]) -> int:
+        """Log new messages in order before they fan out; return the first one's offset.
+        Raises OSError if they could not be logged (then none of them is published)."""
+
+    @property
+    def earliest(self) -> int:
+        """The oldest retained offset."""
+
+    @property
+    def latest(self) -> int:
+        """The next offset to be written."""
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk."""
+
+    @property
+    def segment_count(self) -> int: ...
+
+    def close(self) -> None: ...
+
+    def delete(self) -> None: ...
+
+
 class BackendQueue(Protocol):
     def put_many(self, msgs: list[Message]) -> None:
         """Store messages in order; raise OSError if they could not be stored."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from .backend import BackendQueue
+from .backend import BackendQueue, MessageLog
 from .channel import Channel
 from .guid import GUIDFactory
 from .message import Message
@@ -48,6 +48,7 @@ class Topic:
         "ephemeral",
         "exiting",
         "guid",
+        "log",
         "loop",
         "message_bytes",
         "message_count",
@@ -81,6 +82,8 @@ class Topic:
         self.message_bytes = 0
         self._drain_pending = False
         self.on_channel_added: Callable[[Channel], None] | None = None
+        #: The retained log of a replayable topic; None: no retention (no cost).
+        self.log: MessageLog | None = None
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -95,7 +98,10 @@ class Topic:
         """PUB, MPUB, DPUB: make messages with fresh IDs and publish them."""
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
-            self.put_many([Message(self.guid.new_ids(1)[0], body, time.time_ns())])
+            one = [Message(self.guid.new_ids(1)[0], body, time.time_ns())]
+            if self.log is not None:
+                self.log.append(one)
+            self.put_many(one)
             self.message_count += 1
             self.message_bytes += len(body)
             return
@@ -106,6 +112,8 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
+        if self.log is not None:
+            self.log.append(msgs)
         self.put_many(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
@@ -237,6 +245,12 @@ class Topic:
         except Exception as err:
             log.error("TOPIC(%s): failed to close - %s", self.name, err)
             first = first or err
+        if self.log is not None:
+            try:
+                self.log.delete() if delete else self.log.close()
+            except Exception as err:
+                log.error("TOPIC(%s): failed to close its log - %s", self.name, err)
+                first = first or err
         if first is not None:
             raise first
 

@@ -29,6 +29,7 @@ from ..options import Options
 from ..protocol.errors import FatalClientError
 from ..protocol.parser import parse_mpub_body
 from .host import NSQDHost
+from .replay import ReplayAPI
 from .stats import get_stats, health, print_stats, stats_version
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ def _port(address: str) -> int:
 class API:
     def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
+        self.replay = ReplayAPI(nsqd)  # pynsqd's replayable-topic endpoints
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -146,6 +148,10 @@ class API:
             "max_deflate_level": opts.max_deflate_level,
             "topology_zone": opts.topology_zone,
             "topology_region": opts.topology_region,
+            # pynsqd: what it can do beyond nsqd (clients ignore unknown keys, as Go's do).
+            "features": ["replayable-topics"],
+            "retention_time": round(opts.retention_time * 1e9),
+            "retention_bytes": opts.retention_bytes,
         }
 
     async def pub(self, request: BaseRequest, params: Params) -> Any:
@@ -271,8 +277,15 @@ class API:
 
     async def channel_create(self, request: BaseRequest, params: Params) -> Any:
         topic, channel_name = self._existing_topic(params)
-        topic.get_channel(channel_name)
-        return None
+        # pynsqd: with offset= or timestamp=, a new channel starts in the past.
+        start = self.replay.start_offset_for_new_channel(topic.name, params)
+        existed = channel_name in topic.channels
+        channel = topic.get_channel(channel_name)
+        if start is None or existed:
+            return None
+        topic_log = self.nsqd.topic_log(topic.name)
+        assert topic_log is not None  # checked by start_offset_for_new_channel
+        return await self.replay.replay_into(topic_log, channel, start)
 
     async def channel_delete(self, request: BaseRequest, params: Params) -> Any:
         topic, channel_name = self._existing_topic(params)

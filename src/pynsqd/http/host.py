@@ -14,6 +14,7 @@ from ..core.topic import Topic
 from ..options import Options
 from ..protocol.commands import ClientState
 from ..protocol.identify import ProtocolConfig
+from ..storage.topiclog import TopicLog
 
 
 class StatsClient(Protocol):
@@ -79,5 +80,11 @@ class NSQDHost(Protocol):
     def get_existing_topic(self, name: str) -> Topic | None: ...
     def delete_existing_topic(self, name: str) -> bool: ...
     def set_health_error(self, err: BaseException | None) -> None: ...
+    def topic_log(self, name: str) -> TopicLog | None:
+        """A replayable topic's retained log (None: the topic keeps no log)."""
+
+    def set_retention(self, name: str, seconds: float, size: int) -> None:
+        """``POST /topic/retention``; raises OSError."""
+
     def lookupd_addresses_changed(self) -> None:
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""

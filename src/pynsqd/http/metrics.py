@@ -71,6 +71,22 @@ class NSQCollector:
         t_channels = GaugeMetricFamily(
             "nsq_topic_channels", "Channels of the topic", labels=t_labels
         )
+        t_log_earliest = GaugeMetricFamily(
+            "nsq_topic_log_earliest_offset",
+            "Oldest retained offset of a replayable topic",
+            labels=t_labels,
+        )
+        t_log_latest = GaugeMetricFamily(
+            "nsq_topic_log_latest_offset",
+            "Next offset to be written to a replayable topic's log",
+            labels=t_labels,
+        )
+        t_log_bytes = GaugeMetricFamily(
+            "nsq_topic_log_bytes", "Bytes in a replayable topic's log", labels=t_labels
+        )
+        t_log_segments = GaugeMetricFamily(
+            "nsq_topic_log_segments", "Segment files of a replayable topic's log", labels=t_labels
+        )
         c_depth = GaugeMetricFamily(
             "nsq_channel_depth", "Messages queued (memory + disk)", labels=c_labels
         )
@@ -112,6 +128,11 @@ class NSQCollector:
             t_bytes.add_metric(tl, topic.message_bytes)
             t_paused.add_metric(tl, int(topic.paused))
             t_channels.add_metric(tl, len(topic.channels))
+            if topic.log is not None:
+                t_log_earliest.add_metric(tl, topic.log.earliest)
+                t_log_latest.add_metric(tl, topic.log.latest)
+                t_log_bytes.add_metric(tl, topic.log.size)
+                t_log_segments.add_metric(tl, topic.log.segment_count)
             if any(e2e_sink(ch) for ch in topic.channels.values()):
                 _add_quantiles(t_e2e, {"topic": topic.name}, topic_e2e(nsqd, topic))
             for ch in sorted(topic.channels.values(), key=lambda c: c.name):
@@ -129,6 +150,7 @@ class NSQCollector:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_channels, t_e2e)
+        yield from (t_log_earliest, t_log_latest, t_log_bytes, t_log_segments)
         yield from (c_depth, c_backend, c_in_flight, c_deferred, c_msgs, c_requeued)
         yield from (c_timed_out, c_clients, c_paused, c_e2e)
 

@@ -69,6 +69,11 @@ class HTTPService(Router):
         add("POST", "/channel/empty", "v1", api.channel_empty)
         add("POST", "/channel/pause", "v1", api.channel_pause)
         add("POST", "/channel/unpause", "v1", api.channel_unpause)
+        replay = api.replay
+        add("GET", "/topic/offsets", "v1", replay.offsets)
+        add("GET", "/topic/log", "v1", replay.read)
+        add("POST", "/topic/retention", "v1", replay.retention)
+        add("POST", "/channel/rewind", "v1", replay.rewind)
         add("GET", "/metrics", "raw", self._metrics)
         self.add_pprof_routes("/debug/pprof/")
         add("GET", "/debug/pprof/profile", "raw", self._profile)

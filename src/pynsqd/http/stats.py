@@ -119,7 +119,7 @@ def channel_stats(
 
 
 def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
-    return {
+    stats: Json = {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth,
@@ -129,6 +129,14 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
         "paused": topic.paused,
         "e2e_processing_latency": topic_e2e(nsqd, topic),
     }
+    if topic.log is not None:  # pynsqd: a replayable topic (absent otherwise, as in nsqd)
+        stats["log"] = {
+            "earliest_offset": topic.log.earliest,
+            "latest_offset": topic.log.latest,
+            "bytes": topic.log.size,
+            "segments": topic.log.segment_count,
+        }
+    return stats
 
 
 def get_stats(
@@ -223,6 +231,12 @@ def print_stats(
             f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} "
             f"e2e%: {_e2e_text(t['e2e_processing_latency'])}\n"
         )
+        if "log" in t:
+            lg = t["log"]
+            w.append(
+                f"      log: offsets {lg['earliest_offset']}-{lg['latest_offset']} "
+                f"bytes: {lg['bytes']} segments: {lg['segments']}\n"
+            )
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             w.append(

@@ -4,6 +4,7 @@ handler raises, the query string as Go reads it, and the topic/channel argument 
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import unquote_plus
 
 from .names import is_valid_name
@@ -12,12 +13,14 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class HTTPError(Exception):
-    """An API error: HTTP status and nsqd's token (``{"message": TEXT}``)."""
+    """An API error: HTTP status and nsqd's token (``{"message": TEXT}``). ``extra``: more
+    fields for the JSON body (pynsqd's own endpoints: the valid range of an offset)."""
 
-    def __init__(self, code: int, text: str) -> None:
+    def __init__(self, code: int, text: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(text)
         self.code = code
         self.text = text
+        self.extra = extra or {}
 
 
 class Params:

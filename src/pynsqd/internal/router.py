@@ -34,7 +34,7 @@ Handler = Callable[[BaseRequest, Params], Awaitable[Any]]
 Methods = dict[str, tuple[Kind, Handler]]
 
 
-def respond_v1(code: int, data: Any) -> Response:
+def respond_v1(code: int, data: Any, extra: dict[str, Any] | None = None) -> Response:
     """nsqd's ``RespondV1``: raw str/bytes, empty for None, JSON otherwise; errors as JSON."""
     content_type: str | None = None
     if code == 200:
@@ -47,7 +47,7 @@ def respond_v1(code: int, data: Any) -> Response:
         else:
             body, content_type = go_json(data), JSON_TYPE
     else:
-        body, content_type = go_json({"message": str(data)}), JSON_TYPE
+        body, content_type = go_json({"message": str(data), **(extra or {})}), JSON_TYPE
     return _response(code, body, content_type, v1=True)
 
 
@@ -213,11 +213,13 @@ class Router:
             data = await handler(request, params)
         except HTTPError as err:
             if kind == "v1":
-                return respond_v1(err.code, err.text)
+                return respond_v1(err.code, err.text, err.extra)
             return respond_plain(err.code, err.text)
         except Exception:
             self._log.exception("HTTP: internal error in %s %s", request.method, request.path)
             return respond_v1(500, "INTERNAL_ERROR")
+        if isinstance(data, StreamResponse):  # a v1 route that streams (/topic/log)
+            return data
         if kind == "v1":
             return respond_v1(200, data)
         if kind == "plain":

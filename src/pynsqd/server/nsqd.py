@@ -16,7 +16,7 @@ from .. import NSQD_VERSION, __version__
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.e2e import E2ELatency
-from ..core.message import ENCODED_OVERHEAD
+from ..core.message import ENCODED_OVERHEAD, Message
 from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import lifecycle
@@ -36,6 +36,7 @@ from ..storage.metadata import (
     read_metadata,
     recover_metadata,
 )
+from ..storage.topiclog import TopicLog, read_retention, write_retention
 from .auth import AuthClient
 from .lookup import Lookup
 from .tls import server_context
@@ -86,6 +87,7 @@ class NSQD:
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
+        self._logs: dict[str, TopicLog] = {}
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
@@ -111,6 +113,8 @@ class NSQD:
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if not topic.ephemeral:
+                self._attach_log(topic)
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
@@ -132,6 +136,7 @@ class NSQD:
         self.lookup.topic_deleted(topic)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
+        self._logs.pop(name, None)
         if not topic.ephemeral:
             self.persist_metadata()
         return True
@@ -199,9 +204,86 @@ class NSQD:
         if err is not None or self.health_error is not None:
             self.set_health_error(err)
 
+    # -- replayable topics: the retained log ----------------------------------------------
+
+    def _log_dir(self, name: str) -> str:
+        return os.path.join(self.data_path, f"{name}.log")
+
+    def retention(self, name: str) -> tuple[float, int]:
+        """A topic's retention (seconds, bytes): its own setting, else the flags'."""
+        try:
+            own = read_retention(self._log_dir(name))
+        except ValueError as err:
+            log.error("TOPIC(%s): %s; using --retention-time/--retention-bytes", name, err)
+            own = None
+        return own if own is not None else (self.opts.retention_time, self.opts.retention_bytes)
+
+    def _attach_log(self, topic: Topic) -> None:
+        seconds, size = self.retention(topic.name)
+        if not (seconds or size):
+            return
+        try:
+            topic_log = TopicLog(
+                self._log_dir(topic.name),
+                segment_bytes=self.opts.max_bytes_per_file,
+                sync_every=self.opts.sync_every,
+                logger=log,
+                name=topic.name,
+            )
+        except OSError as err:
+            # Publishing must not go on without the log it promises: every PUB fails (and
+            # /ping is unhealthy) until the log can be opened.
+            log.error("TOPIC(%s): failed to open its log - %s", topic.name, err)
+            self.set_health_error(err)
+            topic.log = _UnavailableLog(err)
+            return
+        topic_log.retention_time, topic_log.retention_bytes = seconds, size
+        topic_log.on_write = self._backend_written
+        topic_log.prune()
+        topic.log = topic_log
+        self._logs[topic.name] = topic_log
+        log.info(
+            "TOPIC(%s): log open, offsets %d-%d (retention %ss, %d bytes)",
+            topic.name,
+            topic_log.earliest,
+            topic_log.latest,
+            seconds,
+            size,
+        )
+
+    def topic_log(self, name: str) -> TopicLog | None:
+        return self._logs.get(name)
+
+    def set_retention(self, name: str, seconds: float, size: int) -> None:
+        """``POST /topic/retention``: the topic's own setting, kept across restarts; 0 and 0
+        stop its log (and remove it). Raises OSError."""
+        topic = self.get_topic(name)
+        current = self._logs.get(name)
+        if not (seconds or size):
+            if current is not None:
+                topic.log = None
+                del self._logs[name]
+                current.delete()
+                log.info("TOPIC(%s): retention off, log removed", name)
+            write_retention(self._log_dir(name), 0.0, 0)
+            return
+        write_retention(self._log_dir(name), seconds, size)
+        if current is None:
+            self._attach_log(topic)
+        else:
+            current.retention_time, current.retention_bytes = seconds, size
+            current.prune()
+
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
         now = self.loop.time()
+        for name, topic_log in list(self._logs.items()):
+            try:
+                topic_log.sync_if_due()
+                topic_log.prune()
+            except OSError as err:
+                log.error("TOPIC(%s): failed to sync its log - %s", name, err)
+                self.set_health_error(err)
         for name, backend in list(self._disk_backends.items()):
             try:
                 backend.sync_if_due(now)
@@ -260,6 +342,22 @@ class NSQD:
                 path,
                 len(topics),
             )
+        topics = topics or []
+        # A retained topic whose log exists is served even if a crash came before nsqd.dat
+        # listed it (nsqd.dat is written just after a topic is created, not before its first OK).
+        known = {t.name for t in topics}
+        for entry in sorted(os.listdir(self.data_path)):
+            name = entry[:-4]
+            if (
+                entry.endswith(".log")
+                and name not in known
+                and is_valid_name(name)
+                and not is_ephemeral(name)
+                and os.path.isdir(os.path.join(self.data_path, entry))
+                and any(self.retention(name))
+            ):
+                log.info("TOPIC(%s): found its log; serving it", name)
+                topics.append(TopicMeta(name, False, []))
         if not topics:
             return
         self._loading_metadata = True
@@ -389,6 +487,24 @@ class NSQD:
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()
         log.info("NSQ: bye")
+
+
+class _UnavailableLog:
+    """The log of a retained topic that could not be opened: publishing fails, says why."""
+
+    earliest = latest = size = segment_count = 0
+
+    def __init__(self, err: OSError) -> None:
+        self.err = err
+
+    def append(self, msgs: list[Message]) -> int:
+        raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")
+
+    def close(self) -> None:
+        pass
+
+    def delete(self) -> None:
+        pass
 
 
 def run(opts: Options) -> int:

@@ -1,0 +1,262 @@
+"""Replayable topics on the HTTP port (pynsqd; nsqd has none of these endpoints).
+
+- ``GET /topic/offsets?topic=T[&timestamp=<unix ms>]``: earliest and latest (next to be written)
+  offsets, log size and segments, retention; with ``timestamp``, ``offset`` is the first offset
+  published at or after it.
+- ``GET /topic/log?topic=T&offset=N[&max_messages=M][&max_bytes=B]``: the records from N on,
+  as stored (``storage/topiclog.py`` documents the framing), streamed with a Content-Length; the
+  ``X-Nsq-*`` headers give the first offset, the next offset to ask for, the count, earliest and
+  latest. At ``latest`` the body is empty: the reader is caught up.
+- ``POST /topic/retention?topic=T[&time=24h][&bytes=N]``: the topic's own retention (kept across
+  restarts); both 0 stops its log and removes it.
+- ``POST /channel/rewind?topic=T&channel=C&offset=N`` (or ``&timestamp=<unix ms>``): every
+  retained message from there is put into C again, with its original ID, body and timestamp.
+  ``POST /channel/create`` takes the same ``offset``/``timestamp`` to start a channel in the past.
+
+Errors are nsqd-style JSON: ``{"message":"OFFSET_OUT_OF_RANGE","earliest":e,"latest":l}``,
+``TOPIC_NOT_RETAINED``, ``INVALID_ARG_OFFSET`` and so on; never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from typing import Any
+
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+
+from ..core.channel import Channel
+from ..core.message import Message
+from ..internal.gotext import format_duration, parse_duration
+from ..internal.httpapi import HTTPError, Params
+from ..internal.names import is_valid_name
+from ..log import LOGGER_NAME
+from ..storage.topiclog import LogRange, OffsetOutOfRange, TopicLog
+from .host import NSQDHost
+
+log = logging.getLogger(LOGGER_NAME)
+
+_UINT = re.compile(r"[0-9]{1,19}")
+DEFAULT_MAX_MESSAGES = 10_000
+DEFAULT_MAX_BYTES = 16 << 20
+MAX_BYTES = 256 << 20
+_CHUNK = 1 << 20
+#: Messages put back into a channel per loop turn by a rewind (a large rewind never stalls the
+#: loop for more than about a millisecond at a time).
+REWIND_BATCH = 1024
+
+
+def _uint(params: Params, key: str, default: int | None = None, *, low: int = 0) -> int:
+    text = params.get(key)
+    if text is None:
+        if default is None:
+            raise HTTPError(400, f"MISSING_ARG_{key.upper()}")
+        return default
+    if not _UINT.fullmatch(text) or int(text) >= 1 << 63 or int(text) < low:
+        raise HTTPError(400, f"INVALID_ARG_{key.upper()}")
+    return int(text)
+
+
+class ReplayAPI:
+    def __init__(self, nsqd: NSQDHost) -> None:
+        self.nsqd = nsqd
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _topic_name(self, params: Params) -> str:
+        name = params.checked().get("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(name):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        return name
+
+    def _log(self, name: str) -> TopicLog:
+        if self.nsqd.get_existing_topic(name) is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        topic_log = self.nsqd.topic_log(name)
+        if topic_log is None:
+            raise HTTPError(400, "TOPIC_NOT_RETAINED")
+        return topic_log
+
+    @staticmethod
+    def _out_of_range(err: OffsetOutOfRange) -> HTTPError:
+        return HTTPError(
+            400, "OFFSET_OUT_OF_RANGE", {"earliest": err.earliest, "latest": err.latest}
+        )
+
+    def _start_offset(self, topic_log: TopicLog, params: Params) -> int:
+        """``offset`` or ``timestamp`` (unix ms), checked against the retained range."""
+        if params.get("timestamp") is not None:
+            if params.get("offset") is not None:
+                raise HTTPError(400, "INVALID_ARG_OFFSET_AND_TIMESTAMP")
+            ts_ms = _uint(params, "timestamp")
+            return topic_log.offset_for_time(ts_ms * 1_000_000)
+        offset = _uint(params, "offset")
+        try:
+            topic_log.check_offset(offset)
+        except OffsetOutOfRange as err:
+            raise self._out_of_range(err) from err
+        return offset
+
+    def _describe(self, name: str, topic_log: TopicLog) -> dict[str, Any]:
+        return {
+            "topic": name,
+            "earliest": topic_log.earliest,
+            "latest": topic_log.latest,
+            "bytes": topic_log.size,
+            "segments": topic_log.segment_count,
+            "retention_time": format_duration(topic_log.retention_time),
+            "retention_bytes": topic_log.retention_bytes,
+        }
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def offsets(self, request: BaseRequest, params: Params) -> Any:
+        name = self._topic_name(params)
+        topic_log = self._log(name)
+        doc = self._describe(name, topic_log)
+        if params.get("timestamp") is not None:
+            doc["offset"] = topic_log.offset_for_time(_uint(params, "timestamp") * 1_000_000)
+        return doc
+
+    async def read(self, request: BaseRequest, params: Params) -> Any:
+        name = self._topic_name(params)
+        topic_log = self._log(name)
+        offset = _uint(params, "offset")
+        max_messages = _uint(params, "max_messages", DEFAULT_MAX_MESSAGES, low=1)
+        max_bytes = min(_uint(params, "max_bytes", DEFAULT_MAX_BYTES, low=1), MAX_BYTES)
+        ranges: list[LogRange] = []
+        nxt = offset
+        try:
+            topic_log.check_offset(offset)
+            while max_messages > 0 and nxt < topic_log.latest:
+                rng = topic_log.read_range(nxt, max_messages, max_bytes)
+                if rng is None or (ranges and rng.end - rng.start > max_bytes):
+                    break
+                ranges.append(rng)
+                nxt = rng.next
+                max_messages -= rng.count
+                max_bytes -= rng.end - rng.start
+                if max_bytes <= 0:
+                    break
+        except OffsetOutOfRange as err:
+            raise self._out_of_range(err) from err
+        # Open every file before the first await: retention may remove a segment meanwhile,
+        # and an open file stays readable.
+        files: list[tuple[int, LogRange]] = []
+        try:
+            for rng in ranges:
+                files.append((os.open(rng.path, os.O_RDONLY | os.O_CLOEXEC), rng))
+        except OSError as err:
+            for fd, _ in files:
+                os.close(fd)
+            log.error("TOPIC(%s): failed to read its log - %s", name, err)
+            raise HTTPError(500, "INTERNAL_ERROR") from err
+        total = sum(r.end - r.start for r in ranges)
+        resp = StreamResponse(status=200)
+        resp.content_type = "application/octet-stream"
+        resp.content_length = total
+        resp.headers["X-Nsq-First-Offset"] = str(ranges[0].first if ranges else nxt)
+        resp.headers["X-Nsq-Next-Offset"] = str(nxt)
+        resp.headers["X-Nsq-Count"] = str(sum(r.count for r in ranges))
+        resp.headers["X-Nsq-Earliest"] = str(topic_log.earliest)
+        resp.headers["X-Nsq-Latest"] = str(topic_log.latest)
+        try:
+            await resp.prepare(request)
+            for fd, rng in files:
+                pos = rng.start
+                while pos < rng.end:
+                    chunk = os.pread(fd, min(_CHUNK, rng.end - pos), pos)
+                    if not chunk:
+                        raise OSError(f"{rng.path} ended early at byte {pos}")
+                    await resp.write(chunk)
+                    pos += len(chunk)
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the reader went away: nothing to undo
+        finally:
+            for fd, _ in files:
+                os.close(fd)
+        return resp
+
+    async def retention(self, request: BaseRequest, params: Params) -> Any:
+        name = self._topic_name(params)
+        text = params.get("time")
+        seconds = 0.0
+        if text is not None:
+            try:
+                seconds = parse_duration(text)
+            except ValueError:
+                raise HTTPError(400, "INVALID_ARG_TIME") from None
+            if seconds < 0:
+                raise HTTPError(400, "INVALID_ARG_TIME")
+        size = _uint(params, "bytes", 0)
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        try:
+            self.nsqd.set_retention(name, seconds, size)
+        except OSError as err:
+            log.error("TOPIC(%s): failed to set retention - %s", name, err)
+            raise HTTPError(500, "INTERNAL_ERROR") from err
+        topic_log = self.nsqd.topic_log(name)
+        if topic_log is None:
+            return {"topic": name, "retention_time": "0s", "retention_bytes": 0}
+        return self._describe(name, topic_log)
+
+    async def rewind(self, request: BaseRequest, params: Params) -> Any:
+        name = self._topic_name(params)
+        channel_name = params.get("channel")
+        if channel_name is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel_name):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic_log = self._log(name)
+        start = self._start_offset(topic_log, params)
+        topic = self.nsqd.get_existing_topic(name)
+        channel = topic.channels.get(channel_name) if topic is not None else None
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return await self.replay_into(topic_log, channel, start)
+
+    async def replay_into(self, topic_log: TopicLog, channel: Channel, start: int) -> Any:
+        """Put the retained messages from ``start`` up to the latest offset now into
+        ``channel``, a batch per loop turn."""
+        stop = topic_log.latest
+        offset, count = start, 0
+        while offset < stop and not channel.exiting:
+            try:
+                records = topic_log.read_records(max(offset, topic_log.earliest), REWIND_BATCH)
+            except OffsetOutOfRange:
+                break  # retention removed the rest meanwhile
+            records = [r for r in records if r.offset < stop]
+            if not records:
+                break
+            msgs = [Message(r.id, r.body, r.timestamp) for r in records]
+            err = channel.put_many(msgs)
+            if err is not None:
+                log.error("CHANNEL(%s): rewind failed to store messages - %s", channel.name, err)
+            count += len(msgs)
+            offset = records[-1].offset + 1
+            await asyncio.sleep(0)
+        log.info(
+            "CHANNEL(%s:%s): rewound to offset %d, %d messages put back",
+            channel.topic.name,
+            channel.name,
+            start,
+            count,
+        )
+        return {"offset": start, "next": offset, "count": count}
+
+    def start_offset_for_new_channel(self, name: str, params: Params) -> int | None:
+        """``/channel/create`` with ``offset`` or ``timestamp``: where to start (checked before
+        the channel is created); None without them."""
+        if params.get("offset") is None and params.get("timestamp") is None:
+            return None
+        return self._start_offset(self._log(name), params)
+
+
+__all__ = ["ReplayAPI"]

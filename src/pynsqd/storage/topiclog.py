@@ -1,0 +1,596 @@
+"""A replayable topic's retained log: every published message, addressed by offset.
+
+Theory of operation. A topic with retention keeps, beside its normal queues, an append-only log
+in ``<data-path>/<topic>.log/``: a series of segment files ``<base offset, 20 digits>.log``, each
+a run of records in the layout below, with a sparse index kept in memory (and written to
+``<base>.index`` when the segment is closed) mapping offset and timestamp to file position, one
+entry per ``INDEX_INTERVAL`` bytes. Offsets are per topic, dense, start at 0 and are never
+reused: the next offset survives restarts because it is the end of the last segment (or, once
+every segment has been pruned, the base offset of the empty segment retention leaves behind).
+
+Record layout (big-endian), on disk and on the wire of ``GET /topic/log`` alike, so a read is a
+byte-range copy::
+
+    int64  offset
+    uint32 crc32 of every byte after this field (length .. body)
+    uint32 length: bytes after this field (30 + body size)
+    int64  timestamp (publish time, ns since the epoch)
+    16     message ID (nsqd's hex ID)
+    uint16 attempts (0: as published)
+    uint32 deferral in ms (DPUB), else 0
+    ...    body
+
+Writes. ``append`` encodes a batch (one PUB, MPUB, DPUB or HTTP publish) and writes it with one
+``write`` straight to the kernel, before the messages fan out to channels, so a process crash
+loses nothing that was acknowledged. ``fsync`` follows ``--sync-every`` (records since the last
+sync) and ``--sync-timeout`` (``sync_if_due``), as the disk queues do: with ``--sync-every=1`` an
+``OK`` means the record is on disk. A failed write (a full disk) truncates the segment back, takes
+the offsets back, and raises ``OSError``: the publisher gets ``E_PUB_FAILED``.
+
+Opening. Segments are found by name. The last segment is scanned record by record: a torn tail
+(short record, bad length or checksum) is truncated away and logged. A closed segment's index is
+read and checked (entries in order, inside the file, the first entry is the first record, the
+records after the last entry reach the end of the file cleanly); if the check fails the index is
+rebuilt by scanning. A closed segment whose scan stops before its end keeps its readable prefix;
+the records after the bad one are lost (logged), and their offsets are a gap that reads skip.
+
+Retention. ``prune`` deletes whole closed segments, oldest first: a segment whose newest record is
+older than the time bound, or one whose removal still leaves at least the size bound retained.
+The active segment is never deleted, so a record within both bounds is never lost.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import logging
+import os
+import re
+import struct
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..core.message import Message
+from .atomic import write_atomic
+
+__all__ = [
+    "HEADER_SIZE",
+    "INDEX_INTERVAL",
+    "LogRange",
+    "LogRecord",
+    "OffsetOutOfRange",
+    "TopicLog",
+    "decode_records",
+]
+
+_HEAD = struct.Struct(">qI")  # offset, crc
+_TAIL = struct.Struct(">Iq16sHI")  # length, timestamp, id, attempts, defer_ms
+_INDEX = struct.Struct(">qqq")  # offset, position, timestamp
+HEADER_SIZE = _HEAD.size + _TAIL.size  # 46
+_TAIL_FIXED = _TAIL.size - 4  # bytes after the length field, before the body: 34
+INDEX_INTERVAL = 4096
+_SEGMENT = re.compile(r"^(\d{20})\.log$")
+_READ_CHUNK = 1 << 20
+
+
+class OffsetOutOfRange(Exception):
+    def __init__(self, offset: int, earliest: int, latest: int) -> None:
+        super().__init__(f"offset {offset} is outside [{earliest}, {latest}]")
+        self.offset = offset
+        self.earliest = earliest
+        self.latest = latest
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    offset: int
+    timestamp: int
+    id: bytes
+    attempts: int
+    defer_ms: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """Bytes ``[start, end)`` of ``path``: whole records, offsets ``first`` .. ``next - 1``."""
+
+    path: str
+    start: int
+    end: int
+    first: int
+    next: int
+    count: int
+
+
+def decode_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[LogRecord]:
+    """The records in ``data`` (whole records, as ``/topic/log`` sends them). Raises
+    ``ValueError`` on a short or corrupt record."""
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise ValueError(f"short record header at byte {pos}")
+        offset, crc = _HEAD.unpack_from(data, pos)
+        length, ts, msg_id, attempts, defer_ms = _TAIL.unpack_from(data, pos + 12)
+        stop = pos + 16 + length
+        if length < _TAIL_FIXED or stop > end:
+            raise ValueError(f"bad record length at byte {pos}")
+        if verify and zlib.crc32(data[pos + 12 : stop]) != crc:
+            raise ValueError(f"checksum mismatch in the record at offset {offset}")
+        yield LogRecord(
+            offset, ts, bytes(msg_id), attempts, defer_ms, bytes(data[pos + HEADER_SIZE : stop])
+        )
+        pos = stop
+
+
+class _Segment:
+    """One segment file: its offsets ``[base, next)``, size, and sparse index."""
+
+    __slots__ = ("base", "idx_off", "idx_pos", "idx_ts", "last_ts", "next", "path", "size")
+
+    def __init__(self, directory: str, base: int) -> None:
+        self.base = base
+        self.next = base
+        self.size = 0
+        self.last_ts = 0
+        self.path = os.path.join(directory, f"{base:020d}.log")
+        self.idx_off = array("q")
+        self.idx_pos = array("q")
+        self.idx_ts = array("q")  # the highest timestamp up to each entry (clocks step back)
+
+    @property
+    def index_path(self) -> str:
+        return self.path[:-4] + ".index"
+
+    def add_index(self, offset: int, position: int, ts: int) -> None:
+        if self.idx_ts and ts < self.idx_ts[-1]:
+            ts = self.idx_ts[-1]
+        self.idx_off.append(offset)
+        self.idx_pos.append(position)
+        self.idx_ts.append(ts)
+
+    def encode_index(self) -> bytes:
+        return b"".join(
+            _INDEX.pack(o, p, t)
+            for o, p, t in zip(self.idx_off, self.idx_pos, self.idx_ts, strict=True)
+        )
+
+
+class TopicLog:
+    """The retained log of one topic. All calls are made from the event loop thread."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        segment_bytes: int,
+        sync_every: int,
+        logger: logging.Logger,
+        name: str = "",
+    ) -> None:
+        self.directory = directory
+        self.name = name or os.path.basename(directory)
+        self.segment_bytes = segment_bytes
+        self.sync_every = sync_every
+        self.log = logger
+        self.retention_time = 0.0  # seconds; 0: no time bound
+        self.retention_bytes = 0  # 0: no size bound
+        self.segments: list[_Segment] = []
+        self._fd = -1
+        self._unsynced = 0
+        self._closed = False
+        #: Called after each append with None or the error (nsqd's /ping health).
+        self.on_write: Callable[[OSError | None], None] | None = None
+        os.makedirs(directory, exist_ok=True)
+        self._open()
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def earliest(self) -> int:
+        return self.segments[0].base
+
+    @property
+    def latest(self) -> int:
+        """The next offset to be written."""
+        return self.segments[-1].next
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def append(self, msgs: list[Message]) -> int:
+        """Log ``msgs`` in order; return the offset of the first. Raises ``OSError`` (nothing
+        of the batch is then logged)."""
+        if self._closed:
+            raise OSError("the topic log is closed")
+        seg = self.segments[-1]
+        if seg.size >= self.segment_bytes and seg.next > seg.base:
+            seg = self._roll()
+        first = offset = seg.next
+        pos = seg.size
+        next_index = seg.idx_pos[-1] + INDEX_INTERVAL if seg.idx_pos else 0
+        parts: list[bytes] = []
+        head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
+        ts = 0
+        entries: list[tuple[int, int, int]] = []
+        for m in msgs:
+            body = m.body
+            ts = m.timestamp
+            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
+            t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
+            if pos >= next_index:
+                entries.append((offset, pos, ts))
+                next_index = pos + INDEX_INTERVAL
+            parts.append(head(offset, crc32(body, crc32(t))))
+            parts.append(t)
+            parts.append(body)
+            pos += HEADER_SIZE + len(body)
+            offset += 1
+        data = b"".join(parts)
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(28, f"short write ({written} of {len(data)} bytes)")
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, seg.size)
+            if self.on_write is not None:
+                self.on_write(err)
+            raise
+        for e in entries:
+            seg.add_index(*e)
+        seg.size = pos
+        seg.next = offset
+        if ts > seg.last_ts:
+            seg.last_ts = ts
+        self._unsynced += len(msgs)
+        if self._unsynced >= self.sync_every:
+            try:
+                self.sync()
+            except OSError as err:
+                if self.on_write is not None:
+                    self.on_write(err)
+                raise
+        if self.on_write is not None:
+            self.on_write(None)
+        return first
+
+    def sync(self) -> None:
+        if self._fd >= 0 and self._unsynced:
+            os.fsync(self._fd)
+            self._unsynced = 0
+
+    def sync_if_due(self) -> None:
+        """``--sync-timeout``: the records written since the last sync go to disk."""
+        self.sync()
+
+    def _roll(self) -> _Segment:
+        old = self.segments[-1]
+        self.sync()
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            write_atomic(old.index_path, old.encode_index())
+        except OSError as err:  # the index is rebuilt by a scan at the next start
+            self.log.warning(
+                "TOPICLOG(%s): failed to write %s - %s", self.name, old.index_path, err
+            )
+        seg = _Segment(self.directory, old.next)
+        self.segments.append(seg)
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
+        self.prune()
+        return seg
+
+    # -- retention ------------------------------------------------------------------------
+
+    def prune(self, now_ns: int | None = None) -> int:
+        """Delete the closed segments outside retention; return how many."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        horizon = now_ns - int(self.retention_time * 1e9) if self.retention_time else None
+        removed = 0
+        total = self.size
+        while len(self.segments) > 1:
+            seg = self.segments[0]
+            too_old = horizon is not None and seg.last_ts < horizon
+            too_big = bool(self.retention_bytes) and total - seg.size >= self.retention_bytes
+            if not (too_old or too_big):
+                break
+            self.segments.pop(0)
+            total -= seg.size
+            for path in (seg.path, seg.index_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            removed += 1
+            self.log.info(
+                "TOPICLOG(%s): retention removed segment %d (offsets %d-%d)",
+                self.name,
+                seg.base,
+                seg.base,
+                seg.next - 1,
+            )
+        return removed
+
+    # -- reading --------------------------------------------------------------------------
+
+    def check_offset(self, offset: int) -> None:
+        if not self.earliest <= offset <= self.latest:
+            raise OffsetOutOfRange(offset, self.earliest, self.latest)
+
+    def offset_for_time(self, ts_ns: int) -> int:
+        """The first offset published at or after ``ts_ns`` (``latest`` if none)."""
+        for seg in self.segments:
+            if seg.next == seg.base or seg.last_ts < ts_ns:
+                continue
+            i = max(bisect.bisect_left(seg.idx_ts, ts_ns) - 1, 0)
+            if not seg.idx_pos:
+                return seg.base
+            for rec_offset, rec_ts, _, _ in self._walk(seg, seg.idx_pos[i], seg.size):
+                if rec_ts >= ts_ns:
+                    return rec_offset
+        return self.latest
+
+    def read_range(self, offset: int, max_messages: int, max_bytes: int) -> LogRange | None:
+        """Whole records from ``offset`` (or the first retained after it, past a gap), within
+        one segment, at most ``max_messages`` and ``max_bytes`` (at least one record). None at
+        ``latest``. Raises ``OffsetOutOfRange``."""
+        self.check_offset(offset)
+        for seg in self.segments:
+            if offset >= seg.next:
+                continue
+            start, first = self._position(seg, max(offset, seg.base))
+            if start >= seg.size:
+                continue  # a gap after a damaged record: the next segment
+            # The end: from the index entry at or before start + max_bytes, walk forward.
+            limit = start + max_bytes
+            end, nxt, count = start, first, 0
+            j = bisect.bisect_right(seg.idx_pos, limit) - 1
+            if j >= 0 and seg.idx_pos[j] > start and seg.idx_off[j] - first <= max_messages:
+                end, nxt, count = seg.idx_pos[j], seg.idx_off[j], seg.idx_off[j] - first
+            for rec_offset, _, _, rec_end in self._walk(seg, end, seg.size):
+                if count >= max_messages or (count and rec_end - start > max_bytes):
+                    break
+                end, nxt, count = rec_end, rec_offset + 1, count + 1
+            if count == 0:
+                continue
+            return LogRange(seg.path, start, end, first, nxt, count)
+        return None
+
+    def read_records(self, offset: int, max_messages: int) -> list[LogRecord]:
+        """Decoded records from ``offset`` (for rewinding a channel)."""
+        rng = self.read_range(offset, max_messages, 64 << 20)
+        if rng is None:
+            return []
+        with open(rng.path, "rb") as f:
+            f.seek(rng.start)
+            data = f.read(rng.end - rng.start)
+        return list(decode_records(data, verify=False))
+
+    def _position(self, seg: _Segment, offset: int) -> tuple[int, int]:
+        """File position and offset of the first record at or after ``offset``."""
+        i = bisect.bisect_right(seg.idx_off, offset) - 1
+        pos = seg.idx_pos[i] if i >= 0 else 0
+        for rec_offset, _, rec_pos, _ in self._walk(seg, pos, seg.size):
+            if rec_offset >= offset:
+                return rec_pos, rec_offset
+        return seg.size, seg.next
+
+    def _walk(self, seg: _Segment, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(offset, timestamp, position, end position) of each record from ``pos``; the file
+        is read in chunks, headers only are decoded."""
+        with open(seg.path, "rb", buffering=0) as f:
+            buf = b""
+            base = pos
+            while pos < end:
+                rel = pos - base
+                if len(buf) - rel < HEADER_SIZE:
+                    f.seek(pos)
+                    buf = f.read(min(_READ_CHUNK, end - pos))
+                    base, rel = pos, 0
+                    if len(buf) < HEADER_SIZE:
+                        return
+                offset = _HEAD.unpack_from(buf, rel)[0]
+                length, ts = struct.unpack_from(">Iq", buf, rel + 12)
+                stop = pos + 16 + length
+                yield offset, ts, pos, stop
+                pos = stop
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        bases = sorted(
+            int(m.group(1))
+            for m in map(_SEGMENT.match, os.listdir(self.directory))
+            if m is not None
+        )
+        for n, base in enumerate(bases):
+            seg = _Segment(self.directory, base)
+            last = n == len(bases) - 1
+            if last or not self._load_index(seg):
+                self._scan(seg, truncate=last)
+            if not last and seg.next > bases[n + 1]:
+                self.log.error(
+                    "TOPICLOG(%s): segment %d overlaps segment %d; kept as .bad",
+                    self.name,
+                    base,
+                    bases[n + 1],
+                )
+                os.replace(seg.path, seg.path + ".bad")
+                continue
+            self.segments.append(seg)
+        if not self.segments:
+            self.segments.append(_Segment(self.directory, 0))
+        seg = self.segments[-1]
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        for i, s in enumerate(self.segments[:-1]):
+            if s.next < self.segments[i + 1].base:
+                self.log.warning(
+                    "TOPICLOG(%s): offsets %d-%d are lost (damaged records); reads skip them",
+                    self.name,
+                    s.next,
+                    self.segments[i + 1].base - 1,
+                )
+
+    def _load_index(self, seg: _Segment) -> bool:
+        """A closed segment's saved index, if it checks out (then its tail is scanned)."""
+        try:
+            with open(seg.index_path, "rb") as f:
+                data = f.read()
+            seg.size = os.path.getsize(seg.path)
+        except OSError:
+            return False
+        if not data or len(data) % _INDEX.size:
+            return False
+        prev_off = prev_pos = -1
+        for o, p, t in _INDEX.iter_unpack(data):
+            if o <= prev_off or p <= prev_pos or p >= seg.size:
+                return False
+            seg.add_index(o, p, t)
+            prev_off, prev_pos = o, p
+        if seg.idx_off[0] != seg.base or seg.idx_pos[0] != 0:
+            return False
+        # The records after the last entry must reach the end of the file cleanly.
+        pos, offset, last_ts = seg.idx_pos[-1], seg.idx_off[-1], seg.idx_ts[-1]
+        with open(seg.path, "rb") as f:
+            f.seek(pos)
+            data = f.read()
+        try:
+            for rec in decode_records(data):
+                if rec.offset != offset:
+                    return False
+                offset += 1
+                last_ts = max(last_ts, rec.timestamp)
+        except ValueError:
+            return False
+        seg.next = offset
+        seg.last_ts = last_ts
+        return True
+
+    def _scan(self, seg: _Segment, *, truncate: bool) -> None:
+        """Rebuild a segment's index by reading every record; cut a torn tail."""
+        seg.idx_off, seg.idx_pos, seg.idx_ts = array("q"), array("q"), array("q")
+        seg.next, seg.size, seg.last_ts = seg.base, 0, 0
+        size = os.path.getsize(seg.path)
+        pos = 0
+        next_index = 0
+        problem = ""
+        with open(seg.path, "rb") as f:
+            while pos < size:
+                head = f.read(HEADER_SIZE)
+                if len(head) < HEADER_SIZE:
+                    problem = "a short record header"
+                    break
+                offset, crc = _HEAD.unpack_from(head)
+                length, ts = struct.unpack_from(">Iq", head, 12)
+                if offset != seg.next or length < _TAIL_FIXED or pos + 16 + length > size:
+                    problem = "a bad record header"
+                    break
+                body = f.read(length - _TAIL_FIXED)
+                if zlib.crc32(body, zlib.crc32(head[12:])) != crc:
+                    problem = "a checksum mismatch"
+                    break
+                if pos >= next_index:
+                    seg.add_index(offset, pos, ts)
+                    next_index = pos + INDEX_INTERVAL
+                pos += 16 + length
+                seg.next = offset + 1
+                seg.last_ts = max(seg.last_ts, ts)
+        seg.size = pos
+        if not problem:
+            if not truncate:
+                self.log.info("TOPICLOG(%s): rebuilt the index of segment %d", self.name, seg.base)
+            return
+        lost = size - pos
+        if truncate:
+            self.log.warning(
+                "TOPICLOG(%s): segment %d: %s at byte %d; dropped the torn tail (%d bytes) "
+                "after offset %d",
+                self.name,
+                seg.base,
+                problem,
+                pos,
+                lost,
+                seg.next - 1,
+            )
+            with open(seg.path, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+        else:
+            self.log.error(
+                "TOPICLOG(%s): segment %d: %s at byte %d; serving the %d records before it, "
+                "%d bytes after it are unreadable",
+                self.name,
+                seg.base,
+                problem,
+                pos,
+                seg.next - seg.base,
+                lost,
+            )
+        with contextlib.suppress(OSError):
+            os.unlink(seg.index_path)
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd >= 0:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    def delete(self) -> None:
+        """Close and remove the log's files (its topic is deleted or stops retaining)."""
+        self.close()
+        for entry in os.listdir(self.directory):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, entry))
+        with contextlib.suppress(OSError):
+            os.rmdir(self.directory)
+
+
+# -- a topic's own retention (POST /topic/retention) ------------------------------------------
+
+RETENTION_FILE = "retention.json"
+
+
+def read_retention(directory: str) -> tuple[float, int] | None:
+    """A topic's own retention (seconds, bytes), or None when it follows the flags. An
+    unreadable file is logged by the caller's ``ValueError``."""
+    path = os.path.join(directory, RETENTION_FILE)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"failed to read {path} - {err}") from err
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("time_ns"), int)
+        or not isinstance(doc.get("bytes"), int)
+        or doc["time_ns"] < 0
+        or doc["bytes"] < 0
+    ):
+        raise ValueError(f"failed to read {path} - not a retention setting")
+    return doc["time_ns"] / 1e9, doc["bytes"]
+
+
+def write_retention(directory: str, seconds: float, size: int) -> None:
+    os.makedirs(directory, exist_ok=True)
+    doc = {"time_ns": round(seconds * 1e9), "bytes": size}
+    write_atomic(os.path.join(directory, RETENTION_FILE), json.dumps(doc).encode())

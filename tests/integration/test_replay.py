@@ -1,0 +1,338 @@
+"""Replayable topics over real sockets and files: the log, reads by offset, retention, rewind."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.storage.topiclog import LogRecord, decode_records
+
+from ..conftest import ServerThread, http_request
+from ..wire import Conn
+from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
+
+__all__ = ["proc_dir", "small_disk"]  # fixtures used here
+
+HOUR = 3600.0
+
+
+def get_json(server: ServerThread, path: str, method: str = "GET") -> tuple[int, Any]:
+    status, body = http_request(server, method, path)
+    return status, json.loads(body) if body else None
+
+
+def read_log(server: ServerThread | Proc, query: str) -> tuple[dict[str, str], list[LogRecord]]:
+    port = server.http_port
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/topic/log?" + query)
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 200, body
+        headers = {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        conn.close()
+    assert int(headers["content-length"]) == len(body)
+    return headers, list(decode_records(body))
+
+
+def read_everything(server: ServerThread | Proc, topic: str, offset: int = 0) -> list[LogRecord]:
+    out: list[LogRecord] = []
+    while True:
+        headers, records = read_log(server, f"topic={topic}&offset={offset}")
+        out += records
+        if not records:
+            return out
+        offset = int(headers["x-nsq-next-offset"])
+
+
+def test_every_publish_path_is_logged_with_dense_offsets(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.pub("t", b"pub")
+        c.mpub("t", [b"mpub1", b"mpub2"])
+        c.dpub("t", 1500, b"dpub")
+    assert http_request(server, "POST", "/pub?topic=t", b"http")[0] == 200
+    assert http_request(server, "POST", "/mpub?topic=t", b"h1\nh2")[0] == 200
+    status, doc = get_json(server, "/topic/offsets?topic=t")
+    assert status == 200
+    assert (doc["earliest"], doc["latest"], doc["segments"]) == (0, 7, 1)
+    assert doc["retention_time"] == "1h0m0s" and doc["bytes"] > 0
+    headers, records = read_log(server, "topic=t&offset=0")
+    assert [r.body for r in records] == [b"pub", b"mpub1", b"mpub2", b"dpub", b"http", b"h1", b"h2"]
+    assert [r.offset for r in records] == list(range(7))
+    assert records[3].defer_ms == 1500
+    assert len({r.id for r in records}) == 7
+    assert headers["x-nsq-first-offset"] == "0" and headers["x-nsq-next-offset"] == "7"
+    assert headers["x-nsq-count"] == "7" and headers["x-nsq-latest"] == "7"
+    # Reading from the middle, bounded by count; at the end the reader is caught up.
+    _, some = read_log(server, "topic=t&offset=2&max_messages=3")
+    assert [r.offset for r in some] == [2, 3, 4]
+    headers, none = read_log(server, "topic=t&offset=7")
+    assert none == [] and headers["x-nsq-next-offset"] == "7"
+
+
+def test_the_log_ids_are_the_ids_consumers_get(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as sub, server.connect() as pub:
+        sub.sub("t", "c", rdy=10)
+        pub.mpub("t", [b"a", b"b", b"c"])
+        delivered = sub.read_messages(3)
+    _, records = read_log(server, "topic=t&offset=0")
+    assert [r.id for r in records] == [m.id for m in delivered]
+    assert [r.timestamp for r in records] == [m.timestamp for m in delivered]
+
+
+def test_a_topic_without_retention_has_no_log(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd()
+    with server.connect() as c:
+        c.pub("t", b"x")
+    assert get_json(server, "/topic/offsets?topic=t") == (400, {"message": "TOPIC_NOT_RETAINED"})
+    assert not (tmp_path / "t.log").exists()
+    _, stats = get_json(server, "/stats?format=json")
+    assert "log" not in stats["topics"][0]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/topic/offsets", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/offsets?topic=bad!name", 400, "INVALID_ARG_TOPIC"),
+        ("/topic/offsets?topic=nope", 404, "TOPIC_NOT_FOUND"),
+        ("/topic/offsets?topic=t&timestamp=yesterday", 400, "INVALID_ARG_TIMESTAMP"),
+        ("/topic/log?topic=t", 400, "MISSING_ARG_OFFSET"),
+        ("/topic/log?topic=t&offset=-1", 400, "INVALID_ARG_OFFSET"),
+        ("/topic/log?topic=t&offset=99999999999999999999", 400, "INVALID_ARG_OFFSET"),
+        ("/topic/log?topic=t&offset=0&max_messages=0", 400, "INVALID_ARG_MAX_MESSAGES"),
+        ("/topic/log?topic=t&offset=0&max_bytes=x", 400, "INVALID_ARG_MAX_BYTES"),
+        ("/topic/log?topic=t&offset=%zz", 400, "INVALID_REQUEST"),
+    ],
+)
+def test_bad_reads_get_a_clear_4xx(
+    make_nsqd: Callable[..., ServerThread], path: str, status: int, message: str
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.pub("t", b"x")
+    got_status, doc = get_json(server, path)
+    assert (got_status, doc["message"]) == (status, message)
+
+
+def test_an_offset_out_of_range_names_the_valid_range(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b"])
+    assert get_json(server, "/topic/log?topic=t&offset=3") == (
+        400,
+        {"message": "OFFSET_OUT_OF_RANGE", "earliest": 0, "latest": 2},
+    )
+
+
+def test_offsets_by_timestamp(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b"])
+    _, records = read_log(server, "topic=t&offset=0")
+    cut_ms = records[1].timestamp // 1_000_000 + 1
+    with server.connect() as c:
+        wait_for(lambda: time.time_ns() // 1_000_000 > cut_ms, "the clock to pass the cut")
+        c.pub("t", b"later")
+    _, doc = get_json(server, f"/topic/offsets?topic=t&timestamp={cut_ms}")
+    assert doc["offset"] == 2
+    _, doc = get_json(server, "/topic/offsets?topic=t&timestamp=0")
+    assert doc["offset"] == 0
+
+
+def test_per_topic_retention_is_kept_across_restarts_and_0_removes_the_log(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd()
+    status, doc = get_json(server, "/topic/retention?topic=t&time=24h&bytes=1000000", "POST")
+    assert status == 200 and doc["retention_time"] == "24h0m0s"
+    assert doc["retention_bytes"] == 1_000_000
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b", b"c"])
+    server.stop()
+    server = make_nsqd()
+    _, doc = get_json(server, "/topic/offsets?topic=t")
+    assert (doc["earliest"], doc["latest"], doc["retention_time"]) == (0, 3, "24h0m0s")
+    with server.connect() as c:
+        c.pub("t", b"d")
+    assert [r.body for r in read_everything(server, "t")] == [b"a", b"b", b"c", b"d"]
+    status, doc = get_json(server, "/topic/retention?topic=t&time=0", "POST")
+    assert status == 200 and doc["retention_time"] == "0s"
+    assert get_json(server, "/topic/offsets?topic=t")[0] == 400
+    assert [p.name for p in (tmp_path / "t.log").iterdir()] == ["retention.json"]
+    assert get_json(server, "/topic/retention?topic=t&time=soon", "POST") == (
+        400,
+        {"message": "INVALID_ARG_TIME"},
+    )
+
+
+def test_rewinding_a_channel_delivers_the_logged_messages_again(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as sub, server.connect() as pub:
+        sub.sub("t", "c", rdy=100)
+        pub.mpub("t", [b"m%d" % i for i in range(10)])
+        first = sub.read_messages(10)
+        for m in first:
+            sub.fin(m.id)
+        status, doc = get_json(server, "/channel/rewind?topic=t&channel=c&offset=4", "POST")
+        assert status == 200 and doc == {"offset": 4, "next": 10, "count": 6}
+        again = sub.read_messages(6)
+    assert [(m.id, m.body) for m in again] == [(m.id, m.body) for m in first[4:]]
+    assert get_json(server, "/channel/rewind?topic=t&channel=nope&offset=0", "POST") == (
+        404,
+        {"message": "CHANNEL_NOT_FOUND"},
+    )
+    assert get_json(server, "/channel/rewind?topic=t&channel=c&offset=11", "POST")[1] == {
+        "message": "OFFSET_OUT_OF_RANGE",
+        "earliest": 0,
+        "latest": 10,
+    }
+
+
+def test_a_new_channel_can_start_in_the_past(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.sub("t", "live", rdy=0)
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b", b"c"])
+    status, doc = get_json(server, "/channel/create?topic=t&channel=late&timestamp=0", "POST")
+    assert status == 200 and doc["count"] == 3
+    with server.connect() as c:
+        c.sub("t", "late", rdy=10)
+        assert sorted(m.body for m in c.read_messages(3)) == [b"a", b"b", b"c"]
+
+
+def test_stats_and_metrics_show_the_log(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b"])
+    _, stats = get_json(server, "/stats?format=json")
+    log = stats["topics"][0]["log"]
+    assert (log["earliest_offset"], log["latest_offset"], log["segments"]) == (0, 2, 1)
+    assert log["bytes"] == 2 * (46 + 1)
+    text = http_request(server, "GET", "/stats")[1].decode()
+    assert "log: offsets 0-2 bytes: 94 segments: 1" in text
+    metrics = http_request(server, "GET", "/metrics")[1].decode()
+    assert 'nsq_topic_log_latest_offset{topic="t"} 2.0' in metrics
+
+
+def test_retention_by_size_prunes_whole_segments(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_bytes=20_000, max_bytes_per_file=4096)
+    with server.connect() as c:
+        for i in range(50):
+            c.mpub("t", [b"%04d" % (i * 10 + j) + b"." * 96 for j in range(10)])
+    _, doc = get_json(server, "/topic/offsets?topic=t")
+    assert doc["latest"] == 500 and doc["earliest"] > 0
+    assert doc["bytes"] >= 20_000 and doc["bytes"] < 20_000 + 4096 + 1500
+    records = read_everything(server, "t", doc["earliest"])
+    assert [r.offset for r in records] == list(range(doc["earliest"], 500))
+    assert get_json(server, "/topic/log?topic=t&offset=0")[1]["message"] == "OFFSET_OUT_OF_RANGE"
+
+
+def test_a_reader_that_leaves_mid_stream_costs_nothing(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        for _ in range(20):
+            c.mpub("t", [b"x" * 1000] * 100)
+    for _ in range(5):
+        with Conn(("127.0.0.1", server.http_port), magic=b"") as raw:
+            raw.send(
+                b"GET /topic/log?topic=t&offset=0&max_bytes=10000000 HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            raw.sock.recv(1000)  # the headers and a little of the body; then hang up
+    with server.connect() as c:
+        c.pub("t", b"still fine")
+    assert read_everything(server, "t")[-1].body == b"still fine"
+
+
+# -- crashes and a full disk -------------------------------------------------------------------
+
+
+def test_kill_9_loses_no_acknowledged_record_and_reuses_no_offset(
+    proc_dir: tuple[Path, Path],
+) -> None:
+    """Many cycles of publish-then-kill -9 with --sync-every=1: every acknowledged message is
+    in the log, once, at a dense offset."""
+    data, log = proc_dir
+    acked: list[bytes] = []
+    for cycle in range(6):
+        proc = Proc(data, log, "--retention-time=1h", "--sync-every=1")
+        stop = threading.Event()
+        mine: list[bytes] = []
+
+        def publish(
+            proc: Proc = proc, cycle: int = cycle, mine: list[bytes] = mine, stop: Any = stop
+        ) -> None:
+            try:
+                with proc.connect() as c:
+                    i = 0
+                    while not stop.is_set():
+                        body = b"c%d-%06d" % (cycle, i)
+                        c.pub("t", body)  # returns once OK arrived
+                        mine.append(body)
+                        i += 1
+            except (OSError, AssertionError, struct.error):
+                pass  # the server died under us: only what was acknowledged counts
+
+        t = threading.Thread(target=publish)
+        t.start()
+        want = 50 + 30 * cycle
+        wait_for(lambda: len(mine) >= want, "some acknowledged messages")  # noqa: B023
+        proc.p.send_signal(signal.SIGKILL)
+        proc.p.wait()
+        proc.log_file.close()
+        stop.set()
+        t.join()
+        acked += mine
+    proc = Proc(data, log, "--retention-time=1h", "--sync-every=1")
+    try:
+        records = read_everything(proc, "t")
+    finally:
+        proc.stop(signal.SIGTERM)
+    assert [r.offset for r in records] == list(range(len(records)))
+    bodies = [r.body for r in records]
+    assert len(set(bodies)) == len(bodies)  # none twice at different offsets
+    missing = set(acked) - set(bodies)
+    assert not missing, f"{len(missing)} acknowledged messages lost"
+
+
+def test_a_full_disk_fails_the_publish_and_loses_nothing_acknowledged(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path
+) -> None:
+    server = make_nsqd(data_path=str(small_disk), retention_time=HOUR)
+    with server.connect() as c:
+        c.pub("t", b"before")
+    filler = fill(small_disk)
+    with server.connect() as c:
+        c.send(b"PUB t\n" + struct.pack(">l", 4096) + b"x" * 4096)
+        assert c.read_frame().data.startswith(b"E_PUB_FAILED")
+    assert http_request(server, "GET", "/ping")[0] == 500
+    filler.unlink()
+    with server.connect() as c:
+        c.pub("t", b"after")
+    assert http_request(server, "GET", "/ping") == (200, b"OK")
+    assert [r.body for r in read_everything(server, "t")] == [b"before", b"after"]
+    assert os.path.isdir(small_disk / "t.log")

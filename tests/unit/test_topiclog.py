@@ -1,0 +1,260 @@
+"""A replayable topic's log on real files: offsets, reads by range, reopening, torn tails,
+damaged segments and indexes, retention."""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from pynsqd.core.message import Message
+from pynsqd.storage.topiclog import (
+    HEADER_SIZE,
+    LogRange,
+    OffsetOutOfRange,
+    TopicLog,
+    decode_records,
+    read_retention,
+    write_retention,
+)
+
+log = logging.getLogger("test.topiclog")
+T0 = 1_700_000_000_000_000_000  # a publish time, ns
+
+
+def open_log(path: Path, segment_bytes: int = 1 << 20, sync_every: int = 100) -> TopicLog:
+    return TopicLog(str(path), segment_bytes=segment_bytes, sync_every=sync_every, logger=log)
+
+
+def msg(i: int, ts: int | None = None, size: int = 0) -> Message:
+    body = (b"m%06d" % i).ljust(size, b".")
+    return Message(b"%016x" % i, body, T0 + i * 1_000_000 if ts is None else ts)
+
+
+def fill(tl: TopicLog, n: int, batch: int = 7, size: int = 0) -> None:
+    start = tl.latest
+    for i in range(start, start + n, batch):
+        tl.append([msg(j, size=size) for j in range(i, min(i + batch, start + n))])
+
+
+def read(rng: LogRange | None) -> list[int]:
+    assert rng is not None
+    with open(rng.path, "rb") as f:
+        f.seek(rng.start)
+        data = f.read(rng.end - rng.start)
+    records = list(decode_records(data))
+    assert [r.offset for r in records] == list(range(rng.first, rng.next))
+    assert len(records) == rng.count
+    return [r.offset for r in records]
+
+
+def read_all(tl: TopicLog, offset: int = 0) -> list[int]:
+    out: list[int] = []
+    while offset < tl.latest:
+        rng = tl.read_range(offset, 1000, 1 << 20)
+        if rng is None:
+            break
+        out += read(rng)
+        offset = rng.next
+    return out
+
+
+def test_offsets_are_dense_from_zero_and_records_hold_what_was_published(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log")
+    assert (tl.earliest, tl.latest) == (0, 0)
+    assert tl.append([msg(0)]) == 0
+    deferred = msg(1)
+    deferred.defer_until_ns = deferred.timestamp + 5_000_000_000
+    assert tl.append([deferred, msg(2)]) == 1
+    assert tl.latest == 3
+    rng = tl.read_range(0, 10, 1 << 20)
+    assert rng is not None and (rng.first, rng.next, rng.count) == (0, 3, 3)
+    with open(rng.path, "rb") as f:
+        f.seek(rng.start)
+        records = list(decode_records(f.read(rng.end - rng.start)))
+    assert [(r.offset, r.id, r.body, r.timestamp, r.defer_ms) for r in records] == [
+        (0, b"%016x" % 0, b"m000000", T0, 0),
+        (1, b"%016x" % 1, b"m000001", T0 + 1_000_000, 5000),
+        (2, b"%016x" % 2, b"m000002", T0 + 2_000_000, 0),
+    ]
+    assert tl.read_range(3, 10, 1 << 20) is None  # caught up
+
+
+def test_the_record_layout_is_the_documented_one(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log")
+    tl.append([Message(b"0123456789abcdef", b"hello", 42)])
+    tl.close()
+    data = (tmp_path / "t.log" / f"{0:020d}.log").read_bytes()
+    offset, crc, length, ts, msg_id, attempts, defer = struct.unpack_from(">qIIq16sHI", data)
+    assert (offset, length, ts, msg_id, attempts, defer) == (0, 35, 42, b"0123456789abcdef", 0, 0)
+    assert data[HEADER_SIZE:] == b"hello" and len(data) == HEADER_SIZE + 5
+    assert crc == zlib.crc32(data[12:])  # length field .. body
+
+
+def test_reads_respect_max_messages_and_max_bytes_but_return_at_least_one(
+    tmp_path: Path,
+) -> None:
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 5000, size=100)
+    assert read(tl.read_range(10, 25, 1 << 20)) == list(range(10, 35))
+    rng = tl.read_range(4000, 10_000, 1000)
+    assert rng is not None and rng.end - rng.start <= 1000 and rng.count == 1000 // 146
+    assert read(tl.read_range(4999, 10, 1)) == [4999]  # one record even past max_bytes
+    # A long read crosses many index entries without decoding them.
+    assert read(tl.read_range(123, 4000, 1 << 30)) == list(range(123, 4123))
+    with pytest.raises(OffsetOutOfRange) as info:
+        tl.read_range(5001, 1, 1)
+    assert (info.value.earliest, info.value.latest) == (0, 5000)
+
+
+def test_segments_roll_and_a_reopened_log_goes_on_at_the_next_offset(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=8192)
+    fill(tl, 1000, size=50)
+    assert tl.segment_count > 5
+    tl.close()
+    names = sorted(os.listdir(tmp_path / "t.log"))
+    assert sum(n.endswith(".index") for n in names) == tl.segment_count - 1  # closed ones
+    tl = open_log(tmp_path / "t.log", segment_bytes=8192)
+    assert (tl.earliest, tl.latest) == (0, 1000)
+    fill(tl, 10)
+    assert read_all(tl) == list(range(1010))
+
+
+def test_a_torn_tail_is_dropped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 10)
+    tl.close()
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    size = seg.stat().st_size
+    with open(seg, "r+b") as f:
+        f.truncate(size - 3)  # the last record is cut short (a crash mid-write)
+    with caplog.at_level(logging.WARNING):
+        tl = open_log(tmp_path / "t.log")
+    assert tl.latest == 9
+    assert "dropped the torn tail" in caplog.text
+    tl.append([msg(100)])
+    assert read_all(tl) == list(range(10))  # offset 9 is the new record: nothing reused twice
+
+
+def test_a_flipped_byte_in_the_last_segment_cuts_the_log_there(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 10)
+    tl.close()
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    data[5 * (HEADER_SIZE + 7) + HEADER_SIZE + 2] ^= 0xFF  # the body of record 5
+    seg.write_bytes(bytes(data))
+    tl = open_log(tmp_path / "t.log")
+    assert tl.latest == 5
+    assert read_all(tl) == list(range(5))
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage", "wrong positions"])
+def test_a_damaged_index_is_rebuilt(tmp_path: Path, damage: str) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=16384)
+    fill(tl, 1000, size=30)
+    tl.close()
+    index = tmp_path / "t.log" / f"{0:020d}.index"
+    good = index.read_bytes()
+    if damage == "missing":
+        index.unlink()
+    elif damage == "truncated":
+        index.write_bytes(good[:-5])
+    elif damage == "garbage":
+        index.write_bytes(os.urandom(len(good)))
+    else:
+        entries = bytearray(good)
+        struct.pack_into(">qqq", entries, 24, 1, 7, 0)  # entry 1 points inside record 0
+        index.write_bytes(bytes(entries))
+    tl = open_log(tmp_path / "t.log", segment_bytes=16384)
+    assert (tl.earliest, tl.latest) == (0, 1000)
+    assert read_all(tl) == list(range(1000))
+    assert read(tl.read_range(321, 5, 1 << 20)) == list(range(321, 326))
+
+
+def test_a_damaged_closed_segment_serves_what_is_readable_and_reads_skip_the_gap(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    fill(tl, 300, size=30)
+    bases = [s.base for s in tl.segments]
+    tl.close()
+    first = tmp_path / "t.log" / f"{0:020d}.log"
+    (tmp_path / "t.log" / f"{0:020d}.index").unlink()
+    data = bytearray(first.read_bytes())
+    data[10 * 76 + 3] ^= 0xFF  # the offset field of record 10 (76 bytes per record)
+    first.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    assert "serving the 10 records before it" in caplog.text
+    assert f"offsets 10-{bases[1] - 1} are lost" in caplog.text
+    assert read_all(tl) == list(range(10)) + list(range(bases[1], 300))
+    assert read(tl.read_range(12, 3, 1 << 20)) == [bases[1], bases[1] + 1, bases[1] + 2]
+
+
+def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=8192)
+    fill(tl, 2000, size=50)
+    total = tl.size
+    tl.retention_bytes = 20_000
+    removed = tl.prune(now_ns=T0)
+    assert removed > 0
+    assert tl.size >= 20_000 and tl.size - tl.segments[0].size < 20_000
+    assert total > tl.size
+    assert read_all(tl, tl.earliest) == list(range(tl.earliest, 2000))
+    with pytest.raises(OffsetOutOfRange):
+        tl.read_range(0, 1, 1)
+    tl.retention_bytes = 1
+    tl.prune(now_ns=T0)
+    assert tl.segment_count == 1 and tl.latest == 2000  # the active segment stays
+
+
+def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    fill(tl, 500, size=30)  # timestamps T0 + i ms
+    tl.retention_time = 0.1  # 100 ms
+    now = T0 + 300 * 1_000_000
+    tl.prune(now_ns=now)
+    assert tl.earliest > 0
+    # Every record published within the last 100 ms is still there.
+    assert tl.earliest <= 200
+    assert all(seg.last_ts >= now - 100_000_000 for seg in tl.segments[:-1])
+
+
+def test_offset_for_time_finds_the_first_at_or_after(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    fill(tl, 1000, size=30)
+    assert tl.offset_for_time(0) == 0
+    assert tl.offset_for_time(T0 + 456 * 1_000_000) == 456
+    assert tl.offset_for_time(T0 + 456 * 1_000_000 + 1) == 457
+    assert tl.offset_for_time(T0 + 10**12) == 1000
+
+
+def test_a_failed_write_takes_nothing_and_reuses_no_offset(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 3)
+    errors: list[OSError | None] = []
+    tl.on_write = errors.append
+    # The next write fails (EBADF here; ENOSPC on a full disk: tests/integration/test_replay.py).
+    os.close(tl._fd)
+    tl._fd = os.open(tl.segments[-1].path, os.O_RDONLY)
+    with pytest.raises(OSError):
+        tl.append([msg(3)])
+    assert tl.latest == 3 and isinstance(errors[-1], OSError)
+    assert read_all(tl) == [0, 1, 2]
+
+
+def test_retention_settings_round_trip_and_bad_files_are_errors(tmp_path: Path) -> None:
+    d = tmp_path / "t.log"
+    assert read_retention(str(d)) is None
+    write_retention(str(d), 86400.0, 10 << 30)
+    assert read_retention(str(d)) == (86400.0, 10 << 30)
+    (d / "retention.json").write_text("{nope")
+    with pytest.raises(ValueError, match=r"retention\.json"):
+        read_retention(str(d))
