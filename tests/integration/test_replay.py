@@ -19,6 +19,7 @@ from pynsqd.storage.topiclog import LogRecord, decode_records
 
 from ..conftest import ServerThread, http_request
 from ..wire import Conn
+from .secure_client import AuthServer
 from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
 
 __all__ = ["proc_dir", "small_disk"]  # fixtures used here
@@ -336,3 +337,34 @@ def test_a_full_disk_fails_the_publish_and_loses_nothing_acknowledged(
     assert http_request(server, "GET", "/ping") == (200, b"OK")
     assert [r.body for r in read_everything(server, "t")] == [b"before", b"after"]
     assert os.path.isdir(small_disk / "t.log")
+
+
+# -- who may read ------------------------------------------------------------------------------
+
+
+def get_with(server: ServerThread, path: str, **headers: str) -> tuple[int, Any]:
+    status, body = http_request(server, "GET", path, **headers)
+    return status, json.loads(body) if body.startswith(b"{") else body
+
+
+def test_with_an_auth_server_reading_needs_subscribe_on_the_topic(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    authd = AuthServer()  # grants publish and subscribe on topics matching ^allowed
+    try:
+        server = make_nsqd(retention_time=HOUR, auth_http_addresses=[authd.address])
+        for topic in ("allowed_t", "other"):
+            assert http_request(server, "POST", f"/topic/retention?topic={topic}&time=1h")[0] == 200
+        path = "/topic/log?topic=allowed_t&offset=0"
+        assert get_with(server, path) == (401, {"message": "AUTH_REQUIRED"})
+        assert get_with(server, path, **{"X-Nsq-Auth-Secret": "s3cret"})[0] == 200
+        assert get_with(server, path + "&secret=s3cret")[0] == 200
+        assert len(authd.requests) == 1  # the answer is kept for its TTL
+        assert get_with(server, "/topic/offsets?topic=other&secret=s3cret") == (
+            403,
+            {"message": "UNAUTHORIZED"},
+        )
+        authd.status = 500
+        assert get_with(server, path + "&secret=another") == (401, {"message": "AUTH_FAILED"})
+    finally:
+        authd.close()

@@ -83,6 +83,11 @@ class NSQDHost(Protocol):
     def topic_log(self, name: str) -> TopicLog | None:
         """A replayable topic's retained log (None: the topic keeps no log)."""
 
+    async def authorize_log_read(
+        self, topic: str, secret: str, remote_ip: str, tls: bool
+    ) -> str | None:
+        """None if this reader may read the topic's log, else nsqd-style error token."""
+
     def set_retention(self, name: str, seconds: float, size: int) -> None:
         """``POST /topic/retention``; raises OSError."""
 

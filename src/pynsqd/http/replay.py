@@ -13,6 +13,9 @@
   retained message from there is put into C again, with its original ID, body and timestamp.
   ``POST /channel/create`` takes the same ``offset``/``timestamp`` to start a channel in the past.
 
+With ``--auth-http-address``, the two reading endpoints need an auth secret
+(``X-Nsq-Auth-Secret`` header or ``secret`` parameter) granted ``subscribe`` on the topic.
+
 Errors are nsqd-style JSON: ``{"message":"OFFSET_OUT_OF_RANGE","earliest":e,"latest":l}``,
 ``TOPIC_NOT_RETAINED``, ``INVALID_ARG_OFFSET`` and so on; never a 500 for bad input.
 """
@@ -40,6 +43,8 @@ from .host import NSQDHost
 log = logging.getLogger(LOGGER_NAME)
 
 _UINT = re.compile(r"[0-9]{1,19}")
+#: With --auth-http-address, the auth secret of a log reader (or the ``secret`` parameter).
+SECRET_HEADER = "X-Nsq-Auth-Secret"
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_BYTES = 256 << 20
@@ -115,8 +120,20 @@ class ReplayAPI:
 
     # -- handlers -------------------------------------------------------------------------
 
+    async def _authorize(self, request: BaseRequest, params: Params, topic: str) -> None:
+        secret = request.headers.get(SECRET_HEADER) or params.get("secret") or ""
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        remote_ip = peer[0] if isinstance(peer, tuple) else ""
+        tls = request.transport is not None and (
+            request.transport.get_extra_info("sslcontext") is not None
+        )
+        error = await self.nsqd.authorize_log_read(topic, secret, remote_ip, tls)
+        if error is not None:
+            raise HTTPError(403 if error == "UNAUTHORIZED" else 401, error)
+
     async def offsets(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
+        await self._authorize(request, params, name)
         topic_log = self._log(name)
         doc = self._describe(name, topic_log)
         if params.get("timestamp") is not None:
@@ -125,6 +142,7 @@ class ReplayAPI:
 
     async def read(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
+        await self._authorize(request, params, name)
         topic_log = self._log(name)
         offset = _uint(params, "offset")
         max_messages = _uint(params, "max_messages", DEFAULT_MAX_MESSAGES, low=1)

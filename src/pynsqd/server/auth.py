@@ -61,6 +61,13 @@ class AuthState:
     def is_expired(self) -> bool:
         return self.expires < time.monotonic()
 
+    def may_read_log(self, topic: str) -> bool:
+        """Reading a replayable topic's log: ``subscribe`` on the topic, for any channel."""
+        return any(
+            "subscribe" in a.permissions and a.topic.search(topic) is not None
+            for a in self.authorizations
+        )
+
     def is_allowed(self, topic: str, channel: str) -> bool:
         key = (topic, channel)
         ok = self._allowed.get(key)

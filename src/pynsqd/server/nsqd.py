@@ -37,7 +37,7 @@ from ..storage.metadata import (
     recover_metadata,
 )
 from ..storage.topiclog import TopicLog, read_retention, write_retention
-from .auth import AuthClient
+from .auth import AuthClient, AuthError, AuthState
 from .lookup import Lookup
 from .tls import server_context
 
@@ -88,6 +88,8 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
         self._logs: dict[str, TopicLog] = {}
+        #: Auth answers for HTTP log readers, by secret (as a TCP connection keeps its own).
+        self._log_auth: dict[str, AuthState] = {}
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
@@ -253,6 +255,28 @@ class NSQD:
 
     def topic_log(self, name: str) -> TopicLog | None:
         return self._logs.get(name)
+
+    async def authorize_log_read(
+        self, topic: str, secret: str, remote_ip: str, tls: bool
+    ) -> str | None:
+        """With ``--auth-http-address``, reading a log needs a secret the auth server grants
+        ``subscribe`` on the topic: None if allowed, else the error token. Answers are kept
+        for their TTL, as for a TCP connection's AUTH."""
+        if self.auth is None:
+            return None
+        if not secret:
+            return "AUTH_REQUIRED"
+        state = self._log_auth.get(secret)
+        if state is None or state.is_expired():
+            try:
+                state = await self.auth.query_any(remote_ip, tls, "", secret.encode())
+            except AuthError as err:
+                log.warning("HTTP: auth for reading topic(%s) failed - %s", topic, err)
+                return "AUTH_FAILED"
+            if len(self._log_auth) >= 1024:  # bounded: drop the oldest answer
+                self._log_auth.pop(next(iter(self._log_auth)))
+            self._log_auth[secret] = state
+        return None if state.may_read_log(topic) else "UNAUTHORIZED"
 
     def set_retention(self, name: str, seconds: float, size: int) -> None:
         """``POST /topic/retention``: the topic's own setting, kept across restarts; 0 and 0

@@ -23,9 +23,12 @@ byte-range copy::
 Writes. ``append`` encodes a batch (one PUB, MPUB, DPUB or HTTP publish) and writes it with one
 ``write`` straight to the kernel, before the messages fan out to channels, so a process crash
 loses nothing that was acknowledged. ``fsync`` follows ``--sync-every`` (records since the last
-sync) and ``--sync-timeout`` (``sync_if_due``), as the disk queues do: with ``--sync-every=1`` an
-``OK`` means the record is on disk. A failed write (a full disk) truncates the segment back, takes
-the offsets back, and raises ``OSError``: the publisher gets ``E_PUB_FAILED``.
+sync) and ``--sync-timeout`` (``sync_if_due``), as the disk queues do: with ``--sync-every=1`` it
+runs before the ``OK`` (the record is on disk); otherwise one shared thread runs it on a
+duplicate descriptor, so the event loop never waits for the disk (a failed one is logged and
+reported by the next sync: ``/ping`` turns unhealthy). A failed write (a full disk) truncates
+the segment back, takes the offsets back, and raises ``OSError``: the publisher gets
+``E_PUB_FAILED``.
 
 Opening. Segments are found by name. The last segment is scanned record by record: a torn tail
 (short record, bad length or checksum) is truncated away and logged. A closed segment's index is
@@ -52,6 +55,8 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 from ..core.message import Message
@@ -75,6 +80,24 @@ _TAIL_FIXED = _TAIL.size - 4  # bytes after the length field, before the body: 3
 INDEX_INTERVAL = 4096
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _READ_CHUNK = 1 << 20
+
+
+_SYNC_POOL: ThreadPoolExecutor | None = None
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    """The one thread that runs every log's background fsyncs."""
+    global _SYNC_POOL
+    if _SYNC_POOL is None:
+        _SYNC_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topiclog-sync")
+    return _SYNC_POOL
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class OffsetOutOfRange(Exception):
@@ -182,6 +205,7 @@ class TopicLog:
         self.segments: list[_Segment] = []
         self._fd = -1
         self._unsynced = 0
+        self._bg_sync: Future[None] | None = None
         self._closed = False
         #: Called after each append with None or the error (nsqd's /ping health).
         self.on_write: Callable[[OSError | None], None] | None = None
@@ -257,7 +281,7 @@ class TopicLog:
         self._unsynced += len(msgs)
         if self._unsynced >= self.sync_every:
             try:
-                self.sync()
+                self._request_sync()
             except OSError as err:
                 if self.on_write is not None:
                     self.on_write(err)
@@ -266,14 +290,48 @@ class TopicLog:
             self.on_write(None)
         return first
 
+    def _request_sync(self) -> None:
+        """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
+        milliseconds the loop owes every client, so one thread runs it on a duplicate of the
+        descriptor, one at a time per log (records written meanwhile wait for the next)."""
+        if self.sync_every <= 1:
+            self.sync()
+            return
+        bg = self._bg_sync
+        if bg is not None:
+            if not bg.done():
+                return
+            self._bg_sync = None
+            self._raise_bg_error(bg)
+        fd = os.dup(self._fd)
+        self._unsynced = 0
+        self._bg_sync = _sync_pool().submit(_fsync_and_close, fd)
+
+    def _raise_bg_error(self, bg: Future[None]) -> None:
+        err = bg.exception()
+        if err is not None:
+            self.log.error("TOPICLOG(%s): failed to sync - %s", self.name, err)
+            raise err if isinstance(err, OSError) else OSError(str(err))
+
     def sync(self) -> None:
+        """fsync now (after any background one has finished). Raises OSError."""
+        bg, self._bg_sync = self._bg_sync, None
+        if bg is not None:
+            futures_wait([bg])
+            self._raise_bg_error(bg)
         if self._fd >= 0 and self._unsynced:
             os.fsync(self._fd)
             self._unsynced = 0
 
     def sync_if_due(self) -> None:
-        """``--sync-timeout``: the records written since the last sync go to disk."""
-        self.sync()
+        """``--sync-timeout``: the records written since the last sync go to disk (in the
+        background unless ``--sync-every=1``); a failed background sync is raised here."""
+        bg = self._bg_sync
+        if bg is not None and bg.done():
+            self._bg_sync = None
+            self._raise_bg_error(bg)
+        if self._unsynced:
+            self._request_sync()
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
