@@ -243,11 +243,21 @@ def test_retention_by_size_prunes_whole_segments(make_nsqd: Callable[..., Server
     with server.connect() as c:
         for i in range(50):
             c.mpub("t", [b"%04d" % (i * 10 + j) + b"." * 96 for j in range(10)])
+    # Without channels the log holds the topic's backlog: nothing is pruned yet.
     _, doc = get_json(server, "/topic/offsets?topic=t")
-    assert doc["latest"] == 500 and doc["earliest"] > 0
+    assert doc["latest"] == 500 and doc["earliest"] == 0
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1000)
+        c.read_messages(500)
+    # Handed to the channel, the old segments go at the next roll.
+    with server.connect() as c:
+        for _ in range(5):
+            c.mpub("t", [b"x" * 100] * 10)
+    _, doc = get_json(server, "/topic/offsets?topic=t")
+    assert doc["latest"] == 550 and doc["earliest"] > 0
     assert doc["bytes"] >= 20_000 and doc["bytes"] < 20_000 + 4096 + 1500
     records = read_everything(server, "t", doc["earliest"])
-    assert [r.offset for r in records] == list(range(doc["earliest"], 500))
+    assert [r.offset for r in records] == list(range(doc["earliest"], 550))
     assert get_json(server, "/topic/log?topic=t&offset=0")[1]["message"] == "OFFSET_OUT_OF_RANGE"
 
 
@@ -311,6 +321,14 @@ def test_kill_9_loses_no_acknowledged_record_and_reuses_no_offset(
     proc = Proc(data, log, "--retention-time=1h", "--sync-every=1")
     try:
         records = read_everything(proc, "t")
+        # The log is the topic's queue: a channel gets every acknowledged message too.
+        delivered: set[bytes] = set()
+        with proc.connect() as c:
+            c.sub("t", "c", rdy=2000)
+            while not set(acked) <= delivered:
+                m = c.read_message()  # times out (fails) if one is missing
+                delivered.add(m.body)
+                c.fin(m.id)
     finally:
         proc.stop(signal.SIGTERM)
     assert [r.offset for r in records] == list(range(len(records)))
@@ -368,3 +386,81 @@ def test_with_an_auth_server_reading_needs_subscribe_on_the_topic(
         assert get_with(server, path + "&secret=another") == (401, {"message": "AUTH_FAILED"})
     finally:
         authd.close()
+
+
+# -- the log is the topic's queue --------------------------------------------------------------
+
+
+def drain(server: ServerThread, topic: str, channel: str, n: int) -> list[bytes]:
+    with server.connect() as c:
+        c.sub(topic, channel, rdy=1000)
+        got = []
+        for m in c.read_messages(n):
+            got.append(m.body)
+            c.fin(m.id)
+        c.expect_nothing()
+    return got
+
+
+def test_a_backlog_waits_in_the_log_across_a_restart_and_nowhere_else(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd(retention_time=HOUR, mem_queue_size=10)
+    with server.connect() as c:
+        for i in range(30):
+            c.mpub("t", [b"%03d-%d" % (i, j) for j in range(10)])
+    assert get_json(server, "/stats?format=json")[1]["topics"][0]["depth"] == 300
+    server.stop()
+    # Written once: the topic's disk queue holds nothing, the log everything.
+    assert not any(
+        p.name.startswith("t.diskqueue.0") and p.stat().st_size for p in tmp_path.iterdir()
+    )
+    server = make_nsqd(retention_time=HOUR, mem_queue_size=10)
+    got = drain(server, "t", "c", 300)
+    # (Not in order: a channel past --mem-queue-size serves memory and disk alternately.)
+    assert sorted(got) == [b"%03d-%d" % (i, j) for i in range(30) for j in range(10)]
+    assert get_json(server, "/stats?format=json")[1]["topics"][0]["depth"] == 0
+
+
+def test_a_paused_retained_topic_keeps_its_backlog_and_empty_drops_it(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.sub("t", "c", rdy=0)
+    assert http_request(server, "POST", "/topic/pause?topic=t")[0] == 200
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b"])
+    assert http_request(server, "POST", "/topic/unpause?topic=t")[0] == 200
+    assert drain(server, "t", "c", 2) == [b"a", b"b"]
+    assert http_request(server, "POST", "/topic/pause?topic=t")[0] == 200
+    with server.connect() as c:
+        c.mpub("t", [b"c", b"d"])
+    assert http_request(server, "POST", "/topic/empty?topic=t")[0] == 200
+    assert http_request(server, "POST", "/topic/unpause?topic=t")[0] == 200
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        c.expect_nothing()
+    assert [r.body for r in read_everything(server, "t")] == [b"a", b"b", b"c", b"d"]
+
+
+def test_turning_retention_off_moves_the_backlog_to_the_queue(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd()
+    assert http_request(server, "POST", "/topic/retention?topic=t&time=1h")[0] == 200
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b", b"c"])
+    assert http_request(server, "POST", "/topic/retention?topic=t&time=0")[0] == 200
+    assert drain(server, "t", "c", 3) == [b"a", b"b", b"c"]
+
+
+def test_a_restart_without_the_retention_flag_still_delivers_the_backlog(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.mpub("t", [b"a", b"b", b"c"])
+    server.stop()
+    server = make_nsqd()  # retention off now: the log's backlog moves to the topic's queue
+    assert drain(server, "t", "c", 3) == [b"a", b"b", b"c"]

@@ -202,6 +202,7 @@ def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path
     tl = open_log(tmp_path / "t.log", segment_bytes=8192)
     fill(tl, 2000, size=50)
     total = tl.size
+    tl.handed = tl.latest  # every message went to the channels
     tl.retention_bytes = 20_000
     removed = tl.prune(now_ns=T0)
     assert removed > 0
@@ -218,6 +219,7 @@ def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path
 def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) -> None:
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
     fill(tl, 500, size=30)  # timestamps T0 + i ms
+    tl.handed = tl.latest
     tl.retention_time = 0.1  # 100 ms
     now = T0 + 300 * 1_000_000
     tl.prune(now_ns=now)
@@ -225,6 +227,36 @@ def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) ->
     # Every record published within the last 100 ms is still there.
     assert tl.earliest <= 200
     assert all(seg.last_ts >= now - 100_000_000 for seg in tl.segments[:-1])
+
+
+def test_retention_never_removes_what_the_channels_have_not_had(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    fill(tl, 500, size=30)
+    tl.handed = 200
+    tl.retention_bytes = 1
+    tl.prune(now_ns=T0)
+    assert 0 < tl.earliest <= 200  # the segment holding offset 200 stays
+    tl.save_handed()
+    tl.close()
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    assert tl.handed == 200  # the backlog survives a restart
+    bodies: list[bytes] = []
+    offset = tl.handed
+    while offset < tl.latest:  # a segment at a time
+        msgs, offset = tl.read_messages(offset, 1000)
+        bodies += [m.body[:7] for m in msgs]
+    assert bodies == [b"m%06d" % i for i in range(200, 500)]
+
+
+def test_a_new_log_has_no_backlog_and_an_unreadable_position_replays(tmp_path: Path) -> None:
+    tl = open_log(tmp_path / "t.log")
+    assert tl.handed == 0
+    fill(tl, 10)
+    tl.handed = 10
+    tl.close()
+    (tmp_path / "t.log" / "handed").write_bytes(b"garbage")
+    tl = open_log(tmp_path / "t.log")
+    assert tl.handed == 0  # unknown: hand everything over again rather than lose any
 
 
 def test_offset_for_time_finds_the_first_at_or_after(tmp_path: Path) -> None:

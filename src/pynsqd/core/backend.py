@@ -34,6 +34,18 @@ class MessageLog(Protocol):
     @property
     def segment_count(self) -> int: ...
 
+    #: The first offset not yet handed to the topic's channels: a retained topic's backlog is
+    #: ``[handed, latest)``, kept only in the log (the log is the topic's queue).
+    handed: int
+
+    def save_handed(self) -> None:
+        """Make ``handed`` survive a crash (it only ever lags: a crash repeats, never skips).
+        Raises OSError."""
+
+    def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
+        """Logged messages from ``offset`` (or the first retained one after it), and the
+        offset after the last of them."""
+
     def close(self) -> None: ...
 
     def delete(self) -> None: ...

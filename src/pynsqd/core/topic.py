@@ -90,7 +90,8 @@ class Topic:
 
     @property
     def depth(self) -> int:
-        return len(self.queue)
+        log = self.log
+        return len(self.queue) + (log.latest - log.handed if log is not None else 0)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -100,8 +101,9 @@ class Topic:
             body = bodies[0]
             one = [Message(self.guid.new_ids(1)[0], body, time.time_ns())]
             if self.log is not None:
-                self.log.append(one)
-            self.put_many(one)
+                self._put_logged(one)
+            else:
+                self.put_many(one)
             self.message_count += 1
             self.message_bytes += len(body)
             return
@@ -113,8 +115,9 @@ class Topic:
             for m in msgs:
                 m.defer_until_ns = due
         if self.log is not None:
-            self.log.append(msgs)
-        self.put_many(msgs)
+            self._put_logged(msgs)
+        else:
+            self.put_many(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
 
@@ -130,6 +133,23 @@ class Topic:
             self.queue.put_many(msgs)
             self.schedule_drain()
 
+    def _put_logged(self, msgs: list[Message]) -> None:
+        """A replayable topic: the log is its queue. The batch is appended (OSError: nothing
+        is published); then it goes to the channels at once if nothing is waiting, else it
+        waits in the log, behind the backlog, and the drain hands it over in order."""
+        log = self.log
+        assert log is not None
+        first = log.append(msgs)
+        if log.handed == first and self.channels and not self.paused and not len(self.queue):
+            log.handed = log.latest
+            err = self._fan_out(msgs)
+            if err is not None:
+                raise err
+            return
+        if log.handed == first:  # a backlog starts: it must survive a crash from now on
+            log.save_handed()
+        self.schedule_drain()
+
     def _fan_out(self, msgs: list[Message]) -> OSError | None:
         """Every channel gets the messages; returns the first backend error (none are lost)."""
         channels = iter(self.channels.values())
@@ -140,7 +160,12 @@ class Topic:
         return first.put_many(msgs) or err
 
     def schedule_drain(self) -> None:
-        if not self._drain_pending and self.channels and not self.paused and len(self.queue):
+        if (
+            not self._drain_pending
+            and self.channels
+            and not self.paused
+            and (len(self.queue) or (self.log is not None and self.log.handed < self.log.latest))
+        ):
             self._drain_pending = True
             self.loop.call_soon(self._drain)
 
@@ -149,7 +174,23 @@ class Topic:
         if self.paused or self.exiting or not self.channels:
             return
         queue = self.queue
-        if queue.mem_depth:
+        tlog = self.log
+        if tlog is not None and not len(queue):
+            # The backlog in the log, a batch per turn. A crash before the next save_handed
+            # hands these over again (at least once, never lost).
+            batch, tlog.handed = tlog.read_messages(tlog.handed, DRAIN_BATCH)
+            if tlog.handed >= tlog.latest:  # caught up
+                try:
+                    tlog.save_handed()
+                except OSError as err:  # the backlog would be handed over again: no loss
+                    log.error("TOPIC(%s): failed to save its log position - %s", self.name, err)
+            deferred = [m for m in batch if m.defer_until_ns]
+            if deferred and len(deferred) < len(batch):
+                self._fan_out([m for m in batch if not m.defer_until_ns])
+                batch = deferred
+            if batch:
+                self._fan_out(batch)
+        elif queue.mem_depth:
             batch = queue.take_memory(DRAIN_BATCH)
             # DPUBs waiting here may be mixed with plain messages; channels take them apart.
             deferred = [m for m in batch if m.defer_until_ns]
@@ -223,8 +264,12 @@ class Topic:
         self._owner.metadata_changed()
 
     def empty(self) -> None:
-        """Drop the topic's own queue (not its channels'), as nsqd's ``/topic/empty``."""
+        """Drop the topic's own queue (not its channels'), as nsqd's ``/topic/empty``; for a
+        replayable topic, its backlog (the messages stay in the log, readable by offset)."""
         self.queue.empty()
+        if self.log is not None:
+            self.log.handed = self.log.latest
+            self.log.save_handed()
 
     def close(self, *, delete: bool) -> None:
         """Close every channel, then the topic; one channel's failure never stops the others

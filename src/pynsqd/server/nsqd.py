@@ -223,6 +223,8 @@ class NSQD:
     def _attach_log(self, topic: Topic) -> None:
         seconds, size = self.retention(topic.name)
         if not (seconds or size):
+            if os.path.isdir(self._log_dir(topic.name)):
+                self._release_backlog(topic)
             return
         try:
             topic_log = TopicLog(
@@ -252,6 +254,39 @@ class NSQD:
             seconds,
             size,
         )
+
+    def _release_backlog(self, topic: Topic) -> None:
+        """Retention is off for a topic whose log may still hold its backlog (messages no
+        channel has had): they move to the topic's own queue, so none is lost. The log files
+        stay (retention off does not delete data it did not decide to)."""
+        path = self._log_dir(topic.name)
+        try:
+            old = TopicLog(
+                path,
+                segment_bytes=self.opts.max_bytes_per_file,
+                sync_every=self.opts.sync_every,
+                logger=log,
+                name=topic.name,
+            )
+        except OSError as err:
+            log.error("TOPIC(%s): failed to open its old log - %s", topic.name, err)
+            return
+        moved = 0
+        try:
+            while old.handed < old.latest:
+                msgs, old.handed = old.read_messages(old.handed, 1024)
+                topic.queue.put_many(msgs)
+                moved += len(msgs)
+        finally:
+            old.close()
+        if moved:
+            log.warning(
+                "TOPIC(%s): retention is off; moved the %d messages its log held for channels "
+                "to its queue",
+                topic.name,
+                moved,
+            )
+            topic.schedule_drain()
 
     def topic_log(self, name: str) -> TopicLog | None:
         return self._logs.get(name)
@@ -285,10 +320,16 @@ class NSQD:
         current = self._logs.get(name)
         if not (seconds or size):
             if current is not None:
+                moved = 0
+                while current.handed < current.latest:  # the backlog must not go with it
+                    msgs, current.handed = current.read_messages(current.handed, 1024)
+                    topic.queue.put_many(msgs)
+                    moved += len(msgs)
                 topic.log = None
                 del self._logs[name]
                 current.delete()
-                log.info("TOPIC(%s): retention off, log removed", name)
+                log.info("TOPIC(%s): retention off, log removed (%d waiting moved)", name, moved)
+                topic.schedule_drain()
             write_retention(self._log_dir(name), 0.0, 0)
             return
         write_retention(self._log_dir(name), seconds, size)
@@ -304,6 +345,7 @@ class NSQD:
         for name, topic_log in list(self._logs.items()):
             try:
                 topic_log.sync_if_due()
+                topic_log.save_handed()
                 topic_log.prune()
             except OSError as err:
                 log.error("TOPIC(%s): failed to sync its log - %s", name, err)
@@ -516,10 +558,16 @@ class NSQD:
 class _UnavailableLog:
     """The log of a retained topic that could not be opened: publishing fails, says why."""
 
-    earliest = latest = size = segment_count = 0
+    earliest = latest = size = segment_count = handed = 0
 
     def __init__(self, err: OSError) -> None:
         self.err = err
+
+    def save_handed(self) -> None:
+        pass
+
+    def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
+        return [], 0
 
     def append(self, msgs: list[Message]) -> int:
         raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")

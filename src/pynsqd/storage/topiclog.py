@@ -80,6 +80,8 @@ _TAIL_FIXED = _TAIL.size - 4  # bytes after the length field, before the body: 3
 INDEX_INTERVAL = 4096
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _READ_CHUNK = 1 << 20
+#: The first offset not yet handed to the topic's channels, as decimal text.
+HANDED_FILE = "handed"
 
 
 _SYNC_POOL: ThreadPoolExecutor | None = None
@@ -209,8 +211,11 @@ class TopicLog:
         self._closed = False
         #: Called after each append with None or the error (nsqd's /ping health).
         self.on_write: Callable[[OSError | None], None] | None = None
+        self.handed = 0
+        self._saved_handed = -1
         os.makedirs(directory, exist_ok=True)
         self._open()
+        self._load_handed()
 
     # -- state ----------------------------------------------------------------------------
 
@@ -361,6 +366,8 @@ class TopicLog:
         total = self.size
         while len(self.segments) > 1:
             seg = self.segments[0]
+            if seg.next > self.handed:  # it holds messages the channels have not had yet
+                break
             too_old = horizon is not None and seg.last_ts < horizon
             too_big = bool(self.retention_bytes) and total - seg.size >= self.retention_bytes
             if not (too_old or too_big):
@@ -434,6 +441,69 @@ class TopicLog:
             f.seek(rng.start)
             data = f.read(rng.end - rng.start)
         return list(decode_records(data, verify=False))
+
+    def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
+        """The topic's backlog, as messages for its channels (checksums checked: a damaged
+        record is logged and skipped rather than delivered), and the offset after them."""
+        offset = max(offset, self.earliest)
+        if offset >= self.latest:
+            return [], self.latest
+        rng = self.read_range(offset, max_count, 16 << 20)
+        if rng is None:
+            return [], self.latest
+        with open(rng.path, "rb") as f:
+            f.seek(rng.start)
+            data = f.read(rng.end - rng.start)
+        msgs: list[Message] = []
+        unpack_head, unpack_tail, crc32 = _HEAD.unpack_from, _TAIL.unpack_from, zlib.crc32
+        view = memoryview(data)
+        pos, end = 0, len(data)
+        while pos + HEADER_SIZE <= end:
+            rec_offset, crc = unpack_head(data, pos)
+            length, ts, msg_id, _, defer_ms = unpack_tail(data, pos + 12)
+            stop = pos + 16 + length
+            if stop > end or crc32(view[pos + 12 : stop]) != crc:
+                self.log.error(
+                    "TOPICLOG(%s): record at offset %d is damaged; skipped", self.name, rec_offset
+                )
+                break
+            m = Message(msg_id, data[pos + HEADER_SIZE : stop], ts)
+            if defer_ms:
+                m.defer_until_ns = ts + defer_ms * 1_000_000
+            msgs.append(m)
+            pos = stop
+        return msgs, rng.next
+
+    def save_handed(self) -> None:
+        """Persist ``handed`` (``<dir>/handed``) if it moved."""
+        if self.handed != self._saved_handed:
+            write_atomic(os.path.join(self.directory, HANDED_FILE), b"%d" % self.handed)
+            self._saved_handed = self.handed
+
+    def _load_handed(self) -> None:
+        path = os.path.join(self.directory, HANDED_FILE)
+        try:
+            with open(path, "rb") as f:
+                self.handed = int(f.read().strip())
+        except FileNotFoundError:
+            self.handed = self.latest  # a new log: nothing is waiting
+        except (OSError, ValueError) as err:
+            # Unknown: hand over everything still retained again (at least once).
+            self.log.error(
+                "TOPICLOG(%s): unreadable %s (%s); replaying the log", self.name, path, err
+            )
+            self.handed = self.earliest
+        self.handed = min(max(self.handed, self.earliest), self.latest)
+        self._saved_handed = -1
+        self.save_handed()
+        if self.handed < self.latest:
+            self.log.info(
+                "TOPICLOG(%s): %d messages waiting for channels (offsets %d-%d)",
+                self.name,
+                self.latest - self.handed,
+                self.handed,
+                self.latest - 1,
+            )
 
     def _position(self, seg: _Segment, offset: int) -> tuple[int, int]:
         """File position and offset of the first record at or after ``offset``."""
@@ -604,6 +674,10 @@ class TopicLog:
         if self._closed:
             return
         self._closed = True
+        try:
+            self.save_handed()
+        except OSError as err:  # the backlog is handed over again after the restart
+            self.log.error("TOPICLOG(%s): failed to save its position - %s", self.name, err)
         if self._fd >= 0:
             try:
                 self.sync()
