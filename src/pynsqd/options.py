@@ -134,6 +134,26 @@ class Options:
         0,
         "pynsqd: keep each topic's log to about this many bytes, whole segments of --max-bytes-per-file (0: no size bound)",
     )
+    # -- message lifecycle (pynsqd; off by default)
+    max_attempts: int = opt(
+        0,
+        "pynsqd: deliver a message at most this many times, then move it to its channel's dead-letter topic (<topic>.dead unless set per channel: POST /channel/config) (0: unlimited)",
+        check=checks.check_max_attempts,
+    )
+    msg_ttl: float = opt(
+        0.0,
+        "pynsqd: drop a message not yet delivered this long after it was published (0: never; per topic: POST /topic/config)",
+        kind="duration",
+    )
+    max_channel_depth: int = opt(
+        0,
+        "pynsqd: most messages (queued and deferred) a channel, or a topic without channels, may hold (0: unbounded; per topic/channel: POST /topic/config, /channel/config)",
+    )
+    channel_bound_policy: str = opt(
+        "reject",
+        "pynsqd: what a full queue does: reject (the publish fails, E_PUB_FAILED / HTTP 503) or drop-oldest",
+        check=checks.check_bound_policy,
+    )
     queue_scan_worker_pool_max: int = opt(
         4,
         "max concurrency for checking in-flight and deferred message timeouts (pynsqd: accepted, unused: timeouts fire from one timed queue per channel)",

@@ -359,6 +359,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "max_deflate_level": ("9", 9),
     "tls_cert": ("", ""),
     "tls_key": ("", ""),
+    "channel_bound_policy": ("drop-oldest", "drop-oldest"),
 }
 
 

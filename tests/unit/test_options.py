@@ -42,7 +42,14 @@ NSQD_FLAGS = {
 
 
 #: pynsqd's own flags (features nsqd does not have; off by default).
-PYNSQD_FLAGS = {"retention-time", "retention-bytes"}
+PYNSQD_FLAGS = {
+    "retention-time",
+    "retention-bytes",
+    "max-attempts",
+    "msg-ttl",
+    "max-channel-depth",
+    "channel-bound-policy",
+}
 
 
 def test_table_has_every_nsqd_flag_and_only_documented_extensions() -> None:

@@ -64,6 +64,10 @@ class ChannelOwner(Protocol):
     name: str
 
     def channel_emptied_of_clients(self, channel: Channel) -> None: ...
+    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | None:
+        """Publish messages that used up their attempts to the channel's dead-letter topic;
+        the error if they could not be stored there (they then stay on the channel)."""
+
     def metadata_changed(self) -> None:
         """A pause flag changed (nsqd persists its metadata)."""
 
@@ -72,20 +76,29 @@ class Channel:
     __slots__ = (
         "_pump_pending",
         "_rr",
+        "bound_policy",
         "clients",
+        "dead_letter_count",
+        "dead_letter_failed_count",
         "deferred",
+        "dropped_count",
         "e2e_sink",
         "ephemeral",
         "exiting",
+        "expired_count",
         "in_flight",
         "loop",
+        "max_attempts",
         "max_consumers",
+        "max_depth",
         "max_msg_timeout",
         "message_count",
+        "msg_ttl_ns",
         "name",
         "paused",
         "queue",
         "requeue_count",
+        "screening",
         "timeout_count",
         "topic",
         "tq",
@@ -123,6 +136,44 @@ class Channel:
         self._rr = 0
         #: Called with (now_ns - msg.timestamp) for each FIN when e2e latency is tracked.
         self.e2e_sink: Callable[[int], None] | None = None
+        # pynsqd's message lifecycle (README, "Beyond nsqd"); all off by default.
+        self.max_attempts = 0  # deliveries before a message is dead-lettered; 0: unlimited
+        self.msg_ttl_ns = 0  # age from publish after which a message is not delivered
+        self.max_depth = 0  # queued + deferred messages; 0: unbounded
+        self.bound_policy = "reject"  # or "drop-oldest"
+        self.screening = False  # max_attempts or msg_ttl_ns set: _deliver looks at each message
+        self.dead_letter_count = 0
+        self.dead_letter_failed_count = 0
+        self.expired_count = 0
+        self.dropped_count = 0
+
+    def set_lifecycle(
+        self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str
+    ) -> None:
+        """New settings; they apply from the next delivery (nothing in flight changes)."""
+        self.max_attempts = max_attempts
+        self.msg_ttl_ns = msg_ttl_ns
+        self.max_depth = max_depth
+        self.bound_policy = policy
+        self.screening = bool(max_attempts or msg_ttl_ns)
+        if self.clients:
+            self.schedule_pump()
+
+    @property
+    def bounded_depth(self) -> int:
+        """What a bound counts: queued (memory and disk) and deferred, as /stats's depth."""
+        return len(self.queue) + len(self.deferred)
+
+    def trim(self) -> int:
+        """Policy drop-oldest: drop the messages next in line past ``max_depth``."""
+        excess = self.bounded_depth - self.max_depth
+        if not self.max_depth or excess <= 0:
+            return 0
+        dropped = 0
+        while dropped < excess and len(self.queue):
+            dropped += len(self.queue.take(excess - dropped, 1 << 62))
+        self.dropped_count += dropped
+        return dropped
 
     def __repr__(self) -> str:
         return f"Channel({self.topic.name}:{self.name})"
@@ -222,20 +273,58 @@ class Channel:
                 batch = queue.take(min(window, share), room)
                 if not batch:
                     return
-                self._deliver(client, batch)
-                if window > len(batch) and client.output_room() > 0:
+                sent = self._deliver(client, batch)
+                if window > sent and client.output_room() > 0:
                     still_ready.append(client)
             if not len(queue):
                 return
             ready = still_ready
 
-    def _deliver(self, client: ConsumerLike, batch: list[Message]) -> None:
+    def _screen(self, batch: list[Message]) -> list[Message]:
+        """Expired messages are dropped; those that used up their attempts go to the
+        dead-letter topic. If that fails they are delivered after all (never lost)."""
+        ttl = self.msg_ttl_ns
+        limit = self.max_attempts
+        now_ns = time.time_ns() if ttl else 0
+        keep: list[Message] = []
+        dead: list[Message] = []
+        expired = 0
+        for m in batch:
+            if ttl and now_ns - m.timestamp >= ttl:
+                expired += 1
+            elif limit and m.attempts >= limit:
+                dead.append(m)
+            else:
+                keep.append(m)
+        self.expired_count += expired
+        if dead:
+            err = self.topic.dead_letter(self, dead)
+            if err is None:
+                self.dead_letter_count += len(dead)
+            else:
+                self.dead_letter_failed_count += len(dead)
+                log.error(
+                    "CHANNEL(%s:%s): failed to dead-letter %d message(s), delivering them - %s",
+                    self.topic.name,
+                    self.name,
+                    len(dead),
+                    err,
+                )
+                keep.extend(dead)
+        return keep
+
+    def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
+        """Hand ``batch`` to ``client``; returns how many it got."""
+        if self.screening:
+            batch = self._screen(batch)
+            if not batch:
+                return 0
         if client.sample_rate:
             # nsqd drops unsampled messages from the channel (README, "Differences from nsqd").
             rate = client.sample_rate
             batch = [m for m in batch if random.randrange(100) <= rate]
             if not batch:
-                return
+                return 0
         now = self.loop.time()
         in_flight = self.in_flight
         dups = 0
@@ -253,10 +342,11 @@ class Channel:
         if dups:
             batch = [m for m in batch if in_flight.get(m.id) is m]
             if not batch:
-                return
+                return 0
         self.tq.push_many(batch, now + client.msg_timeout)
         client.in_flight_count += len(batch)
         client.send_messages(batch)
+        return len(batch)
 
     # -- consumer commands ----------------------------------------------------------------
 

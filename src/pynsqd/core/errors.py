@@ -38,3 +38,12 @@ class TooManyConsumers(ChannelError):
     def __init__(self, topic: str, channel: str, limit: int) -> None:
         super().__init__(topic, channel, limit)
         self.topic, self.channel, self.limit = topic, channel, limit
+
+
+class QueueFull(Exception):
+    """A publish would take a bounded queue past its bound (policy ``reject``): nothing of the
+    publish is stored. ``where`` is ``topic`` or ``topic:channel``."""
+
+    def __init__(self, where: str, depth: int, limit: int) -> None:
+        super().__init__(f"{where} is full ({depth} of {limit} messages)")
+        self.where, self.depth, self.limit = where, depth, limit

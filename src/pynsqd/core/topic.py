@@ -18,6 +18,7 @@ from typing import Protocol
 
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
+from .errors import QueueFull
 from .guid import GUIDFactory
 from .message import Message
 from .queue import MessageQueue
@@ -36,6 +37,9 @@ class TopicOwner(Protocol):
     def make_channel(self, topic: Topic, name: str) -> Channel: ...
     def channel_deleted(self, topic: Topic, channel: Channel) -> None: ...
     def topic_emptied_of_channels(self, topic: Topic) -> None: ...
+    def dead_letter(self, topic: Topic, channel: Channel, msgs: list[Message]) -> OSError | None:
+        """Messages of ``channel`` that used up their attempts, for its dead-letter topic."""
+
     def metadata_changed(self) -> None:
         """A topic's or channel's pause flag changed (nsqd persists nsqd.dat)."""
 
@@ -44,12 +48,16 @@ class Topic:
     __slots__ = (
         "_drain_pending",
         "_owner",
+        "bound_policy",
+        "bounded",
         "channels",
+        "dropped_count",
         "ephemeral",
         "exiting",
         "guid",
         "log",
         "loop",
+        "max_depth",
         "message_bytes",
         "message_count",
         "name",
@@ -84,6 +92,11 @@ class Topic:
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
+        # pynsqd's bound on the topic's own backlog while it has no channels (0: none).
+        self.max_depth = 0
+        self.bound_policy = "reject"
+        self.bounded = False
+        self.dropped_count = 0
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -96,7 +109,10 @@ class Topic:
     # -- publishing -----------------------------------------------------------------------
 
     def put_bodies(self, bodies: list[bytes], defer_ms: int = 0) -> None:
-        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them."""
+        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them. Raises OSError (not
+        stored) or QueueFull (a bounded queue with policy reject has no room: nothing stored)."""
+        if self.bounded:
+            self._check_room(len(bodies))
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
             one = [Message(self.guid.new_ids(1)[0], body, time.time_ns())]
@@ -106,6 +122,8 @@ class Topic:
                 self.put_many(one)
             self.message_count += 1
             self.message_bytes += len(body)
+            if self.bounded:
+                self._trim()
             return
         ts = time.time_ns()
         ids = self.guid.new_ids(len(bodies))
@@ -120,6 +138,8 @@ class Topic:
             self.put_many(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
+        if self.bounded:
+            self._trim()
 
     def put_many(self, msgs: list[Message]) -> None:
         """Raises OSError if a backend could not store the messages. Channels that could not
@@ -132,6 +152,56 @@ class Topic:
         else:
             self.queue.put_many(msgs)
             self.schedule_drain()
+
+    def publish_existing(self, msgs: list[Message]) -> None:
+        """Publish messages that keep their IDs (dead-lettering): as ``put_bodies``."""
+        if self.bounded:
+            self._check_room(len(msgs))
+        if self.log is not None:
+            self._put_logged(msgs)
+        else:
+            self.put_many(msgs)
+        self.message_count += len(msgs)
+        self.message_bytes += sum(len(m.body) for m in msgs)
+        self._trim()
+
+    # -- bounds (pynsqd) ------------------------------------------------------------------
+
+    def refresh_bounds(self) -> None:
+        """Recompute ``bounded`` (a bound was set, or a channel came or went): publishing
+        pays one attribute check while nothing is bounded."""
+        self.bounded = bool(self.max_depth) or any(ch.max_depth for ch in self.channels.values())
+
+    def _check_room(self, n: int) -> None:
+        """Policy reject: refuse the whole publish if any bounded queue it goes to is full."""
+        if self.channels:
+            for ch in self.channels.values():
+                if ch.max_depth and ch.bound_policy == "reject":
+                    depth = ch.bounded_depth
+                    if depth + n > ch.max_depth:
+                        raise QueueFull(f"{self.name}:{ch.name}", depth, ch.max_depth)
+        elif self.max_depth and self.bound_policy == "reject" and self.depth + n > self.max_depth:
+            raise QueueFull(self.name, self.depth, self.max_depth)
+
+    def _trim(self) -> None:
+        """Policy drop-oldest: queues past their bound drop the messages next in line."""
+        if self.channels:
+            for ch in self.channels.values():
+                if ch.max_depth and ch.bound_policy == "drop-oldest":
+                    ch.trim()
+            return
+        excess = self.depth - self.max_depth
+        if not self.max_depth or self.bound_policy != "drop-oldest" or excess <= 0:
+            return
+        dropped = 0
+        if self.log is not None and self.log.handed < self.log.latest:
+            step = min(excess, self.log.latest - self.log.handed)
+            self.log.handed += step
+            self.log.save_handed()
+            dropped += step
+        while dropped < excess and len(self.queue):
+            dropped += len(self.queue.take(excess - dropped, 1 << 62))
+        self.dropped_count += dropped
 
     def _put_logged(self, msgs: list[Message]) -> None:
         """A replayable topic: the log is its queue. The batch is appended (OSError: nothing
@@ -221,6 +291,7 @@ class Topic:
         if ch is None:
             ch = self._owner.make_channel(self, name)
             self.channels[name] = ch
+            self.refresh_bounds()
             if self.on_channel_added is not None:
                 self.on_channel_added(ch)
             self.schedule_drain()
@@ -230,11 +301,15 @@ class Topic:
         ch = self.channels.pop(name, None)
         if ch is None:
             return False
+        self.refresh_bounds()
         ch.close(delete=True)
         self._owner.channel_deleted(self, ch)
         if self.ephemeral and not self.channels and not self.exiting:
             self._owner.topic_emptied_of_channels(self)
         return True
+
+    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | None:
+        return self._owner.dead_letter(self, channel, msgs)
 
     def channel_emptied_of_clients(self, channel: Channel) -> None:
         # An #ephemeral channel goes with its last consumer.

@@ -18,6 +18,7 @@ from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
 from ..core.e2e import go_float
+from ..core.errors import QueueFull
 from ..internal import jsonbound
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
@@ -118,6 +119,12 @@ class API:
                 nsqd.set_health_error(err)
                 log.error("TOPIC(%s): failed to put messages - %s", topic_name, err)
                 raise HTTPError(503, "EXITING") from err
+            except QueueFull as err:  # pynsqd: a bounded queue pushes back on its producers
+                raise HTTPError(
+                    503,
+                    "QUEUE_FULL",
+                    {"queue": err.where, "depth": err.depth, "max_depth": err.limit},
+                ) from err
         return "OK"
 
     # -- handlers, named after nsqd's ---------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..core.topic import Topic
 from ..options import Options
@@ -87,6 +87,16 @@ class NSQDHost(Protocol):
         self, topic: str, secret: str, remote_ip: str, tls: bool
     ) -> str | None:
         """None if this reader may read the topic's log, else nsqd-style error token."""
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        """A topic's lifecycle settings (effective values, and ``own``: those set for it)."""
+
+    def channel_config(self, topic: str, channel: str) -> dict[str, Any]: ...
+    def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
+        """Raises OSError."""
+
+    def set_channel_config(self, topic: str, channel: str, values: dict[str, Any]) -> None:
+        """Raises OSError."""
 
     def set_retention(self, name: str, seconds: float, size: int) -> None:
         """``POST /topic/retention``; raises OSError."""

@@ -87,6 +87,17 @@ class NSQCollector:
         t_log_segments = GaugeMetricFamily(
             "nsq_topic_log_segments", "Segment files of a replayable topic's log", labels=t_labels
         )
+        c_dead = CounterMetricFamily(
+            "nsq_channel_dead_lettered",
+            "Messages moved to the dead-letter topic after --max-attempts",
+            labels=c_labels,
+        )
+        c_expired = CounterMetricFamily(
+            "nsq_channel_expired", "Messages dropped past their TTL", labels=c_labels
+        )
+        c_dropped = CounterMetricFamily(
+            "nsq_channel_dropped", "Messages dropped by a drop-oldest bound", labels=c_labels
+        )
         c_depth = GaugeMetricFamily(
             "nsq_channel_depth", "Messages queued (memory + disk)", labels=c_labels
         )
@@ -146,13 +157,17 @@ class NSQCollector:
                 c_timed_out.add_metric(cl, ch.timeout_count)
                 c_clients.add_metric(cl, len(ch.clients))
                 c_paused.add_metric(cl, int(ch.paused))
+                if ch.screening or ch.max_depth:
+                    c_dead.add_metric(cl, ch.dead_letter_count)
+                    c_expired.add_metric(cl, ch.expired_count)
+                    c_dropped.add_metric(cl, ch.dropped_count)
                 if e2e_sink(ch) is not None:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_channels, t_e2e)
         yield from (t_log_earliest, t_log_latest, t_log_bytes, t_log_segments)
         yield from (c_depth, c_backend, c_in_flight, c_deferred, c_msgs, c_requeued)
-        yield from (c_timed_out, c_clients, c_paused, c_e2e)
+        yield from (c_timed_out, c_clients, c_paused, c_e2e, c_dead, c_expired, c_dropped)
 
 
 def _add_quantiles(metric: Metric, labels: dict[str, str], result: dict[str, object]) -> None:

@@ -32,6 +32,7 @@ from ..internal.router import (
 from ..log import LOGGER_NAME
 from .api import API
 from .host import NSQDHost
+from .lifecycle import LifecycleAPI
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import make_registry, render
 from .statsd import StatsdPusher
@@ -74,6 +75,11 @@ class HTTPService(Router):
         add("GET", "/topic/log", "v1", replay.read)
         add("POST", "/topic/retention", "v1", replay.retention)
         add("POST", "/channel/rewind", "v1", replay.rewind)
+        lifecycle = LifecycleAPI(nsqd)
+        add("GET", "/topic/config", "v1", lifecycle.get_topic)
+        add("POST", "/topic/config", "v1", lifecycle.set_topic)
+        add("GET", "/channel/config", "v1", lifecycle.get_channel)
+        add("POST", "/channel/config", "v1", lifecycle.set_channel)
         add("GET", "/metrics", "raw", self._metrics)
         self.add_pprof_routes("/debug/pprof/")
         add("GET", "/debug/pprof/profile", "raw", self._profile)

@@ -99,7 +99,7 @@ def channel_stats(
         clients = [
             client_stats(cast("StatsClient", c), topic_filter) for c in channel.clients.values()
         ]
-    return {
+    stats: Json = {
         "channel_name": channel.name,
         "depth": channel.depth,
         "backend_depth": channel.queue.backend.depth(),
@@ -116,6 +116,24 @@ def channel_stats(
         # because a disk write failed
         "overflow_count": channel.queue.overflow_count,
     }
+    if (
+        channel.screening
+        or channel.max_depth
+        or channel.dead_letter_count
+        or channel.expired_count
+        or channel.dropped_count
+    ):  # pynsqd's message lifecycle, shown once it is in use
+        stats["lifecycle"] = {
+            "max_attempts": channel.max_attempts,
+            "msg_ttl": format_duration(channel.msg_ttl_ns / 1e9),
+            "max_depth": channel.max_depth,
+            "bound_policy": channel.bound_policy,
+            "dead_letter_count": channel.dead_letter_count,
+            "dead_letter_failed_count": channel.dead_letter_failed_count,
+            "expired_count": channel.expired_count,
+            "dropped_count": channel.dropped_count,
+        }
+    return stats
 
 
 def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
@@ -129,6 +147,12 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
         "paused": topic.paused,
         "e2e_processing_latency": topic_e2e(nsqd, topic),
     }
+    if topic.max_depth or topic.dropped_count:  # pynsqd: a bound on the topic's own backlog
+        stats["lifecycle"] = {
+            "max_depth": topic.max_depth,
+            "bound_policy": topic.bound_policy,
+            "dropped_count": topic.dropped_count,
+        }
     if topic.log is not None:  # pynsqd: a replayable topic (absent otherwise, as in nsqd)
         stats["log"] = {
             "earliest_offset": topic.log.earliest,

@@ -151,6 +151,21 @@ def check_statsd_address(value: str) -> str:
     return value if value == "" else check_host_port(value, port_zero=False)
 
 
+BOUND_POLICIES = ("reject", "drop-oldest")
+
+
+def check_bound_policy(value: str) -> str:
+    if value not in BOUND_POLICIES:
+        raise ValueError("must be reject or drop-oldest")
+    return value
+
+
+def check_max_attempts(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError("must be [0,65535]")
+    return value
+
+
 def check_percentiles(values: list[float]) -> list[float]:
     for v in values:
         if not 0 < v <= 1:

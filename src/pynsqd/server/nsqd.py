@@ -16,6 +16,7 @@ from .. import NSQD_VERSION, __version__
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.e2e import E2ELatency
+from ..core.errors import QueueFull
 from ..core.message import ENCODED_OVERHEAD, Message
 from ..core.topic import Topic
 from ..http.server import HTTPService
@@ -36,6 +37,7 @@ from ..storage.metadata import (
     read_metadata,
     recover_metadata,
 )
+from ..storage.settings import Settings, read_settings, write_settings
 from ..storage.topiclog import TopicLog, read_retention, write_retention
 from .auth import AuthClient, AuthError, AuthState
 from .lookup import Lookup
@@ -90,6 +92,8 @@ class NSQD:
         self._logs: dict[str, TopicLog] = {}
         #: Auth answers for HTTP log readers, by secret (as a TCP connection keeps its own).
         self._log_auth: dict[str, AuthState] = {}
+        #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
+        self.settings: Settings = {}
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
@@ -117,6 +121,7 @@ class NSQD:
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
                 self._attach_log(topic)
+            self._apply_topic_settings(topic)
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
@@ -164,6 +169,7 @@ class NSQD:
         backend = ch.queue.backend
         if isinstance(backend, DiskBackend):
             backend.on_deferred = ch.put_deferred
+        self._apply_channel_settings(topic.name, ch)
         if not ch.ephemeral:
             self._persist_metadata_soon()  # once the topic has added it
         return ch
@@ -205,6 +211,105 @@ class NSQD:
         # As nsqd: a failed disk write makes /ping unhealthy, the next good one heals it.
         if err is not None or self.health_error is not None:
             self.set_health_error(err)
+
+    # -- message lifecycle: max attempts, dead-letter, TTL, bounds -----------------------
+
+    def _load_settings(self) -> None:
+        try:
+            self.settings = read_settings(self.data_path)
+        except ValueError as err:
+            log.error("NSQ: %s; the flags apply", err)
+            self.settings = {}
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        """A topic's effective settings and which of them are its own."""
+        own = {k: v for k, v in self.settings.get(name, {}).items() if k != "channels"}
+        opts = self.opts
+        return {
+            "msg_ttl": own.get("msg_ttl", opts.msg_ttl),
+            "max_depth": own.get("max_depth", opts.max_channel_depth),
+            "bound_policy": own.get("bound_policy", opts.channel_bound_policy),
+            "own": sorted(own),
+        }
+
+    def channel_config(self, topic: str, channel: str) -> dict[str, Any]:
+        own = self.settings.get(topic, {}).get("channels", {}).get(channel, {})
+        opts = self.opts
+        return {
+            "max_attempts": own.get("max_attempts", opts.max_attempts),
+            "dead_letter": own.get("dead_letter", f"{topic}.dead"),
+            "msg_ttl": self.topic_config(topic)["msg_ttl"],
+            "max_depth": own.get("max_depth", opts.max_channel_depth),
+            "bound_policy": own.get("bound_policy", opts.channel_bound_policy),
+            "own": sorted(own),
+        }
+
+    def _apply_topic_settings(self, topic: Topic) -> None:
+        cfg = self.topic_config(topic.name)
+        topic.max_depth, topic.bound_policy = cfg["max_depth"], cfg["bound_policy"]
+        for ch in topic.channels.values():
+            self._apply_channel_settings(topic.name, ch)
+        topic.refresh_bounds()
+
+    def _apply_channel_settings(self, topic: str, ch: Channel) -> None:
+        cfg = self.channel_config(topic, ch.name)
+        ch.set_lifecycle(
+            cfg["max_attempts"], round(cfg["msg_ttl"] * 1e9), cfg["max_depth"], cfg["bound_policy"]
+        )
+
+    def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
+        """``POST /topic/config`` (values already checked); persisted, then applied. Raises
+        OSError (then nothing changes)."""
+        entry = dict(self.settings.get(name, {}))
+        entry.update(values)
+        entry = {k: v for k, v in entry.items() if v is not None}  # None: back to the flag
+        self._save_settings(name, entry)
+        topic = self.get_topic(name)
+        self._apply_topic_settings(topic)
+
+    def set_channel_config(self, topic_name: str, channel: str, values: dict[str, Any]) -> None:
+        entry = dict(self.settings.get(topic_name, {}))
+        channels = dict(entry.get("channels", {}))
+        own = dict(channels.get(channel, {}))
+        own.update(values)
+        channels[channel] = {k: v for k, v in own.items() if v is not None}
+        entry["channels"] = channels
+        self._save_settings(topic_name, entry)
+        topic = self.get_topic(topic_name)
+        self._apply_channel_settings(topic_name, topic.get_channel(channel))
+        topic.refresh_bounds()
+
+    def _save_settings(self, name: str, entry: dict[str, Any]) -> None:
+        settings = dict(self.settings)
+        settings[name] = entry
+        write_settings(self.data_path, settings)
+        self.settings = settings
+
+    def dead_letter(self, topic: Topic, channel: Channel, msgs: list[Message]) -> OSError | None:
+        """Messages that used up their attempts: to the channel's dead-letter topic, with
+        their IDs and bodies (``none``: dropped, still counted)."""
+        target = self.channel_config(topic.name, channel.name)["dead_letter"]
+        if target == "none":
+            return None
+        if not is_valid_name(target):
+            return OSError(f"dead-letter topic {target!r} is not a valid topic name")
+        if self.exiting:
+            return OSError("exiting")
+        dl = self.get_topic(target)
+        if dl.exiting:
+            return OSError(f"dead-letter topic {target} is being deleted")
+        try:
+            dl.publish_existing([Message(m.id, m.body, m.timestamp) for m in msgs])
+        except (OSError, QueueFull) as err:
+            return err if isinstance(err, OSError) else OSError(str(err))
+        log.info(
+            "CHANNEL(%s:%s): %d message(s) used up their attempts; moved to topic %s",
+            topic.name,
+            channel.name,
+            len(msgs),
+            target,
+        )
+        return None
 
     # -- replayable topics: the retained log ----------------------------------------------
 
@@ -483,6 +588,7 @@ class NSQD:
         self._dir_lock.lock()  # raises DirLockError
         try:
             check_writable(self.data_path)  # raises DirLockError
+            self._load_settings()
             self.load_metadata()
             self.persist_metadata()
             self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)

@@ -43,6 +43,7 @@ from ..core.errors import (
     Exiting,
     NotInFlight,
     NotOwner,
+    QueueFull,
     TooManyConsumers,
 )
 from ..core.message import Message
@@ -684,6 +685,8 @@ class ClientV2(asyncio.Protocol):
             topic.put_bodies(bodies, defer_ms)
         except OSError as err:
             self.nsqd.set_health_error(err)
+            raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
+        except QueueFull as err:  # pynsqd: a bounded queue pushes back on its producers
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         self._send_frame(OK_FRAME)

@@ -1,0 +1,299 @@
+"""pynsqd's message lifecycle over real sockets: max attempts and dead-lettering (with the
+real gnsq client as well as our wire client), message TTL, bounded queues, persistence."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ..conftest import ServerThread, http_request
+from .test_crash_safety import wait_for
+
+HOUR = 3600.0
+
+
+def post(server: ServerThread, path: str) -> tuple[int, Any]:
+    status, body = http_request(server, "POST", path)
+    return status, json.loads(body) if body else None
+
+
+def get(server: ServerThread, path: str) -> tuple[int, Any]:
+    status, body = http_request(server, "GET", path)
+    return status, json.loads(body) if body else None
+
+
+def channel_stats(server: ServerThread, topic: str, channel: str) -> dict[str, Any]:
+    _, stats = get(server, "/stats?format=json")
+    for t in stats["topics"]:
+        if t["topic_name"] == topic:
+            for c in t["channels"]:
+                if c["channel_name"] == channel:
+                    return dict(c)
+    raise AssertionError(f"no channel {topic}:{channel}")
+
+
+# -- max attempts and dead-lettering -----------------------------------------------------------
+
+
+def test_a_message_requeued_max_attempts_times_lands_in_the_dead_letter_topic(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_attempts=3)
+    with server.connect() as watch:
+        watch.sub("t.dead", "inspect", rdy=10)
+        with server.connect() as c:
+            c.sub("t", "c", rdy=10)
+            with server.connect() as p:
+                p.pub("t", b"poison")
+            for attempt in (1, 2, 3):
+                m = c.read_message()
+                assert (m.body, m.attempts) == (b"poison", attempt)
+                c.req(m.id, 0)
+            c.expect_nothing()  # no fourth delivery
+        dead = watch.read_message()
+    assert (dead.id, dead.body, dead.attempts) == (m.id, b"poison", 1)
+    stats = channel_stats(server, "t", "c")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+    assert stats["lifecycle"]["dead_letter_count"] == 1
+    assert stats["lifecycle"]["max_attempts"] == 3
+
+
+def test_timeouts_count_as_attempts_too(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(max_attempts=2)
+    with server.connect() as c:
+        c.identify({"msg_timeout": 1000})
+        c.sub("t", "c", rdy=10)
+        with server.connect() as p:
+            p.pub("t", b"slow")
+        assert c.read_message().attempts == 1  # never FIN'd: times out
+        assert c.read_message().attempts == 2
+        # It would be delivered a third time: it goes to t.dead instead.
+        wait_for(
+            lambda: channel_stats(server, "t", "c")["lifecycle"]["dead_letter_count"] == 1,
+            "the message to be dead-lettered after its second timeout",
+        )
+        c.expect_nothing()
+
+
+def test_gnsq_requeueing_until_the_message_is_dead_lettered(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    gevent = pytest.importorskip("gevent")
+    import gnsq
+    from gnsq.errors import NSQRequeueMessage
+
+    server = make_nsqd()
+    status, cfg = post(
+        server, "/channel/config?topic=jobs&channel=w&max_attempts=4&dead_letter=failed"
+    )
+    assert status == 200 and (cfg["max_attempts"], cfg["dead_letter"]) == (4, "failed")
+    addr = f"127.0.0.1:{server.tcp_port}"
+    attempts: list[int] = []
+    consumer = gnsq.Consumer(
+        "jobs", "w", nsqd_tcp_addresses=[addr], max_backoff_duration=0, backoff_on_requeue=False
+    )
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        attempts.append(message.attempts)
+        raise NSQRequeueMessage()  # REQ, every time
+
+    producer = gnsq.Producer([addr])
+    try:
+        with gevent.Timeout(20):
+            producer.start()
+            consumer.start(block=False)
+            assert producer.publish("jobs", b"never works") == b"OK"
+            while (
+                not channel_stats(server, "jobs", "w").get("lifecycle", {}).get("dead_letter_count")
+            ):
+                gevent.sleep(0.01)
+    finally:
+        producer.close()
+        consumer.close()
+        producer.join(timeout=5)
+        consumer.join(timeout=5)
+    assert attempts == [1, 2, 3, 4]
+    with server.connect() as c:
+        c.sub("failed", "c", rdy=1)
+        assert c.read_message().body == b"never works"
+
+
+def test_dead_letter_none_drops_and_counts(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd()
+    assert (
+        post(server, "/channel/config?topic=t&channel=c&max_attempts=1&dead_letter=none")[0] == 200
+    )
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        with server.connect() as p:
+            p.pub("t", b"x")
+        c.req(c.read_message().id, 0)
+        c.expect_nothing()
+    assert channel_stats(server, "t", "c")["lifecycle"]["dead_letter_count"] == 1
+    assert get(server, "/topic/config?topic=none")[0] == 404  # no topic called "none"
+
+
+def test_a_dead_letter_topic_that_cannot_store_keeps_the_message_on_the_channel(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_attempts=1)
+    # The dead-letter topic is bounded and full, with policy reject.
+    assert post(server, "/topic/config?topic=t.dead&max_depth=1")[0] == 200
+    with server.connect() as p:
+        p.pub("t.dead", b"already there")
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        with server.connect() as p:
+            p.pub("t", b"x")
+        c.req(c.read_message().id, 0)
+        again = c.read_message()  # delivered again rather than lost
+        assert (again.body, again.attempts) == (b"x", 2)
+        c.fin(again.id)
+    lifecycle = channel_stats(server, "t", "c")["lifecycle"]
+    assert lifecycle["dead_letter_failed_count"] == 1 and lifecycle["dead_letter_count"] == 0
+
+
+# -- TTL -------------------------------------------------------------------------------------
+
+
+def test_messages_past_their_ttl_are_not_delivered(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd()
+    assert post(server, "/topic/config?topic=t&msg_ttl=200ms")[0] == 200
+    with server.connect() as c:
+        c.sub("t", "c", rdy=0)
+        with server.connect() as p:
+            p.pub("t", b"stale")
+        published = time.monotonic()
+        wait_for(lambda: time.monotonic() - published > 0.25, "the message to be older than 200ms")
+        with server.connect() as p:
+            p.pub("t", b"fresh")
+        c.rdy(10)
+        assert c.read_message().body == b"fresh"
+        c.expect_nothing()
+    lifecycle = channel_stats(server, "t", "c")["lifecycle"]
+    assert lifecycle["expired_count"] == 1 and lifecycle["msg_ttl"] == "200ms"
+
+
+def test_a_deferred_message_due_after_its_ttl_is_dropped_at_due_time(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(msg_ttl=0.1)
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        with server.connect() as p:
+            p.dpub("t", 300, b"late")
+        wait_for(
+            lambda: channel_stats(server, "t", "c")["lifecycle"]["expired_count"] == 1,
+            "the deferred message to expire at its due time",
+        )
+        c.expect_nothing()
+
+
+# -- bounded queues --------------------------------------------------------------------------
+
+
+def test_a_full_channel_rejects_publishes_naming_itself(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_channel_depth=3)
+    with server.connect() as c:
+        c.sub("t", "c", rdy=0)
+    with server.connect() as p:
+        p.mpub("t", [b"1", b"2", b"3"])
+        p.send(b"PUB t\n\x00\x00\x00\x014")
+        assert p.read_frame().data == b"E_PUB_FAILED PUB failed t:c is full (3 of 3 messages)"
+    assert get(server, "/stats?format=json")[0] == 200
+    status, raw = http_request(server, "POST", "/pub?topic=t", b"x")
+    assert status == 503 and json.loads(raw) == {
+        "message": "QUEUE_FULL",
+        "queue": "t:c",
+        "depth": 3,
+        "max_depth": 3,
+    }
+    assert channel_stats(server, "t", "c")["depth"] == 3  # nothing half-published
+
+
+def test_drop_oldest_keeps_the_newest(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd()
+    assert (
+        post(server, "/channel/config?topic=t&channel=c&max_depth=3&bound_policy=drop-oldest")[0]
+        == 200
+    )
+    with server.connect() as p:
+        for i in range(5):
+            p.pub("t", b"%d" % i)
+    stats = channel_stats(server, "t", "c")
+    assert stats["depth"] == 3 and stats["lifecycle"]["dropped_count"] == 2
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        assert sorted(m.body for m in c.read_messages(3)) == [b"2", b"3", b"4"]
+
+
+def test_a_topic_without_channels_is_bounded_too(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(max_channel_depth=2)
+    with server.connect() as p:
+        p.mpub("t", [b"a", b"b"])
+        p.send(b"PUB t\n\x00\x00\x00\x01c")
+        assert p.read_frame().data.startswith(b"E_PUB_FAILED PUB failed t is full")
+
+
+# -- settings: validation, read back, persistence ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("max_attempts=-1", "INVALID_ARG_MAX_ATTEMPTS"),
+        ("max_attempts=70000", "INVALID_ARG_MAX_ATTEMPTS"),
+        ("dead_letter=bad!name", "INVALID_ARG_DEAD_LETTER"),
+        ("dead_letter=t", "INVALID_ARG_DEAD_LETTER"),
+        ("max_depth=lots", "INVALID_ARG_MAX_DEPTH"),
+        ("bound_policy=drop-newest", "INVALID_ARG_BOUND_POLICY"),
+    ],
+)
+def test_bad_settings_get_a_400_naming_the_parameter(
+    make_nsqd: Callable[..., ServerThread], query: str, message: str
+) -> None:
+    server = make_nsqd()
+    assert post(server, f"/channel/config?topic=t&channel=c&{query}") == (400, {"message": message})
+
+
+def test_settings_survive_a_restart_and_default_restores_the_flag(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_attempts=7)
+    post(server, "/topic/config?topic=t&msg_ttl=1h&max_depth=100")
+    post(server, "/channel/config?topic=t&channel=c&max_attempts=2&dead_letter=t.bad")
+    server.stop()
+    server = make_nsqd(max_attempts=7)
+    assert get(server, "/topic/config?topic=t") == (
+        200,
+        {
+            "topic": "t",
+            "msg_ttl": "1h0m0s",
+            "max_depth": 100,
+            "bound_policy": "reject",
+            "own": ["max_depth", "msg_ttl"],
+        },
+    )
+    _, cfg = get(server, "/channel/config?topic=t&channel=c")
+    assert (cfg["max_attempts"], cfg["dead_letter"], cfg["msg_ttl"]) == (2, "t.bad", "1h0m0s")
+    _, cfg = post(server, "/channel/config?topic=t&channel=c&max_attempts=default")
+    assert cfg["max_attempts"] == 7 and cfg["own"] == ["dead_letter"]
+
+
+def test_everything_is_off_by_default(nsqd: ServerThread) -> None:
+    with nsqd.connect() as c:
+        c.sub("t", "c", rdy=10)
+        with nsqd.connect() as p:
+            p.pub("t", b"x")
+        for _ in range(5):  # requeued forever, as nsqd
+            c.req(c.read_message().id, 0)
+        assert c.read_message().attempts == 6
+    stats = channel_stats(nsqd, "t", "c")
+    assert "lifecycle" not in stats
