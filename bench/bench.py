@@ -1,6 +1,6 @@
 """pynsqd benchmark, modelled on nsq's bench_writer / bench_reader.
 
-    scripts/bench [--mode all|writer|reader|pubsub|pub|logread] [--runfor 10] [--size 200] ...
+    scripts/bench [--mode all|writer|reader|pubsub|pub|logread|latency] [--runfor 10] ...
 
 Starts its own nsqd (ours, default flags, a temporary data dir) unless --nsqd-tcp-address is
 given, so the same command measures Go nsqd too. Each connection runs in its own process with a
@@ -14,9 +14,15 @@ Modes (``all`` runs them in this order):
   same against a do-nothing uvloop server ("floor"): the machine's own round-trip limit.
 
 Not in ``all``:
+- latency: a publisher at each --rates rate (PUBs paced in 1 ms slices) and a consumer with
+  RDY 100 and default IDENTIFY; prints publish-to-receive p50/p99/p99.9.
 - logread: replayable topics. Publishes --log-messages messages to a retained topic (the nsqd
   it starts gets --retention-time=1h), then reads the whole log over HTTP (GET /topic/log,
   64 MiB per request) with one reader, then with two at once; prints msgs/s for each.
+
+--compare NSQD_BINARY runs the chosen mode(s) against our nsqd and that one (Go's nsqd, say)
+alternately, --rounds times, each on a fresh server and data directory, with this same load
+generator, and prints medians, ratios (>1: pynsqd better), server CPU seconds and peak RSS.
 
 --retention starts nsqd with --retention-time=1h, so writer/pubsub measure a replayable topic
 (compare with and without it). --tls, --snappy and --deflate make every connection negotiate
@@ -27,6 +33,7 @@ to compare with plain TCP.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -280,6 +287,86 @@ def pub_latency(addr: tuple[str, int], topic: str, size: int, deadline: float) -
     return lat
 
 
+def paced_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, secs: float) -> int:
+    """PUB ``rate`` messages a second for ``secs`` (in 1 ms slices, OKs read by a thread);
+    each body starts with its send time (ns) for the consumer to measure."""
+    import threading as _threading
+
+    s = _identify(_connect(addr), {})
+    pad = b"a" * max(0, size - 8)
+    stop = _threading.Event()
+
+    def drain_oks() -> None:
+        s.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                if not s.recv(1 << 16):
+                    return
+            except (TimeoutError, OSError):
+                continue
+
+    t = _threading.Thread(target=drain_oks, daemon=True)
+    t.start()
+    head = f"PUB {topic}\n".encode() + _LEN.pack(max(size, 8))
+    start = time.perf_counter()
+    sent = 0
+    while (now := time.perf_counter()) - start < secs:
+        due = int((now - start) * rate) + 1
+        if due > sent:
+            s.sendall(
+                b"".join(head + struct.pack(">q", time.time_ns()) + pad for _ in range(due - sent))
+            )
+            sent = due
+        else:
+            time.sleep(0.0002)
+    stop.set()
+    t.join()
+    s.close()
+    return sent
+
+
+def latency_consumer(
+    addr: tuple[str, int], topic: str, channel: str, expect: int, secs: float
+) -> list[float]:
+    """SUB with RDY 100 and default IDENTIFY; publish-to-receive latency of each message (s)."""
+    s = _identify(_connect(addr), {})
+    s.sendall(f"SUB {topic} {channel}\n".encode())
+    _read_response(s)
+    s.sendall(b"RDY 100\n")
+    s.settimeout(0.5)
+    buf = bytearray()
+    lat: list[float] = []
+    deadline = time.time() + secs + 5
+    unpack = _FRAME.unpack_from
+    while len(lat) < expect and time.time() < deadline:
+        try:
+            data = s.recv(1 << 20)
+        except TimeoutError:
+            continue
+        now = time.time_ns()
+        if not data:
+            break
+        buf += data
+        pos, end = 0, len(buf)
+        fins = []
+        while end - pos >= 8:
+            fsize, ftype = unpack(buf, pos)
+            if end - pos - 4 < fsize:
+                break
+            if ftype == 2:
+                sent_ns = struct.unpack_from(">q", buf, pos + 34)[0]
+                lat.append((now - sent_ns) / 1e9)
+                fins.append(b"FIN " + bytes(buf[pos + 18 : pos + 34]) + b"\n")
+            elif ftype == 0 and buf[pos + 8 : pos + 4 + fsize] == b"_heartbeat_":
+                fins.append(b"NOP\n")
+            pos += 4 + fsize
+        del buf[:pos]
+        if fins:
+            s.sendall(b"".join(fins))
+    s.close()
+    return lat
+
+
 class _OkServer:
     """The floor for single-PUB latency: a minimal uvloop server that answers OK to anything."""
 
@@ -344,8 +431,8 @@ def _start_nsqd(
     args: argparse.Namespace,
 ) -> tuple[subprocess.Popen[bytes], tuple[str, int], tuple[str, int] | None, str]:
     data = tempfile.mkdtemp(prefix="pynsqd-bench-")
-    nsqd = shutil.which("nsqd", path=os.path.dirname(sys.executable)) or "nsqd"
-    http = "127.0.0.1:0" if args.mode == "logread" else ""
+    nsqd = args.nsqd_binary or shutil.which("nsqd", path=os.path.dirname(sys.executable)) or "nsqd"
+    http = "127.0.0.1:0" if args.mode == "logread" or args.nsqd_binary else ""
     cmd = [nsqd, "--tcp-address=127.0.0.1:0", f"--http-address={http}", f"--data-path={data}"]
     cmd += args.nsqd_args.split()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
@@ -366,6 +453,70 @@ def _start_nsqd(
     raise RuntimeError("nsqd did not start")
 
 
+def _server_usage(pid: int) -> dict[str, float]:
+    """CPU seconds and peak RSS of the server process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    rss = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                rss = int(line.split()[1]) / 1024
+    return {"cpu_s": cpu, "peak_rss_mib": rss}
+
+
+def _compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run every mode against our nsqd and ``--compare``'s binary alternately, ``--rounds``
+    times, a fresh server and data directory each run; print medians and ratios."""
+    import statistics
+
+    rest: list[str] = []
+    skip = False
+    for a in argv:  # drop --compare/--rounds/--json, keep the rest
+        if skip:
+            skip = False
+            continue
+        if a in ("--compare", "--rounds"):
+            skip = True
+            continue
+        if a.startswith(("--compare=", "--rounds=")) or a == "--json":
+            continue
+        rest.append(a)
+    servers = {"pynsqd": "", "other": args.compare}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+    for r in range(args.rounds):
+        for name, binary in servers.items():
+            print(f"-- round {r + 1}/{args.rounds}: {name}", flush=True)
+            cmd = [sys.executable, os.path.abspath(__file__), *rest, "--json"]
+            if binary:
+                cmd.append(f"--nsqd-binary={binary}")
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    print(f"\nmedians of {args.rounds} rounds (pynsqd vs {args.compare}):")
+    print(f"{'workload':14s} {'pynsqd':>14s} {'other':>14s} {'ratio':>7s}")
+    keys = [k for k in runs["pynsqd"][0] if k != "server" and not k.startswith("pub_floor")]
+    summary: dict[str, Any] = {}
+    for k in keys:
+        for metric in ("msgs_per_s", "p50_us", "p99_us"):
+            if metric not in runs["pynsqd"][0][k]:
+                continue
+            ours = statistics.median(x[k][metric] for x in runs["pynsqd"])
+            theirs = statistics.median(x[k][metric] for x in runs["other"])
+            ratio = ours / theirs if metric == "msgs_per_s" else theirs / ours
+            print(f"{k + ' ' + metric:28s} {ours:12,.0f} {theirs:12,.0f} {ratio:6.2f}x")
+            summary[f"{k}.{metric}"] = {"pynsqd": ours, "other": theirs, "ratio": ratio}
+    for metric in ("cpu_s", "peak_rss_mib"):
+        ours = statistics.median(x["server"][metric] for x in runs["pynsqd"])
+        theirs = statistics.median(x["server"][metric] for x in runs["other"])
+        print(f"{'server ' + metric:28s} {ours:12.1f} {theirs:12.1f}")
+        summary[f"server.{metric}"] = {"pynsqd": ours, "other": theirs}
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
 def _make_certs(directory: str) -> tuple[str, str]:
     """A throwaway CA and server certificate for 127.0.0.1 (trustme, a dev dependency)."""
     import trustme
@@ -383,7 +534,15 @@ def _make_certs(directory: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--mode", default="all", choices=["all", "writer", "reader", "pubsub", "pub", "logread"]
+        "--mode",
+        default="all",
+        choices=["all", "writer", "reader", "pubsub", "pub", "logread", "latency"],
+    )
+    p.add_argument(
+        "--rates",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[1000, 10000],
+        help="latency: publish rates (msgs/s), comma-separated",
     )
     p.add_argument("--retention", action="store_true", help="nsqd with --retention-time=1h")
     p.add_argument("--log-messages", type=int, default=2_000_000, help="logread: log size")
@@ -396,6 +555,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channel", default="ch")
     p.add_argument("--nsqd-tcp-address", default="", help="use a running nsqd (host:port)")
     p.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
+    p.add_argument("--nsqd-binary", default="", help="start this nsqd instead of ours")
+    p.add_argument(
+        "--compare",
+        default="",
+        metavar="NSQD_BINARY",
+        help="run each mode against ours and this nsqd alternately; print medians and ratios",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="--compare: rounds")
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
     p.add_argument("--tls", action="store_true", help="upgrade every connection to TLS")
     p.add_argument("--tls-ca-file", default="", help="CA for --tls with --nsqd-tcp-address")
@@ -403,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate", action="store_true", help="negotiate deflate compression")
     p.add_argument("--deflate-level", type=int, default=6)
     args = p.parse_args(argv)
+    if args.compare:
+        return _compare(args, sys.argv[1:] if argv is None else argv)
     cert_dir = None
     if args.tls:
         FEATURES["tls_v1"] = True
@@ -459,6 +628,34 @@ def main(argv: list[str] | None = None) -> int:
                 subbed = sum(c for c, _ in counts[:n])
                 results["pubsub_in"] = _report("pub in", sum(counts[n:]), args.runfor, args.size)
                 results["pubsub_out"] = _report("sub out", subbed, args.runfor, args.size)
+            elif mode == "latency":
+                for rate in args.rates:
+                    topic = f"{args.topic}_lat{rate}"
+                    secs = min(args.runfor, 5.0)
+                    expect = int(secs * rate)
+                    done = _run_procs(
+                        [
+                            (latency_consumer, (addr, topic, args.channel, expect, secs)),
+                            (paced_publisher, (addr, topic, args.size, rate, secs)),
+                        ]
+                    )
+                    lat = sorted(done[0])
+                    if not lat:
+                        raise RuntimeError("no message arrived")
+                    p = {
+                        q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6
+                        for q in (0.5, 0.99, 0.999)
+                    }
+                    print(
+                        f"latency @{rate:>6}/s: {len(lat)} msgs  p50 {p[0.5]:8.0f} us  "
+                        f"p99 {p[0.99]:8.0f} us  p99.9 {p[0.999]:8.0f} us"
+                    )
+                    results[f"latency_{rate}"] = {
+                        "msgs": len(lat),
+                        "p50_us": p[0.5],
+                        "p99_us": p[0.99],
+                        "p999_us": p[0.999],
+                    }
             elif mode == "logread":
                 if http_addr is None:
                     raise SystemExit("logread needs the nsqd this bench starts")
@@ -492,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["pub_floor"] = _latency_report("floor", lat, args.size)
     finally:
         if proc is not None:
+            with contextlib.suppress(OSError):
+                results["server"] = _server_usage(proc.pid)
             proc.terminate()
             proc.wait(timeout=30)
         if data_dir:

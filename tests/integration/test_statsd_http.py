@@ -62,7 +62,19 @@ def check_statsd_push(make_nsqd: Callable[..., ServerThread], sock: socket.socke
         for m in sub.read_messages(3):
             sub.fin(m.id)
         # Counters and gauges can come in different pushes (a push may precede the FINs).
-        packets = receive_until(sock, lambda lines: expected <= set(lines))
+        e2e = (
+            f"{prefix}topic.t.e2e_processing_latency_100:",
+            f"{prefix}topic.t.channel.c.e2e_processing_latency_100:",
+        )
+        mem = [f"{prefix}mem.{k}:" for k in ("heap_objects", "gc_pause_usec_99", "gc_runs")]
+        # Everything asserted below, which may span several pushes.
+        packets = receive_until(
+            sock,
+            lambda lines: (
+                expected <= set(lines)
+                and all(any(line.startswith(k) for line in lines) for k in (*e2e, *mem))
+            ),
+        )
     lines = [line for p in packets for line in p.decode().splitlines()]
     for packet in packets:
         assert len(packet) <= 200

@@ -27,7 +27,7 @@ from pynsqd.protocol.frames import (
     decode_message,
 )
 from pynsqd.server.nsqd import protocol_config
-from pynsqd.server.protocol_v2 import ClientV2
+from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
 
 from .fakeloop import FakeLoop
 
@@ -206,15 +206,51 @@ def test_no_heartbeats_when_disabled() -> None:
 # -- output buffering ---------------------------------------------------------------------------
 
 
-def test_output_buffer_timeout_delays_a_message_until_it_expires() -> None:
+def test_a_lone_message_goes_out_after_a_millisecond_not_the_buffer_timeout() -> None:
+    # output_buffer_timeout is an upper bound, not a wait (nsqd waits for its ticker, about
+    # output_buffer_timeout, here 1 s).
     loop = FakeLoop()
     ctx = Context(loop)
     _, t = subscriber(ctx, loop, rdy=10, output_buffer_timeout=1000)
-    publish(ctx, loop, b"buffered")
-    loop.advance(0.999)
-    assert t.frames() == []  # RDY not reached, buffer not full: it waits
-    loop.advance(0.001)
-    assert [m.body for m in messages(t.frames())] == [b"buffered"]
+    publish(ctx, loop, b"lone")
+    assert t.frames() == []  # waits a moment for more
+    loop.advance(FLUSH_DELAY)
+    assert [m.body for m in messages(t.frames())] == [b"lone"]
+
+
+def test_output_buffer_timeout_minus_one_writes_at_once() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    _, t = subscriber(ctx, loop, rdy=10, output_buffer_timeout=-1)
+    publish(ctx, loop, b"now")
+    loop.advance(0)
+    assert [m.body for m in messages(t.frames())] == [b"now"]
+
+
+def test_a_burst_is_one_write() -> None:
+    loop = FakeLoop()
+    ctx = Context(loop)
+    _, t = subscriber(ctx, loop, rdy=100, output_buffer_timeout=1000)
+    writes: list[bytes] = []
+    real_write = t.write
+
+    def counting_write(data: bytes) -> None:
+        writes.append(data)
+        real_write(data)
+
+    t.write = counting_write  # type: ignore[method-assign]
+    topic = ctx.get_topic("t")
+    for i in range(10):  # PUBs over several loop turns within the flush delay
+        topic.put_bodies([b"m%d" % i])
+        loop.run_ready()
+    loop.advance(FLUSH_DELAY / 2)
+    for i in range(10, 20):
+        topic.put_bodies([b"m%d" % i])
+        loop.run_ready()
+    assert writes == []
+    loop.advance(FLUSH_DELAY / 2)
+    assert len(writes) == 1
+    assert [m.body for m in messages(t.frames())] == [b"m%d" % i for i in range(20)]
 
 
 def test_output_buffer_flushes_at_once_when_the_client_is_no_longer_ready() -> None:
