@@ -79,3 +79,66 @@ def test_help(flag: str) -> None:
     assert "\n  -tcp-address string\n" in res.stdout
     assert "\n  -msg-timeout duration\n" in res.stdout
     assert res.stderr == ""
+
+
+def test_python_dash_m_pynsqd_is_nsqd() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "pynsqd", "--version"], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0
+    assert res.stdout == f"nsqd v1.3.0 (built w/pynsqd-{pynsqd.__version__})\n"
+
+
+def test_a_port_in_use_is_one_line_in_nsqds_words(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = run_nsqd(
+            f"--tcp-address=127.0.0.1:{port}",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={tmp_path}",
+        )
+    assert res.returncode == 1
+    assert (
+        f"FATAL: failed to start nsqd - listen (127.0.0.1:{port}) failed - address already in use"
+        in res.stderr
+    )
+    assert "Traceback" not in res.stderr and "('127.0.0.1'" not in res.stderr
+
+
+def _fake_python(path: Path, version: str, ok: bool) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python {version}' && exit 0\nexit {0 if ok else 1}\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def test_bootstrap_rebuilds_a_venv_of_an_old_python_and_names_what_to_set(
+    tmp_path: Path,
+) -> None:
+    # A copy of the repo's scripts with a .venv made by Python 3.10 and no usable python3.
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bootstrap").write_bytes((ROOT / "scripts" / "bootstrap").read_bytes())
+    (tmp_path / "scripts" / "bootstrap").chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("")
+    _fake_python(tmp_path / ".venv" / "bin" / "python", "3.10.12", ok=False)
+    old = _fake_python(tmp_path / "py310" / "python3", "3.10.12", ok=False)
+    res = subprocess.run(
+        [str(tmp_path / "scripts" / "bootstrap")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(old)},
+    )
+    assert res.returncode == 1
+    assert (
+        "bootstrap: .venv was made by Python 3.10.12; pynsqd needs Python 3.11 or newer"
+        in res.stderr
+    )
+    assert "set PYTHON=/path/to/python3.11" in res.stderr
+    assert not (tmp_path / ".venv").exists()

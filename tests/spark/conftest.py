@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -179,9 +180,23 @@ def nsqd_proc(start_nsqd: Callable[..., NsqdProcess]) -> NsqdProcess:
     return start_nsqd()
 
 
+def java_missing() -> str | None:
+    """Why Spark cannot start here, or None: it needs a Java runtime (17 or newer)."""
+    home = os.environ.get("JAVA_HOME")
+    if (home and os.path.exists(os.path.join(home, "bin", "java"))) or shutil.which("java"):
+        return None
+    return (
+        "Spark needs Java 17+: no JAVA_HOME and no java on PATH"
+        " (apt-get install openjdk-17-jre-headless)"
+    )
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One SparkSession for the whole run: local[2], no UI, 2 shuffle partitions."""
+    reason = java_missing()
+    if reason is not None:
+        pytest.skip(reason)  # one clear reason for every Spark test, not an error each
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -42,19 +42,25 @@ async def listen(
     resets a burst of clients connecting at once).
     """
     backlog = listen_backlog()
-    if is_unix_address(address):
-        if os.path.exists(address):
-            os.unlink(address)
-        return await loop.create_unix_server(
-            factory,
-            address,
-            backlog=backlog,
-            **kwargs,  # type: ignore[arg-type]
+    try:
+        if is_unix_address(address):
+            if os.path.exists(address):
+                os.unlink(address)
+            return await loop.create_unix_server(
+                factory,
+                address,
+                backlog=backlog,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        host, port = split_host_port(address)
+        return await loop.create_server(  # type: ignore[call-overload, no-any-return]
+            factory, host or None, port, reuse_address=True, backlog=backlog, **kwargs
         )
-    host, port = split_host_port(address)
-    return await loop.create_server(  # type: ignore[call-overload, no-any-return]
-        factory, host or None, port, reuse_address=True, backlog=backlog, **kwargs
-    )
+    except OSError as err:
+        # nsqd's words ("listen (0.0.0.0:4150) failed - ... address already in use"), not a
+        # Python tuple repr.
+        reason = os.strerror(err.errno).lower() if err.errno else str(err)
+        raise OSError(f"listen ({address}) failed - {reason}") from None
 
 
 def listen_backlog() -> int:

@@ -206,7 +206,15 @@ class LookupPeer:
         if not isinstance(info, dict):
             raise LookupPeerError(f"parsing response - {resp[:200]!r}")
         self.info = info
-        log.info("LOOKUPD(%s): peer info %s", self.addr, info)
+        # nsqd prints its peerInfo struct (%+v).
+        log.info(
+            "LOOKUPD(%s): peer info {TCPPort:%s HTTPPort:%s Version:%s BroadcastAddress:%s}",
+            self.addr,
+            info.get("tcp_port", 0),
+            info.get("http_port", 0),
+            info.get("version", ""),
+            info.get("broadcast_address", ""),
+        )
         if not info.get("broadcast_address"):
             log.error("LOOKUPD(%s): no broadcast address", self.addr)
         # From here on notifications are queued, after the full registration they supersede.
