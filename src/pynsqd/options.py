@@ -149,6 +149,10 @@ class Options:
         0,
         "pynsqd: most messages (queued and deferred) a channel, or a topic without channels, may hold (0: unbounded; per topic/channel: POST /topic/config, /channel/config)",
     )
+    max_channel_bytes: int = opt(
+        0,
+        "pynsqd: most body bytes (queued and deferred; on disk, about) a channel may hold (0: unbounded; per channel: POST /channel/config)",
+    )
     channel_bound_policy: str = opt(
         "reject",
         "pynsqd: what a full queue does: reject (the publish fails, E_PUB_FAILED / HTTP 503) or drop-oldest",

@@ -297,3 +297,19 @@ def test_everything_is_off_by_default(nsqd: ServerThread) -> None:
         assert c.read_message().attempts == 6
     stats = channel_stats(nsqd, "t", "c")
     assert "lifecycle" not in stats
+
+
+def test_a_channel_bounded_in_bytes(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(max_channel_bytes=1000)
+    with server.connect() as c:
+        c.sub("t", "c", rdy=0)
+    with server.connect() as p:
+        p.mpub("t", [b"x" * 400, b"y" * 400])
+        p.send(b"PUB t\n\x00\x00\x01\x2c" + b"z" * 300)  # 300 more bytes: 1100 > 1000
+        assert p.read_frame().data == b"E_PUB_FAILED PUB failed t:c is full (800 of 1000 bytes)"
+    query = "topic=t&channel=c&bound_policy=drop-oldest"
+    assert post(server, f"/channel/config?{query}")[1]["max_bytes"] == 1000
+    with server.connect() as p:
+        p.pub("t", b"z" * 300)
+    stats = channel_stats(server, "t", "c")
+    assert stats["depth"] == 2 and stats["lifecycle"]["dropped_count"] == 1

@@ -371,3 +371,47 @@ def test_spilled_messages_are_not_starved() -> None:
         topic.put_bodies([b"new%d" % i])  # steady load keeps memory full
         loop.run_ready()
     assert any(b.startswith(b"m") and int(b[1:]) >= 4 for b in seen), seen
+
+
+def test_the_queue_counts_its_bytes_only_when_asked_and_exactly() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pynsqd.core.backend import DummyBackend
+    from pynsqd.core.message import Message
+    from pynsqd.core.queue import MessageQueue
+
+    ops = st.lists(
+        st.tuples(
+            st.sampled_from(["put", "keep", "front", "take", "take_memory", "drain", "empty"]),
+            st.integers(0, 6),
+        ),
+        max_size=40,
+    )
+
+    @settings(max_examples=200, deadline=None)
+    @given(ops)
+    def check(sequence: list[tuple[str, int]]) -> None:
+        q = MessageQueue(8, DummyBackend())
+        q.count_bytes(True)
+        serial = 0
+        for op, n in sequence:
+            msgs = [Message(b"%016d" % (serial + i), b"x" * (serial + i), 0) for i in range(n)]
+            serial += n
+            if op == "put":
+                q.put_many(msgs)
+            elif op == "keep":
+                q.keep_many(msgs)
+            elif op == "front":
+                q.put_front(msgs)
+            elif op == "take":
+                q.take(n, max_bytes=n * 3)
+            elif op == "take_memory":
+                q.take_memory(n)
+            elif op == "drain":
+                q.drain_memory()
+            else:
+                q.empty()
+            assert q.mem_bytes == sum(len(m.body) for m in q._mem)
+
+    check()

@@ -48,6 +48,7 @@ PYNSQD_FLAGS = {
     "max-attempts",
     "msg-ttl",
     "max-channel-depth",
+    "max-channel-bytes",
     "channel-bound-policy",
 }
 

@@ -75,6 +75,9 @@ class BackendQueue(Protocol):
 
     def depth(self) -> int: ...
 
+    def byte_size(self) -> int:
+        """Bytes stored, about (for a bound in bytes)."""
+
     def empty(self) -> None: ...
 
     def close(self) -> None:
@@ -108,6 +111,9 @@ class DummyBackend:
         pass
 
     def depth(self) -> int:
+        return 0
+
+    def byte_size(self) -> int:
         return 0
 
     def empty(self) -> None:

@@ -89,6 +89,7 @@ class Channel:
         "in_flight",
         "loop",
         "max_attempts",
+        "max_bytes",
         "max_consumers",
         "max_depth",
         "max_msg_timeout",
@@ -140,6 +141,7 @@ class Channel:
         self.max_attempts = 0  # deliveries before a message is dead-lettered; 0: unlimited
         self.msg_ttl_ns = 0  # age from publish after which a message is not delivered
         self.max_depth = 0  # queued + deferred messages; 0: unbounded
+        self.max_bytes = 0  # their body bytes (about: disk counts record headers); 0: unbounded
         self.bound_policy = "reject"  # or "drop-oldest"
         self.screening = False  # max_attempts or msg_ttl_ns set: _deliver looks at each message
         self.dead_letter_count = 0
@@ -148,12 +150,15 @@ class Channel:
         self.dropped_count = 0
 
     def set_lifecycle(
-        self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str
+        self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str, max_bytes: int = 0
     ) -> None:
         """New settings; they apply from the next delivery (nothing in flight changes)."""
         self.max_attempts = max_attempts
         self.msg_ttl_ns = msg_ttl_ns
         self.max_depth = max_depth
+        self.max_bytes = max_bytes
+        if bool(max_bytes) != self.queue.track_bytes:
+            self.queue.count_bytes(bool(max_bytes))
         self.bound_policy = policy
         self.screening = bool(max_attempts or msg_ttl_ns)
         if self.clients:
@@ -164,14 +169,33 @@ class Channel:
         """What a bound counts: queued (memory and disk) and deferred, as /stats's depth."""
         return len(self.queue) + len(self.deferred)
 
+    @property
+    def bounded_bytes(self) -> int:
+        """Their body bytes (the queue counts while a bytes bound applies)."""
+        return self.queue.byte_size() + sum(len(m.body) for m in self.deferred.values())
+
+    def over_bound(self, n: int, size: int) -> str | None:
+        """Why ``n`` more messages of ``size`` body bytes would not fit, or None."""
+        if self.max_depth and self.bounded_depth + n > self.max_depth:
+            return f"{self.bounded_depth} of {self.max_depth} messages"
+        if self.max_bytes:
+            held = self.bounded_bytes
+            if held + size > self.max_bytes:
+                return f"{held} of {self.max_bytes} bytes"
+        return None
+
     def trim(self) -> int:
-        """Policy drop-oldest: drop the messages next in line past ``max_depth``."""
-        excess = self.bounded_depth - self.max_depth
-        if not self.max_depth or excess <= 0:
-            return 0
+        """Policy drop-oldest: drop the messages next in line past the bounds."""
         dropped = 0
-        while dropped < excess and len(self.queue):
-            dropped += len(self.queue.take(excess - dropped, 1 << 62))
+        while len(self.queue) and (
+            (self.max_depth and self.bounded_depth > self.max_depth)
+            or (self.max_bytes and self.bounded_bytes > self.max_bytes)
+        ):
+            excess = max(1, self.bounded_depth - self.max_depth) if self.max_depth else 1
+            taken = len(self.queue.take(excess, 1 << 62))
+            if not taken:
+                break
+            dropped += taken
         self.dropped_count += dropped
         return dropped
 

@@ -44,6 +44,6 @@ class QueueFull(Exception):
     """A publish would take a bounded queue past its bound (policy ``reject``): nothing of the
     publish is stored. ``where`` is ``topic`` or ``topic:channel``."""
 
-    def __init__(self, where: str, depth: int, limit: int) -> None:
-        super().__init__(f"{where} is full ({depth} of {limit} messages)")
+    def __init__(self, where: str, depth: int, limit: int, why: str = "") -> None:
+        super().__init__(f"{where} is full ({why or f'{depth} of {limit} messages'})")
         self.where, self.depth, self.limit = where, depth, limit

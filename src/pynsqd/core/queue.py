@@ -15,7 +15,16 @@ from .message import Message, decode_message
 
 
 class MessageQueue:
-    __slots__ = ("_flip", "_mem", "backend", "mem_size", "overflow_count", "write_error")
+    __slots__ = (
+        "_flip",
+        "_mem",
+        "backend",
+        "mem_bytes",
+        "mem_size",
+        "overflow_count",
+        "track_bytes",
+        "write_error",
+    )
 
     def __init__(self, mem_size: int, backend: BackendQueue) -> None:
         self.mem_size = mem_size
@@ -26,6 +35,24 @@ class MessageQueue:
         self.overflow_count = 0
         #: The backend's last write error while it lasts (cleared by the next good write).
         self.write_error: OSError | None = None
+        #: Body bytes in memory, counted only while ``track_bytes`` (a bound in bytes applies):
+        #: otherwise the queue pays nothing for it.
+        self.track_bytes = False
+        self.mem_bytes = 0
+
+    def count_bytes(self, on: bool) -> None:
+        self.track_bytes = on
+        self.mem_bytes = sum(len(m.body) for m in self._mem) if on else 0
+
+    def byte_size(self) -> int:
+        """Body bytes in memory plus what the backend holds (about); needs ``track_bytes``."""
+        return self.mem_bytes + self.backend.byte_size()
+
+    def _added(self, msgs: list[Message] | tuple[Message, ...]) -> None:
+        self.mem_bytes += sum(len(m.body) for m in msgs)
+
+    def _removed(self, msgs: list[Message]) -> None:
+        self.mem_bytes -= sum(len(m.body) for m in msgs)
 
     def __len__(self) -> int:
         """nsqd's ``depth``: memory plus backend (not in-flight or deferred)."""
@@ -42,9 +69,13 @@ class MessageQueue:
         room = self.mem_size - len(mem)
         if room >= len(msgs):
             mem.extend(msgs)
+            if self.track_bytes:
+                self._added(msgs)
             return
         if room > 0:
             mem.extend(msgs[:room])
+            if self.track_bytes:
+                self._added(msgs[:room])
             msgs = msgs[room:]
         self.backend.put_many(msgs)
 
@@ -56,9 +87,13 @@ class MessageQueue:
         room = self.mem_size - len(mem)
         if room >= len(msgs):
             mem.extend(msgs)
+            if self.track_bytes:
+                self._added(msgs)
             return None
         if room > 0:
             mem.extend(msgs[:room])
+            if self.track_bytes:
+                self._added(msgs[:room])
             msgs = msgs[room:]
         return self._store(msgs)
 
@@ -67,7 +102,10 @@ class MessageQueue:
         in memory (decoded) if the backend fails, as ``keep_many``."""
         room = self.mem_size - len(self._mem)
         if room > 0:
-            self._mem.extend(map(decode_message, records[:room]))
+            decoded = list(map(decode_message, records[:room]))
+            self._mem.extend(decoded)
+            if self.track_bytes:
+                self._added(decoded)
             records = records[room:]
         if not records:
             return None
@@ -80,6 +118,8 @@ class MessageQueue:
 
     def _kept(self, msgs: list[Message], err: OSError) -> OSError:
         self._mem.extend(msgs)
+        if self.track_bytes:
+            self._added(msgs)
         self.overflow_count += len(msgs)
         self.write_error = err
         return err
@@ -90,9 +130,13 @@ class MessageQueue:
         room = self.mem_size - len(self._mem)
         if room >= len(msgs):
             self._mem.extendleft(reversed(msgs))
+            if self.track_bytes:
+                self._added(msgs)
             return None
         if room > 0:
             self._mem.extendleft(reversed(msgs[:room]))
+            if self.track_bytes:
+                self._added(msgs[:room])
             msgs = msgs[room:]
         return self._store(msgs)
 
@@ -120,6 +164,8 @@ class MessageQueue:
         if k:
             popleft = mem.popleft
             got = [popleft() for _ in range(k)]
+            if self.track_bytes:
+                self._removed(got)
             if max_bytes:
                 # Checked after the fact, in one pass: the budget is rarely what limits a take.
                 sizes = [len(m.body) for m in out]
@@ -149,23 +195,30 @@ class MessageQueue:
             total += size
             keep += 1
         first = len(out)
+        back = got if keep <= first else got[keep - first :]  # to the head of memory again
+        self._mem.extendleft(reversed(back))
+        if self.track_bytes:
+            self._added(back)
         if keep <= first:  # the backend's part alone filled the budget
-            self._mem.extendleft(reversed(got))
             return out
-        self._mem.extendleft(reversed(got[keep - first :]))
         return out + got[: keep - first]
 
     def take_memory(self, n: int) -> list[Message]:
         mem = self._mem
         popleft = mem.popleft
-        return [popleft() for _ in range(min(n, len(mem)))]
+        got = [popleft() for _ in range(min(n, len(mem)))]
+        if self.track_bytes:
+            self._removed(got)
+        return got
 
     def empty(self) -> None:
         self._mem.clear()
+        self.mem_bytes = 0
         self.backend.empty()
 
     def drain_memory(self) -> list[Message]:
         """Remove and return the in-memory messages (to flush them to the backend at exit)."""
         out = list(self._mem)
         self._mem.clear()
+        self.mem_bytes = 0
         return out

@@ -112,7 +112,7 @@ class Topic:
         """PUB, MPUB, DPUB: make messages with fresh IDs and publish them. Raises OSError (not
         stored) or QueueFull (a bounded queue with policy reject has no room: nothing stored)."""
         if self.bounded:
-            self._check_room(len(bodies))
+            self._check_room(len(bodies), sum(map(len, bodies)))
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
             one = [Message(self.guid.new_ids(1)[0], body, time.time_ns())]
@@ -156,7 +156,7 @@ class Topic:
     def publish_existing(self, msgs: list[Message]) -> None:
         """Publish messages that keep their IDs (dead-lettering): as ``put_bodies``."""
         if self.bounded:
-            self._check_room(len(msgs))
+            self._check_room(len(msgs), sum(len(m.body) for m in msgs))
         if self.log is not None:
             self._put_logged(msgs)
         else:
@@ -170,16 +170,20 @@ class Topic:
     def refresh_bounds(self) -> None:
         """Recompute ``bounded`` (a bound was set, or a channel came or went): publishing
         pays one attribute check while nothing is bounded."""
-        self.bounded = bool(self.max_depth) or any(ch.max_depth for ch in self.channels.values())
+        self.bounded = bool(self.max_depth) or any(
+            ch.max_depth or ch.max_bytes for ch in self.channels.values()
+        )
 
-    def _check_room(self, n: int) -> None:
+    def _check_room(self, n: int, size: int = 0) -> None:
         """Policy reject: refuse the whole publish if any bounded queue it goes to is full."""
         if self.channels:
             for ch in self.channels.values():
-                if ch.max_depth and ch.bound_policy == "reject":
-                    depth = ch.bounded_depth
-                    if depth + n > ch.max_depth:
-                        raise QueueFull(f"{self.name}:{ch.name}", depth, ch.max_depth)
+                if (ch.max_depth or ch.max_bytes) and ch.bound_policy == "reject":
+                    why = ch.over_bound(n, size)
+                    if why is not None:
+                        raise QueueFull(
+                            f"{self.name}:{ch.name}", ch.bounded_depth, ch.max_depth, why
+                        )
         elif self.max_depth and self.bound_policy == "reject" and self.depth + n > self.max_depth:
             raise QueueFull(self.name, self.depth, self.max_depth)
 
@@ -187,7 +191,7 @@ class Topic:
         """Policy drop-oldest: queues past their bound drop the messages next in line."""
         if self.channels:
             for ch in self.channels.values():
-                if ch.max_depth and ch.bound_policy == "drop-oldest":
+                if (ch.max_depth or ch.max_bytes) and ch.bound_policy == "drop-oldest":
                     ch.trim()
             return
         excess = self.depth - self.max_depth

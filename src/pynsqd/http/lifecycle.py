@@ -3,7 +3,7 @@
 - ``GET /topic/config?topic=T``, ``POST /topic/config?topic=T[&msg_ttl=1h][&max_depth=N]
   [&bound_policy=reject|drop-oldest]``
 - ``GET /channel/config?topic=T&channel=C``, ``POST /channel/config?topic=T&channel=C
-  [&max_attempts=N][&dead_letter=TOPIC|none][&max_depth=N][&bound_policy=...]``
+  [&max_attempts=N][&dead_letter=TOPIC|none][&max_depth=N][&max_bytes=N][&bound_policy=...]``
 
 A POST creates the topic (and channel) like ``/topic/create``, stores the given values (kept
 across restarts) and answers with the effective settings. A parameter given as ``default``
@@ -61,6 +61,7 @@ _CHANNEL_PARAMS: dict[str, Callable[[str], Any]] = {
     "max_attempts": lambda t: checks.check_max_attempts(_count(t)),
     "dead_letter": _dead_letter,
     "max_depth": _count,
+    "max_bytes": _count,
     "bound_policy": checks.check_bound_policy,
 }
 

@@ -157,7 +157,7 @@ class NSQCollector:
                 c_timed_out.add_metric(cl, ch.timeout_count)
                 c_clients.add_metric(cl, len(ch.clients))
                 c_paused.add_metric(cl, int(ch.paused))
-                if ch.screening or ch.max_depth:
+                if ch.screening or ch.max_depth or ch.max_bytes:
                     c_dead.add_metric(cl, ch.dead_letter_count)
                     c_expired.add_metric(cl, ch.expired_count)
                     c_dropped.add_metric(cl, ch.dropped_count)

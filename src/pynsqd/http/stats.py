@@ -119,6 +119,7 @@ def channel_stats(
     if (
         channel.screening
         or channel.max_depth
+        or channel.max_bytes
         or channel.dead_letter_count
         or channel.expired_count
         or channel.dropped_count
@@ -127,6 +128,7 @@ def channel_stats(
             "max_attempts": channel.max_attempts,
             "msg_ttl": format_duration(channel.msg_ttl_ns / 1e9),
             "max_depth": channel.max_depth,
+            "max_bytes": channel.max_bytes,
             "bound_policy": channel.bound_policy,
             "dead_letter_count": channel.dead_letter_count,
             "dead_letter_failed_count": channel.dead_letter_failed_count,

@@ -240,6 +240,7 @@ class NSQD:
             "dead_letter": own.get("dead_letter", f"{topic}.dead"),
             "msg_ttl": self.topic_config(topic)["msg_ttl"],
             "max_depth": own.get("max_depth", opts.max_channel_depth),
+            "max_bytes": own.get("max_bytes", opts.max_channel_bytes),
             "bound_policy": own.get("bound_policy", opts.channel_bound_policy),
             "own": sorted(own),
         }
@@ -254,7 +255,11 @@ class NSQD:
     def _apply_channel_settings(self, topic: str, ch: Channel) -> None:
         cfg = self.channel_config(topic, ch.name)
         ch.set_lifecycle(
-            cfg["max_attempts"], round(cfg["msg_ttl"] * 1e9), cfg["max_depth"], cfg["bound_policy"]
+            cfg["max_attempts"],
+            round(cfg["msg_ttl"] * 1e9),
+            cfg["max_depth"],
+            cfg["bound_policy"],
+            cfg["max_bytes"],
         )
 
     def set_topic_config(self, name: str, values: dict[str, Any]) -> None:

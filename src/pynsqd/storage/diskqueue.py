@@ -230,6 +230,16 @@ class DiskQueue:
         """Number of records in the queue (never negative, even with inconsistent metadata)."""
         return self._depth if self._depth > 0 else 0
 
+    def byte_size(self) -> int:
+        """Bytes between the reader and the writer (records with their headers), counting
+        each file in between as full: about, and never less than what is stored."""
+        if not self.depth():
+            return 0
+        files = self._write_file_num - self._read_file_num
+        if files <= 0:
+            return max(0, self._write_pos - self._read_pos)
+        return files * self.max_bytes_per_file - self._read_pos + self._write_pos
+
     def put(self, data: bytes) -> None:
         """Append one record; raise ``OSError`` if it cannot be written."""
         size = len(data)

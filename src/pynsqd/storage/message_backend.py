@@ -108,6 +108,9 @@ class DiskBackend:
     def commit_reads(self) -> None:
         self.dq.commit_reads()
 
+    def byte_size(self) -> int:
+        return self.dq.byte_size()
+
     def depth(self) -> int:
         return self.dq.depth()
 

@@ -24,7 +24,7 @@ from .atomic import write_atomic
 SETTINGS_FILE = "pynsqd.settings.json"
 
 TOPIC_KEYS = ("msg_ttl", "max_depth", "bound_policy")
-CHANNEL_KEYS = ("max_attempts", "dead_letter", "max_depth", "bound_policy")
+CHANNEL_KEYS = ("max_attempts", "dead_letter", "max_depth", "max_bytes", "bound_policy")
 
 Settings = dict[str, dict[str, Any]]
 

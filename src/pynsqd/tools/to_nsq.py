@@ -1,0 +1,88 @@
+"""``to_nsq``: publish each line of stdin to a topic, as Go's to_nsq does.
+
+Each ``--delimiter``-separated record (without the delimiter; empty ones skipped) is published
+to every ``--nsqd-tcp-address``; ``--rate`` caps messages per second (0: as fast as nsqd takes
+them).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from ..client import Connection, NsqError
+from ..internal.optiontable import opt
+from .common import parse
+
+PROGRAM = "to_nsq"
+
+
+@dataclass
+class ToNsqOptions:
+    topic: str = opt("", "NSQ topic to publish to")
+    delimiter: str = opt("\n", "character to split input from stdin")
+    rate: int = opt(0, "Throttle messages per second")
+    nsqd_tcp_addresses: list[str] = opt(
+        [],
+        "destination nsqd TCP address (may be given multiple times)",
+        kind="list",
+        flag="nsqd-tcp-address",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(PROGRAM, ToNsqOptions, argv)
+    if not opts.topic:
+        print(f"{PROGRAM}: --topic required", file=sys.stderr)
+        return 1
+    if len(opts.delimiter.encode()) != 1:
+        print(f"{PROGRAM}: --delimiter must be a single byte", file=sys.stderr)
+        return 1
+    if not opts.nsqd_tcp_addresses:
+        print(f"{PROGRAM}: --nsqd-tcp-address required", file=sys.stderr)
+        return 1
+    try:
+        conns = [Connection(a, user_agent=f"{PROGRAM}/pynsqd") for a in opts.nsqd_tcp_addresses]
+    except NsqError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
+    delim = opts.delimiter.encode()
+    interval = 1.0 / opts.rate if opts.rate > 0 else 0.0
+    next_at = time.monotonic()
+    sent = 0
+    try:
+        for record in _records(sys.stdin.buffer, delim):
+            if interval:
+                now = time.monotonic()
+                if next_at > now:
+                    time.sleep(next_at - now)
+                next_at = max(next_at, now) + interval
+            for conn in conns:
+                conn.publish(opts.topic, record)
+            sent += 1
+    except NsqError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for conn in conns:
+            conn.close()
+    print(f"{PROGRAM}: published {sent} messages to {opts.topic}", file=sys.stderr)
+    return 0
+
+
+def _records(stream: BinaryIO, delim: bytes) -> Iterator[bytes]:
+    """The non-empty records of ``stream`` split at ``delim`` (the last one may lack it)."""
+    rest = b""
+    while chunk := stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16):
+        parts = (rest + chunk).split(delim)
+        rest = parts.pop()
+        yield from (p for p in parts if p)
+    if rest:
+        yield rest
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

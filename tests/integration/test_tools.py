@@ -1,0 +1,86 @@
+"""The NSQ command-line tools (``to_nsq``, ``nsq_tail``) as processes, against a real pynsqd,
+directly and through a real nsqlookupd."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ServerThread
+from .lookupd_helpers import LookupdThread
+
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    path = BIN / name
+    command = [str(path)] if path.exists() else [sys.executable, "-m", f"pynsqd.tools.{name}"]
+    return subprocess.run(
+        [*command, *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_to_nsq_then_nsq_tail(nsqd: ServerThread) -> None:
+    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    res = tool("to_nsq", "--topic=logs", f"--nsqd-tcp-address={addr}", stdin=b"a\nb\n\nc")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == b"to_nsq: published 3 messages to logs\n"  # the empty line is skipped
+    res = tool("nsq_tail", "--topic=logs", "--channel=c", f"--nsqd-tcp-address={addr}", "--n=3")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"a\nb\nc\n"
+    ch = nsqd.call(lambda: nsqd.nsqd.topics["logs"].channels["c"])
+    assert nsqd.call(lambda: (ch.depth, ch.message_count)) == (0, 3)
+
+
+def test_to_nsq_delimiter_and_every_destination(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, two = make_nsqd(data_path=str(tmp_path / "a")), make_nsqd(data_path=str(tmp_path / "b"))
+    args = [f"--nsqd-tcp-address=127.0.0.1:{s.tcp_port}" for s in (one, two)]
+    res = tool("to_nsq", "--topic=t", "--delimiter=,", *args, stdin=b"x,y,z")
+    assert res.returncode == 0, res.stderr
+    for server in (one, two):  # as Go's to_nsq: every record to every nsqd
+        assert server.call(lambda s=server: s.nsqd.topics["t"].message_count) == 3
+
+
+def test_nsq_tail_finds_the_nodes_through_nsqlookupd(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    lookupd = LookupdThread()
+    try:
+        host, port = lookupd.tcp_address
+        server = make_nsqd(lookupd_tcp_addresses=[f"{host}:{port}"], broadcast_address="127.0.0.1")
+        with server.connect() as c:
+            c.mpub("t", [b"one", b"two"])
+        res = tool(
+            "nsq_tail",
+            "--topic=t",
+            f"--lookupd-http-address={lookupd.http_url.removeprefix('http://')}",
+            "--n=2",
+            "--print-topic",
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == b"t | one\nt | two\n"
+    finally:
+        lookupd.stop()
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "code", "line"),
+    [
+        ("to_nsq", ["--bogus"], 2, b"to_nsq: flag provided but not defined: -bogus\n"),
+        ("to_nsq", ["--nsqd-tcp-address=127.0.0.1:1"], 1, b"to_nsq: --topic required\n"),
+        ("nsq_tail", ["--topic=t"], 1, b"nsq_tail: use --nsqd-tcp-address or"),
+        ("nsq_tail", ["--topic=t", "--nsqd-tcp-address=127.0.0.1:1"], 1, b"nsq_tail: failed to"),
+    ],
+)
+def test_bad_input_is_one_line(name: str, args: list[str], code: int, line: bytes) -> None:
+    res = tool(name, *args)
+    assert res.returncode == code
+    assert res.stderr.startswith(line) and res.stderr.count(b"\n") == 1, res.stderr
