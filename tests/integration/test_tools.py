@@ -84,3 +84,39 @@ def test_bad_input_is_one_line(name: str, args: list[str], code: int, line: byte
     res = tool(name, *args)
     assert res.returncode == code
     assert res.stderr.startswith(line) and res.stderr.count(b"\n") == 1, res.stderr
+
+
+def test_nsq_stat_prints_gos_columns(nsqd: ServerThread) -> None:
+    with nsqd.connect() as c:
+        c.sub("t", "c", rdy=0)
+        with nsqd.connect() as p:
+            p.mpub("t", [b"a"] * 7)
+        res = tool(
+            "nsq_stat",
+            "--topic=t",
+            "--channel=c",
+            f"--nsqd-http-address=127.0.0.1:{nsqd.http_port}",
+            "--interval=100ms",
+            "--count=1",
+        )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.decode().splitlines()
+    assert lines[0] == (
+        "------rate------+----------------depth----------------+"
+        "--------------metadata---------------"
+    )
+    header = "ingress egress | total mem disk inflt def | req t-o msgs clients"
+    assert lines[1].split() == header.split()
+    row = "0 0 | 7 7 0 0 0 | 0 0 7 1"
+    assert lines[2].split() == row.split()
+    assert len(lines) == 3
+
+
+def test_nsq_stat_names_a_missing_channel(nsqd: ServerThread) -> None:
+    with nsqd.connect() as p:
+        p.pub("t", b"x")
+    res = tool(
+        "nsq_stat", "--topic=t", "--channel=nope", f"--nsqd-http-address=127.0.0.1:{nsqd.http_port}"
+    )
+    assert res.returncode == 1
+    assert res.stderr == b"nsq_stat: failed to find channel(nope) in stats metadata for topic(t)\n"
