@@ -11,6 +11,8 @@ Both are measured after a warm-up run of each (Python workers started, JVM JIT w
   ``readStream.format("nsq")`` → ``noop`` sink, ``Trigger.AvailableNow``. Reports the whole run
   (query start to end, Spark start-up excluded) and the steady state (sum of the micro-batches'
   rows / their trigger durations, without the first batch, which includes Python worker start).
+- log (also in ``all`` and ``source``): the log-mode source over the same number of rows of a
+  retained topic, with --partitions tasks per batch (per-task rates show how it scales).
 - sink: ``df.write.format("nsq")`` of --rows cached rows (binary body of --size bytes), and the
   same through ``writeStream`` (rate of the whole query).
 """
@@ -128,6 +130,56 @@ def bench_source(
     }
 
 
+def bench_log_source(
+    spark: Any,
+    address: str,
+    http: str,
+    rows: int,
+    size: int,
+    batch: int,
+    work: Path,
+    partitions: int,
+    topic: str = "logsource",
+) -> dict[str, Any]:
+    """The log-mode source: executors read offset ranges over HTTP (nsqd has retention)."""
+    if topic_count(http, topic) < rows:
+        prefill(address, topic, rows - topic_count(http, topic), size)
+    df = (
+        spark.readStream.format("nsq")
+        .option("mode", "log")
+        .option("topic", topic)
+        .option("nsqdHttpAddresses", http)
+        .option("maxOffsetsPerTrigger", str(batch))
+        .option("minPartitions", str(partitions))
+        .load()
+    )
+    t0 = time.perf_counter()
+    q = (
+        df.writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(work / f"ck-{topic}-{partitions}"))
+        .start()
+    )
+    q.awaitTermination(600)
+    wall = time.perf_counter() - t0
+    progress = q.recentProgress
+    q.stop()
+    data = [p for p in progress if p["numInputRows"]]
+    got = sum(p["numInputRows"] for p in data)
+    steady = data[1:] or data
+    steady_rows = sum(p["numInputRows"] for p in steady)
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    return {
+        "mode": f"log source x{partitions}",
+        "rows": got,
+        "wall_s": wall,
+        "rows_per_s_wall": got / wall,
+        "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
+        "rows_per_s_per_task_steady": steady_rows / steady_s / partitions if steady_s else 0.0,
+        "batches": len(data),
+    }
+
+
 def bench_sink(
     spark: Any, address: str, http: str, rows: int, size: int, work: Path, topic: str = "sink"
 ) -> list[dict[str, Any]]:
@@ -190,7 +242,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=600_000)
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--batch", type=int, default=100_000, help="source maxMessagesPerBatch")
-    ap.add_argument("--mode", choices=["all", "source", "sink"], default="all")
+    ap.add_argument("--mode", choices=["all", "source", "sink", "log"], default="all")
+    ap.add_argument(
+        "--partitions",
+        default="1,2,4",
+        help="log source: tasks per batch to try (minPartitions), comma-separated",
+    )
     ap.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--detail", action="store_true", help="print each source micro-batch's timings")
@@ -203,7 +260,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="nsq-spark-bench-"))
     (work / "nsqd").mkdir()
-    proc, address, http = start_nsqd(work / "nsqd", args.nsqd_args.split())
+    # Retention on: the log-mode source reads the topic's log (the channel source is unaffected).
+    proc, address, http = start_nsqd(
+        work / "nsqd", ["--retention-time=1h", *args.nsqd_args.split()]
+    )
     from pyspark.sql import SparkSession
 
     from pynsqd_spark import register
@@ -231,6 +291,14 @@ def main() -> None:
             results += bench_sink(spark, address, http, args.rows, args.size, work)
         if args.mode in ("all", "source"):
             results.append(bench_source(spark, address, args.rows, args.size, args.batch, work))
+        if args.mode in ("all", "source", "log"):
+            bench_log_source(spark, address, http, warm, args.size, args.batch, work, 2, "warmlog")
+            for n in (int(x) for x in args.partitions.split(",")):
+                results.append(
+                    bench_log_source(
+                        spark, address, http, args.rows, args.size, args.batch, work, n
+                    )
+                )
     finally:
         spark.stop()
         proc.terminate()

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
+from .logsource import (
+    LOG_SCHEMA,
+    LogOptions,
+    NsqLogBatchReader,
+    NsqLogStreamReader,
+    retained_everywhere,
+)
 from .options import NsqOptionError, SinkOptions, SourceOptions
 from .sink import NsqArrowWriter, NsqStreamArrowWriter
 from .source import SOURCE_SCHEMA, NsqStreamReader
@@ -25,11 +33,35 @@ class NsqDataSource(DataSource):
     def name(cls) -> str:
         return "nsq"
 
+    def _mode(self) -> str:
+        """``mode``: ``log`` (a replayable topic, read by offset on the executors), ``channel``
+        (a channel, through the driver) or ``auto`` (log when every nsqd in
+        ``nsqdHttpAddresses`` has the topic retained)."""
+        mode = str(self.options.get("mode") or "auto").strip().lower()
+        if mode not in ("auto", "log", "channel"):
+            raise NsqOptionError(f"option 'mode' must be auto, log or channel, got {mode!r}")
+        if mode == "auto":
+            has_http = bool(self.options.get("nsqdHttpAddresses"))
+            mode = "log" if has_http and retained_everywhere(self.options) else "channel"
+        return mode
+
     def schema(self) -> StructType:
-        return SOURCE_SCHEMA
+        return LOG_SCHEMA if self._mode() == "log" else SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self._mode() == "log":
+            return NsqLogStreamReader(LogOptions.parse(self.options))
         return NsqStreamReader(SourceOptions.parse(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        if self._mode() != "log":
+            raise NsqOptionError(
+                "batch reads (spark.read) need a replayable topic: a channel cannot be read "
+                "twice. Give the topic retention (nsqd --retention-time, or POST "
+                "/topic/retention) and set option 'mode' to 'log' with 'nsqdHttpAddresses'; "
+                "for a channel use spark.readStream"
+            )
+        return NsqLogBatchReader(LogOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:

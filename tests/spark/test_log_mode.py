@@ -1,0 +1,185 @@
+"""Log mode with real Spark (local[2]) and real pynsqd processes: a replayable topic read by
+offset on the executors, batch and streaming, exactly once across a restart, data loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import NsqdProcess
+
+
+def retained(start_nsqd: Callable[..., NsqdProcess], *args: str) -> NsqdProcess:
+    return start_nsqd("--retention-time=1h", *args)
+
+
+def log_reader(spark: Any, node: NsqdProcess, topic: str = "t", stream: bool = False) -> Any:
+    reader = spark.readStream if stream else spark.read
+    return (
+        reader.format("nsq")
+        .option("mode", "log")
+        .option("topic", topic)
+        .option("nsqdHttpAddresses", node.http_address)
+    )
+
+
+def test_batch_read_of_an_offset_range(spark: Any, start_nsqd: Callable[..., NsqdProcess]) -> None:
+    node = retained(start_nsqd)
+    node.publish("t", [b"m%03d" % i for i in range(100)])
+    df = (
+        log_reader(spark, node)
+        .option("startingOffsets", json.dumps({node.http_address: 10}))
+        .option("endingOffsets", json.dumps({node.http_address: 60}))
+        .option("minPartitions", "3")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 3
+    rows = sorted(
+        (r.offset, r.body, r.topic) for r in df.select("offset", "body", "topic").collect()
+    )
+    assert rows == [(i, b"m%03d" % i, "t") for i in range(10, 60)]
+
+
+def test_auto_mode_picks_the_log_and_reads_everything(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess]
+) -> None:
+    node = retained(start_nsqd)
+    node.publish("t", [b"x"] * 25)
+    df = (
+        spark.read.format("nsq")
+        .option("topic", "t")
+        .option("nsqdHttpAddresses", node.http_address)
+        .load()
+    )
+    assert "offset" in df.columns and df.count() == 25
+
+
+def test_streaming_is_exactly_once_across_a_restart(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    node = retained(start_nsqd)
+    node.publish("t", [b"a%04d" % i for i in range(300)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run() -> None:
+        df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "70").load()
+        query = (
+            df.select("offset", "body")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            sizes = [p["numInputRows"] for p in query.recentProgress]
+            assert sizes and max(sizes) <= 70  # maxOffsetsPerTrigger
+        finally:
+            query.stop()
+
+    run()
+    node.publish("t", [b"b%04d" % i for i in range(200)])
+    run()  # restarted from the checkpoint: it goes on where it stopped
+    rows = spark.read.parquet(str(out)).collect()
+    offsets = [r.offset for r in rows]
+    assert len(offsets) == 500 and sorted(offsets) == list(range(500))  # none lost, none twice
+    assert {r.body for r in rows} == {b"a%04d" % i for i in range(300)} | {
+        b"b%04d" % i for i in range(200)
+    }
+
+
+def _make_prunable(node: NsqdProcess, n: int) -> int:
+    """Publish ``n`` messages that a channel has had (so retention may prune them); return the
+    earliest retained offset once some were pruned."""
+    req = urllib.request.Request(
+        f"http://{node.http_address}/channel/create?topic=t&channel=c", method="POST"
+    )
+    urllib.request.urlopen(req, timeout=5).read()
+    for _ in range(n // 10):  # many appends: a batch is never split across log segments
+        node.publish("t", [b"p" * 100] * 10)
+    with urllib.request.urlopen(f"http://{node.http_address}/topic/offsets?topic=t") as r:
+        doc = json.loads(r.read())
+    assert doc["earliest"] > 0, doc
+    return int(doc["earliest"])
+
+
+def test_records_pruned_before_they_were_read_fail_or_are_skipped(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess]
+) -> None:
+    node = start_nsqd("--retention-bytes=20000", "--max-bytes-per-file=4096")
+    node.publish("t", [b"seed"])  # creates the topic (no channel yet: nothing prunable)
+    earliest = _make_prunable(node, 400)
+    start = json.dumps({node.http_address: 0})
+    with pytest.raises(Exception, match=r"offsets 0-\d+ were removed by retention"):
+        log_reader(spark, node).option("startingOffsets", start).load().count()
+    rows = (
+        log_reader(spark, node)
+        .option("startingOffsets", start)
+        .option("failOnDataLoss", "false")
+        .load()
+        .select("offset")
+        .collect()
+    )
+    assert min(r.offset for r in rows) >= earliest and len(rows) == 401 - earliest
+
+
+def test_batch_reads_of_a_channel_fail_at_load_saying_what_to_use(
+    spark: Any, nsqd_proc: NsqdProcess
+) -> None:
+    with pytest.raises(Exception, match=r"batch reads \(spark.read\) need a replayable topic"):
+        spark.read.format("nsq").option("topic", "t").option("channel", "c").option(
+            "nsqdTcpAddresses", nsqd_proc.tcp_address
+        ).load().count()
+
+
+def test_unknown_options_are_named_with_the_valid_ones(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess]
+) -> None:
+    node = retained(start_nsqd)
+    with pytest.raises(Exception, match=r"unknown option\(s\) 'bogusoption'.*valid: mode, topic"):
+        log_reader(spark, node).option("bogusOption", "1").load().count()
+
+
+def test_killing_the_driver_mid_query_loses_and_duplicates_nothing(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    node = retained(start_nsqd)
+    n = 6000
+    node.publish("t", [b"k%05d" % i for i in range(n)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    script = Path(__file__).with_name("log_query.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, str(script), node.http_address, "t", str(out), str(checkpoint)]
+    log = tmp_path / "first.log"
+    with open(log, "wb") as err:
+        first = subprocess.Popen(
+            command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err
+        )
+    commits = checkpoint / "commits"
+    deadline = time.monotonic() + 120
+    # Several batches in (each commits a file), then kill -9 the driver and its JVM.
+    while not (commits.is_dir() and len([p for p in commits.iterdir() if p.name.isdigit()]) >= 3):
+        assert first.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the query made no progress"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = len([p for p in commits.iterdir() if p.name.isdigit()])
+    assert done < n // 500  # killed mid-query
+    second = subprocess.run(command, env=env, capture_output=True, timeout=300, check=False)
+    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    rows = spark.read.parquet(str(out)).select("offset", "body").collect()
+    offsets = [r.offset for r in rows]
+    assert len(offsets) == n  # no duplicate
+    assert sorted(offsets) == list(range(n))  # none lost
+    assert {r.body for r in rows} == {b"k%05d" % i for i in range(n)}
