@@ -19,8 +19,10 @@ class NsqOptionError(ValueError):
 class _Opts:
     def __init__(self, options: Mapping[str, str]) -> None:
         self._o = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+        self._asked: dict[str, str] = {}  # lowercased name -> name as documented
 
     def get(self, name: str) -> str | None:
+        self._asked.setdefault(name.lower(), name)
         v = self._o.get(name.lower())
         return v if v is None or v.strip() != "" else None
 
@@ -50,6 +52,18 @@ class _Opts:
         if low in ("false", "0", "no"):
             return False
         raise NsqOptionError(f"option {name!r} must be true or false, got {v!r}")
+
+    def reject_unknown(self, mode: str, also: tuple[str, ...] = ()) -> None:
+        """Options nobody read are a mistake (a typo, or an option of the other mode): say
+        which, and list the valid ones."""
+        known = set(self._asked) | {a.lower() for a in also} | {"path"}
+        unknown = sorted(k for k in self._o if k not in known)
+        if unknown:
+            valid = sorted({*self._asked.values(), *also})
+            raise NsqOptionError(
+                f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode {mode!r}; "
+                f"valid: {', '.join(valid)}"
+            )
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         v = self.string(name, default).strip().lower()
@@ -156,7 +170,7 @@ class SourceOptions:
         nsqd, lookupd = _nodes(o)
         max_batch = o.integer("maxMessagesPerBatch", 10000, 1)
         msg_timeout = o.integer("msgTimeoutMs", 60000, 1000)
-        return cls(
+        parsed = cls(
             topic=topic,
             channel=channel,
             nsqd_addresses=nsqd,
@@ -177,6 +191,9 @@ class SourceOptions:
                 o.integer("maxBytesPerPartition", 8 * 1024 * 1024, 1), 1 << 30
             ),
         )
+        # Every option was read above; what is left (startingOffsets, a typo) is refused.
+        o.reject_unknown("channel", also=("mode", "nsqdHttpAddresses"))
+        return parsed
 
 
 @dataclass(frozen=True)

@@ -343,3 +343,13 @@ def test_tls(start_nsqd: Any, tmp_path: Any) -> None:
     with Connection(nsqd.tcp_address).connect() as plain, pytest.raises(NsqError) as err:
         plain.pub("tls", b"x")
     assert err.value.code == "E_INVALID"
+
+
+def test_unknown_source_options_are_refused_with_the_valid_ones() -> None:
+    base = {"topic": "t", "channel": "c", "nsqdTcpAddresses": "h:1"}
+    with pytest.raises(NsqOptionError) as info:
+        SourceOptions.parse({**base, "startingOffsets": "earliest", "bogusOption": "1"})
+    message = str(info.value)
+    assert "unknown option(s) 'bogusoption', 'startingoffsets' for mode 'channel'" in message
+    assert "maxMessagesPerBatch" in message and "nsqdTcpAddresses" in message
+    SourceOptions.parse({**base, "mode": "channel", "MAXMESSAGESPERBATCH": "5"})  # any case
