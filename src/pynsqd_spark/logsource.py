@@ -347,6 +347,14 @@ class NsqLogStreamReader(DataSourceStreamReader):
             end[n] = min(end[n], start[n] + share)
         return end
 
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        """Each node's latest offset, shown as the source's ``latestOffset`` in the query's
+        progress: beside ``endOffset`` it says how far behind the query is, per node."""
+        try:
+            return {n: int(node_offsets(n, self.opts)["latest"]) for n in self.opts.nodes}
+        except (RuntimeError, ConnectionError, ValueError):
+            return None
+
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         return list(split(start, end, self.opts.min_partitions))
 

@@ -120,3 +120,51 @@ def test_nsq_stat_names_a_missing_channel(nsqd: ServerThread) -> None:
     )
     assert res.returncode == 1
     assert res.stderr == b"nsq_stat: failed to find channel(nope) in stats metadata for topic(t)\n"
+
+
+def test_nsq_to_file_writes_gzip_files_and_fins_after_sync(
+    nsqd: ServerThread, tmp_path: Path
+) -> None:
+    import gzip
+    import signal
+    import time
+
+    with nsqd.connect() as p:
+        p.mpub("t", [b"line %d" % i for i in range(500)])
+    out, work = tmp_path / "out", tmp_path / "work"
+    path = BIN / "nsq_to_file"
+    command = [str(path)] if path.exists() else [sys.executable, "-m", "pynsqd.tools.nsq_to_file"]
+    proc = subprocess.Popen(
+        [
+            *command,
+            "--topic=t",
+            f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}",
+            f"--output-dir={out}",
+            f"--work-dir={work}",
+            "--gzip",
+            "--sync-interval=100ms",
+            "--rotate-size=2000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        ch = None
+        deadline = time.monotonic() + 30
+        while True:  # until every message was written, synced and FIN'd
+            topic = nsqd.call(lambda: nsqd.nsqd.topics.get("t"))
+            ch = topic.channels.get("nsq_to_file") if topic else None
+            if ch is not None and nsqd.call(lambda c=ch: (c.depth, len(c.in_flight))) == (0, 0):
+                break
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    files = sorted(out.iterdir())
+    assert len(files) > 1  # rotated by size
+    assert all(f.name.startswith("t.") and f.name.endswith(".log.gz") for f in files)
+    assert [f.name for f in work.iterdir()] == []  # every file moved out of the work dir
+    lines = b"".join(gzip.decompress(f.read_bytes()) for f in files).splitlines()
+    assert sorted(lines) == sorted(b"line %d" % i for i in range(500))

@@ -84,6 +84,8 @@ def test_streaming_is_exactly_once_across_a_restart(
             query.processAllAvailable()
             sizes = [p["numInputRows"] for p in query.recentProgress]
             assert sizes and max(sizes) <= 70  # maxOffsetsPerTrigger
+            last = query.lastProgress["sources"][0]
+            assert json.loads(last["latestOffset"]) == json.loads(last["endOffset"])  # caught up
         finally:
             query.stop()
 

@@ -1,0 +1,263 @@
+"""``nsq_to_file``: write a topic's messages to files, one per line, as Go's nsq_to_file does.
+
+Each ``--topic`` is consumed on channel ``--channel`` from every ``--nsqd-tcp-address`` (or every
+node ``--lookupd-http-address`` lists) and appended to ``--output-dir``/``--filename-format``
+(``<TOPIC>``, ``<HOST>``, ``<REV>``, ``<DATETIME>``, ``<PID>``). A file is written in
+``--work-dir`` and moved to the output directory when it is closed: at rotation (the
+``--datetime-format`` text changes, ``--rotate-size`` bytes, ``--rotate-interval``) and at exit.
+``--gzip`` compresses. Messages are FIN'd only after their bytes are fsynced (every
+``--sync-interval`` and at each rotation), so a crash redelivers rather than loses them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from queue import Empty, Queue
+from typing import BinaryIO
+
+from ..client import Connection, NsqError, lookup_nodes
+from ..internal.optiontable import opt
+from .common import parse
+
+PROGRAM = "nsq_to_file"
+
+
+@dataclass
+class ToFileOptions:
+    topics: list[str] = opt(
+        [], "nsq topic (may be given multiple times)", kind="list", flag="topic"
+    )
+    channel: str = opt("nsq_to_file", "nsq channel")
+    output_dir: str = opt("/tmp", "directory to write output files to")
+    work_dir: str = opt("", "directory for in-progress files before moving to output-dir")
+    datetime_format: str = opt(
+        "%Y-%m-%d_%H", "strftime compatible format for <DATETIME> in filename format"
+    )
+    filename_format: str = opt(
+        "<TOPIC>.<HOST><REV>.<DATETIME>.log",
+        "output filename format (<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> are replaced. <REV> is increased when file already exists)",
+    )
+    host_identifier: str = opt(
+        "",
+        "value to output in log filename in place of hostname. <SHORT_HOST> and <HOSTNAME> are valid replacement tokens",
+    )
+    gzip: bool = opt(False, "gzip output files.")
+    gzip_level: int = opt(6, "gzip compression level (1-9, 1=BestSpeed, 9=BestCompression)")
+    skip_empty_files: bool = opt(False, "skip writing empty files")
+    rotate_size: int = opt(0, "rotate the file when it grows bigger than `rotate-size` bytes")
+    rotate_interval: float = opt(0.0, "rotate the file every duration", kind="duration")
+    sync_interval: float = opt(30.0, "sync file to disk every duration", kind="duration")
+    max_in_flight: int = opt(200, "max number of messages to allow in flight")
+    nsqd_tcp_addresses: list[str] = opt(
+        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
+    )
+    lookupd_http_addresses: list[str] = opt(
+        [],
+        "lookupd HTTP address (may be given multiple times)",
+        kind="list",
+        flag="lookupd-http-address",
+    )
+
+
+class TopicFile:
+    """The current output file of one topic, rotated and synced as the options say."""
+
+    def __init__(self, opts: ToFileOptions, topic: str) -> None:
+        self.opts, self.topic = opts, topic
+        self.work_dir = opts.work_dir or opts.output_dir
+        self.out: gzip.GzipFile | BinaryIO | None = None
+        self.raw: BinaryIO | None = None
+        self.path = ""
+        self.name = ""
+        self.datetime = ""
+        self.opened_at = 0.0
+        self.size = 0
+
+    def _filename(self, rev: int) -> str:
+        host = self.opts.host_identifier or socket.gethostname()
+        host = host.replace("<SHORT_HOST>", socket.gethostname().split(".")[0])
+        host = host.replace("<HOSTNAME>", socket.gethostname())
+        name = (
+            self.opts.filename_format.replace("<TOPIC>", self.topic)
+            .replace("<HOST>", host)
+            .replace("<PID>", str(os.getpid()))
+            .replace("<DATETIME>", self.datetime)
+            .replace("<REV>", f"-{rev:06d}")  # as Go's: always, from -000000
+        )
+        return name + (".gz" if self.opts.gzip else "")
+
+    def _open(self) -> None:
+        self.datetime = time.strftime(self.opts.datetime_format)
+        rev = 0
+        while True:
+            name = self._filename(rev)
+            taken = os.path.exists(os.path.join(self.opts.output_dir, name)) or os.path.exists(
+                os.path.join(self.work_dir, name)
+            )
+            if not taken:
+                break
+            rev += 1
+        self.name = name
+        self.path = os.path.join(self.work_dir, name)
+        self.raw = open(self.path, "xb")  # noqa: SIM115 - closed at rotation
+        self.out = (
+            gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=self.opts.gzip_level)
+            if self.opts.gzip
+            else self.raw
+        )
+        self.opened_at = time.monotonic()
+        self.size = 0
+
+    def write(self, body: bytes) -> None:
+        if self.out is None or self._due():
+            self.close()
+            self._open()
+        assert self.out is not None
+        self.out.write(body + b"\n")
+        self.size += len(body) + 1
+
+    def _due(self) -> bool:
+        o = self.opts
+        return (
+            (o.rotate_size > 0 and self.size >= o.rotate_size)
+            or (o.rotate_interval > 0 and time.monotonic() - self.opened_at >= o.rotate_interval)
+            or time.strftime(o.datetime_format) != self.datetime
+        )
+
+    def sync(self) -> None:
+        if self.out is not None and self.raw is not None:
+            self.out.flush()
+            self.raw.flush()
+            os.fsync(self.raw.fileno())
+
+    def close(self) -> None:
+        if self.out is None or self.raw is None:
+            return
+        empty = self.size == 0
+        if self.out is not self.raw:
+            self.out.close()  # writes the gzip trailer
+        self.raw.flush()
+        os.fsync(self.raw.fileno())
+        self.raw.close()
+        self.out = self.raw = None
+        if empty and self.opts.skip_empty_files:
+            os.unlink(self.path)
+            return
+        if self.work_dir != self.opts.output_dir:
+            os.replace(self.path, os.path.join(self.opts.output_dir, self.name))
+
+
+def _consume(
+    opts: ToFileOptions, topic: str, conns: list[Connection], stop: threading.Event
+) -> None:
+    """One topic: messages from every node into its file; FIN after each sync."""
+    incoming: Queue[tuple[Connection, bytes, bytes] | NsqError] = Queue(opts.max_in_flight)
+    rdy = max(1, opts.max_in_flight // len(conns))
+
+    def read(conn: Connection) -> None:
+        try:
+            conn.subscribe(topic, opts.channel, rdy)
+            for m in conn.messages():
+                incoming.put((conn, m.id, m.body))
+        except NsqError as err:
+            if not stop.is_set():
+                incoming.put(err)
+
+    for conn in conns:
+        threading.Thread(target=read, args=(conn,), daemon=True).start()
+    out = TopicFile(opts, topic)
+    pending: list[tuple[Connection, bytes]] = []
+    next_sync = time.monotonic() + opts.sync_interval
+
+    def sync_and_finish() -> None:
+        out.sync()
+        for conn, msg_id in pending:
+            conn.finish(msg_id)
+        pending.clear()
+
+    try:
+        while not stop.is_set():
+            try:
+                item = incoming.get(timeout=0.2)
+            except Empty:
+                item = None
+            if isinstance(item, NsqError):
+                print(f"{PROGRAM}: {item}", file=sys.stderr)
+                stop.set()
+                break
+            if item is not None:
+                conn, msg_id, body = item
+                before = out.name
+                out.write(body)
+                if out.name != before and pending:  # rotated: the old file is synced and closed
+                    for c, i in pending:
+                        c.finish(i)
+                    pending.clear()
+                pending.append((conn, msg_id))
+            # Sync when due, or when RDY is about used up (nothing more would come).
+            if pending and (time.monotonic() >= next_sync or len(pending) >= rdy):
+                sync_and_finish()
+                next_sync = time.monotonic() + opts.sync_interval
+        sync_and_finish()
+    finally:
+        out.close()
+        for conn in conns:
+            conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(PROGRAM, ToFileOptions, argv)
+    if not opts.topics:
+        print(f"{PROGRAM}: --topic is required", file=sys.stderr)
+        return 1
+    if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
+        print(
+            f"{PROGRAM}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",
+            file=sys.stderr,
+        )
+        return 1
+    if not 1 <= opts.gzip_level <= 9:
+        print(f"{PROGRAM}: invalid --gzip-level", file=sys.stderr)
+        return 1
+    for d in {opts.output_dir, opts.work_dir or opts.output_dir}:
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as err:
+            print(f"{PROGRAM}: cannot create {d} - {err.strerror}", file=sys.stderr)
+            return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    workers = []
+    try:
+        for topic in opts.topics:
+            nodes = list(opts.nsqd_tcp_addresses)
+            for lookupd in opts.lookupd_http_addresses:
+                nodes += [n for n in lookup_nodes(lookupd, topic) if n not in nodes]
+            if not nodes:
+                print(f"{PROGRAM}: no nsqd has topic {topic}", file=sys.stderr)
+                return 1
+            conns = [Connection(n, user_agent=f"{PROGRAM}/pynsqd") for n in nodes]
+            t = threading.Thread(target=_consume, args=(opts, topic, conns, stop))
+            t.start()
+            workers.append(t)
+    except NsqError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        stop.set()
+        return 1
+    finally:
+        while any(t.is_alive() for t in workers):
+            for t in workers:
+                t.join(0.2)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
