@@ -69,7 +69,7 @@ def topic_count(http: str, topic: str) -> int:
 
 
 def prefill(address: str, topic: str, rows: int, size: int) -> float:
-    from pynsqd_spark.client import Connection
+    from pynsqd.client.connection import Connection
 
     t0 = time.perf_counter()
     with Connection(address).connect() as c:

@@ -61,7 +61,7 @@ def start_nsqd(data_path: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def publish(address: str, events: int, seconds: float, totals: dict[str, list[float]]) -> None:
     """MPUB ``events`` events spread over ``seconds``; record what was sent in ``totals``."""
-    from pynsqd_spark.client import Connection
+    from pynsqd.client.connection import Connection
 
     rng = random.Random(42)
     batch = 500
@@ -109,8 +109,8 @@ def main() -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    from pynsqd.client.connection import Connection
     from pynsqd_spark import register
-    from pynsqd_spark.client import Connection
 
     spark = (
         SparkSession.builder.master("local[2]")

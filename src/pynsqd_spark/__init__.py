@@ -5,8 +5,9 @@
     df = (spark.readStream.format("nsq").option("topic", "events").option("channel", "spark")
           .option("nsqdTcpAddresses", "127.0.0.1:4150").load())
 
-Install with ``pip install pynsqd[spark]``. The NSQ client (``pynsqd_spark.client``) does not
-need pyspark; everything else does. The pynsqd server never imports this package.
+Install with ``pip install '.[spark]'`` from a clone. The NSQ client it uses is pynsqd's own
+(``pynsqd.client``), shared with the command-line tools. The pynsqd server never imports this
+package.
 """
 
 from __future__ import annotations

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .client import (
+from pynsqd.client.connection import (
     Connection,
     NsqConnectionError,
     NsqError,
     NsqLookupError,
     lookup_producers,
 )
+
 from .options import SourceOptions
 
 log = logging.getLogger("pynsqd_spark.source")

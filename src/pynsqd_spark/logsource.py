@@ -49,6 +49,7 @@ LOG_OPTIONS = (
     "mode",
     "topic",
     "nsqdHttpAddresses",
+    "nsqlookupdHttpAddresses",
     "startingOffsets",
     "startingTimestamp",
     "endingOffsets",
@@ -67,7 +68,8 @@ class NsqDataLoss(RuntimeError):
 @dataclass(frozen=True)
 class LogOptions:
     topic: str
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...]  # given nsqd HTTP addresses
+    lookupd: tuple[str, ...]  # nsqlookupd HTTP addresses: nodes discovered for the topic
     starting: str | dict[str, int]  # "earliest", "latest" or {node: offset}
     starting_timestamp_ms: int | None
     ending: str | dict[str, int]  # batch reads: "latest" or {node: offset}
@@ -93,14 +95,16 @@ class LogOptions:
             raise NsqOptionError("option 'topic' is required")
         _check_name("topic", "topic", topic)
         nodes = tuple(o.addresses("nsqdHttpAddresses", 4151))
-        if not nodes:
+        lookupd = tuple(o.addresses("nsqlookupdHttpAddresses", 4161))
+        if not nodes and not lookupd:
             raise NsqOptionError(
                 "mode 'log' reads each nsqd's HTTP port: set option 'nsqdHttpAddresses' "
-                "(host:port,...)"
+                "(host:port,...) or 'nsqlookupdHttpAddresses'"
             )
         return cls(
             topic=topic,
             nodes=nodes,
+            lookupd=lookupd,
             starting=_offsets_option(o, "startingOffsets", "earliest", nodes),
             starting_timestamp_ms=(
                 o.integer("startingTimestamp", 0) if o.get("startingTimestamp") else None
@@ -135,7 +139,7 @@ def _offsets_option(
             f" (-2 earliest, -1 latest), got {v!r}"
         ) from None
     stray = sorted(set(doc) - set(nodes))
-    if stray:
+    if stray and nodes:
         raise NsqOptionError(f"option {name!r} names nodes not in 'nsqdHttpAddresses': {stray}")
     return {str(k): int(n) for k, n in doc.items()}
 
@@ -170,11 +174,45 @@ def node_offsets(node: str, opts: LogOptions, timestamp_ms: int | None = None) -
     return doc
 
 
+def discover(opts: LogOptions) -> list[str]:
+    """The nodes to read: the given ones and those nsqlookupd lists for the topic (a lookupd
+    that does not answer is logged; the others still count)."""
+    nodes = list(opts.nodes)
+    for lookupd in opts.lookupd:
+        url = f"http://{lookupd}/lookup?" + urllib.parse.urlencode({"topic": opts.topic})
+        req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+        try:
+            with urllib.request.urlopen(req, timeout=opts.timeout) as r:
+                doc = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # 404: no node has the topic yet
+                log.warning("nsq log source: nsqlookupd %s: %s", lookupd, e)
+            continue
+        except (OSError, ValueError) as e:
+            log.warning("nsq log source: nsqlookupd %s unreachable - %s", lookupd, e)
+            continue
+        for p in (doc.get("data", doc) if isinstance(doc, dict) else {}).get("producers") or []:
+            node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
+            if node not in nodes:
+                nodes.append(node)
+    return nodes
+
+
+def _latest(node: str, opts: LogOptions) -> int | None:
+    """A node's latest offset, or None while it cannot be asked (it is down, restarting)."""
+    try:
+        return int(node_offsets(node, opts)["latest"])
+    except (RuntimeError, ConnectionError, ValueError, KeyError) as e:
+        log.warning("nsq log source: %s", e)
+        return None
+
+
 def retained_everywhere(options: Mapping[str, str]) -> bool:
     """For ``mode=auto``: every node in ``nsqdHttpAddresses`` has the topic with retention."""
     try:
         opts = LogOptions.parse(options)
-        return all(node_offsets(n, opts) for n in opts.nodes)
+        nodes = discover(opts)
+        return bool(nodes) and all(node_offsets(n, opts) for n in nodes)
     except (NsqOptionError, RuntimeError, ConnectionError, ValueError):
         return False
 
@@ -303,7 +341,7 @@ def read_partition(p: LogPartition, opts: LogOptions) -> Iterator[Any]:
 def resolve_start(opts: LogOptions) -> dict[str, int]:
     """Where a new query (or a batch read) starts on each node."""
     out: dict[str, int] = {}
-    for node in opts.nodes:
+    for node in discover(opts):
         if opts.starting_timestamp_ms is not None:
             out[node] = int(node_offsets(node, opts, opts.starting_timestamp_ms)["offset"])
             continue
@@ -332,16 +370,24 @@ class NsqLogStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        latest = {n: int(node_offsets(n, self.opts)["latest"]) for n in self.opts.nodes}
+        latest: dict[str, int] = {}
+        for n in discover(self.opts) + [n for n in (start or {}) if n not in self.opts.nodes]:
+            value = _latest(n, self.opts)
+            if value is not None:
+                latest[n] = value
+            elif start is not None and n in start:
+                latest[n] = start[n]  # down for now: no progress on it, the others go on
         if start is None:
             return latest
-        # Never behind where the query is (a node that lost its log does not move it back).
+        # Never behind where the query is (a node that lost its log does not move it back); a
+        # node that appeared since (through nsqlookupd) is read from its earliest offset.
         end = {n: max(latest[n], start.get(n, latest[n])) for n in latest}
+        end.update({n: start[n] for n in start if n not in end})
         if not isinstance(limit, ReadMaxRows):
             return end
         # maxOffsetsPerTrigger: at most this many records per batch, shared by the nodes that
-        # have some.
-        behind = [n for n in end if end[n] > start.get(n, end[n])]
+        # are behind.
+        behind = [n for n in end if n in start and end[n] > start[n]]
         share = max(1, max(1, limit.max_rows) // max(1, len(behind)))
         for n in behind:
             end[n] = min(end[n], start[n] + share)
@@ -350,12 +396,14 @@ class NsqLogStreamReader(DataSourceStreamReader):
     def reportLatestOffset(self) -> dict[str, int] | None:
         """Each node's latest offset, shown as the source's ``latestOffset`` in the query's
         progress: beside ``endOffset`` it says how far behind the query is, per node."""
-        try:
-            return {n: int(node_offsets(n, self.opts)["latest"]) for n in self.opts.nodes}
-        except (RuntimeError, ConnectionError, ValueError):
-            return None
+        latest = {n: _latest(n, self.opts) for n in discover(self.opts)}
+        return {n: v for n, v in latest.items() if v is not None} or None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        start = dict(start)
+        for n in end:
+            if n not in start:  # a node new to the query: from its earliest offset
+                start[n] = min(end[n], int(node_offsets(n, self.opts)["earliest"]))
         return list(split(start, end, self.opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -373,9 +421,9 @@ class NsqLogBatchReader(DataSourceReader):
         self.opts = opts
         start = resolve_start(opts)
         if opts.ending == "latest":
-            end = {n: int(node_offsets(n, opts)["latest"]) for n in opts.nodes}
+            end = {n: int(node_offsets(n, opts)["latest"]) for n in start}
         elif isinstance(opts.ending, dict):
-            end = {n: opts.ending.get(n, start[n]) for n in opts.nodes}
+            end = {n: opts.ending.get(n, start[n]) for n in start}
         else:
             raise NsqOptionError("option 'endingOffsets' cannot be 'earliest'")
         self._parts = split(start, end, opts.min_partitions)

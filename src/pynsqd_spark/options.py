@@ -7,7 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .client import DEFAULT_LOOKUPD_HTTP_PORT, ClientOptions, parse_address
+from pynsqd import __version__
+from pynsqd.client.connection import DEFAULT_LOOKUPD_HTTP_PORT, ClientOptions, parse_address
 
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
@@ -118,6 +119,7 @@ def _client_options(o: _Opts, msg_timeout_ms: int = 0) -> ClientOptions:
         tls_cert_file=o.get("tlsCertFile"),
         tls_key_file=o.get("tlsKeyFile"),
         auth_secret=secret,
+        user_agent=f"pynsqd_spark/{__version__}",
     )
 
 

@@ -30,9 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from pynsqd.protocol import encode
-
-from .client import (
+from pynsqd.client.connection import (
     Connection,
     NsqConnectionError,
     NsqError,
@@ -40,6 +38,8 @@ from .client import (
     lookup_nodes,
     lookup_producers,
 )
+from pynsqd.protocol import encode
+
 from .options import NsqOptionError, SinkOptions, _check_name
 
 log = logging.getLogger("pynsqd_spark.sink")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd_spark.client import Connection
+from pynsqd.client.connection import Connection
 
 BIN = Path(sys.executable).parent
 

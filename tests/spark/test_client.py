@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd_spark.client import (
+from pynsqd.client.connection import (
     ClientOptions,
     Connection,
     NsqConnectionError,

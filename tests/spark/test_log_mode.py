@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from .conftest import NsqdProcess
+from .test_client import free_port
 
 
 def retained(start_nsqd: Callable[..., NsqdProcess], *args: str) -> NsqdProcess:
@@ -185,3 +186,71 @@ def test_killing_the_driver_mid_query_loses_and_duplicates_nothing(
     assert len(offsets) == n  # no duplicate
     assert sorted(offsets) == list(range(n))  # none lost
     assert {r.body for r in rows} == {b"k%05d" % i for i in range(n)}
+
+
+def test_two_nodes_found_through_nsqlookupd(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], request: Any
+) -> None:
+    lookupd = request.getfixturevalue("lookupd")
+    flags = (
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--broadcast-address=127.0.0.1",
+        "--retention-time=1h",
+    )
+    a, b = start_nsqd(*flags), start_nsqd(*flags)
+    a.publish("multi", [b"a%d" % i for i in range(300)])
+    b.publish("multi", [b"b%d" % i for i in range(200)])
+    deadline = time.monotonic() + 20
+    while len(lookupd.producers("multi")) < 2:
+        assert time.monotonic() < deadline, "both nsqd registered"
+        time.sleep(0.05)
+    rows = (
+        spark.read.format("nsq")
+        .option("mode", "log")
+        .option("topic", "multi")
+        .option("nsqlookupdHttpAddresses", lookupd.http_address)
+        .load()
+        .select("nsqd_address", "offset")
+        .collect()
+    )
+    by_node: dict[str, list[int]] = {}
+    for r in rows:
+        by_node.setdefault(r.nsqd_address, []).append(r.offset)
+    assert {n: sorted(v) for n, v in by_node.items()} == {
+        a.http_address: list(range(300)),
+        b.http_address: list(range(200)),
+    }
+
+
+def test_a_node_killed_and_restarted_mid_query_loses_and_duplicates_nothing(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    tcp, http = free_port(), free_port()
+    fixed = (f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}")
+    data = tmp_path / "nsqd"
+    node = NsqdProcess(data, "--retention-time=1h", *fixed)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "100").load()
+    query = (
+        df.select("offset", "body")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        node.publish("t", [b"x%03d" % i for i in range(300)])
+        query.processAllAvailable()
+        node.proc.kill()  # kill -9: the query must ride it out
+        node.proc.wait()
+        node.stop()
+        query.processAllAvailable()  # planning goes on without the node
+        assert query.exception() is None
+        node = NsqdProcess(data, "--retention-time=1h", *fixed)
+        node.publish("t", [b"y%03d" % i for i in range(200)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+        node.stop()
+    offsets = sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
+    assert offsets == list(range(500))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd_spark.client import Connection
+from pynsqd.client.connection import Connection
 
 from .conftest import HAVE_LOOKUPD, NsqdProcess
 from .test_client import consume_all, free_port, wait_until

@@ -1,6 +1,24 @@
-"""A small blocking NSQ client over pynsqd's sans-IO protocol package, for the command-line
-tools (``pynsqd.tools``). It speaks to pynsqd and Go nsqd alike."""
+"""The blocking NSQ client shared by the Spark connector, the command-line tools and the tests
+(``connection.py``). It speaks to pynsqd and Go nsqd alike."""
 
-from .blocking import Connection, NsqError, lookup_nodes
+from .connection import (
+    ClientOptions,
+    Connection,
+    NsqConnectionError,
+    NsqError,
+    NsqLookupError,
+    lookup_nodes,
+    lookup_producers,
+    parse_address,
+)
 
-__all__ = ["Connection", "NsqError", "lookup_nodes"]
+__all__ = [
+    "ClientOptions",
+    "Connection",
+    "NsqConnectionError",
+    "NsqError",
+    "NsqLookupError",
+    "lookup_nodes",
+    "lookup_producers",
+    "parse_address",
+]

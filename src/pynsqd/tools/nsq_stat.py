@@ -16,11 +16,16 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from ..client import NsqError
 from ..internal.optiontable import opt
 from .common import parse
 
 PROGRAM = "nsq_stat"
+
+
+class StatError(Exception):
+    """A node did not answer, or not with JSON."""
+
+
 FIELDS = (
     "depth",
     "backend_depth",
@@ -62,7 +67,7 @@ def _get(address: str, path: str, timeout: float) -> Any:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             doc = json.loads(r.read())
     except (OSError, ValueError) as err:
-        raise NsqError(f"{url} - {err}") from None
+        raise StatError(f"{url} - {err}") from None
     return doc.get("data", doc) if isinstance(doc, dict) and "data" in doc else doc
 
 
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         while not opts.count or i <= opts.count:
             try:
                 c = _channel_totals(opts)
-            except NsqError as err:
+            except StatError as err:
                 print(f"{PROGRAM}: failed to get nsqd stats - {err}", file=sys.stderr)
                 return 1
             if c is None:

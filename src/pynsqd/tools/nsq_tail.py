@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import random
 import sys
-import threading
 from dataclasses import dataclass
 from queue import Queue
 
-from ..client import Connection, NsqError, lookup_nodes
+from ..client import (
+    ClientOptions,
+    Connection,
+    NsqConnectionError,
+    NsqError,
+    NsqLookupError,
+    lookup_producers,
+)
 from ..internal.optiontable import opt
 from .common import parse
 
@@ -50,36 +56,42 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     channel = opts.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
+    client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
     try:
         nodes = list(opts.nsqd_tcp_addresses)
-        for lookupd in opts.lookupd_http_addresses:
-            nodes += [n for n in lookup_nodes(lookupd, opts.topic) if n not in nodes]
-        conns = [Connection(node, user_agent=f"{PROGRAM}/pynsqd") for node in nodes]
-    except NsqError as err:
+        if opts.lookupd_http_addresses:
+            nodes += lookup_producers(opts.lookupd_http_addresses, opts.topic)
+        conns = [Connection(node, client).connect() for node in dict.fromkeys(nodes)]
+    except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         return 1
     if not conns:
         print(f"{PROGRAM}: no nsqd has topic {opts.topic}", file=sys.stderr)
         return 1
     rdy = max(1, opts.max_in_flight // len(conns))
-    out: Queue[tuple[Connection, bytes, bytes] | NsqError] = Queue(maxsize=opts.max_in_flight)
+    out: Queue[tuple[Connection, bytes, bytes] | str] = Queue()
 
-    def read(conn: Connection) -> None:
-        try:
-            conn.subscribe(opts.topic, channel, rdy)
-            for m in conn.messages():
-                out.put((conn, m.id, m.body))
-        except NsqError as err:
-            out.put(err)
+    def on_messages(
+        conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
+    ) -> None:
+        for msg_id, body in zip(ids, bodies, strict=True):
+            out.put((conn, msg_id, body))
 
-    for conn in conns:
-        threading.Thread(target=read, args=(conn,), daemon=True).start()
+    def on_close(conn: Connection) -> None:
+        out.put(f"{conn.address}: connection closed ({conn.close_reason})")
+
+    try:
+        for conn in conns:
+            conn.subscribe(opts.topic, channel, on_messages, on_close=on_close, rdy=rdy)
+    except (NsqError, NsqConnectionError) as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
     shown = 0
     stdout = sys.stdout.buffer
     try:
         while not opts.n or shown < opts.n:
             item = out.get()
-            if isinstance(item, NsqError):
+            if isinstance(item, str):
                 print(f"{PROGRAM}: {item}", file=sys.stderr)
                 return 1
             conn, msg_id, body = item
@@ -87,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 stdout.write(opts.topic.encode() + b" | ")
             stdout.write(body + b"\n")
             stdout.flush()
-            conn.finish(msg_id)
+            conn.fin(msg_id)
             shown += 1
     except (KeyboardInterrupt, BrokenPipeError):
         pass

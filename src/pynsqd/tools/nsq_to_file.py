@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from queue import Empty, Queue
 from typing import BinaryIO
 
-from ..client import Connection, NsqError, lookup_nodes
+from ..client import (
+    ClientOptions,
+    Connection,
+    NsqConnectionError,
+    NsqError,
+    NsqLookupError,
+    lookup_producers,
+)
 from ..internal.optiontable import opt
 from .common import parse
 
@@ -158,20 +165,21 @@ def _consume(
     opts: ToFileOptions, topic: str, conns: list[Connection], stop: threading.Event
 ) -> None:
     """One topic: messages from every node into its file; FIN after each sync."""
-    incoming: Queue[tuple[Connection, bytes, bytes] | NsqError] = Queue(opts.max_in_flight)
+    incoming: Queue[tuple[Connection, bytes, bytes] | str] = Queue()
     rdy = max(1, opts.max_in_flight // len(conns))
 
-    def read(conn: Connection) -> None:
-        try:
-            conn.subscribe(topic, opts.channel, rdy)
-            for m in conn.messages():
-                incoming.put((conn, m.id, m.body))
-        except NsqError as err:
-            if not stop.is_set():
-                incoming.put(err)
+    def on_messages(
+        conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
+    ) -> None:
+        for msg_id, body in zip(ids, bodies, strict=True):
+            incoming.put((conn, msg_id, body))
+
+    def on_close(conn: Connection) -> None:
+        if not stop.is_set():
+            incoming.put(f"{conn.address}: connection closed ({conn.close_reason})")
 
     for conn in conns:
-        threading.Thread(target=read, args=(conn,), daemon=True).start()
+        conn.subscribe(topic, opts.channel, on_messages, on_close=on_close, rdy=rdy)
     out = TopicFile(opts, topic)
     pending: list[tuple[Connection, bytes]] = []
     next_sync = time.monotonic() + opts.sync_interval
@@ -179,7 +187,7 @@ def _consume(
     def sync_and_finish() -> None:
         out.sync()
         for conn, msg_id in pending:
-            conn.finish(msg_id)
+            conn.fin(msg_id)
         pending.clear()
 
     try:
@@ -188,7 +196,7 @@ def _consume(
                 item = incoming.get(timeout=0.2)
             except Empty:
                 item = None
-            if isinstance(item, NsqError):
+            if isinstance(item, str):
                 print(f"{PROGRAM}: {item}", file=sys.stderr)
                 stop.set()
                 break
@@ -198,7 +206,7 @@ def _consume(
                 out.write(body)
                 if out.name != before and pending:  # rotated: the old file is synced and closed
                     for c, i in pending:
-                        c.finish(i)
+                        c.fin(i)
                     pending.clear()
                 pending.append((conn, msg_id))
             # Sync when due, or when RDY is about used up (nothing more would come).
@@ -239,16 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for topic in opts.topics:
             nodes = list(opts.nsqd_tcp_addresses)
-            for lookupd in opts.lookupd_http_addresses:
-                nodes += [n for n in lookup_nodes(lookupd, topic) if n not in nodes]
+            if opts.lookupd_http_addresses:
+                nodes += lookup_producers(opts.lookupd_http_addresses, topic)
             if not nodes:
                 print(f"{PROGRAM}: no nsqd has topic {topic}", file=sys.stderr)
                 return 1
-            conns = [Connection(n, user_agent=f"{PROGRAM}/pynsqd") for n in nodes]
+            client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
+            conns = [Connection(n, client).connect() for n in dict.fromkeys(nodes)]
             t = threading.Thread(target=_consume, args=(opts, topic, conns, stop))
             t.start()
             workers.append(t)
-    except NsqError as err:
+    except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         stop.set()
         return 1

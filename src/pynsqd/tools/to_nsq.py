@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..client import Connection, NsqError
+from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
 from ..internal.optiontable import opt
 from .common import parse
 
@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if not opts.nsqd_tcp_addresses:
         print(f"{PROGRAM}: --nsqd-tcp-address required", file=sys.stderr)
         return 1
+    client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
     try:
-        conns = [Connection(a, user_agent=f"{PROGRAM}/pynsqd") for a in opts.nsqd_tcp_addresses]
-    except NsqError as err:
+        conns = [Connection(a, client).connect() for a in opts.nsqd_tcp_addresses]
+    except (NsqError, NsqConnectionError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         return 1
     delim = opts.delimiter.encode()
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(next_at - now)
                 next_at = max(next_at, now) + interval
             for conn in conns:
-                conn.publish(opts.topic, record)
+                conn.pub(opts.topic, record)
             sent += 1
-    except NsqError as err:
+    except (NsqError, NsqConnectionError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         return 1
     finally:

@@ -1,4 +1,5 @@
-"""A small blocking NSQ client on ``pynsqd.protocol`` (used by the Spark connector).
+"""The blocking NSQ client on ``pynsqd.protocol``: one home for the Spark connector, the
+command-line tools (``pynsqd.tools``) and the tests.
 
 Two ways to use a :class:`Connection`:
 
@@ -11,8 +12,8 @@ Two ways to use a :class:`Connection`:
   ``rdy``/``fin``/``touch``/``req`` may then be called from any thread: writes are serialised by a
   lock, and only the reader thread reads.
 
-TLS (``tls_v1``) and AUTH are supported; snappy and deflate are never requested. Nothing here
-imports pyspark.
+TLS (``tls_v1``) and AUTH are supported; snappy and deflate are never requested. It imports
+only the standard library and pynsqd's sans-IO protocol.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pynsqd.internal import jsonbound
-from pynsqd.protocol import encode
-from pynsqd.protocol.frames import (
+from .. import __version__
+from ..internal import jsonbound
+from ..protocol import encode
+from ..protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
@@ -55,9 +57,9 @@ __all__ = [
     "parse_address",
 ]
 
-log = logging.getLogger("pynsqd_spark.client")
+log = logging.getLogger("pynsqd.client")
 
-VERSION = "0.1.0"
+VERSION = __version__
 #: Error codes after which nsqd keeps the connection open; every other error closes it.
 NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 DEFAULT_TCP_PORT = 4150
@@ -140,7 +142,7 @@ class ClientOptions:
     #: IDENTIFY msg_timeout in ms (0: nsqd's --msg-timeout)
     msg_timeout_ms: int = 0
     client_id: str = ""
-    user_agent: str = f"pynsqd_spark/{VERSION}"
+    user_agent: str = f"pynsqd/{VERSION}"
     tls: bool = False
     tls_verify: bool = True
     tls_ca_file: str | None = None
