@@ -3,19 +3,23 @@ Parquet and to another NSQ topic.
 
     scripts/example-pipeline [--events 50000] [--seconds 10] [--out /tmp/nsq-pipeline]
 
-1. starts a pynsqd (unless --nsqd-tcp-address is given) in a temporary directory;
+1. starts a pynsqd (unless --nsqd-tcp-address is given) in a temporary directory, with
+   retention on, so that topic ``events`` is replayable;
 2. a publisher thread MPUBs JSON events ``{"user", "kind", "amount"}`` to topic ``events``
    for ``--seconds``;
-3. a Structured Streaming query reads ``events`` (channel ``pipeline``) with the ``nsq`` source,
-   parses the JSON and keeps running totals per kind (count, sum of amount);
+3. a Structured Streaming query reads ``events`` with the ``nsq`` source in log mode (by offset,
+   on the executors), parses the JSON and keeps running totals per kind (count, sum of amount);
+   ``--channel-mode`` reads channel ``pipeline`` instead (what works against Go nsqd);
 4. each micro-batch's updated totals are appended to Parquet (``<out>/totals``) and published as
    JSON to topic ``event_totals`` with the ``nsq`` sink;
 5. when every event has been counted, the query stops; the script prints the totals read back
    from Parquet, checks them against what was published and shows the last ``event_totals``
    message of each kind.
 
-The source is at-least-once: after a crash, a restarted query could count a message twice. This
-demo runs one query start to finish, so the totals must match exactly.
+In log mode the source is exactly-once with the checkpoint: a restarted query reads the same
+offsets again (tests/spark/test_log_mode.py kills a driver mid-query and checks it). The channel
+source is at-least-once. This demo runs one query start to finish, so the totals must match
+exactly either way.
 """
 
 from __future__ import annotations
@@ -38,20 +42,28 @@ from typing import Any
 KINDS = ("click", "view", "purchase", "signup")
 
 
-def start_nsqd(data_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_nsqd(data_path: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     nsqd = Path(sys.executable).parent / "nsqd"
     log = data_path / "nsqd.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(nsqd), "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data_path}"],
+            [
+                str(nsqd),
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                f"--data-path={data_path}",
+                "--retention-time=1h",  # topic "events" keeps a log readable by offset
+            ],
             stdout=subprocess.DEVNULL,
             stderr=out,
         )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        m = re.search(r"TCP: listening on (\S+)", log.read_text())
-        if m:
-            return proc, m.group(1)
+        text = log.read_text()
+        tcp = re.search(r"TCP: listening on (\S+)", text)
+        http = re.search(r"HTTP: listening on (\S+)", text)
+        if tcp and http:
+            return proc, tcp.group(1), http.group(1)
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -88,6 +100,10 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=50000)
     ap.add_argument("--seconds", type=float, default=10.0, help="how long to keep publishing")
     ap.add_argument("--nsqd-tcp-address", help="use this nsqd instead of starting one")
+    ap.add_argument("--nsqd-http-address", help="its HTTP address (log mode)")
+    ap.add_argument(
+        "--channel-mode", action="store_true", help="read a channel instead of the topic's log"
+    )
     ap.add_argument("--out", help="output directory (default: a temporary directory)")
     args = ap.parse_args()
 
@@ -99,10 +115,10 @@ def main() -> None:
     out = Path(args.out) if args.out else work / "out"
     shutil.rmtree(out, ignore_errors=True)
     proc = None
-    address = args.nsqd_tcp_address
+    address, http = args.nsqd_tcp_address, args.nsqd_http_address
     if not address:
         (work / "nsqd").mkdir()
-        proc, address = start_nsqd(work / "nsqd")
+        proc, address, http = start_nsqd(work / "nsqd")
         atexit.register(proc.terminate)  # also when the job fails
         print(f"pynsqd listening on {address} (data in {work / 'nsqd'})")
 
@@ -129,14 +145,24 @@ def main() -> None:
         c.request(b"SUB events pipeline\n")
     publisher = threading.Thread(target=publish, args=(address, args.events, args.seconds, sent))
 
-    events = (
-        spark.readStream.format("nsq")
-        .option("topic", "events")
-        .option("channel", "pipeline")
-        .option("nsqdTcpAddresses", address)
-        .option("maxMessagesPerBatch", "20000")
-        .load()
-    )
+    if args.channel_mode or not http:
+        events = (
+            spark.readStream.format("nsq")
+            .option("topic", "events")
+            .option("channel", "pipeline")
+            .option("nsqdTcpAddresses", address)
+            .option("maxMessagesPerBatch", "20000")
+            .load()
+        )
+    else:
+        events = (
+            spark.readStream.format("nsq")
+            .option("mode", "log")
+            .option("topic", "events")
+            .option("nsqdHttpAddresses", http)
+            .option("maxOffsetsPerTrigger", "20000")
+            .load()
+        )
     schema = "id long, user string, kind string, amount double"
     totals = (
         events.select(F.from_json(F.col("body").cast("string"), schema).alias("e"))
