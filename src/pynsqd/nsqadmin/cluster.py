@@ -1,0 +1,225 @@
+"""What nsqadmin knows of the cluster: the nsqd nodes (from nsqlookupd or the flags) and their
+``/stats``, aggregated per topic and channel; and the actions, sent to every node that has the
+topic. A node that does not answer is reported in ``errors``, never a failure of the page."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from typing import Any
+
+import aiohttp
+
+from .options import AdminOptions
+
+COUNTERS = (
+    "depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "requeue_count",
+    "timeout_count",
+    "message_count",
+)
+
+
+class Cluster:
+    def __init__(self, opts: AdminOptions) -> None:
+        self.opts = opts
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.opts.http_client_request_timeout)
+            self._session = aiohttp.ClientSession(
+                timeout=timeout, headers={"Accept": "application/vnd.nsq; version=1.0"}
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _get(self, address: str, path: str) -> Any:
+        async with self.session.get(f"http://{address}{path}") as r:
+            if r.status != 200:
+                raise RuntimeError(f"{address}{path}: HTTP {r.status} {await r.text()}")
+            doc = await r.json(content_type=None)
+        return doc.get("data", doc) if isinstance(doc, dict) and "data" in doc else doc
+
+    async def _post(self, address: str, path: str) -> str | None:
+        try:
+            async with self.session.post(f"http://{address}{path}") as r:
+                if r.status != 200:
+                    return f"{address}: HTTP {r.status} {(await r.text()).strip()}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"{address}: {e}"
+        return None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def nodes(self) -> tuple[list[str], list[str]]:
+        """The nsqd HTTP addresses (given, then from every nsqlookupd) and the errors."""
+        nodes = list(self.opts.nsqd_http_addresses)
+        errors: list[str] = []
+        for lookupd in self.opts.lookupd_http_addresses:
+            try:
+                doc = await self._get(lookupd, "/nodes")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
+                errors.append(f"nsqlookupd {lookupd}: {e}")
+                continue
+            for p in doc.get("producers") or []:
+                node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
+                if node not in nodes:
+                    nodes.append(node)
+        return nodes, errors
+
+    async def stats(self) -> tuple[dict[str, Any], list[str]]:
+        """Every node's /stats (JSON), by node; and the errors."""
+        nodes, errors = await self.nodes()
+
+        async def one(node: str) -> tuple[str, Any]:
+            try:
+                return node, await self._get(node, "/stats?format=json")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
+                return node, e
+
+        out: dict[str, Any] = {}
+        for node, result in await asyncio.gather(*(one(n) for n in nodes)):
+            if isinstance(result, Exception):
+                errors.append(f"nsqd {node}: {result}")
+            else:
+                out[node] = result
+        return out, errors
+
+    async def topics(self) -> dict[str, Any]:
+        stats, errors = await self.stats()
+        topics: dict[str, dict[str, Any]] = {}
+        for node, s in stats.items():
+            for t in s.get("topics") or []:
+                agg = topics.setdefault(
+                    t["topic_name"],
+                    {
+                        "topic": t["topic_name"],
+                        "depth": 0,
+                        "message_count": 0,
+                        "paused": False,
+                        "channels": set(),
+                        "nodes": [],
+                    },
+                )
+                agg["depth"] += t.get("depth", 0)
+                agg["message_count"] += t.get("message_count", 0)
+                agg["paused"] = agg["paused"] or bool(t.get("paused"))
+                agg["channels"].update(c["channel_name"] for c in t.get("channels") or [])
+                agg["nodes"].append(node)
+        rows = []
+        for name in sorted(topics):
+            agg = topics[name]
+            rows.append({**agg, "channels": len(agg["channels"])})
+        return {"topics": rows, "errors": errors}
+
+    async def topic(self, name: str) -> dict[str, Any] | None:
+        stats, errors = await self.stats()
+        nodes: list[dict[str, Any]] = []
+        channels: dict[str, dict[str, Any]] = {}
+        for node, s in stats.items():
+            for t in s.get("topics") or []:
+                if t["topic_name"] != name:
+                    continue
+                row = {
+                    "node": node,
+                    "depth": t.get("depth", 0),
+                    "message_count": t.get("message_count", 0),
+                    "paused": t.get("paused"),
+                }
+                if "log" in t:
+                    row["log"] = t["log"]
+                nodes.append(row)
+                for c in t.get("channels") or []:
+                    agg = channels.setdefault(
+                        c["channel_name"],
+                        {
+                            "channel": c["channel_name"],
+                            **dict.fromkeys(COUNTERS, 0),
+                            "clients": 0,
+                            "paused": False,
+                        },
+                    )
+                    for k in COUNTERS:
+                        agg[k] += c.get(k, 0)
+                    agg["clients"] += len(c.get("clients") or [])
+                    agg["paused"] = agg["paused"] or bool(c.get("paused"))
+        if not nodes:
+            return None
+        return {
+            "topic": name,
+            "depth": sum(n["depth"] for n in nodes),
+            "message_count": sum(n["message_count"] for n in nodes),
+            "paused": any(n["paused"] for n in nodes),
+            "nodes": nodes,
+            "channels": [channels[c] for c in sorted(channels)],
+            "errors": errors,
+        }
+
+    async def channel(self, topic: str, name: str) -> dict[str, Any] | None:
+        stats, errors = await self.stats()
+        nodes: list[dict[str, Any]] = []
+        clients: list[dict[str, Any]] = []
+        for node, s in stats.items():
+            for t in s.get("topics") or []:
+                if t["topic_name"] != topic:
+                    continue
+                for c in t.get("channels") or []:
+                    if c["channel_name"] != name:
+                        continue
+                    nodes.append(
+                        {
+                            "node": node,
+                            **{k: c.get(k, 0) for k in COUNTERS},
+                            "paused": c.get("paused"),
+                            "e2e": c.get("e2e_processing_latency"),
+                            "lifecycle": c.get("lifecycle"),
+                        }
+                    )
+                    for cl in c.get("clients") or []:
+                        clients.append({"node": node, **cl})
+        if not nodes:
+            return None
+        return {
+            "topic": topic,
+            "channel": name,
+            **{k: sum(n[k] for n in nodes) for k in COUNTERS},
+            "paused": any(n["paused"] for n in nodes),
+            "nodes": nodes,
+            "clients": clients,
+            "errors": errors,
+        }
+
+    # -- acting ----------------------------------------------------------------------------
+
+    async def act(self, topic: str, channel: str, action: str) -> list[str]:
+        """``pause``, ``unpause``, ``empty`` or ``delete`` on every node that has the topic;
+        the errors (a topic deleted everywhere is also removed from every nsqlookupd)."""
+        stats, errors = await self.stats()
+
+        def has(s: Any) -> bool:
+            for t in s.get("topics") or []:
+                if t["topic_name"] == topic:
+                    return not channel or any(
+                        c["channel_name"] == channel for c in t.get("channels") or []
+                    )
+            return False
+
+        targets = [node for node, s in stats.items() if has(s)]
+        query = {"topic": topic, **({"channel": channel} if channel else {})}
+        path = f"/{'channel' if channel else 'topic'}/{action}?{urllib.parse.urlencode(query)}"
+        results = await asyncio.gather(*(self._post(n, path) for n in targets))
+        errors += [r for r in results if r]
+        if action == "delete":
+            for lookupd in self.opts.lookupd_http_addresses:
+                err = await self._post(lookupd, path)
+                if err:
+                    errors.append(err)
+        return errors

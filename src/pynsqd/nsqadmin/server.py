@@ -1,0 +1,178 @@
+"""nsqadmin's HTTP side: the JSON API under ``<base>/api/`` and the pages (one static app that
+renders nsqadmin's URLs: ``/nodes``, ``/topics``, ``/topics/<topic>``,
+``/topics/<topic>/<channel>``, ``/counter``). Served by the router nsqd and nsqlookupd share.
+
+Actions (``POST`` with ``{"action": "pause"|"unpause"|"empty"}``, ``DELETE``) are refused with
+403 ``{"message":"FORBIDDEN"}`` when ``--admin-user`` is set and the ``--acl-http-header``
+of the request names none of them (the reverse proxy in front sets it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from importlib import resources
+from typing import Any
+
+from aiohttp import web_server
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response
+
+from ..internal.httpapi import HTTPError, Params
+from ..internal.listener import format_address, listen
+from ..internal.names import is_valid_name
+from ..internal.router import Methods, Router
+from .cluster import Cluster
+from .options import AdminOptions
+
+log = logging.getLogger("pynsqd.nsqadmin")
+
+PAGES = ("", "nodes", "topics", "counter", "lookup")
+ACTIONS = ("pause", "unpause", "empty")
+_STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
+
+
+class AdminService(Router):
+    def __init__(self, opts: AdminOptions) -> None:
+        super().__init__(log)
+        self.opts = opts
+        self.base = "/" + opts.base_path.strip("/") if opts.base_path.strip("/") else ""
+        self.cluster = Cluster(opts)
+        self.address = ""
+        self._server: asyncio.Server | None = None
+        self._web: web_server.Server | None = None
+        add = self.add
+        add("GET", "/ping", "plain", self._ping)
+        add("GET", "/api/nodes", "v1", self._nodes)
+        add("GET", "/api/topics", "v1", self._topics)
+        for page in PAGES:
+            add("GET", f"/{page}", "raw", self._page)
+
+    # -- routing: nsqadmin's paths, under the base path ----------------------------------
+
+    def find_route(self, path: str) -> Methods | None:
+        if self.base:
+            if not path.startswith(self.base):
+                return None
+            path = path[len(self.base) :] or "/"
+        found = self.routes.get(path)
+        if found is not None:
+            return found
+        parts = path.strip("/").split("/")
+        if parts[0] == "api" and len(parts) in (3, 4) and parts[1] == "topics":
+            return {
+                "GET": ("v1", self._topic_api),
+                "POST": ("v1", self._act),
+                "DELETE": ("v1", self._act),
+            }
+        if parts[0] == "topics" and len(parts) in (2, 3):
+            return {"GET": ("raw", self._page)}
+        if parts[0] == "static" and len(parts) == 2:
+            return {"GET": ("raw", self._static)}
+        return None
+
+    def _names(self, request: BaseRequest) -> tuple[str, str]:
+        parts = request.path[len(self.base) :].strip("/").split("/")
+        topic = parts[2] if len(parts) > 2 else ""
+        channel = parts[3] if len(parts) > 3 else ""
+        if not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if channel and not is_valid_name(channel):
+            raise HTTPError(400, "INVALID_CHANNEL")
+        return topic, channel
+
+    # -- API -------------------------------------------------------------------------------
+
+    async def _ping(self, request: BaseRequest, params: Params) -> Any:
+        return "OK"
+
+    async def _nodes(self, request: BaseRequest, params: Params) -> Any:
+        stats, errors = await self.cluster.stats()
+        nodes = [
+            {
+                "node": node,
+                "version": s.get("version", ""),
+                "health": s.get("health", ""),
+                "topics": len(s.get("topics") or []),
+            }
+            for node, s in stats.items()
+        ]
+        return {"nodes": nodes, "errors": errors}
+
+    async def _topics(self, request: BaseRequest, params: Params) -> Any:
+        return await self.cluster.topics()
+
+    async def _topic_api(self, request: BaseRequest, params: Params) -> Any:
+        topic, channel = self._names(request)
+        if channel:
+            found = await self.cluster.channel(topic, channel)
+        else:
+            found = await self.cluster.topic(topic)
+        if found is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND" if channel else "TOPIC_NOT_FOUND")
+        return found
+
+    async def _act(self, request: BaseRequest, params: Params) -> Any:
+        topic, channel = self._names(request)
+        if self.opts.admin_users:
+            user = request.headers.get(self.opts.acl_http_header, "")
+            if user not in self.opts.admin_users:
+                log.warning(
+                    "refused %s %s for user %r (not an --admin-user)",
+                    request.method,
+                    request.path,
+                    user,
+                )
+                raise HTTPError(403, "FORBIDDEN")
+        action: str
+        if request.method == "DELETE":
+            action = "delete"
+        else:
+            try:
+                body = json.loads(await request.read() or b"{}")
+            except ValueError:
+                raise HTTPError(400, "INVALID_BODY") from None
+            given = body.get("action") if isinstance(body, dict) else None
+            if given not in ACTIONS:
+                raise HTTPError(400, "INVALID_ACTION")
+            action = str(given)
+        errors = await self.cluster.act(topic, channel, action)
+        log.info("%s %s%s: %s", action, topic, f":{channel}" if channel else "", errors or "ok")
+        if errors:
+            raise HTTPError(502, "; ".join(errors))
+        return None
+
+    # -- pages -----------------------------------------------------------------------------
+
+    async def _page(self, request: BaseRequest, params: Params) -> Response:
+        html = resources.files(__package__).joinpath("static/index.html").read_text()
+        html = html.replace("{{BASE}}", self.base)
+        return Response(status=200, body=html.encode(), content_type="text/html")
+
+    async def _static(self, request: BaseRequest, params: Params) -> Response:
+        name = request.path.rsplit("/", 1)[1]
+        suffix = name[name.rfind(".") :] if "." in name else ""
+        if suffix not in _STATIC_TYPES or "/" in name or name.startswith("."):
+            raise HTTPError(404, "NOT_FOUND")
+        try:
+            data = resources.files(__package__).joinpath(f"static/{name}").read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise HTTPError(404, "NOT_FOUND") from None
+        return Response(status=200, body=data, content_type=_STATIC_TYPES[suffix])
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._web = self.web_server(loop)
+        self._server = await listen(loop, self._web, self.opts.http_address)
+        self.address = format_address(self._server.sockets[0])
+        log.info("HTTP: listening on %s", self.address)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._web is not None:
+            await self._web.shutdown(1.0)
+        await self.cluster.close()

@@ -1,0 +1,278 @@
+"""nsqadmin against a real cluster: nsqlookupd and two pynsqd nodes (in-process, real sockets),
+its JSON API, the actions on the real nodes, the ACL, the base path and the pages."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pynsqd.nsqadmin.options import AdminOptions
+from pynsqd.nsqadmin.server import AdminService
+
+from ..conftest import LoopThread, ServerThread
+from .lookupd_helpers import LookupdThread
+
+
+class AdminThread(LoopThread):
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__()
+        self.opts = AdminOptions(http_address="127.0.0.1:0")
+        for key, value in overrides.items():
+            setattr(self.opts, key, value)
+        self.service: AdminService = self.call_async(self._start)
+
+    async def _start(self) -> AdminService:
+        service = AdminService(self.opts)
+        await service.start()
+        return service
+
+    @property
+    def port(self) -> int:
+        return int(self.service.address.rsplit(":", 1)[1])
+
+    def request(self, method: str, path: str, body: Any = None, **headers: str) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, body=data, headers=headers)
+            r = conn.getresponse()
+            raw = r.read()
+        finally:
+            conn.close()
+        if r.getheader("Content-Type", "").startswith("application/json"):
+            return r.status, json.loads(raw)
+        return r.status, raw
+
+    def stop(self) -> None:
+        self.stop_loop(self.service.stop)
+
+
+@pytest.fixture
+def cluster(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Any
+) -> Iterator[tuple[LookupdThread, ServerThread, ServerThread]]:
+    lookupd = LookupdThread()
+    host, port = lookupd.tcp_address
+    flags = {"lookupd_tcp_addresses": [f"{host}:{port}"], "broadcast_address": "127.0.0.1"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_nsqd(data_path=str(tmp_path / "a"), **flags)
+    b = make_nsqd(data_path=str(tmp_path / "b"), **flags)
+    with a.connect() as p:
+        p.mpub("orders", [b"x"] * 5)
+    with b.connect() as p:
+        p.mpub("orders", [b"y"] * 3)
+    with a.connect() as c:
+        c.sub("orders", "billing", rdy=0)
+    deadline = time.monotonic() + 20
+    while len(lookupd.call(lambda: lookupd.lookupd.db.find_producers("topic", "orders", ""))) < 2:
+        assert time.monotonic() < deadline, "both nodes registered"
+        time.sleep(0.05)
+    yield lookupd, a, b
+    lookupd.stop()
+
+
+@pytest.fixture
+def admin(
+    cluster: tuple[LookupdThread, ServerThread, ServerThread],
+) -> Iterator[AdminThread]:
+    lookupd = cluster[0]
+    server = AdminThread(lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")])
+    yield server
+    server.stop()
+
+
+def test_topics_are_summed_over_the_nodes(admin: AdminThread, cluster: Any) -> None:
+    status, doc = admin.request("GET", "/api/topics")
+    assert status == 200 and doc["errors"] == []
+    (orders,) = [t for t in doc["topics"] if t["topic"] == "orders"]
+    assert orders["message_count"] == 8 and orders["channels"] == 1 and len(orders["nodes"]) == 2
+
+
+def test_a_topic_and_a_channel(admin: AdminThread, cluster: Any) -> None:
+    _, a, b = cluster
+    status, doc = admin.request("GET", "/api/topics/orders")
+    assert status == 200
+    assert {n["node"] for n in doc["nodes"]} == {
+        f"127.0.0.1:{a.http_port}",
+        f"127.0.0.1:{b.http_port}",
+    }
+    assert [c["channel"] for c in doc["channels"]] == ["billing"]
+    status, ch = admin.request("GET", "/api/topics/orders/billing")
+    assert status == 200 and ch["depth"] == 5 and ch["message_count"] == 5
+    assert admin.request("GET", "/api/topics/nope")[1] == {"message": "TOPIC_NOT_FOUND"}
+    assert admin.request("GET", "/api/nodes")[1]["nodes"][0]["version"] == "1.3.0"
+
+
+def test_pause_empty_and_delete_act_on_the_real_nodes(admin: AdminThread, cluster: Any) -> None:
+    _, a, b = cluster
+    assert admin.request("POST", "/api/topics/orders", {"action": "pause"})[0] == 200
+    assert a.call(lambda: a.nsqd.topics["orders"].paused)
+    assert b.call(lambda: b.nsqd.topics["orders"].paused)
+    assert admin.request("POST", "/api/topics/orders/billing", {"action": "empty"})[0] == 200
+    assert a.call(lambda: a.nsqd.topics["orders"].channels["billing"].depth) == 0
+    assert admin.request("POST", "/api/topics/orders", {"action": "explode"}) == (
+        400,
+        {"message": "INVALID_ACTION"},
+    )
+    deleted = admin.request("DELETE", "/api/topics/orders")
+    assert deleted[0] == 200, deleted
+    assert a.call(lambda: "orders" not in a.nsqd.topics)
+    assert b.call(lambda: "orders" not in b.nsqd.topics)
+
+
+def test_only_admin_users_may_act(
+    cluster: tuple[LookupdThread, ServerThread, ServerThread],
+) -> None:
+    lookupd, a, _ = cluster
+    server = AdminThread(
+        lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")], admin_users=["ops"]
+    )
+    try:
+        refused = server.request("POST", "/api/topics/orders", {"action": "pause"})
+        assert refused == (403, {"message": "FORBIDDEN"})
+        assert not a.call(lambda: a.nsqd.topics["orders"].paused)
+        ok = server.request(
+            "POST", "/api/topics/orders", {"action": "pause"}, **{"X-Forwarded-User": "ops"}
+        )
+        assert ok[0] == 200 and a.call(lambda: a.nsqd.topics["orders"].paused)
+        assert server.request("GET", "/api/topics")[0] == 200  # reading is for everyone
+    finally:
+        server.stop()
+
+
+def test_behind_a_reverse_proxy_base_path(cluster: Any) -> None:
+    lookupd = cluster[0]
+    server = AdminThread(
+        lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")], base_path="/admin/"
+    )
+    try:
+        assert server.request("GET", "/admin/api/topics")[0] == 200
+        assert server.request("GET", "/api/topics")[0] == 404
+        status, page = server.request("GET", "/admin/topics/orders")
+        assert status == 200 and b'src="/admin/static/app.js"' in page
+        status, js = server.request("GET", "/admin/static/app.js")
+        assert status == 200 and b"setInterval(render" in js
+        assert server.request("GET", "/admin/static/..%2fcli.py")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_an_unreachable_node_is_an_error_on_the_page_not_a_failure() -> None:
+    server = AdminThread(nsqd_http_addresses=["127.0.0.1:1"])
+    try:
+        status, doc = server.request("GET", "/api/topics")
+        assert status == 200 and doc["topics"] == []
+        assert doc["errors"] and doc["errors"][0].startswith("nsqd 127.0.0.1:1:")
+    finally:
+        server.stop()
+
+
+# -- in a real browser (Debian's chromium and chromedriver) ------------------------------------
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    import os
+    import shutil
+
+    if not os.path.exists(CHROMEDRIVER) or shutil.which("chromium") is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (scripts/bootstrap installs them)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,900",
+    ):
+        options.add_argument(arg)
+    options.binary_location = shutil.which("chromium") or ""
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    yield driver
+    driver.quit()
+
+
+def _shot(driver: Any, name: str) -> None:
+    """With PYNSQD_SCREENSHOTS=dir, keep a screenshot of the page (docs/images in the repo)."""
+    import os
+
+    target = os.environ.get("PYNSQD_SCREENSHOTS")
+    if target:
+        driver.save_screenshot(os.path.join(target, f"nsqadmin-{name}.png"))
+
+
+def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _, a, b = cluster
+    wait = WebDriverWait(browser, 20)
+    base = f"http://127.0.0.1:{admin.port}"
+    browser.get(f"{base}/topics")
+    row = wait.until(lambda d: d.find_element(By.XPATH, "//table[@id='topics']//tr[td/a='orders']"))
+    # depth 3: node b's topic has no channel yet; 8 messages; 1 channel
+    assert [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:4] == ["3", "8", "1"]
+    _shot(browser, "topics")
+    browser.get(f"{base}/topics/orders")
+    wait.until(lambda d: d.find_elements(By.ID, "depth-chart"))
+    # The chart moves as messages flow: publish more, watch its last value change.
+    with a.connect() as p:
+        p.mpub("orders", [b"z"] * 40)
+    # backlog: 3 on b's topic + 5 + 40 on a's channel
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "[data-last='depth-chart']").text == "48")
+    wait.until(
+        lambda d: int(d.find_element(By.ID, "depth-chart").get_attribute("data-points")) >= 3
+    )
+    _shot(browser, "topic")
+    # Pause, after confirming: the real nodes are paused.
+    browser.find_element(By.CSS_SELECTOR, "button[data-action='pause']").click()
+    browser.switch_to.alert.accept()
+    wait.until(lambda d: a.call(lambda: a.nsqd.topics["orders"].paused))
+    assert b.call(lambda: b.nsqd.topics["orders"].paused)
+    browser.get(f"{base}/topics/orders/billing")
+    wait.until(lambda d: d.find_elements(By.ID, "clients"))
+    _shot(browser, "channel")
+
+
+def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    lookupd, a, _ = cluster
+    server = AdminThread(
+        lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")], admin_users=["ops"]
+    )
+    try:
+        wait = WebDriverWait(browser, 20)
+        browser.get(f"http://127.0.0.1:{server.port}/topics/orders/billing")
+        button = wait.until(
+            lambda d: d.find_element(By.CSS_SELECTOR, "button[data-action='empty']")
+        )
+        button.click()
+        browser.switch_to.alert.accept()
+        wait.until(lambda d: "refused: FORBIDDEN" in d.find_element(By.ID, "refused").text)
+        assert a.call(lambda: a.nsqd.topics["orders"].channels["billing"].depth) == 5
+    finally:
+        server.stop()
+
+
+def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from pynsqd.nsqadmin.cli import main
+
+    assert main(["--nsqd-http-address=a:1", "--lookupd-http-address=b:2"]) == 1
+    assert capsys.readouterr().err == (
+        "nsqadmin: use --lookupd-http-address or --nsqd-http-address (one of them, not both)\n"
+    )
+    assert main(["--bogus"]) == 2
+    assert "flag provided but not defined: -bogus" in capsys.readouterr().err
+    assert main(["-h"]) == 0
+    assert "-acl-http-header" in capsys.readouterr().out
