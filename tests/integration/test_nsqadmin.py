@@ -239,8 +239,12 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     wait.until(lambda d: a.call(lambda: a.nsqd.topics["orders"].paused))
     assert b.call(lambda: b.nsqd.topics["orders"].paused)
     browser.get(f"{base}/topics/orders/billing")
-    wait.until(lambda d: d.find_elements(By.ID, "clients"))
+    wait.until(lambda d: d.find_elements(By.ID, "clients") and d.find_elements(By.ID, "e2e"))
     _shot(browser, "channel")
+    browser.get(f"{base}/lookup")
+    tombstones = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[data-tombstone]"))
+    assert len(tombstones) == 2  # orders, on each node
+    _shot(browser, "lookup")
 
 
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:
@@ -276,3 +280,45 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "flag provided but not defined: -bogus" in capsys.readouterr().err
     assert main(["-h"]) == 0
     assert "-acl-http-header" in capsys.readouterr().out
+
+
+def test_lookup_tombstone_and_notifications(cluster: Any) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    notes: list[Any] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            notes.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    Thread(target=hook.serve_forever, daemon=True).start()
+    lookupd, a, _ = cluster
+    server = AdminThread(
+        lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")],
+        notification_http_endpoint=f"http://127.0.0.1:{hook.server_address[1]}/",
+    )
+    try:
+        status, doc = server.request("GET", "/api/lookup")
+        assert status == 200 and len(doc["lookupds"][0]["producers"]) == 2
+        node = f"127.0.0.1:{a.http_port}"
+        status, _ = server.request(
+            "DELETE", f"/api/nodes/{node}", {"topic": "orders"}, **{"X-Forwarded-User": "ann"}
+        )
+        assert status == 200
+        _, doc = server.request("GET", "/api/lookup")
+        (mine,) = [p for p in doc["lookupds"][0]["producers"] if p["node"] == node]
+        assert {"topic": "orders", "tombstoned": True} in mine["topics"]
+        assert notes == [
+            {"action": "tombstone_topic_producer", "topic": "orders", "node": node, "user": "ann"}
+        ]
+    finally:
+        server.stop()
+        hook.shutdown()
+        hook.server_close()

@@ -24,7 +24,13 @@ def test_the_wheel_installs_and_its_commands_start(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = wheels.glob("pynsqd-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ("pynsqd/py.typed", "pynsqd/__main__.py", "pynsqd_spark/py.typed"):
+    for expected in (
+        "pynsqd/py.typed",
+        "pynsqd/__main__.py",
+        "pynsqd_spark/py.typed",
+        "pynsqd/nsqadmin/static/app.js",  # nsqadmin's pages work from an installed wheel
+        "pynsqd/nsqadmin/static/index.html",
+    ):
         assert expected in names
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
@@ -48,7 +54,12 @@ def test_the_wheel_installs_and_its_commands_start(tmp_path: Path) -> None:
     )
     assert install.returncode == 0, install.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(target)}
-    for script, expected in (("nsqd", "nsqd v1.3.0"), ("nsqlookupd", "nsqlookupd v1.3.0")):
+    for script, expected in (
+        ("nsqd", "nsqd v1.3.0"),
+        ("nsqlookupd", "nsqlookupd v1.3.0"),
+        ("nsqadmin", "nsqadmin v1.3.0"),
+        ("nsq_tail", "nsq_tail v1.3.0"),
+    ):
         res = subprocess.run(
             [str(target / "bin" / script), "--version"],
             capture_output=True,

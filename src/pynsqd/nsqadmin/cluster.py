@@ -5,6 +5,7 @@ topic. A node that does not answer is reported in ``errors``, never a failure of
 from __future__ import annotations
 
 import asyncio
+import logging
 import urllib.parse
 from typing import Any
 
@@ -196,6 +197,56 @@ class Cluster:
             "clients": clients,
             "errors": errors,
         }
+
+    async def lookup(self) -> dict[str, Any]:
+        """What every nsqlookupd knows: its nodes, with their topics and tombstones."""
+        lookupds: list[dict[str, Any]] = []
+        errors: list[str] = []
+        for lookupd in self.opts.lookupd_http_addresses:
+            try:
+                doc = await self._get(lookupd, "/nodes")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
+                errors.append(f"nsqlookupd {lookupd}: {e}")
+                continue
+            producers = []
+            for p in doc.get("producers") or []:
+                topics = p.get("topics") or []
+                stones = p.get("tombstones") or [False] * len(topics)
+                producers.append(
+                    {
+                        "node": f"{p.get('broadcast_address')}:{p.get('http_port')}",
+                        "version": p.get("version", ""),
+                        "topics": [
+                            {"topic": t, "tombstoned": bool(s)}
+                            for t, s in zip(topics, stones, strict=False)
+                        ],
+                    }
+                )
+            lookupds.append({"lookupd": lookupd, "producers": producers})
+        return {"lookupds": lookupds, "errors": errors}
+
+    async def tombstone(self, node: str, topic: str) -> list[str]:
+        """nsqlookupd's ``/topic/tombstone`` on every lookupd: ``node`` stops being a producer
+        of ``topic`` there for a while (so that it can be deleted from the node)."""
+        query = urllib.parse.urlencode({"topic": topic, "node": node})
+        errors = []
+        for lookupd in self.opts.lookupd_http_addresses:
+            err = await self._post(lookupd, f"/topic/tombstone?{query}")
+            if err:
+                errors.append(err)
+        return errors
+
+    async def notify(self, note: dict[str, Any]) -> None:
+        """``--notification-http-endpoint``: a JSON note of an admin action (failures logged)."""
+        url = self.opts.notification_http_endpoint
+        if not url:
+            return
+        try:
+            async with self.session.post(url, json=note) as r:
+                if r.status >= 300:
+                    raise RuntimeError(f"HTTP {r.status}")
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as e:
+            logging.getLogger("pynsqd.nsqadmin").warning("notification to %s failed - %s", url, e)
 
     # -- acting ----------------------------------------------------------------------------
 

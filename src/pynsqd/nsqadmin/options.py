@@ -31,6 +31,10 @@ class AdminOptions:
     admin_users: list[str] = opt(
         [], "admin user (may be given multiple times)", kind="list", flag="admin-user"
     )
+    notification_http_endpoint: str = opt(
+        "",
+        "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
+    )
     http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
     log_level: str = opt(
         "info",

@@ -45,6 +45,7 @@ class AdminService(Router):
         add("GET", "/ping", "plain", self._ping)
         add("GET", "/api/nodes", "v1", self._nodes)
         add("GET", "/api/topics", "v1", self._topics)
+        add("GET", "/api/lookup", "v1", self._lookup)
         for page in PAGES:
             add("GET", f"/{page}", "raw", self._page)
 
@@ -65,6 +66,8 @@ class AdminService(Router):
                 "POST": ("v1", self._act),
                 "DELETE": ("v1", self._act),
             }
+        if parts[0] == "api" and len(parts) == 3 and parts[1] == "nodes":
+            return {"DELETE": ("v1", self._tombstone)}
         if parts[0] == "topics" and len(parts) in (2, 3):
             return {"GET": ("raw", self._page)}
         if parts[0] == "static" and len(parts) == 2:
@@ -112,18 +115,44 @@ class AdminService(Router):
             raise HTTPError(404, "CHANNEL_NOT_FOUND" if channel else "TOPIC_NOT_FOUND")
         return found
 
+    async def _lookup(self, request: BaseRequest, params: Params) -> Any:
+        return await self.cluster.lookup()
+
+    def _admin(self, request: BaseRequest) -> str:
+        """The user making an action; 403 when --admin-user names others only."""
+        user = request.headers.get(self.opts.acl_http_header, "")
+        if self.opts.admin_users and user not in self.opts.admin_users:
+            log.warning(
+                "refused %s %s for user %r (not an --admin-user)",
+                request.method,
+                request.path,
+                user,
+            )
+            raise HTTPError(403, "FORBIDDEN")
+        return user
+
+    async def _tombstone(self, request: BaseRequest, params: Params) -> Any:
+        user = self._admin(request)
+        node = request.path.rsplit("/", 1)[1]
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            raise HTTPError(400, "INVALID_BODY") from None
+        topic = body.get("topic") if isinstance(body, dict) else None
+        if not isinstance(topic, str) or not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_TOPIC")
+        errors = await self.cluster.tombstone(node, topic)
+        log.info("tombstone topic %s on node %s: %s", topic, node, errors or "ok")
+        await self.cluster.notify(
+            {"action": "tombstone_topic_producer", "topic": topic, "node": node, "user": user}
+        )
+        if errors:
+            raise HTTPError(502, "; ".join(errors))
+        return None
+
     async def _act(self, request: BaseRequest, params: Params) -> Any:
         topic, channel = self._names(request)
-        if self.opts.admin_users:
-            user = request.headers.get(self.opts.acl_http_header, "")
-            if user not in self.opts.admin_users:
-                log.warning(
-                    "refused %s %s for user %r (not an --admin-user)",
-                    request.method,
-                    request.path,
-                    user,
-                )
-                raise HTTPError(403, "FORBIDDEN")
+        user = self._admin(request)
         action: str
         if request.method == "DELETE":
             action = "delete"
@@ -138,6 +167,14 @@ class AdminService(Router):
             action = str(given)
         errors = await self.cluster.act(topic, channel, action)
         log.info("%s %s%s: %s", action, topic, f":{channel}" if channel else "", errors or "ok")
+        await self.cluster.notify(
+            {
+                "action": f"{action}_{'channel' if channel else 'topic'}",
+                "topic": topic,
+                "channel": channel,
+                "user": user,
+            }
+        )
         if errors:
             raise HTTPError(502, "; ".join(errors))
         return None

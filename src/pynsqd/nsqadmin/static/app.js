@@ -53,6 +53,16 @@ async function act(path, action) {
   }
 }
 
+async function tombstone(node, topic) {
+  if (!confirm(`tombstone topic ${topic} on node ${node}?`)) return;
+  try {
+    await api(`nodes/${node}`, {method: "DELETE", headers: {"Content-Type": "application/json"}, body: JSON.stringify({topic})});
+    render();
+  } catch (e) {
+    document.getElementById("refused").textContent = `refused: ${e.message}`;
+  }
+}
+
 const COLS = ["depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count", "message_count"];
 
 async function render() {
@@ -65,6 +75,10 @@ async function render() {
         buttons(d.paused) + record(d.depth, d.message_count) +
         `<table id="nodes"><tr><th>node</th>${COLS.map(k => `<th>${k}</th>`).join("")}</tr>` +
         d.nodes.map(n => `<tr><td>${esc(n.node)}</td>${COLS.map(k => `<td>${n[k]}</td>`).join("")}</tr>`).join("") + "</table>" +
+        `<h2>end-to-end latency</h2><table id="e2e"><tr><th>node</th><th>count</th><th>percentiles (ms)</th></tr>` +
+        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.e2e ? n.e2e.count : 0}</td><td>${n.e2e && n.e2e.percentiles ? n.e2e.percentiles.map(p => `p${p.quantile * 100}: ${(p.value / 1e6).toFixed(1)}`).join(", ") : ""}</td></tr>`).join("") + "</table>" +
+        (d.nodes.some(n => n.lifecycle) ? `<h2>lifecycle</h2><table id="lifecycle"><tr><th>node</th><th>dead-lettered</th><th>expired</th><th>dropped</th><th>max attempts</th><th>ttl</th><th>max depth</th></tr>` +
+          d.nodes.filter(n => n.lifecycle).map(n => `<tr><td>${esc(n.node)}</td><td>${n.lifecycle.dead_letter_count}</td><td>${n.lifecycle.expired_count}</td><td>${n.lifecycle.dropped_count}</td><td>${n.lifecycle.max_attempts}</td><td>${esc(n.lifecycle.msg_ttl)}</td><td>${n.lifecycle.max_depth}</td></tr>`).join("") + "</table>" : "") +
         `<h2>clients</h2><table id="clients"><tr><th>client</th><th>node</th><th>user agent</th><th>in flight</th><th>ready</th><th>finished</th><th>requeued</th><th>tls</th><th>snappy</th><th>deflate</th></tr>` +
         d.clients.map(k => `<tr><td>${esc(k.hostname)}:${esc(k.client_id)}</td><td>${esc(k.node)}</td><td>${esc(k.user_agent)}</td><td>${k.in_flight_count}</td><td>${k.ready_count}</td><td>${k.finish_count}</td><td>${k.requeue_count}</td><td>${k.tls}</td><td>${k.snappy}</td><td>${k.deflate}</td></tr>`).join("") + "</table>";
       errorsEl.textContent = d.errors.join("; ");
@@ -79,6 +93,15 @@ async function render() {
         d.channels.map(c => `<tr><td>${link(`topics/${t}/${c.channel}`, c.channel)}${c.paused ? ' <span class="paused">paused</span>' : ""}</td>${COLS.map(k => `<td>${c[k]}</td>`).join("")}<td>${c.clients}</td></tr>`).join("") + "</table>" +
         `<h2>nodes</h2><table id="nodes"><tr><th>node</th><th>depth</th><th>message_count</th><th>log offsets</th></tr>` +
         d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.depth}</td><td>${n.message_count}</td><td>${n.log ? `${n.log.earliest_offset}–${n.log.latest_offset}` : ""}</td></tr>`).join("") + "</table>";
+      errorsEl.textContent = d.errors.join("; ");
+    } else if (route[0] === "lookup") {
+      const d = await api("lookup");
+      html = "<h1>nsqlookupd</h1>" + d.lookupds.map(l =>
+        `<h2>${esc(l.lookupd)}</h2><table class="lookup"><tr><th>node</th><th>version</th><th>topics</th></tr>` +
+        l.producers.map(p => `<tr><td>${esc(p.node)}</td><td>${esc(p.version)}</td><td>` +
+          p.topics.map(t => t.tombstoned ? `<s>${esc(t.topic)}</s> (tombstoned)` :
+            `${esc(t.topic)} <button data-tombstone="${esc(t.topic)}" data-node="${esc(p.node)}">tombstone</button>`).join(", ") +
+          "</td></tr>").join("") + "</table>").join("") + '<span id="refused" class="refused"></span>';
       errorsEl.textContent = d.errors.join("; ");
     } else if (route[0] === "nodes") {
       const d = await api("nodes");
@@ -98,6 +121,8 @@ async function render() {
     main.innerHTML = html;
     main.querySelectorAll("button[data-action]").forEach(b =>
       b.addEventListener("click", () => act(route.slice(1).join("/"), b.dataset.action)));
+    main.querySelectorAll("button[data-tombstone]").forEach(b =>
+      b.addEventListener("click", () => tombstone(b.dataset.node, b.dataset.tombstone)));
   } catch (e) {
     main.textContent = e.message;
   }
