@@ -1,6 +1,8 @@
-"""The blocking NSQ client shared by the Spark connector, the command-line tools and the tests
-(``connection.py``). It speaks to pynsqd and Go nsqd alike."""
+"""pynsqd's NSQ client, over the sans-IO protocol package: a blocking front end
+(``connection.py``: the Spark connector, the command-line tools and the tests use it) and an
+asyncio one (``aio.py``). It speaks to pynsqd and Go nsqd alike."""
 
+from .aio import AsyncConnection
 from .connection import (
     ClientOptions,
     Connection,
@@ -13,6 +15,7 @@ from .connection import (
 )
 
 __all__ = [
+    "AsyncConnection",
     "ClientOptions",
     "Connection",
     "NsqConnectionError",
