@@ -140,10 +140,16 @@ def bench_log_source(
     work: Path,
     partitions: int,
     topic: str = "logsource",
+    more: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The log-mode source: executors read offset ranges over HTTP (nsqd has retention)."""
-    if topic_count(http, topic) < rows:
-        prefill(address, topic, rows - topic_count(http, topic), size)
+    """The log-mode source: executors read offset ranges over HTTP (nsqd has retention).
+    ``more``: other nodes (tcp, http); the rows are then spread evenly over all of them."""
+    nodes = [(address, http), *(more or [])]
+    share = rows // len(nodes)
+    for tcp_address, http_address in nodes:
+        if topic_count(http_address, topic) < share:
+            prefill(tcp_address, topic, share - topic_count(http_address, topic), size)
+    http = ",".join(h for _, h in nodes)
     df = (
         spark.readStream.format("nsq")
         .option("mode", "log")
@@ -170,7 +176,7 @@ def bench_log_source(
     steady_rows = sum(p["numInputRows"] for p in steady)
     steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
     return {
-        "mode": f"log source x{partitions}",
+        "mode": f"log source x{partitions}" + (f" on {len(nodes)} nodes" if more else ""),
         "rows": got,
         "wall_s": wall,
         "rows_per_s_wall": got / wall,
@@ -243,6 +249,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--batch", type=int, default=100_000, help="source maxMessagesPerBatch")
     ap.add_argument("--mode", choices=["all", "source", "sink", "log"], default="all")
+    ap.add_argument("--nodes", type=int, default=1, help="log source: also run on this many nsqd")
     ap.add_argument(
         "--partitions",
         default="1,2,4",
@@ -261,9 +268,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="nsq-spark-bench-"))
     (work / "nsqd").mkdir()
     # Retention on: the log-mode source reads the topic's log (the channel source is unaffected).
-    proc, address, http = start_nsqd(
-        work / "nsqd", ["--retention-time=1h", *args.nsqd_args.split()]
-    )
+    flags = ["--retention-time=1h", *args.nsqd_args.split()]
+    proc, address, http = start_nsqd(work / "nsqd", flags)
+    others: list[subprocess.Popen[bytes]] = []
     from pyspark.sql import SparkSession
 
     from pynsqd_spark import register
@@ -299,10 +306,32 @@ def main() -> None:
                         spark, address, http, args.rows, args.size, args.batch, work, n
                     )
                 )
+            if args.nodes > 1:  # the same rows spread over more nsqd, a task per node
+                extra = []
+                for i in range(1, args.nodes):
+                    (work / f"nsqd{i}").mkdir()
+                    p, tcp_i, http_i = start_nsqd(work / f"nsqd{i}", flags)
+                    others.append(p)
+                    extra.append((tcp_i, http_i))
+                results.append(
+                    bench_log_source(
+                        spark,
+                        address,
+                        http,
+                        args.rows,
+                        args.size,
+                        args.batch,
+                        work,
+                        args.nodes,
+                        "logspread",
+                        extra,
+                    )
+                )
     finally:
         spark.stop()
-        proc.terminate()
-        proc.wait(10)
+        for p in [proc, *others]:
+            p.terminate()
+            p.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     for r in results:
         if args.json:
