@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import struct
 import urllib.error
 import urllib.parse
@@ -58,6 +59,11 @@ LOG_OPTIONS = (
     "failOnDataLoss",
     "authSecret",
     "timeoutMs",
+    "tls",
+    "tlsVerify",
+    "tlsCaFile",
+    "tlsCertFile",
+    "tlsKeyFile",
 )
 
 
@@ -78,6 +84,11 @@ class LogOptions:
     fail_on_data_loss: bool
     auth_secret: str | None
     timeout: float
+    tls: bool = False  # the addresses are nsqd's --https-address
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogOptions:
@@ -101,6 +112,12 @@ class LogOptions:
                 "mode 'log' reads each nsqd's HTTP port: set option 'nsqdHttpAddresses' "
                 "(host:port,...) or 'nsqlookupdHttpAddresses'"
             )
+        tls = o.boolean("tls", False)
+        if tls and lookupd:
+            raise NsqOptionError(
+                "option 'tls' in mode 'log': give each nsqd's HTTPS address in "
+                "'nsqdHttpAddresses' (nsqlookupd only knows their plain HTTP ports)"
+            )
         return cls(
             topic=topic,
             nodes=nodes,
@@ -115,6 +132,11 @@ class LogOptions:
             fail_on_data_loss=o.boolean("failOnDataLoss", True),
             auth_secret=o.get("authSecret"),
             timeout=o.integer("timeoutMs", 30000, 1) / 1000,
+            tls=tls,
+            tls_verify=o.boolean("tlsVerify", True),
+            tls_ca_file=o.get("tlsCaFile"),
+            tls_cert_file=o.get("tlsCertFile"),
+            tls_key_file=o.get("tlsKeyFile"),
         )
 
 
@@ -147,13 +169,33 @@ def _offsets_option(
 # -- talking to a node --------------------------------------------------------------------------
 
 
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+
+
+def _ssl_context(opts: LogOptions) -> ssl.SSLContext:
+    """One context per set of TLS options and process (built on the executor, not pickled)."""
+    key = (opts.tls_verify, opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        ctx = ssl.create_default_context(cafile=opts.tls_ca_file)
+        if not opts.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if opts.tls_cert_file:
+            ctx.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+        _CONTEXTS[key] = ctx
+    return ctx
+
+
 def _request(node: str, path: str, opts: LogOptions) -> tuple[int, dict[str, str], bytes]:
     headers = {"Accept": "application/vnd.nsq; version=1.0"}
     if opts.auth_secret:
         headers["X-Nsq-Auth-Secret"] = opts.auth_secret
-    req = urllib.request.Request(f"http://{node}{path}", headers=headers)
+    scheme = "https" if opts.tls else "http"
+    req = urllib.request.Request(f"{scheme}://{node}{path}", headers=headers)
+    context = _ssl_context(opts) if opts.tls else None
     try:
-        with urllib.request.urlopen(req, timeout=opts.timeout) as r:
+        with urllib.request.urlopen(req, timeout=opts.timeout, context=context) as r:
             return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     except urllib.error.HTTPError as e:
         return e.code, {}, e.read()

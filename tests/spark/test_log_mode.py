@@ -254,3 +254,45 @@ def test_a_node_killed_and_restarted_mid_query_loses_and_duplicates_nothing(
         node.stop()
     offsets = sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
     assert offsets == list(range(500))
+
+
+def test_log_reads_over_https_when_nsqd_requires_tls(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    import re
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_file, key_file, cert_file = tmp_path / "ca.pem", tmp_path / "key.pem", tmp_path / "cert.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    node = retained(
+        start_nsqd, f"--tls-cert={cert_file}", f"--tls-key={key_file}", "--tls-required=true"
+    )
+    found = re.search(r"HTTPS: listening on (\S+)", node.log_path.read_text())
+    assert found is not None
+    https = found.group(1)
+    from pynsqd.client.connection import ClientOptions, Connection
+
+    with Connection(
+        node.tcp_address, ClientOptions(tls=True, tls_ca_file=str(ca_file))
+    ).connect() as c:
+        c.mpub("t", [b"s1", b"s2"])
+
+    def read(**extra: str) -> list[bytes]:
+        reader = (
+            spark.read.format("nsq")
+            .option("mode", "log")
+            .option("topic", "t")
+            .option("nsqdHttpAddresses", https)
+        )
+        for k, v in extra.items():
+            reader = reader.option(k, v)
+        return sorted(r.body for r in reader.load().select("body").collect())
+
+    assert read(tls="true", tlsCaFile=str(ca_file)) == [b"s1", b"s2"]
+    with pytest.raises(Exception, match=r"nsqd 127\.0\.0\.1"):
+        read()  # plain HTTP to the HTTPS port: a clear error, not a hang
