@@ -30,7 +30,12 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import LongType, StructField, StructType
 
 from .options import NsqOptionError, _check_name, _Opts
@@ -398,9 +403,17 @@ def resolve_start(opts: LogOptions) -> dict[str, int]:
     return out
 
 
-class NsqLogStreamReader(DataSourceStreamReader):
+class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: LogOptions) -> None:
         self.opts = opts
+        # Trigger.AvailableNow: each node's latest offset when the query started; batches
+        # (still bounded by maxOffsetsPerTrigger) never go past it, so the query ends.
+        self._target: dict[str, int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {
+            n: v for n in discover(self.opts) if (v := _latest(n, self.opts)) is not None
+        }
 
     def initialOffset(self) -> dict[str, int]:
         return resolve_start(self.opts)
@@ -425,6 +438,11 @@ class NsqLogStreamReader(DataSourceStreamReader):
         # node that appeared since (through nsqlookupd) is read from its earliest offset.
         end = {n: max(latest[n], start.get(n, latest[n])) for n in latest}
         end.update({n: start[n] for n in start if n not in end})
+        if self._target is not None:  # AvailableNow: nothing past what was there at the start
+            end = {
+                n: max(start.get(n, 0), min(v, self._target.get(n, start.get(n, 0))))
+                for n, v in end.items()
+            }
         if not isinstance(limit, ReadMaxRows):
             return end
         # maxOffsetsPerTrigger: at most this many records per batch, shared by the nodes that
@@ -449,8 +467,10 @@ class NsqLogStreamReader(DataSourceStreamReader):
         return list(split(start, end, self.opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, LogPartition)
-        yield from read_partition(partition, self.opts)
+        # An empty range plans no partitions, and Spark then runs one task with
+        # InputPartition(None): it reads nothing.
+        if isinstance(partition, LogPartition):
+            yield from read_partition(partition, self.opts)
 
     def commit(self, end: dict[str, int]) -> None:
         pass  # nothing to acknowledge: the offsets live in Spark's checkpoint
@@ -474,5 +494,7 @@ class NsqLogBatchReader(DataSourceReader):
         return list(self._parts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, LogPartition)
-        yield from read_partition(partition, self.opts)
+        # An empty range plans no partitions, and Spark then runs one task with
+        # InputPartition(None): it reads nothing.
+        if isinstance(partition, LogPartition):
+            yield from read_partition(partition, self.opts)

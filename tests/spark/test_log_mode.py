@@ -51,6 +51,17 @@ def test_batch_read_of_an_offset_range(spark: Any, start_nsqd: Callable[..., Nsq
     assert rows == [(i, b"m%03d" % i, "t") for i in range(10, 60)]
 
 
+def test_an_empty_range_reads_no_rows(spark: Any, start_nsqd: Callable[..., NsqdProcess]) -> None:
+    # An empty range gives Spark no partitions; it then runs one task with InputPartition(None),
+    # which the reader must answer with no rows rather than fail.
+    node = retained(start_nsqd)
+    node.publish("t", [b"x"] * 5)
+    same = json.dumps({node.http_address: 3})
+    df = log_reader(spark, node).option("startingOffsets", same).option("endingOffsets", same)
+    assert df.load().count() == 0
+    assert log_reader(spark, node).option("startingOffsets", "latest").load().count() == 0
+
+
 def test_auto_mode_picks_the_log_and_reads_everything(
     spark: Any, start_nsqd: Callable[..., NsqdProcess]
 ) -> None:
@@ -99,6 +110,31 @@ def test_streaming_is_exactly_once_across_a_restart(
     assert {r.body for r in rows} == {b"a%04d" % i for i in range(300)} | {
         b"b%04d" % i for i in range(200)
     }
+
+
+def test_trigger_available_now_reads_what_was_there_in_bounded_batches_and_stops(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    node = retained(start_nsqd)
+    node.publish("t", [b"a%04d" % i for i in range(250)])
+    df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "70").load()
+    query = (
+        df.select("offset")
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120), "an AvailableNow query must stop by itself"
+        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    # Without the source's own support Spark would read it all in one batch, ignoring the limit.
+    assert sizes == [70, 70, 70, 40]
+    offsets = sorted(r.offset for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert offsets == list(range(250))
 
 
 def _make_prunable(node: NsqdProcess, n: int) -> int:
