@@ -83,6 +83,26 @@ def prefill(address: str, topic: str, rows: int, size: int) -> float:
     return time.perf_counter() - t0
 
 
+#: the parts of a micro-batch that run on the driver, not in tasks (Spark's progress durations)
+DRIVER_PARTS = ("latestOffset", "queryPlanning", "getBatch", "walCommit", "commitOffsets")
+
+
+def driver_share(progress: list[dict[str, Any]]) -> dict[str, float]:
+    """Driver-side time per batch (the source's latestOffset, planning, the checkpoint's
+    writes) and its share of the batches' whole time: what must stay small as tasks scale."""
+    batches = [p for p in progress if p["numInputRows"]]
+    if not batches:
+        return {}
+    drv = sum(sum(p["durationMs"].get(k, 0) for k in DRIVER_PARTS) for p in batches)
+    total = sum(p["durationMs"]["triggerExecution"] for p in batches)
+    lo = sum(p["durationMs"].get("latestOffset", 0) for p in batches)
+    return {
+        "driver_ms_per_batch": drv / len(batches),
+        "source_latestOffset_ms_per_batch": lo / len(batches),
+        "driver_share": drv / total if total else 0.0,
+    }
+
+
 def bench_source(
     spark: Any, address: str, rows: int, size: int, batch: int, work: Path, topic: str = "source"
 ) -> dict[str, Any]:
@@ -127,6 +147,7 @@ def bench_source(
         "rows_per_s_batches": got / all_s if all_s else 0.0,
         "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
         "batches": len(data),
+        **driver_share(progress),
     }
 
 
@@ -183,6 +204,7 @@ def bench_log_source(
         "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
         "rows_per_s_per_task_steady": steady_rows / steady_s / partitions if steady_s else 0.0,
         "batches": len(data),
+        **driver_share(progress),
     }
 
 

@@ -1,8 +1,8 @@
 """The driver-side consumer of the streaming source: connections, buffer, ledger, FIN and TOUCH.
 
 One :class:`ConsumerPool` lives in Spark's driver-side source runner process for the whole query
-run (Spark does not promise it). Reader threads append the messages they receive to
-per-connection buffers;
+run (Spark does not promise it). One reader thread (a :class:`Reactor`, selecting over every
+connection) appends the messages received to per-connection buffers;
 the engine's ``latestOffset`` moves buffered messages into a numbered batch of the *ledger*;
 ``commit`` FINs a batch's messages on the connections that received them (nsqd only accepts a FIN
 from the owning connection). A maintenance thread TOUCHes every message not yet FIN'd, reconnects
@@ -26,6 +26,7 @@ from pynsqd.client.connection import (
     NsqConnectionError,
     NsqError,
     NsqLookupError,
+    Reactor,
     lookup_producers,
 )
 
@@ -99,6 +100,8 @@ class ConsumerPool:
         self._stop = threading.Event()
         self._paused = False
         self._thread: threading.Thread | None = None
+        #: reads every connection on one thread (not one reader thread per connection)
+        self._reactor: Reactor | None = None
         self.last_receive = clock()
         #: only messages published at or before this time (ns) may be taken (Trigger.AvailableNow)
         self.cutoff_ns: int | None = None
@@ -110,6 +113,7 @@ class ConsumerPool:
         """Connect to every node; raise NsqSourceError if none can be reached at all."""
         nodes = list(self.opts.nsqd_addresses)
         errors: list[str] = []
+        self._reactor = Reactor("nsq-source-reader")
         if self.opts.lookupd_addresses:
             try:
                 found = lookup_producers(
@@ -153,6 +157,8 @@ class ConsumerPool:
             with contextlib.suppress(NsqConnectionError, OSError):
                 st.conn.cls()
             st.conn.close()
+        if self._reactor is not None:
+            self._reactor.stop()
 
     def _subscribe(self, conn: Connection, node: str, rdy: int) -> None:
         st = _ConnState(conn, node)
@@ -166,6 +172,7 @@ class ConsumerPool:
                 self._on_close,
                 self._on_error,
                 rdy=None if self._paused else rdy,
+                reactor=self._reactor,
             )
         except BaseException:
             with self.cond:

@@ -18,6 +18,7 @@ from pynsqd.client.connection import (
     NsqConnectionError,
     NsqError,
     NsqLookupError,
+    Reactor,
     lookup_nodes,
     lookup_producers,
     parse_address,
@@ -90,7 +91,21 @@ def test_connect_refused_names_the_address() -> None:
         Connection(addr, ClientOptions(connect_timeout=2)).connect()
 
 
-def test_subscribe_fin_touch_req_and_heartbeats(nsqd_proc: NsqdProcess) -> None:
+@pytest.fixture(params=["thread", "reactor"])
+def reactor(request: pytest.FixtureRequest) -> Iterator[Reactor | None]:
+    """Subscribers read on a thread of their own, or on a shared Reactor."""
+    if request.param == "thread":
+        yield None
+        return
+    r = Reactor()
+    yield r
+    r.stop()
+    assert not r.alive
+
+
+def test_subscribe_fin_touch_req_and_heartbeats(
+    nsqd_proc: NsqdProcess, reactor: Reactor | None
+) -> None:
     got: list[tuple[int, bytes, bytes]] = []
     errors: list[NsqError] = []
     closed = threading.Event()
@@ -104,7 +119,13 @@ def test_subscribe_fin_touch_req_and_heartbeats(nsqd_proc: NsqdProcess) -> None:
     nsqd_proc.publish("s", [b"a", b"b", b"c"])
     with Connection(nsqd_proc.tcp_address, opts).connect() as sub:
         sub.subscribe(
-            "s", "ch", on_messages, lambda c: closed.set(), lambda c, e: errors.append(e), rdy=10
+            "s",
+            "ch",
+            on_messages,
+            lambda c: closed.set(),
+            lambda c, e: errors.append(e),
+            rdy=10,
+            reactor=reactor,
         )
         wait_until(lambda: len(got) == 3, what="3 messages")
         assert sorted(b for _, _, b in got) == [b"a", b"b", b"c"]
@@ -232,10 +253,14 @@ def test_consumer_pool_take_commit_and_fairness(nsqd_proc: NsqdProcess) -> None:
     opts = source_options(
         nsqdTcpAddresses=nsqd_proc.tcp_address, maxInFlight="400", connectionsPerNode="2"
     )
+    before = {t.name for t in threading.enumerate()}
     pool = ConsumerPool(opts)
     pool.start()
     try:
         assert pool.node_connections(nsqd_proc.tcp_address) == 2
+        # Both connections are read on one selector thread, not a reader thread each.
+        new = sorted(t.name for t in threading.enumerate() if t.name not in before)
+        assert new == ["nsq-maintain", "nsq-source-reader"]
         wait_until(lambda: pool.buffered() == 400, what="400 buffered (RDY 200 x 2)")
         assert pool.take(1, max_rows=150, max_bytes=10**9) == 150
         per_conn = sorted(len(p.ids) for p in pool.parts(1) or [])
@@ -323,7 +348,7 @@ def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
     assert ch is not None and ch["timeout_count"] == 0 and pool.stats.touched > 0
 
 
-def test_tls(start_nsqd: Any, tmp_path: Any) -> None:
+def test_tls(start_nsqd: Any, tmp_path: Any, reactor: Reactor | None) -> None:
     import trustme
 
     ca = trustme.CA()
@@ -337,9 +362,20 @@ def test_tls(start_nsqd: Any, tmp_path: Any) -> None:
     got: list[bytes] = []
     with Connection(nsqd.tcp_address, opts).connect() as c:
         c.pub("tls", b"secret")
+        # Some 3 MB: many TLS records, read as the socket becomes readable.
+        c.mpub("tls", [b"%05d" % i + b"x" * 1000 for i in range(3000)])
     with Connection(nsqd.tcp_address, opts).connect() as c:
-        c.subscribe("tls", "c", lambda conn, ts, att, ids, bodies: got.extend(bodies), rdy=1)
-        wait_until(lambda: got == [b"secret"], what="the message over TLS")
+        c.subscribe(
+            "tls",
+            "c",
+            lambda conn, ts, att, ids, bodies: (got.extend(bodies), conn.fin_many(ids)),
+            rdy=500,
+            reactor=reactor,
+        )
+        wait_until(lambda: len(got) == 3001, what="the messages over TLS")
+        assert got[0] == b"secret" and sorted(got[1:]) == [
+            b"%05d" % i + b"x" * 1000 for i in range(3000)
+        ]
     with Connection(nsqd.tcp_address).connect() as plain, pytest.raises(NsqError) as err:
         plain.pub("tls", b"x")
     assert err.value.code == "E_INVALID"

@@ -7,10 +7,11 @@ Two ways to use a :class:`Connection`:
   frames until its response, answering heartbeats with ``NOP`` on the way. An error frame raises
   :class:`NsqError` carrying nsqd's code (``E_BAD_TOPIC``, ...). ``pipeline`` sends several
   commands at once and then reads their responses in order.
-* **subscriber**: :meth:`Connection.subscribe` sends ``SUB`` and starts a reader thread that hands
-  messages to a callback in columns (timestamps, attempts, ids, bodies) and answers heartbeats.
+* **subscriber**: :meth:`Connection.subscribe` sends ``SUB`` and starts reading: a reader thread
+  of its own, or a :class:`Reactor` (one selector thread for many connections) hands messages
+  to a callback in columns (timestamps, attempts, ids, bodies) and answers heartbeats.
   ``rdy``/``fin``/``touch``/``req`` may then be called from any thread: writes are serialised by a
-  lock, and only the reader thread reads.
+  lock, and only the reading thread reads.
 
 TLS (``tls_v1``) and AUTH are supported; snappy and deflate are never requested. It imports
 only the standard library and pynsqd's sans-IO protocol.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import socket
 import ssl
 import struct
@@ -52,6 +54,7 @@ __all__ = [
     "NsqConnectionError",
     "NsqError",
     "NsqLookupError",
+    "Reactor",
     "lookup_nodes",
     "lookup_producers",
     "parse_address",
@@ -176,6 +179,10 @@ class Connection:
         self._frames = FrameReader()
         self._pending: list[Frame] = []
         self._reader: threading.Thread | None = None
+        #: subscribed on a Reactor: its parser, and set once the reactor has closed it
+        self._reactor: Reactor | None = None
+        self._deliver: _Deliver | None = None
+        self._ended = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -249,6 +256,10 @@ class Connection:
             # The shutdown wakes the reader thread, which closes the socket itself. Closing the
             # fd here, under its pending recv, could let that recv read from a new socket that
             # reuses the fd number (seen: a TLS reader ate the next connection's first 5 bytes).
+            return
+        if self._reactor is not None:
+            # Likewise the reactor: it sees the shutdown as readable, unregisters, then closes.
+            self._reactor.wake()
             return
         self._sock = None
         sock.close()
@@ -368,25 +379,33 @@ class Connection:
         on_close: Callable[[Connection], None] | None = None,
         on_error: Callable[[Connection, NsqError], None] | None = None,
         rdy: int | None = None,
+        reactor: Reactor | None = None,
     ) -> None:
-        """SUB, then start the reader thread (and send RDY if given).
+        """SUB, then start reading (and send RDY if given): on a reader thread of its own, or,
+        given a :class:`Reactor`, on the reactor's thread shared with other connections.
 
-        ``on_messages`` runs on the reader thread once per received chunk of messages.
+        ``on_messages`` runs on the reading thread once per received chunk of messages.
         ``on_error`` gets error frames (non-fatal ones, like E_FIN_FAILED, and the fatal one
         before the close); ``on_close`` runs when the connection ends, with ``close_reason`` set.
         """
         self._expect_ok(self.request(encode.sub(topic, channel)))
         sock = self._sock
         assert sock is not None
-        # The reader blocks in recv; a timeout only lets it notice close() promptly.
-        sock.settimeout(1.0)
-        self._reader = threading.Thread(
-            target=self._read_loop,
-            args=(on_messages, on_close, on_error),
-            name=f"nsq-reader-{self.address}",
-            daemon=True,
-        )
-        self._reader.start()
+        deliver = _Deliver(self, on_messages, on_close, on_error)
+        if reactor is not None:
+            self._deliver = deliver
+            self._reactor = reactor
+            reactor.add(self)
+        else:
+            # The reader blocks in recv; a timeout only lets it notice close() promptly.
+            sock.settimeout(1.0)
+            self._reader = threading.Thread(
+                target=self._read_loop,
+                args=(deliver,),
+                name=f"nsq-reader-{self.address}",
+                daemon=True,
+            )
+            self._reader.start()
         if rdy is not None:
             self.rdy(rdy)
 
@@ -422,21 +441,13 @@ class Connection:
         self._send(encode.cls())
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the reader thread to end."""
+        """Wait for the reader thread (or the reactor) to be done with this connection."""
         if self._reader is not None:
             self._reader.join(timeout)
+        elif self._reactor is not None:
+            self._ended.wait(timeout)
 
-    def _read_loop(
-        self,
-        on_messages: MessagesCallback,
-        on_close: Callable[[Connection], None] | None,
-        on_error: Callable[[Connection, NsqError], None] | None,
-    ) -> None:
-        # Frames are parsed here directly (not through FrameReader) to build the message columns
-        # without a Frame and a Message object per message: this loop is the source's hot path.
-        buf = b""
-        unpack_head = _FRAME_HEAD.unpack_from
-        unpack_msg = _MSG_HEAD.unpack_from
+    def _read_loop(self, deliver: _Deliver) -> None:
         try:
             while not self.closed:
                 sock = self._sock
@@ -448,42 +459,7 @@ class Connection:
                     continue
                 if not data:
                     raise NsqConnectionError(f"nsqd {self.address} closed the connection")
-                buf = buf + data if buf else data
-                end = len(buf)
-                pos = 0
-                ts_col: list[int] = []
-                att_col: list[int] = []
-                id_col: list[bytes] = []
-                body_col: list[bytes] = []
-                while end - pos >= 8:
-                    size, ftype = unpack_head(buf, pos)
-                    if size < 4:
-                        raise NsqConnectionError(f"nsqd {self.address}: bad frame size {size}")
-                    stop = pos + 4 + size
-                    if stop > end:
-                        break
-                    if ftype == FRAME_TYPE_MESSAGE:
-                        if size < 30:
-                            raise NsqConnectionError(f"nsqd {self.address}: short message frame")
-                        _, _, ts, attempts = unpack_msg(buf, pos)
-                        ts_col.append(ts)
-                        att_col.append(attempts)
-                        id_col.append(buf[pos + 18 : pos + 34])
-                        body_col.append(buf[pos + 34 : stop])
-                    elif ftype == FRAME_TYPE_RESPONSE:
-                        if buf[pos + 8 : stop] == HEARTBEAT:
-                            self._send(encode.nop())
-                        # other responses (CLOSE_WAIT) need no action
-                    elif ftype == FRAME_TYPE_ERROR:
-                        err = NsqError.from_frame(buf[pos + 8 : stop], self.address)
-                        if on_error is not None:
-                            on_error(self, err)
-                        else:
-                            log.warning("%s", err)
-                    pos = stop
-                buf = buf[pos:] if pos < end else b""
-                if id_col:
-                    on_messages(self, ts_col, att_col, id_col, body_col)
+                deliver.feed(data)
         except (OSError, NsqConnectionError) as e:
             if not self.closed:
                 self.close_reason = e
@@ -492,8 +468,192 @@ class Connection:
             self.close_reason = e
         finally:
             self.close()
-            if on_close is not None:
-                on_close(self)
+            deliver.closed()
+
+    # -- on a Reactor (one thread for many connections) -----------------------------------
+
+    def _on_readable(self) -> bool:
+        """Read what the socket has and deliver it; False once the connection has ended."""
+        sock, deliver = self._sock, self._deliver
+        if sock is None or deliver is None or self.closed:
+            return False
+        try:
+            data = sock.recv(_RECV_SIZE)
+            if not data:
+                raise NsqConnectionError(f"nsqd {self.address} closed the connection")
+            # TLS: a record already decrypted is not seen by select(); take it now.
+            while isinstance(sock, ssl.SSLSocket) and (more := sock.pending()):
+                data += sock.recv(more)
+            deliver.feed(data)
+        except (TimeoutError, ssl.SSLWantReadError):
+            return True
+        except (OSError, NsqConnectionError) as e:
+            if not self.closed:
+                self.close_reason = e
+            return False
+        except BaseException as e:  # a callback failed: end the connection, report why
+            log.exception("nsq reader for %s failed", self.address)
+            self.close_reason = e
+            return False
+        return not self.closed
+
+    def _end(self) -> None:
+        """The reactor has unregistered the socket: close it and report the close."""
+        self.closed = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        deliver, self._deliver = self._deliver, None
+        if deliver is not None:
+            deliver.closed()
+        self._ended.set()
+
+
+class _Deliver:
+    """Incremental parser of a subscribed connection's frames into message columns.
+
+    Frames are parsed here directly (not through FrameReader) to build the columns without a
+    Frame and a Message object per message: this is the consumer's hot path.
+    """
+
+    __slots__ = ("buf", "conn", "on_close", "on_error", "on_messages")
+
+    def __init__(
+        self,
+        conn: Connection,
+        on_messages: MessagesCallback,
+        on_close: Callable[[Connection], None] | None,
+        on_error: Callable[[Connection, NsqError], None] | None,
+    ) -> None:
+        self.conn = conn
+        self.on_messages = on_messages
+        self.on_close = on_close
+        self.on_error = on_error
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        conn = self.conn
+        unpack_head = _FRAME_HEAD.unpack_from
+        unpack_msg = _MSG_HEAD.unpack_from
+        buf = self.buf + data if self.buf else data
+        end = len(buf)
+        pos = 0
+        ts_col: list[int] = []
+        att_col: list[int] = []
+        id_col: list[bytes] = []
+        body_col: list[bytes] = []
+        while end - pos >= 8:
+            size, ftype = unpack_head(buf, pos)
+            if size < 4:
+                raise NsqConnectionError(f"nsqd {conn.address}: bad frame size {size}")
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            if ftype == FRAME_TYPE_MESSAGE:
+                if size < 30:
+                    raise NsqConnectionError(f"nsqd {conn.address}: short message frame")
+                _, _, ts, attempts = unpack_msg(buf, pos)
+                ts_col.append(ts)
+                att_col.append(attempts)
+                id_col.append(buf[pos + 18 : pos + 34])
+                body_col.append(buf[pos + 34 : stop])
+            elif ftype == FRAME_TYPE_RESPONSE:
+                if buf[pos + 8 : stop] == HEARTBEAT:
+                    conn._send(encode.nop())
+                # other responses (CLOSE_WAIT) need no action
+            elif ftype == FRAME_TYPE_ERROR:
+                err = NsqError.from_frame(buf[pos + 8 : stop], conn.address)
+                if self.on_error is not None:
+                    self.on_error(conn, err)
+                else:
+                    log.warning("%s", err)
+            pos = stop
+        self.buf = buf[pos:] if pos < end else b""
+        if id_col:
+            self.on_messages(conn, ts_col, att_col, id_col, body_col)
+
+    def closed(self) -> None:
+        if self.on_close is not None:
+            self.on_close(self.conn)
+
+
+class Reactor:
+    """One thread that reads many subscribed connections (``selectors``), instead of a reader
+    thread each: a consumer with 80 connections runs on one thread.
+
+    Writes (RDY, FIN, TOUCH, REQ) still go straight out from the caller's thread. Callbacks run
+    on the reactor's thread and must be quick.
+    """
+
+    def __init__(self, name: str = "nsq-reactor") -> None:
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()
+        self._add: list[Connection] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, conn: Connection) -> None:
+        with self._lock:
+            if self._stopping:
+                raise NsqConnectionError("the reactor is stopped", conn.address)
+            self._add.append(conn)
+        self.wake()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """End every connection still registered and the thread."""
+        with self._lock:
+            self._stopping = True
+        self.wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        sel = self._sel
+        try:
+            while True:
+                with self._lock:
+                    adds, self._add = self._add, []
+                    stopping = self._stopping
+                for conn in adds:
+                    if conn._sock is None or conn.closed:
+                        conn._end()
+                    else:
+                        sel.register(conn._sock, selectors.EVENT_READ, conn)
+                if stopping:
+                    break
+                for key, _ in sel.select(1.0):
+                    conn = key.data
+                    if conn is None:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                        continue
+                    if not conn._on_readable():
+                        sel.unregister(key.fileobj)
+                        conn._end()
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.data is not None:
+                    sel.unregister(key.fileobj)
+                    key.data._end()
+            with self._lock:
+                leftover, self._add = self._add, []
+            for conn in leftover:
+                conn._end()
+            sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
 
 # -- nsqlookupd ---------------------------------------------------------------------------------
