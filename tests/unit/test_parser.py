@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pynsqd.protocol.commands import (
     Auth,
@@ -1199,6 +1201,40 @@ def test_fin_run_is_one_command() -> None:
     parser = parser_in(SUBSCRIBED)
     ids = [b"%016x" % i for i in range(50)]
     assert parser.receive(b"".join(b"FIN " + i + b"\n" for i in ids)) == [Fin(ids)]
+
+
+def _fins(events: Sequence[Event]) -> list[Any]:
+    """Events with runs of FINs merged: how a run was cut into Fin events does not matter."""
+    out: list[Any] = []
+    for ev in events:
+        if isinstance(ev, Fin) and out and isinstance(out[-1], list):
+            out[-1].extend(ev.ids)
+        elif isinstance(ev, Fin):
+            out.append(list(ev.ids))
+        else:
+            out.append(norm([ev]))
+    return out
+
+
+# Ids that are hex, or hold the bytes that make a FIN line unusual: a space, "\n", "\r",
+# "FIN " itself.
+_ids = st.one_of(
+    st.integers(0, 2**64 - 1).map(lambda i: b"%016x" % i),
+    st.binary(min_size=16, max_size=16).filter(lambda b: b"\n" not in b[:15]),
+    st.sampled_from([b"FIN 0123456789ab", b"0123456789abcd\r\n"[:16], b"01234567 9abcdef"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_ids, st.just(b"NOP")), min_size=1, max_size=60))
+def test_fin_runs_parse_the_same_whole_and_line_by_line(items: list[bytes]) -> None:
+    data = b"".join(b"NOP\n" if i == b"NOP" else b"FIN " + i + b"\n" for i in items)
+    whole = parser_in(SUBSCRIBED).receive(data)
+    lines = parser_in(SUBSCRIBED)
+    one_by_one: list[Event] = []
+    for line in data.split(b"\n")[:-1]:
+        one_by_one += lines.receive(line + b"\n")
+    assert _fins(whole) == _fins(one_by_one)
 
 
 # -- errors module -------------------------------------------------------------------------------

@@ -52,6 +52,40 @@ _UINT64_MASK = (1 << 64) - 1
 # A run of well-formed "FIN <16-byte id>\n": no space or newline inside the id, and no "\r"
 # at its end (nsqd strips a trailing "\r", which would leave a 15-byte id).
 _fin_run = re.compile(rb"(?:FIN [^ \n]{15}[^ \n\r]\n)++").match
+_FIN_LINE = 21  # len(b"FIN ") + 16 + len(b"\n")
+_FIN_COLUMNS = ((0, b"F"), (1, b"I"), (2, b"N"), (3, b" "), (20, b"\n"))
+
+
+def fin_ids(buf: bytes | bytearray, pos: int) -> tuple[list[bytes], int] | None:
+    """The ids of the run of well-formed FINs at ``pos`` and the run's length, or None.
+
+    A consumer FINs a whole batch at once: thousands of 21-byte lines. They are found with a
+    few strided slices (every line's byte 0, 1, 2, 3 and 20) and cut with one replace and one
+    split, all in C, rather than a regex step and a slice per line. The same rules as
+    ``_fin_run``: no space or newline in an id, no "\r" at its end; short runs and anything
+    unusual go through ``_fin_run``.
+    """
+    lines = (len(buf) - pos) // _FIN_LINE
+    if lines >= 8:
+        region = bytes(buf[pos : pos + lines * _FIN_LINE])
+        k = lines
+        for off, ch in _FIN_COLUMNS:
+            col = region[off::_FIN_LINE]
+            k = min(k, len(col) - len(col.lstrip(ch)))
+        if k >= 8:
+            if k < lines:
+                region = region[: k * _FIN_LINE]
+            # Only the k separators: no space or newline inside an id, so no "FIN " either.
+            if region.count(b" ") == k and region.count(b"\n") == k and b"\r\n" not in region:
+                ids = region.replace(b"FIN ", b"").split(b"\n")
+                ids.pop()  # after the last newline
+                return ids, len(region)
+    m = _fin_run(buf, pos)
+    if m is None:
+        return None
+    run = m[0]
+    return [run[i + 4 : i + 20] for i in range(0, len(run), _FIN_LINE)], len(run)
+
 
 #: A parsed command, or the error that ended the stream.
 Event = Command | ProtocolError
@@ -224,14 +258,10 @@ class V2Parser:
         while pos < n:
             # Fast path for the commonest command: a run of "FIN <16-byte id>\n".
             if buf[pos] == 70 and self.state in _FIN_STATES:  # 70: "F"
-                m = _fin_run(buf, pos)
-                if m is not None:
-                    run = m[0]
-                    if len(run) == 21:
-                        out.append(Fin([run[4:20]]))
-                    else:
-                        out.append(Fin([run[i + 4 : i + 20] for i in range(0, len(run), 21)]))
-                    pos += len(run)
+                found = fin_ids(buf, pos)
+                if found is not None:
+                    out.append(Fin(found[0]))
+                    pos += found[1]
                     continue
             nl = buf.find(b"\n", max(pos, self._scan), pos + max_line)
             if nl < 0:
