@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
@@ -33,9 +33,10 @@ from ..log import LOGGER_NAME
 from .api import API
 from .host import NSQDHost
 from .lifecycle import LifecycleAPI
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import make_registry, render
 from .statsd import StatsdPusher
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -47,7 +48,7 @@ class HTTPService(Router):
         super().__init__(log)
         self.nsqd = nsqd
         self.api = api = API(nsqd)
-        self.registry = make_registry(nsqd)
+        self.registry: CollectorRegistry | None = None  # made by the first scrape
         self.address = ""
         self.https_address = ""
         self._web: web_server.Server | None = None
@@ -153,8 +154,13 @@ class HTTPService(Router):
         return handler
 
     async def _metrics(self, request: BaseRequest, params: Params) -> StreamResponse:
-        resp = Response(status=200, body=render(self.registry))
-        resp.headers["Content-Type"] = METRICS_CONTENT_TYPE
+        # prometheus_client (5.5 MiB) is imported by the first scrape, not by every server.
+        from . import metrics
+
+        if self.registry is None:
+            self.registry = metrics.make_registry(self.nsqd)
+        resp = Response(status=200, body=metrics.render(self.registry))
+        resp.headers["Content-Type"] = metrics.CONTENT_TYPE
         return resp
 
     async def _profile(self, request: BaseRequest, params: Params) -> StreamResponse:

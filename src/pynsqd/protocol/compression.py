@@ -10,8 +10,15 @@ the bytes now complete; corrupt input raises ``StreamError`` with Go's wording.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
-import cramjam
+
+def _cramjam() -> Any:
+    """cramjam, imported by the first snappy connection: 1.6 MiB a server without one saves."""
+    import cramjam
+
+    return cramjam
+
 
 _STREAM_ID = b"\xff\x06\x00\x00sNaPpY"
 #: golang/snappy: maxEncodedLenOfMaxBlockSize + checksumSize; no chunk of a real writer is longer.
@@ -66,8 +73,8 @@ class SnappyDecoder:
         if not chunks.startswith(_STREAM_ID):
             chunks = _STREAM_ID + chunks
         try:
-            return bytes(cramjam.snappy.decompress(chunks))
-        except cramjam.DecompressionError as err:
+            return bytes(_cramjam().snappy.decompress(chunks))
+        except _cramjam().DecompressionError as err:
             raise StreamError(str(err) or "snappy: corrupt input") from None
 
 
@@ -80,7 +87,7 @@ class SnappyEncoder:
         self._started = False
 
     def encode(self, data: bytes) -> bytes:
-        framed = bytes(cramjam.snappy.compress(data))
+        framed = bytes(_cramjam().snappy.compress(data))
         if self._started:
             return framed[len(_STREAM_ID) :]
         self._started = True
