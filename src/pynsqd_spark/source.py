@@ -309,7 +309,22 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for s in [s for s in self._cache if s <= seq]:
             del self._cache[s]
         if self._pool is not None:
-            self._pool.commit(seq)
+            done = self._pool.commit(seq)
+            st = self._pool.stats
+            # PySpark gives Python sources no custom metrics: the counts go to the log.
+            log.info(
+                "nsq source: batch %d committed, %d FIN'd; so far received %d, FIN'd %d, "
+                "requeued %d, redelivered after a lost connection %d, reconnects %d, "
+                "buffered %d",
+                seq,
+                done,
+                st.received,
+                st.finished,
+                st.requeued,
+                st.dropped + st.fin_lost,
+                st.reconnects,
+                self._pool.buffered(),
+            )
 
     def stop(self) -> None:
         # Spark does not promise to call it; nsqd's timeouts cover us when it does not.
@@ -320,5 +335,5 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor --------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, NsqPartition)
-        yield partition.batch
+        if isinstance(partition, NsqPartition):  # not Spark's InputPartition(None) of no rows
+            yield partition.batch
