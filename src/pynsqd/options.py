@@ -124,6 +124,11 @@ class Options:
     sync_timeout: float = opt(
         2.0, "duration of time per diskqueue fsync", kind="duration", positive=True
     )
+    busy_poll: float = opt(
+        0.00005,
+        "pynsqd: after reading from a client, keep polling the sockets for this long before sleeping, so a client waiting for each answer (PUB, then OK) is served without a wake-up; 0 turns it off",
+        kind="duration",
+    )
     # -- replayable topics (pynsqd; off by default)
     retention_time: float = opt(
         0.0,

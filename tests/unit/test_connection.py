@@ -26,6 +26,7 @@ from pynsqd.protocol.frames import (
     Message,
     decode_message,
 )
+from pynsqd.server.busypoll import BusyPoll
 from pynsqd.server.nsqd import protocol_config
 from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
 
@@ -82,6 +83,8 @@ class Context:
         self.protocol_config = protocol_config(self.opts)
         self.auth = None
         self.tls_context: ssl.SSLContext | None = None
+        # Off: on the fake loop a spinning callback would keep run_ready going forever.
+        self.busy_poll = BusyPoll(loop, 0)  # type: ignore[arg-type]
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self._ids = 0

@@ -50,6 +50,7 @@ PYNSQD_FLAGS = {
     "max-channel-depth",
     "max-channel-bytes",
     "channel-bound-policy",
+    "busy-poll",
 }
 
 

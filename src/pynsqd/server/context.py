@@ -14,6 +14,7 @@ from ..core.topic import Topic
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from .auth import AuthClient
+from .busypoll import BusyPoll
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -30,6 +31,8 @@ class ConnectionContext(Protocol):
     def auth(self) -> AuthClient | None: ...
     @property
     def tls_context(self) -> ssl.SSLContext | None: ...
+    @property
+    def busy_poll(self) -> BusyPoll: ...
 
     def next_client_id(self) -> int: ...
     def add_client(self, client: ClientV2) -> None: ...

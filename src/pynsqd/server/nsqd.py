@@ -40,6 +40,7 @@ from ..storage.metadata import (
 from ..storage.settings import Settings, read_settings, write_settings
 from ..storage.topiclog import TopicLog, read_retention, write_retention
 from .auth import AuthClient, AuthError, AuthState
+from .busypoll import BusyPoll
 from .lookup import Lookup
 from .tls import server_context
 
@@ -97,6 +98,7 @@ class NSQD:
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
+        self.busy_poll = BusyPoll(self.loop, self.opts.busy_poll)
         self.https_address = ""
         self.auth = AuthClient(opts) if opts.auth_http_addresses else None
         self._loading_metadata = False

@@ -118,6 +118,7 @@ class ClientV2(asyncio.Protocol):
         opts = nsqd.opts
         self.id = nsqd.next_client_id()
         self.parser = V2Parser(nsqd.protocol_config)
+        self._poke = nsqd.busy_poll.poke
         self.transport: asyncio.Transport | None = None
         # -- what /stats reports ----------------------------------------------------------
         self.remote_address = ""
@@ -268,6 +269,7 @@ class ClientV2(asyncio.Protocol):
         if self._respond:
             # Responses to this read go out now, in one write, rather than a loop turn later.
             self._flush()
+        self._poke()
 
     def _input(self, data: bytes) -> None:
         """Bytes from the socket through the pipeline into the queue, which is then drained."""
