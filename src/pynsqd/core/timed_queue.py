@@ -59,10 +59,18 @@ class TimedQueue:
 
     def push_many(self, msgs: list[Message], due: float) -> None:
         """Push messages that share one due time (a batch delivered to one client)."""
+        if not msgs:
+            return
+        heap = self._heap
+        # FINs come in about the order of delivery, so the oldest entries die first: drop them
+        # from the top as they do, which keeps the heap small without rebuilding it. (Checking
+        # an entry's last message first keeps this O(1) while the top is still in use.)
+        while heap and heap[0][2][-1].tq_seq != heap[0][1] and not _is_live(heap[0]):
+            self._refs -= len(heappop(heap)[2])
         self._seq = seq = self._seq + 1
         for msg in msgs:
             msg.tq_seq = seq
-        heappush(self._heap, (due, seq, msgs))
+        heappush(heap, (due, seq, msgs))
         self._live += len(msgs)
         self._refs += len(msgs)
         if due < self._timer_at:
