@@ -1249,3 +1249,20 @@ def test_error_kinds() -> None:
     assert soft.wire == b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"
     assert isinstance(soft, ProtocolError)
     assert FatalClientError("E_BAD_PROTOCOL").wire == b"E_BAD_PROTOCOL"
+
+
+@pytest.mark.parametrize("split", [1, 10, 20])
+def test_mpub_cut_from_a_buffered_body_whole_or_failing(split: int) -> None:
+    # The messages are cut from a view of the parser's buffer; on success and on error the
+    # view is released, so the buffer can be consumed (or cleared) after.
+    good = struct.pack(">l", 2) + struct.pack(">l", 3) + b"abc" + struct.pack(">l", 2) + b"de"
+    bad = struct.pack(">l", 2) + struct.pack(">l", 3) + b"abc" + struct.pack(">l", 500) + b"x"
+    for payload, want in (
+        (good, [Mpub("t", [b"abc", b"de"]), Nop()]),
+        (bad, [E("E_BAD_MESSAGE MPUB message too big 500 > 100")]),
+    ):
+        data = b"MPUB t\n" + struct.pack(">l", len(payload)) + payload + b"NOP\n"
+        parser = parser_in(SUBSCRIBED)
+        events = parser.receive(data[:split]) + parser.receive(data[split:])
+        assert norm(events) == norm(want)
+        assert parser.buffered == 0

@@ -469,15 +469,29 @@ class V2Parser:
     def _mpub(self, params: list[bytes], start: int) -> _Result:
         # nsqd repeats the code inside the description here; clients may match on it.
         topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
-        body, after = self._sized_body("MPUB", start)
-        if body is None:
+        size = self._body_len(start)
+        if size is None:
             return None, -1
+        limit = self.config.max_body_size
+        if size > limit:
+            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {size} > {limit}")
+        if size <= 0:
+            raise FatalClientError("E_BAD_BODY", f"MPUB invalid body size {size}")
+        after = start + 4 + size
+        if len(self._src) < after:
+            self._need = after
+            return None, -1
+        # The messages are cut straight from the input (one copy each, not the whole body
+        # first): a view, released before the buffer under it may be resized.
+        view = memoryview(self._src)[start + 4 : after]
         try:
-            return Mpub(topic, parse_mpub_body(body, self.config)), after
+            return Mpub(topic, parse_mpub_body(view, self.config)), after
         except FatalClientError:
             # One walk for the right declared size; a second only when it did not frame them.
-            if not self._mpub_declared_size_is_wrong(start + 4, after - start - 4):
+            if not self._mpub_declared_size_is_wrong(start + 4, size):
                 raise
+        finally:
+            view.release()
         return self._mpub_framed(topic, start + 4)
 
     def _mpub_declared_size_is_wrong(self, p: int, size: int) -> bool:
@@ -543,7 +557,7 @@ class V2Parser:
         raise AssertionError("unreachable")
 
 
-def parse_mpub_body(body: bytes, config: ProtocolConfig) -> list[bytes]:
+def parse_mpub_body(body: bytes | memoryview, config: ProtocolConfig) -> list[bytes]:
     """Split ``[count]([size][data])*`` into message bodies, with nsqd's checks and texts.
 
     ``body`` is exactly the messages: the TCP parser frames them by their count and sizes (as
@@ -571,7 +585,7 @@ def parse_mpub_body(body: bytes, config: ProtocolConfig) -> list[bytes]:
         p += 4
         if end - p < size:
             raise FatalClientError("E_BAD_MESSAGE", "MPUB failed to read message body")
-        append(body[p : p + size])
+        append(bytes(body[p : p + size]))  # a copy of a view; the slice itself if bytes
         p += size
     if p != end:
         raise FatalClientError(
