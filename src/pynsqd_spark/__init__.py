@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["NsqDataSource", "register"]
+__all__ = ["NsqDataSource", "register", "source_metrics"]
 
 
 def register(spark: SparkSession) -> None:
@@ -32,4 +32,8 @@ def __getattr__(name: str) -> Any:
         from .datasource import NsqDataSource
 
         return NsqDataSource
+    if name == "source_metrics":
+        from .progress import source_metrics
+
+        return source_metrics
     raise AttributeError(name)

@@ -258,6 +258,23 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return {"seq": start_seq}
             pool.wait_for_messages(deadline)
 
+    def reportLatestOffset(self) -> dict[str, Any]:
+        """The query progress's ``latestOffset``: the last batch number issued, and beside it
+        the consumer's running counts (PySpark gives Python sources no ``metrics`` of their
+        own; :func:`pynsqd_spark.progress.source_metrics` reads them back)."""
+        out: dict[str, Any] = {"seq": self._seq}
+        if self._pool is not None:
+            st = self._pool.stats
+            out.update(
+                received=st.received,
+                finished=st.finished,
+                requeued=st.requeued,
+                redelivered=st.dropped + st.fin_lost,
+                reconnects=st.reconnects,
+                buffered=self._pool.buffered(),
+            )
+        return out
+
     def _limits(self, limit: ReadLimit | None) -> tuple[int, int]:
         if isinstance(limit, ReadAllAvailable):
             return sys.maxsize, sys.maxsize

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from pynsqd_spark import source_metrics
+
 from .conftest import NsqdProcess
 from .test_client import free_port
 
@@ -83,7 +85,7 @@ def test_streaming_is_exactly_once_across_a_restart(
     node.publish("t", [b"a%04d" % i for i in range(300)])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
-    def run() -> None:
+    def run(behind: int) -> None:
         df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "70").load()
         query = (
             df.select("offset", "body")
@@ -98,12 +100,18 @@ def test_streaming_is_exactly_once_across_a_restart(
             assert sizes and max(sizes) <= 70  # maxOffsetsPerTrigger
             last = query.lastProgress["sources"][0]
             assert json.loads(last["latestOffset"]) == json.loads(last["endOffset"])  # caught up
+            # Kafka's lag metrics, from the progress: the first batch stopped 70 records in.
+            lags = [source_metrics(p["sources"][0]) for p in query.recentProgress]
+            first = next(m for m in lags if m)
+            assert first["maxOffsetsBehindLatest"] == first["minOffsetsBehindLatest"] == behind
+            assert first["perNode"] == {node.http_address: behind}
+            assert source_metrics(last)["maxOffsetsBehindLatest"] == 0
         finally:
             query.stop()
 
-    run()
+    run(behind=300 - 70)
     node.publish("t", [b"b%04d" % i for i in range(200)])
-    run()  # restarted from the checkpoint: it goes on where it stopped
+    run(behind=200 - 70)  # restarted from the checkpoint: it goes on where it stopped
     rows = spark.read.parquet(str(out)).collect()
     offsets = [r.offset for r in rows]
     assert len(offsets) == 500 and sorted(offsets) == list(range(500))  # none lost, none twice

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pynsqd.client.connection import Connection
+from pynsqd_spark import source_metrics
 
 from .conftest import HAVE_LOOKUPD, NsqdProcess
 from .test_client import consume_all, free_port, wait_until
@@ -107,6 +108,7 @@ def test_idle_topic_commits_its_last_batch(
     spark: Any, nsqd_proc: NsqdProcess, tmp_path: Path
 ) -> None:
     nsqd_proc.publish("idle", [b"x%d" % i for i in range(500)])
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
     sink = Collector()
     df = read_stream(spark, topic="idle", channel="c", nsqdTcpAddresses=nsqd_proc.tcp_address)
     q = (
@@ -120,8 +122,19 @@ def test_idle_topic_commits_its_last_batch(
         # The query is still running and the topic is idle: the last batch is FIN'd anyway.
         c = nsqd_proc.wait_drained("idle", "c")
         assert c["client_count"] >= 1
+
+        # The consumer's counts ride on the progress's latestOffset (PySpark has no source
+        # metrics for Python sources); idle triggers report progress every 100 ms here.
+        def counted() -> bool:
+            p = q.lastProgress
+            return bool(p) and source_metrics(p["sources"][0]).get("finished") == 500
+
+        wait_until(counted, QUERY_TIMEOUT, "progress counting 500 FIN'd")
+        m = source_metrics(q.lastProgress["sources"][0])
+        assert m["received"] == 500 and m["buffered"] == 0 and m["redelivered"] == 0
     finally:
         q.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     assert len(sink.rows) == 500
 
 
