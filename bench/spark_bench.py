@@ -103,6 +103,79 @@ def driver_share(progress: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def first_batch_end(progress: list[dict[str, Any]]) -> float:
+    """Wall time at which the first batch with rows ended."""
+    from datetime import datetime
+
+    for p in progress:
+        if p["numInputRows"]:
+            start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            return start + p["durationMs"]["triggerExecution"] / 1000
+    return 0.0
+
+
+def runner_cpu(cpu: SourceRunnerCPU, progress: list[dict[str, Any]]) -> dict[str, float]:
+    total = cpu.stop()
+    data = [p for p in progress if p["numInputRows"]]
+    steady = cpu.after(first_batch_end(progress))
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in data[1:]) / 1000
+    return {
+        "source_runner_cpu_s": total,
+        "source_runner_cpu_ms_per_steady_batch": steady * 1000 / max(1, len(data) - 1),
+        "source_runner_cpu_share_steady": steady / steady_s if steady_s else 0.0,
+    }
+
+
+class SourceRunnerCPU:
+    """CPU seconds of the driver-side Python process that runs the streaming source (Spark
+    starts ``pyspark.sql.streaming.python_streaming_source_runner`` per query: latestOffset,
+    partitions, commit). Sampled from /proc while the query runs, since it exits with it."""
+
+    MARK = b"python_streaming_source_runner"
+
+    def __init__(self) -> None:
+        import threading
+
+        self._seen: dict[int, float] = {}
+        #: (wall time, CPU seconds so far) at every sample
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if self.MARK not in f.read():
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            self._seen[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
+        self.samples.append((time.time(), sum(self._seen.values())))
+
+    def after(self, wall: float) -> float:
+        """CPU seconds spent after wall time ``wall`` (the end of the first batch: what is
+        left is the per-batch work, without the process's start-up and imports)."""
+        before = [c for t, c in self.samples if t <= wall]
+        return sum(self._seen.values()) - (before[-1] if before else 0.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> float:
+        self._sample()
+        self._stop.set()
+        self._thread.join()
+        return sum(self._seen.values())
+
+
 def bench_source(
     spark: Any, address: str, rows: int, size: int, batch: int, work: Path, topic: str = "source"
 ) -> dict[str, Any]:
@@ -116,6 +189,7 @@ def bench_source(
         .load()
     )
     t0 = time.perf_counter()
+    cpu = SourceRunnerCPU()
     q = (
         df.writeStream.format("noop")
         .trigger(availableNow=True)
@@ -125,6 +199,7 @@ def bench_source(
     q.awaitTermination(600)
     wall = time.perf_counter() - t0
     progress = q.recentProgress
+    cpu_figures = runner_cpu(cpu, progress)
     q.stop()
     got = sum(p["numInputRows"] for p in progress)
     data = [p for p in progress if p["numInputRows"]]
@@ -147,6 +222,7 @@ def bench_source(
         "rows_per_s_batches": got / all_s if all_s else 0.0,
         "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
         "batches": len(data),
+        **cpu_figures,
         **driver_share(progress),
     }
 
@@ -181,6 +257,7 @@ def bench_log_source(
         .load()
     )
     t0 = time.perf_counter()
+    cpu = SourceRunnerCPU()
     q = (
         df.writeStream.format("noop")
         .trigger(availableNow=True)
@@ -190,6 +267,7 @@ def bench_log_source(
     q.awaitTermination(600)
     wall = time.perf_counter() - t0
     progress = q.recentProgress
+    cpu_figures = runner_cpu(cpu, progress)
     q.stop()
     data = [p for p in progress if p["numInputRows"]]
     got = sum(p["numInputRows"] for p in data)
@@ -204,6 +282,7 @@ def bench_log_source(
         "rows_per_s_steady": steady_rows / steady_s if steady_s else 0.0,
         "rows_per_s_per_task_steady": steady_rows / steady_s / partitions if steady_s else 0.0,
         "batches": len(data),
+        **cpu_figures,
         **driver_share(progress),
     }
 
