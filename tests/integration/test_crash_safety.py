@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from pynsqd.protocol import encode
+
 from ..conftest import ServerThread, http_request
 from ..wire import Conn
 
@@ -401,6 +403,32 @@ def test_ping_recovers_once_the_disk_has_room_again(
     with server.connect() as c:
         c.pub("t", b"after")  # publishing works again
     assert http_request(server, "GET", "/ping") == (200, b"OK")
+
+
+def test_a_large_mpub_on_a_filling_disk_leaves_no_partial_record(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path
+) -> None:
+    # Large messages go to the disk queue from their pieces (pwritev). With room for part of
+    # the batch the write comes up short: the publish fails whole, nothing half-written stays
+    # in the queue, and what was published before and after is delivered, once.
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)
+    before = [b"b%03d" % i + b"." * 8000 for i in range(5)]
+    after = [b"a%03d" % i + b"." * 8000 for i in range(5)]
+    with server.connect() as c:
+        c.mpub("t", before)
+    filler = fill(small_disk)
+    os.truncate(filler, os.path.getsize(filler) - 200_000)  # room for about 24 of the 100
+    with server.connect() as c:
+        c.send(encode.mpub("t", [b"x%03d" % i + b"." * 8000 for i in range(100)]))
+        assert c.read_error().startswith(b"E_MPUB_FAILED")
+    filler.unlink()
+    with server.connect() as c:
+        c.mpub("t", after)
+    with server.connect() as consumer:
+        consumer.sub("t", "c", rdy=100)
+        got = [m.body for m in consumer.read_messages(10)]
+        consumer.expect_nothing()
+    assert got == before + after
 
 
 def test_messages_coming_due_on_a_full_disk_are_kept(

@@ -139,6 +139,39 @@ def test_put_many_rolls_in_the_middle_of_a_batch(tmp_path: Path) -> None:
     q.close()
 
 
+def test_large_records_written_from_their_pieces(tmp_path: Path) -> None:
+    # Records given as head + body (large messages, written with pwritev rather than joined):
+    # the files hold exactly what put_many of the whole records would have written, across a
+    # roll in the middle of the batch and past the 1024 buffers one pwritev takes.
+    big = 2 << 20
+    heads = [b"h%05d" % i for i in range(700)]
+    bodies = [bytes([i % 251]) * (3000 + i) for i in range(700)]
+    (tmp_path / "pieces").mkdir()
+    (tmp_path / "whole").mkdir()
+    pieces = make(tmp_path / "pieces", max_bytes_per_file=big, max_msg_size=big)
+    pieces.put_many(heads, bodies)
+    whole = make(tmp_path / "whole", max_bytes_per_file=big, max_msg_size=big)
+    whole.put_many([h + b for h, b in zip(heads, bodies, strict=True)])
+    files = data_files(tmp_path / "pieces")
+    assert len(files) > 1 and files == data_files(tmp_path / "whole")
+    first = (tmp_path / "pieces" / files[0]).stat().st_size
+    assert first > 512 * (4 + 6 + 3000 + 512)  # > 1024 pieces went into the first file
+    for f in files:
+        assert (tmp_path / "pieces" / f).read_bytes() == (tmp_path / "whole" / f).read_bytes()
+    assert pieces.depth() == 700
+    assert drain(pieces) == drain(whole)
+    pieces.close()
+    whole.close()
+
+
+def test_pieces_are_validated_as_whole_records(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    with pytest.raises(ValueError, match="invalid message write size"):
+        q.put_many([b"h" * 10, b"h" * 10], [b"x" * 100, b"x" * MAX])  # the second is too big
+    assert q.depth() == 0 and drain(q) == []
+    q.close()
+
+
 def test_interleaved_reads_and_writes_in_the_write_file(tmp_path: Path) -> None:
     q = make(tmp_path)
     for i in range(50):

@@ -58,6 +58,10 @@ class Message:
         """nsqd's encoding (``WriteTo``), as stored in the disk queue."""
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id + self.body
 
+    def encode_head(self) -> bytes:
+        """What precedes the body in :meth:`encode` (to write a large body without copying)."""
+        return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id
+
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, len={len(self.body)})"
 

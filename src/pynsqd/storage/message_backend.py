@@ -25,6 +25,8 @@ from ..core.message import MAX_DEFER_NS, Message, decode_message
 from .diskqueue import DiskQueue
 
 _DUE = struct.Struct(">16sq")
+#: bodies from this size are written as they are, beside their header (DiskQueue.put_many)
+_SPLIT_BODY = 2048
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 #: Stale side-file records tolerated before a rewrite: records > 2 x live + this.
 _DUE_SLACK = 4096
@@ -63,15 +65,18 @@ class DiskBackend:
     # -- BackendQueue -------------------------------------------------------------------------
 
     def put_many(self, msgs: list[Message]) -> None:
-        records = [m.encode() for m in msgs]
         due = [(m.id, m.defer_until_ns) for m in msgs if m.defer_until_ns]
         if due:
             self._add_due(due)
-        self._put(records)
+        if msgs and len(msgs[0].body) >= _SPLIT_BODY:
+            # Large bodies are written from the messages themselves: no record built per message.
+            self._put([m.encode_head() for m in msgs], [m.body for m in msgs])
+        else:
+            self._put([m.encode() for m in msgs])
 
-    def _put(self, records: list[bytes]) -> None:
+    def _put(self, records: list[bytes], bodies: list[bytes] | None = None) -> None:
         try:
-            self.dq.put_many(records)
+            self.dq.put_many(records, bodies)
         except OSError as err:
             self._failing = True
             if self.on_write is not None:
