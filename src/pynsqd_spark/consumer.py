@@ -14,10 +14,13 @@ Nothing here imports pyspark: it is plain threads and sockets, tested on its own
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +30,7 @@ from pynsqd.client.connection import (
     NsqError,
     NsqLookupError,
     Reactor,
+    lookup_http_addresses,
     lookup_producers,
 )
 
@@ -106,6 +110,9 @@ class ConsumerPool:
         #: only messages published at or before this time (ns) may be taken (Trigger.AvailableNow)
         self.cutoff_ns: int | None = None
         self.last_eligible_receive = self.last_receive
+        #: the channel's depth on the nodes (backlog()), and when it was asked last
+        self._backlog: int | None = None
+        self._backlog_at = -math.inf
 
     # -- start / stop ---------------------------------------------------------------------
 
@@ -328,6 +335,38 @@ class ConsumerPool:
     def buffered(self) -> int:
         with self.cond:
             return sum(len(st.ids) for st in self._states.values())
+
+    def backlog(self) -> int | None:
+        """What nsqd still holds for the channel (``depth``, summed over the nodes), asked at
+        most once a second. Only with nsqlookupd, which knows each node's HTTP address; None
+        without it or when no node answered."""
+        if not self.opts.lookupd_addresses:
+            return None
+        now = self.clock()
+        if now - self._backlog_at < 1.0:
+            return self._backlog
+        self._backlog_at = now
+        timeout = self.opts.client.connect_timeout
+        query = urllib.parse.urlencode(
+            {"format": "json", "topic": self.opts.topic, "channel": self.opts.channel}
+        )
+        depths: list[int] = []
+        for http in lookup_http_addresses(
+            self.opts.lookupd_addresses, self.opts.topic, timeout
+        ).values():
+            try:
+                with urllib.request.urlopen(f"http://{http}/stats?{query}", timeout=timeout) as r:
+                    stats = json.loads(r.read())
+            except (OSError, ValueError):
+                continue
+            for t in stats.get("topics") or []:
+                for c in t.get("channels") or []:
+                    if t.get("topic_name") == self.opts.topic and (
+                        c.get("channel_name") == self.opts.channel
+                    ):
+                        depths.append(int(c.get("depth", 0)))
+        self._backlog = sum(depths) if depths else None
+        return self._backlog
 
     def take(self, seq: int, max_rows: int, max_bytes: int) -> int:
         """Move up to ``max_rows`` buffered messages (about ``max_bytes``) into ledger[seq].

@@ -12,8 +12,9 @@ entry back into Kafka-style figures:
   over the nodes (``minOffsetsBehindLatest``, ``maxOffsetsBehindLatest``,
   ``avgOffsetsBehindLatest``), plus their sum (``offsetsBehindLatest``).
 - channel mode: ``latestOffset`` carries the consumer's running counts (messages received,
-  FIN'd, requeued, redelivered after a lost connection, reconnects, buffered), returned as they
-  are.
+  FIN'd, requeued, redelivered after a lost connection, reconnects, buffered) and, when the
+  nodes were found through nsqlookupd, the channel's ``backlog`` (its depth on the nodes),
+  returned as they are.
 
 Pure functions over the progress JSON: no Spark needed to call them.
 """
@@ -27,7 +28,15 @@ from typing import Any
 __all__ = ["CHANNEL_COUNTS", "offsets_behind_latest", "source_metrics"]
 
 #: the channel source's counts, in the order it reports them
-CHANNEL_COUNTS = ("received", "finished", "requeued", "redelivered", "reconnects", "buffered")
+CHANNEL_COUNTS = (
+    "received",
+    "finished",
+    "requeued",
+    "redelivered",
+    "reconnects",
+    "buffered",
+    "backlog",
+)
 
 
 def _offset(value: Any) -> Any:

@@ -260,7 +260,8 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """The query progress's ``latestOffset``: the last batch number issued, and beside it
-        the consumer's running counts (PySpark gives Python sources no ``metrics`` of their
+        the consumer's running counts and, with nsqlookupd, the channel's depth on the nodes
+        (PySpark gives Python sources no ``metrics`` of their
         own; :func:`pynsqd_spark.progress.source_metrics` reads them back)."""
         out: dict[str, Any] = {"seq": self._seq}
         if self._pool is not None:
@@ -273,6 +274,9 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 reconnects=st.reconnects,
                 buffered=self._pool.buffered(),
             )
+            backlog = self._pool.backlog()
+            if backlog is not None:
+                out["backlog"] = backlog
         return out
 
     def _limits(self, limit: ReadLimit | None) -> tuple[int, int]:

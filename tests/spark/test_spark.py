@@ -207,6 +207,48 @@ def test_two_nsqd_nodes_behind_nsqlookupd(
     assert sum(counts) == 1000
 
 
+@pytest.mark.skipif(not HAVE_LOOKUPD, reason="no nsqlookupd console script")
+def test_progress_shows_the_channel_backlog_through_nsqlookupd(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], request: Any, tmp_path: Path
+) -> None:
+    lookupd = request.getfixturevalue("lookupd")
+    node = start_nsqd(
+        f"--lookupd-tcp-address={lookupd.tcp_address}", "--broadcast-address=127.0.0.1"
+    )
+    node.publish("deep", [b"d%04d" % i for i in range(1000)])
+    wait_until(lambda: lookupd.producers("deep") == [node.tcp_address], 20, "registered")
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    sink = Collector()
+    df = read_stream(
+        spark,
+        topic="deep",
+        channel="c",
+        nsqlookupdHttpAddresses=lookupd.http_address,
+        maxInFlight="50",  # nsqd keeps most of the 1000 until the first batches are FIN'd
+        maxMessagesPerBatch="100",
+    )
+    q = (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+
+    def backlogs() -> list[int]:
+        metrics = [source_metrics(p["sources"][0]) for p in q.recentProgress]
+        return [m["backlog"] for m in metrics if "backlog" in m]
+
+    try:
+        wait_until(backlogs, QUERY_TIMEOUT, "a backlog reported")
+        assert 500 < backlogs()[0] <= 1000  # the channel's depth when the query started
+        wait_until(lambda: len(sink.ids()) == 1000, QUERY_TIMEOUT, "1000 rows")
+        node.wait_drained("deep", "c")
+        wait_until(lambda: backlogs()[-1:] == [0], QUERY_TIMEOUT, "a backlog of 0 reported")
+    finally:
+        q.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+
+
 def test_source_bad_input(spark: Any, tmp_path: Path) -> None:
     # Missing topic: fails when the query starts, naming the option.
     with pytest.raises(Exception, match="'topic'"):

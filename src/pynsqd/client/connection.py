@@ -55,6 +55,7 @@ __all__ = [
     "NsqError",
     "NsqLookupError",
     "Reactor",
+    "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
     "parse_address",
@@ -680,18 +681,48 @@ def _get_json(url: str, timeout: float) -> tuple[int, Any]:
         return int(e.code), body
 
 
+def _host_port(p: dict[str, Any], port_key: str) -> str | None:
+    host = p.get("broadcast_address") or p.get("hostname")
+    port = p.get(port_key)
+    if not (host and port):
+        return None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _producers(body: Any) -> list[dict[str, Any]]:
+    if not isinstance(body, dict):
+        return []
+    # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
+    producers = body.get("producers", (body.get("data") or {}).get("producers"))
+    return [p for p in producers or [] if isinstance(p, dict)]
+
+
 def _producer_addresses(body: Any) -> list[str]:
     out: list[str] = []
-    if isinstance(body, dict):
-        # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
-        producers = body.get("producers", (body.get("data") or {}).get("producers"))
-        for p in producers or []:
-            host = p.get("broadcast_address") or p.get("hostname")
-            port = p.get("tcp_port")
-            if host and port:
-                addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                if addr not in out:
-                    out.append(addr)
+    for p in _producers(body):
+        addr = _host_port(p, "tcp_port")
+        if addr and addr not in out:
+            out.append(addr)
+    return out
+
+
+def lookup_http_addresses(
+    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
+) -> dict[str, str]:
+    """``{TCP address: HTTP address}`` of the nsqd nodes that have ``topic``, from every
+    lookupd that answers (best effort: a lookupd that does not is left out)."""
+    out: dict[str, str] = {}
+    for lookupd in lookupd_addresses:
+        try:
+            status, body = _get_json(_lookupd_url(lookupd, "/lookup", {"topic": topic}), timeout)
+        except (OSError, ValueError):
+            continue
+        if status != 200:
+            continue
+        for p in _producers(body):
+            tcp, http = _host_port(p, "tcp_port"), _host_port(p, "http_port")
+            if tcp and http:
+                out.setdefault(tcp, http)
     return out
 
 
