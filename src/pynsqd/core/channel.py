@@ -392,7 +392,6 @@ class Channel:
         """FIN a run of ids (one pipelined read's worth); stops at, and returns, the first one
         that is not this client's to finish. The one body of FIN."""
         in_flight = self.in_flight
-        remove = self.tq.remove
         sink = self.e2e_sink
         now_ns = time.time_ns() if sink is not None else 0
         done = 0
@@ -403,11 +402,12 @@ class Channel:
                 err = NotInFlight(msg_id) if msg is None else NotOwner(msg_id)
                 break
             del in_flight[msg_id]
-            remove(msg)
+            msg.tq_seq = 0  # TimedQueue.remove, inline: a call per FIN costs 35 ns
             msg.client = None
             done += 1
             if sink is not None:
                 sink(now_ns - msg.timestamp)
+        self.tq.removed(done)
         client.in_flight_count -= done
         client.finish_count += done
         if done and len(self.queue):
