@@ -18,8 +18,10 @@ Each pause ends in ``_resume``, which drains the queue again: there is no recurs
 control-flow exception. Everything sent is appended to one output list and written, through the
 pipeline, with a single ``transport.write``: responses and errors at the end of each input,
 message frames when the client stops being ready, when ``output_buffer_size`` bytes are buffered,
-or ``FLUSH_DELAY`` (1 ms, or ``output_buffer_timeout`` if shorter) after the first of them: a lone
-message is not held for the whole ``output_buffer_timeout``, and a burst is still one write. A
+or ``FLUSH_DELAY`` (0.2 ms, or ``output_buffer_timeout`` if shorter) after the first of them:
+a lone message is not held for the whole ``output_buffer_timeout``, and a burst is still one
+write. uvloop's timers count whole milliseconds and run a shorter delay at the next turn of the
+event loop, after the input already waiting has been read. A
 fatal error is written and the connection closed; non-fatal ones (E_FIN_FAILED, E_REQ_FAILED,
 E_TOUCH_FAILED) are written and the connection goes on.
 """
@@ -95,7 +97,7 @@ _MSG_HEADER = struct.Struct(">llqH")
 _HIGH_WATER = 4 * 1024 * 1024
 #: The longest a buffered message frame waits for more (when output_buffer_timeout is longer):
 #: long enough for a burst to share one write, short enough that a lone message is not late.
-FLUSH_DELAY = 0.001
+FLUSH_DELAY = 0.0002
 _LOW_WATER = 1024 * 1024
 #: nsqd's TLS handshake deadline.
 HANDSHAKE_TIMEOUT = 5.0
