@@ -224,7 +224,7 @@ def side_by_side(compare: str, rounds: int, runfor: float) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for extra in (
         ["--mode", "all", "--rounds", str(rounds)],
-        ["--mode", "latency", "--rates", "1000,10000,50000", "--rounds", "1"],
+        ["--mode", "latency", "--rates", "1000,10000,50000", "--rounds", "3"],
     ):
         cmd = [
             sys.executable,
@@ -330,7 +330,7 @@ def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> No
             "## Side by side",
             "",
             f"`bench/bench.py --compare`, 200-byte messages, medians of {meta['rounds']} rounds "
-            f"of {meta['runfor']} s (latency: one round):",
+            f"of {meta['runfor']} s (latency: medians of 3 rounds):",
             "",
             *_ratio_rows(results["table"]),
             "",
