@@ -14,13 +14,10 @@ Nothing here imports pyspark: it is plain threads and sockets, tested on its own
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +27,7 @@ from pynsqd.client.connection import (
     NsqError,
     NsqLookupError,
     Reactor,
+    channel_depth,
     lookup_http_addresses,
     lookup_producers,
 )
@@ -332,6 +330,18 @@ class ConsumerPool:
 
     # -- engine side ----------------------------------------------------------------------
 
+    def counts(self) -> dict[str, int]:
+        """The running counts, as the progress and the commit log report them."""
+        st = self.stats
+        return {
+            "received": st.received,
+            "finished": st.finished,
+            "requeued": st.requeued,
+            "redelivered": st.dropped + st.fin_lost,
+            "reconnects": st.reconnects,
+            "buffered": self.buffered(),
+        }
+
     def buffered(self) -> int:
         with self.cond:
             return sum(len(st.ids) for st in self._states.values())
@@ -347,24 +357,12 @@ class ConsumerPool:
             return self._backlog
         self._backlog_at = now
         timeout = self.opts.client.connect_timeout
-        query = urllib.parse.urlencode(
-            {"format": "json", "topic": self.opts.topic, "channel": self.opts.channel}
-        )
-        depths: list[int] = []
-        for http in lookup_http_addresses(
-            self.opts.lookupd_addresses, self.opts.topic, timeout
-        ).values():
-            try:
-                with urllib.request.urlopen(f"http://{http}/stats?{query}", timeout=timeout) as r:
-                    stats = json.loads(r.read())
-            except (OSError, ValueError):
-                continue
-            for t in stats.get("topics") or []:
-                for c in t.get("channels") or []:
-                    if t.get("topic_name") == self.opts.topic and (
-                        c.get("channel_name") == self.opts.channel
-                    ):
-                        depths.append(int(c.get("depth", 0)))
+        nodes = lookup_http_addresses(self.opts.lookupd_addresses, self.opts.topic, timeout)
+        depths = [
+            d
+            for http in nodes.values()
+            if (d := channel_depth(http, self.opts.topic, self.opts.channel, timeout)) is not None
+        ]
         self._backlog = sum(depths) if depths else None
         return self._backlog
 

@@ -265,15 +265,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         own; :func:`pynsqd_spark.progress.source_metrics` reads them back)."""
         out: dict[str, Any] = {"seq": self._seq}
         if self._pool is not None:
-            st = self._pool.stats
-            out.update(
-                received=st.received,
-                finished=st.finished,
-                requeued=st.requeued,
-                redelivered=st.dropped + st.fin_lost,
-                reconnects=st.reconnects,
-                buffered=self._pool.buffered(),
-            )
+            out.update(self._pool.counts())
             backlog = self._pool.backlog()
             if backlog is not None:
                 out["backlog"] = backlog
@@ -331,20 +323,13 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self._cache[s]
         if self._pool is not None:
             done = self._pool.commit(seq)
-            st = self._pool.stats
-            # PySpark gives Python sources no custom metrics: the counts go to the log.
+            # The counts go to the log too (the progress has them through reportLatestOffset).
             log.info(
-                "nsq source: batch %d committed, %d FIN'd; so far received %d, FIN'd %d, "
-                "requeued %d, redelivered after a lost connection %d, reconnects %d, "
-                "buffered %d",
-                seq,
-                done,
-                st.received,
-                st.finished,
-                st.requeued,
-                st.dropped + st.fin_lost,
-                st.reconnects,
-                self._pool.buffered(),
+                "nsq source: batch %(seq)d committed, %(done)d FIN'd; so far received "
+                "%(received)d, FIN'd %(finished)d, requeued %(requeued)d, redelivered after a "
+                "lost connection %(redelivered)d, reconnects %(reconnects)d, buffered "
+                "%(buffered)d",
+                {"seq": seq, "done": done, **self._pool.counts()},
             )
 
     def stop(self) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "NsqError",
     "NsqLookupError",
     "Reactor",
+    "channel_depth",
     "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
@@ -724,6 +725,25 @@ def lookup_http_addresses(
             if tcp and http:
                 out.setdefault(tcp, http)
     return out
+
+
+def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 5.0) -> int | None:
+    """A channel's ``depth`` on one nsqd (its ``/stats``), or None if it does not answer or
+    has no such channel."""
+    query = urllib.parse.urlencode({"format": "json", "topic": topic, "channel": channel})
+    try:
+        status, body = _get_json(f"http://{http_address}/stats?{query}", timeout)
+    except (OSError, ValueError):
+        return None
+    if status != 200 or not isinstance(body, dict):
+        return None
+    for t in body.get("topics") or []:
+        if t.get("topic_name") != topic:
+            continue
+        for c in t.get("channels") or []:
+            if c.get("channel_name") == channel:
+                return int(c.get("depth", 0))
+    return None
 
 
 def _query_all(
