@@ -273,3 +273,50 @@ def test_gnsq_requeue_then_finish(nsqd: ServerThread) -> None:
     assert sorted(seen) == sorted([(b, 1) for b in expected] + [(b, 2) for b in expected])
     ch = nsqd.call(lambda: nsqd.nsqd.topics["requeue"].channels["c"])
     assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), ch.requeue_count)) == (0, 0, 100)
+
+
+def test_gnsq_large_messages_through_the_disk_queue(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    # Bodies from 2 kB are written to the disk queue from their pieces (pwritev): gnsq publishes
+    # 40 of 20 kB with MPUB before any channel exists (--mem-queue-size=0: all on disk), then
+    # a gnsq consumer gets each once, byte for byte.
+    gevent = pytest.importorskip("gevent")
+    import gnsq
+
+    nsqd = make_nsqd(mem_queue_size=0)
+    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    expected = [(b"%03d" % i) * 6800 for i in range(40)]
+    received: list[bytes] = []
+    producer = gnsq.Producer([addr])
+    consumer = gnsq.Consumer(
+        "large", "c", nsqd_tcp_addresses=[addr], max_in_flight=10, max_backoff_duration=0
+    )
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        received.append(message.body)
+
+    def main() -> None:
+        producer.start()
+        for i in range(0, 40, 10):
+            assert producer.multipublish("large", expected[i : i + 10]) == b"OK"
+        topic = nsqd.call(lambda: nsqd.nsqd.topics["large"])
+        assert nsqd.call(lambda: (len(topic.queue), topic.queue.backend.depth())) == (40, 40)
+        consumer.start(block=False)
+        deadline = time.monotonic() + 10
+        while len(received) < len(expected):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{len(received)} of {len(expected)} received")
+            gevent.sleep(0.01)
+
+    try:
+        with gevent.Timeout(HARD_TIMEOUT):
+            main()
+    finally:
+        producer.close()
+        consumer.close()
+        producer.join(timeout=5)
+        consumer.join(timeout=5)
+    assert_exactly_once(received, expected)
+    assert sorted(received) == expected
