@@ -8,9 +8,10 @@ nsqd runs on its own loop in the background thread of the ``nsqd`` fixture.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -182,6 +183,28 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
 # -- gnsq (gevent) -----------------------------------------------------------------------
 
 
+def gnsq_wait(gevent: Any, count: Callable[[], int], want: int, what: str) -> None:
+    """Poll until ``count()`` reaches ``want`` (gevent yields meanwhile); fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while count() < want:
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{count()} of {want} {what}")
+        gevent.sleep(0.01)
+
+
+@contextlib.contextmanager
+def gnsq_running(gevent: Any, *clients: Any) -> Iterator[None]:
+    """Run the body under the hard timeout; close and join the gnsq clients whatever happens."""
+    try:
+        with gevent.Timeout(HARD_TIMEOUT):
+            yield
+    finally:
+        for c in clients:
+            c.close()
+        for c in clients:
+            c.join(timeout=5)
+
+
 def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
     gevent = pytest.importorskip("gevent")
     import gnsq
@@ -210,21 +233,11 @@ def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
             assert producer.multipublish("clients", expected[i : i + 50]) == b"OK"
         for body in expected[2 * N :]:
             assert producer.publish("clients", body, defer=300) == b"OK"
-        deadline = time.monotonic() + 10
-        while len(received) < len(expected):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{len(received)} of {len(expected)} received")
-            gevent.sleep(0.01)
+        gnsq_wait(gevent, lambda: len(received), len(expected), "received")
         gevent.sleep(0.5)  # a duplicate would show up here
 
-    try:
-        with gevent.Timeout(HARD_TIMEOUT):
-            main()
-    finally:
-        producer.close()
-        consumer.close()
-        producer.join(timeout=5)
-        consumer.join(timeout=5)
+    with gnsq_running(gevent, producer, consumer):
+        main()
     assert_exactly_once(received, expected)
     ch = nsqd.call(lambda: nsqd.nsqd.topics["clients"].channels["gnsq"])
     assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), len(ch.deferred))) == (0, 0, 0)
@@ -254,22 +267,12 @@ def test_gnsq_requeue_then_finish(nsqd: ServerThread) -> None:
             raise NSQRequeueMessage()  # REQ <id> 0
 
     producer = gnsq.Producer([addr])
-    try:
-        with gevent.Timeout(HARD_TIMEOUT):
-            producer.start()
-            consumer.start(block=False)
-            assert producer.multipublish("requeue", expected) == b"OK"
-            deadline = time.monotonic() + 10
-            while len(seen) < 2 * len(expected):
-                if time.monotonic() >= deadline:
-                    pytest.fail(f"{len(seen)} deliveries")
-                gevent.sleep(0.01)
-            gevent.sleep(0.3)
-    finally:
-        producer.close()
-        consumer.close()
-        producer.join(timeout=5)
-        consumer.join(timeout=5)
+    with gnsq_running(gevent, producer, consumer):
+        producer.start()
+        consumer.start(block=False)
+        assert producer.multipublish("requeue", expected) == b"OK"
+        gnsq_wait(gevent, lambda: len(seen), 2 * len(expected), "deliveries")
+        gevent.sleep(0.3)
     assert sorted(seen) == sorted([(b, 1) for b in expected] + [(b, 2) for b in expected])
     ch = nsqd.call(lambda: nsqd.nsqd.topics["requeue"].channels["c"])
     assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), ch.requeue_count)) == (0, 0, 100)
@@ -304,19 +307,9 @@ def test_gnsq_large_messages_through_the_disk_queue(
         topic = nsqd.call(lambda: nsqd.nsqd.topics["large"])
         assert nsqd.call(lambda: (len(topic.queue), topic.queue.backend.depth())) == (40, 40)
         consumer.start(block=False)
-        deadline = time.monotonic() + 10
-        while len(received) < len(expected):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{len(received)} of {len(expected)} received")
-            gevent.sleep(0.01)
+        gnsq_wait(gevent, lambda: len(received), len(expected), "received")
 
-    try:
-        with gevent.Timeout(HARD_TIMEOUT):
-            main()
-    finally:
-        producer.close()
-        consumer.close()
-        producer.join(timeout=5)
-        consumer.join(timeout=5)
+    with gnsq_running(gevent, producer, consumer):
+        main()
     assert_exactly_once(received, expected)
     assert sorted(received) == expected
