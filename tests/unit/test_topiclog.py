@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pynsqd.core.message import Message
+from pynsqd.storage.position import PositionFile
 from pynsqd.storage.topiclog import (
     HEADER_SIZE,
     LogRange,
@@ -203,6 +204,7 @@ def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path
     fill(tl, 2000, size=50)
     total = tl.size
     tl.handed = tl.latest  # every message went to the channels
+    tl.save_handed()
     tl.retention_bytes = 20_000
     removed = tl.prune(now_ns=T0)
     assert removed > 0
@@ -220,6 +222,7 @@ def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) ->
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
     fill(tl, 500, size=30)  # timestamps T0 + i ms
     tl.handed = tl.latest
+    tl.save_handed()
     tl.retention_time = 0.1  # 100 ms
     now = T0 + 300 * 1_000_000
     tl.prune(now_ns=now)
@@ -233,9 +236,10 @@ def test_retention_never_removes_what_the_channels_have_not_had(tmp_path: Path) 
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
     fill(tl, 500, size=30)
     tl.handed = 200
+    tl.save_handed(100)  # what every channel has stored, as saved
     tl.retention_bytes = 1
     tl.prune(now_ns=T0)
-    assert 0 < tl.earliest <= 200  # the segment holding offset 200 stays
+    assert 0 < tl.earliest <= 100  # the segment holding the saved position stays
     tl.save_handed()
     tl.close()
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
@@ -257,6 +261,30 @@ def test_a_new_log_has_no_backlog_and_an_unreadable_position_replays(tmp_path: P
     (tmp_path / "t.log" / "handed").write_bytes(b"garbage")
     tl = open_log(tmp_path / "t.log")
     assert tl.handed == 0  # unknown: hand everything over again rather than lose any
+
+
+def test_the_hand_off_position_survives_a_torn_slot_and_reads_the_old_text(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "handed")
+    (tmp_path / "handed").write_bytes(b"1234")  # the earlier format: decimal text
+    pf = PositionFile(path)
+    assert pf.load() == 1234
+    for value in (2000, 3000, 4000):
+        pf.save(value, sync=True)
+    pf.close()
+    assert PositionFile(path).load() == 4000
+    # The newest slot torn (power loss mid-write): the one before it is read.
+    data = bytearray((tmp_path / "handed").read_bytes())
+    seq_slot = [int.from_bytes(data[p + 4 : p + 12], "big") for p in (0, 512)]
+    newest = 0 if seq_slot[0] > seq_slot[1] else 512
+    data[newest + 14] ^= 0xFF
+    (tmp_path / "handed").write_bytes(bytes(data))
+    assert PositionFile(path).load() == 3000
+    (tmp_path / "handed").write_bytes(b"\0" * 600)
+    with pytest.raises(ValueError):
+        PositionFile(path).load()
+    assert PositionFile(str(tmp_path / "new")).load() is None
 
 
 def test_offset_for_time_finds_the_first_at_or_after(tmp_path: Path) -> None:

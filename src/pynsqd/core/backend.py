@@ -38,8 +38,9 @@ class MessageLog(Protocol):
     #: ``[handed, latest)``, kept only in the log (the log is the topic's queue).
     handed: int
 
-    def save_handed(self) -> None:
-        """Make ``handed`` survive a crash (it only ever lags: a crash repeats, never skips).
+    def save_handed(self, position: int | None = None) -> None:
+        """Make ``handed`` (or an earlier ``position``) survive a crash: the saved position
+        only ever lags what every channel has stored, so a crash repeats, never skips.
         Raises OSError."""
 
     def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:

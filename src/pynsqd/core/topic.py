@@ -48,7 +48,9 @@ class TopicOwner(Protocol):
 class Topic:
     __slots__ = (
         "_drain_pending",
+        "_handed_hold",
         "_owner",
+        "_save_pending",
         "bound_policy",
         "bounded",
         "channels",
@@ -90,6 +92,10 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self._drain_pending = False
+        self._save_pending = False
+        #: The first offset some channel holds only in memory because its disk write failed:
+        #: the saved hand-off position must not pass it (None: every channel stored all).
+        self._handed_hold: int | None = None
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
@@ -203,7 +209,7 @@ class Topic:
         if self.log is not None and self.log.handed < self.log.latest:
             step = min(excess, self.log.latest - self.log.handed)
             self.log.handed += step
-            self.log.save_handed()
+            self.save_handed()
             dropped += step
         while dropped < excess and len(self.queue):
             dropped += len(self.queue.take(excess - dropped, 1 << 62))
@@ -217,14 +223,48 @@ class Topic:
         assert log is not None
         first = log.append(msgs)
         if log.handed == first and self.channels and not self.paused and not len(self.queue):
-            log.handed = log.latest
             err = self._fan_out(msgs)
+            self._handed_to(log.latest, first if err is not None else None)
             if err is not None:
                 raise err
             return
-        if log.handed == first:  # a backlog starts: it must survive a crash from now on
-            log.save_handed()
         self.schedule_drain()
+
+    def _handed_to(self, offset: int, failed_from: int | None = None) -> None:
+        """Every channel has stored the messages before ``offset`` (those from ``failed_from``
+        on only in memory: a disk write failed). The position is saved at the end of the loop
+        turn, once for all the batches handed in it: a crash before then hands them again (at
+        least once), and the saved position never passes what the channels stored."""
+        log = self.log
+        assert log is not None
+        log.handed = offset
+        if failed_from is not None and (
+            self._handed_hold is None or failed_from < self._handed_hold
+        ):
+            self._handed_hold = failed_from
+        if not self._save_pending:
+            self._save_pending = True
+            self.loop.call_soon(self._save_handed_now)
+
+    def _save_handed_now(self) -> None:
+        self._save_pending = False
+        try:
+            self.save_handed()
+        except OSError as err:  # the backlog would be handed over again: no loss
+            log.error("TOPIC(%s): failed to save its log position - %s", self.name, err)
+
+    def save_handed(self) -> None:
+        """Persist the hand-off position, never past a message some channel holds only in
+        memory after a failed write (``_handed_hold``). Raises OSError."""
+        tlog = self.log
+        if tlog is None:
+            return
+        hold = self._handed_hold
+        if hold is not None and all(
+            ch.queue.mem_depth <= ch.queue.mem_size for ch in self.channels.values()
+        ):
+            hold = self._handed_hold = None  # what was kept in memory has been delivered
+        tlog.save_handed(tlog.handed if hold is None else min(hold, tlog.handed))
 
     def _fan_out(self, msgs: list[Message]) -> OSError | None:
         """Every channel gets the messages; returns the first backend error (none are lost)."""
@@ -252,20 +292,18 @@ class Topic:
         queue = self.queue
         tlog = self.log
         if tlog is not None and not len(queue):
-            # The backlog in the log, a batch per turn. A crash before the next save_handed
-            # hands these over again (at least once, never lost).
-            batch, tlog.handed = tlog.read_messages(tlog.handed, DRAIN_BATCH)
-            if tlog.handed >= tlog.latest:  # caught up
-                try:
-                    tlog.save_handed()
-                except OSError as err:  # the backlog would be handed over again: no loss
-                    log.error("TOPIC(%s): failed to save its log position - %s", self.name, err)
+            # The backlog in the log, a batch per turn: handed over first, the position moved
+            # after (saved at the end of the turn), so a crash repeats a batch, never skips one.
+            batch, nxt = tlog.read_messages(tlog.handed, DRAIN_BATCH)
+            first = tlog.handed
+            err = None
             deferred = [m for m in batch if m.defer_until_ns]
             if deferred and len(deferred) < len(batch):
-                self._fan_out([m for m in batch if not m.defer_until_ns])
+                err = self._fan_out([m for m in batch if not m.defer_until_ns])
                 batch = deferred
             if batch:
-                self._fan_out(batch)
+                err = self._fan_out(batch) or err
+            self._handed_to(nxt, first if err is not None else None)
         elif queue.mem_depth:
             batch = queue.take_memory(DRAIN_BATCH)
             # DPUBs waiting here may be mixed with plain messages; channels take them apart.
@@ -350,7 +388,8 @@ class Topic:
         self.queue.empty()
         if self.log is not None:
             self.log.handed = self.log.latest
-            self.log.save_handed()
+            self._handed_hold = None
+            self.save_handed()
 
     def close(self, *, delete: bool) -> None:
         """Close every channel, then the topic; one channel's failure never stops the others

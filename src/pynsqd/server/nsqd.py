@@ -454,14 +454,6 @@ class NSQD:
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
         now = self.loop.time()
-        for name, topic_log in list(self._logs.items()):
-            try:
-                topic_log.sync_if_due()
-                topic_log.save_handed()
-                topic_log.prune()
-            except OSError as err:
-                log.error("TOPIC(%s): failed to sync its log - %s", name, err)
-                self.set_health_error(err)
         for name, backend in list(self._disk_backends.items()):
             try:
                 backend.sync_if_due(now)
@@ -471,6 +463,18 @@ class NSQD:
             bg_err = backend.take_sync_error()  # a background sync failed (already logged)
             if bg_err is not None:
                 self.set_health_error(bg_err)
+        # The logs after the channels' queues: a saved hand-off position follows what the
+        # channels stored.
+        for name, topic_log in list(self._logs.items()):
+            topic = self.topics.get(name)
+            try:
+                if topic is not None:
+                    topic.save_handed()
+                topic_log.sync_if_due()
+                topic_log.prune()
+            except OSError as err:
+                log.error("TOPIC(%s): failed to sync its log - %s", name, err)
+                self.set_health_error(err)
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
     # -- metadata (nsqd.dat) --------------------------------------------------------------
@@ -676,7 +680,7 @@ class _UnavailableLog:
     def __init__(self, err: OSError) -> None:
         self.err = err
 
-    def save_handed(self) -> None:
+    def save_handed(self, position: int | None = None) -> None:
         pass
 
     def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:

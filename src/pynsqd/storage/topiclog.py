@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 from ..core.message import Message
 from .atomic import write_atomic
+from .position import PositionFile
 
 __all__ = [
     "HEADER_SIZE",
@@ -80,7 +81,7 @@ _TAIL_FIXED = _TAIL.size - 4  # bytes after the length field, before the body: 3
 INDEX_INTERVAL = 4096
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _READ_CHUNK = 1 << 20
-#: The first offset not yet handed to the topic's channels, as decimal text.
+#: The first offset not yet handed to the topic's channels (``storage/position.py``).
 HANDED_FILE = "handed"
 
 
@@ -212,9 +213,11 @@ class TopicLog:
         #: Called after each append with None or the error (nsqd's /ping health).
         self.on_write: Callable[[OSError | None], None] | None = None
         self.handed = 0
-        self._saved_handed = -1
+        #: The hand-off position as saved: retention never removes a segment at or after it.
+        self.saved_handed = -1
         os.makedirs(directory, exist_ok=True)
         self._open()
+        self._handed_file: PositionFile | None = None
         self._load_handed()
 
     # -- state ----------------------------------------------------------------------------
@@ -327,6 +330,8 @@ class TopicLog:
         if self._fd >= 0 and self._unsynced:
             os.fsync(self._fd)
             self._unsynced = 0
+        if self._handed_file is not None:
+            self._handed_file.sync()
 
     def sync_if_due(self) -> None:
         """``--sync-timeout``: the records written since the last sync go to disk (in the
@@ -337,6 +342,9 @@ class TopicLog:
             self._raise_bg_error(bg)
         if self._unsynced:
             self._request_sync()
+        handed_fd = self._handed_file.dup_unsynced() if self._handed_file is not None else None
+        if handed_fd is not None:  # after the records' sync: the pool runs jobs in order
+            _sync_pool().submit(_fsync_and_close, handed_fd)
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
@@ -366,7 +374,7 @@ class TopicLog:
         total = self.size
         while len(self.segments) > 1:
             seg = self.segments[0]
-            if seg.next > self.handed:  # it holds messages the channels have not had yet
+            if seg.next > min(self.handed, self.saved_handed):  # channels have not had them all
                 break
             too_old = horizon is not None and seg.last_ts < horizon
             too_big = bool(self.retention_bytes) and total - seg.size >= self.retention_bytes
@@ -474,19 +482,24 @@ class TopicLog:
             pos = stop
         return msgs, rng.next
 
-    def save_handed(self) -> None:
-        """Persist ``handed`` (``<dir>/handed``) if it moved."""
-        if self.handed != self._saved_handed:
-            write_atomic(os.path.join(self.directory, HANDED_FILE), b"%d" % self.handed)
-            self._saved_handed = self.handed
+    def save_handed(self, position: int | None = None) -> None:
+        """Persist the hand-off position (``handed``, or an earlier ``position`` that every
+        channel has stored) if it moved: in place, fdatasync'd at once with ``--sync-every=1``,
+        else with the next sync. Raises OSError."""
+        position = self.handed if position is None else position
+        if position != self.saved_handed:
+            if self._handed_file is None:
+                self._handed_file = PositionFile(os.path.join(self.directory, HANDED_FILE))
+            self._handed_file.save(position, sync=self.sync_every <= 1)
+            self.saved_handed = position
 
     def _load_handed(self) -> None:
         path = os.path.join(self.directory, HANDED_FILE)
         try:
-            with open(path, "rb") as f:
-                self.handed = int(f.read().strip())
-        except FileNotFoundError:
-            self.handed = self.latest  # a new log: nothing is waiting
+            self._handed_file = PositionFile(path)
+            saved = self._handed_file.load()
+            # None: a new log, nothing is waiting.
+            self.handed = self.latest if saved is None else saved
         except (OSError, ValueError) as err:
             # Unknown: hand over everything still retained again (at least once).
             self.log.error(
@@ -494,7 +507,7 @@ class TopicLog:
             )
             self.handed = self.earliest
         self.handed = min(max(self.handed, self.earliest), self.latest)
-        self._saved_handed = -1
+        self.saved_handed = -1
         self.save_handed()
         if self.handed < self.latest:
             self.log.info(
@@ -678,12 +691,15 @@ class TopicLog:
             self.save_handed()
         except OSError as err:  # the backlog is handed over again after the restart
             self.log.error("TOPICLOG(%s): failed to save its position - %s", self.name, err)
-        if self._fd >= 0:
-            try:
+        try:
+            if self._fd >= 0:
                 self.sync()
-            finally:
+        finally:
+            if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+            if self._handed_file is not None:
+                self._handed_file.close()
 
     def delete(self) -> None:
         """Close and remove the log's files (its topic is deleted or stops retaining)."""

@@ -1,0 +1,166 @@
+"""A retained topic under fire: kill -9 during the hand-off, a full disk, admin calls racing.
+
+The log is a retained topic's queue: ``handed`` is the first offset no channel has had. These
+tests hold it to the rule the plain topic's backlog move keeps: the saved position never passes
+what every channel has stored, so a crash at any instant repeats at most the batch that was
+being handed and loses nothing acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import signal
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..conftest import ServerThread
+from .test_crash_safety import Proc, proc_dir, wait_for
+
+__all__ = ["proc_dir"]  # fixtures used here
+
+RETAINED_DURABLE = ("--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
+#: Messages the topic hands its channels per loop turn (core/topic.py DRAIN_BATCH).
+DRAIN_BATCH = 1024
+
+
+HOUR = 3600.0
+
+
+def test_the_saved_hand_off_position_never_passes_what_the_channels_stored(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    """The data directory is copied at the instant the position is saved as caught up (what
+    a kill -9 then would leave); nsqd started on the copy delivers every message to both
+    channels."""
+    n = 3000
+    data = tmp_path / "data"
+    data.mkdir()
+    flags = {"retention_time": HOUR, "mem_queue_size": 0, "sync_every": 1}
+    server = make_nsqd(data_path=str(data), http_address="", **flags)
+    crashed = tmp_path / "crashed"
+
+    def prepare() -> None:
+        topic = server.nsqd.get_topic("t")
+        topic.pause()
+        for name in ("a", "b"):
+            topic.get_channel(name)
+        tlog: Any = topic.log
+        save = tlog.save_handed
+
+        def save_then_snapshot(*args: Any) -> None:
+            save(*args)
+            saved = args[0] if args and args[0] is not None else tlog.handed
+            if saved == n and not crashed.exists():  # saved as caught up: the crash
+                shutil.copytree(data, crashed, ignore=shutil.ignore_patterns("*.lock"))
+
+        tlog.save_handed = save_then_snapshot
+
+    server.call(prepare)
+    with server.connect() as c:
+        c.mpub("t", [b"m%05d" % i for i in range(n)])  # a backlog in the log
+    server.call(lambda: server.nsqd.topics["t"].unpause())
+    wait_for(crashed.exists, "the position to be saved as caught up")
+    server.stop()
+    restarted = make_nsqd(data_path=str(crashed), http_address="", **flags)
+    for name in ("a", "b"):
+        with restarted.connect() as c:
+            c.sub("t", name, rdy=1000)
+            got: set[bytes] = set()
+            while len(got) < n:
+                m = c.read_message()  # times out (fails) if a message is missing
+                got.add(m.body)
+                c.fin(m.id)
+        assert got == {b"m%05d" % i for i in range(n)}
+
+
+class Consumer(threading.Thread):
+    """Reads and FINs one channel until its connection ends or ``stop`` is set; counts every
+    body it got."""
+
+    def __init__(self, proc: Proc, channel: str, got: Counter[bytes]) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.channel, self.got = proc, channel, got
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        ends = (ConnectionError, AssertionError, struct.error)
+        with contextlib.suppress(*ends), self.proc.connect() as c:
+            c.sub("t", self.channel, rdy=500)
+            while not self.stop.is_set():
+                try:
+                    m = c.read_message()
+                except TimeoutError:
+                    continue  # nothing for a while: keep waiting
+                self.got[m.body] += 1
+                c.fin(m.id)
+
+
+class Publisher(threading.Thread):
+    """MPUBs batches until the server dies; ``acked`` holds what was acknowledged."""
+
+    def __init__(self, proc: Proc, cycle: int, acked: set[bytes]) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.cycle, self.acked = proc, cycle, acked
+        self.count = 0
+
+    def run(self) -> None:
+        ends = (OSError, ConnectionError, AssertionError, struct.error)
+        with contextlib.suppress(*ends), self.proc.connect() as c:
+            for b in range(1_000_000):
+                batch = [b"c%d-%07d" % (self.cycle, b * 50 + i) for i in range(50)]
+                c.mpub("t", batch)  # returns once OK arrived
+                self.acked.update(batch)
+                self.count += len(batch)
+
+
+def test_kill_9_during_the_hand_off_loses_nothing_and_repeats_at_most_a_batch(
+    proc_dir: tuple[Path, Path],
+) -> None:
+    # No consumer reads while the kills land: a message in flight when nsqd dies is lost to
+    # its channel, as in nsqd (docs/persistence.md), and that is not what this test measures.
+    # What it measures is the hand-off from the log to the channels' own queues.
+    data, log = proc_dir
+    rng = random.Random(25)
+    channels = ("one", "two")
+    acked: set[bytes] = set()
+    kills = 12
+    for cycle in range(kills):
+        proc = Proc(data, log, *RETAINED_DURABLE)
+        assert proc.http("POST", "/topic/create?topic=t")[0] == 200
+        for ch in channels:
+            assert proc.http("POST", f"/channel/create?topic=t&channel={ch}")[0] == 200
+        # A backlog builds in the log while the topic is paused; the hand-off then runs
+        # while the publisher goes on publishing.
+        assert proc.http("POST", "/topic/pause?topic=t")[0] == 200
+        publisher = Publisher(proc, cycle, acked)
+        publisher.start()
+        wait_for(lambda p=publisher: p.count >= 3000, "a backlog in the log")
+        assert proc.http("POST", "/topic/unpause?topic=t")[0] == 200
+        # The kill lands at a random instant of the hand-off or of the publishing after it.
+        time.sleep(rng.uniform(0.0, 1.0))
+        proc.stop(signal.SIGKILL)
+        publisher.join(10)
+    proc = Proc(data, log, *RETAINED_DURABLE)
+    got: dict[str, Counter[bytes]] = {ch: Counter() for ch in channels}
+    consumers = [Consumer(proc, ch, got[ch]) for ch in channels]
+    for c in consumers:
+        c.start()
+    try:
+        with contextlib.suppress(BaseException):  # the assertion below says what is missing
+            wait_for(lambda: all(acked <= set(got[ch]) for ch in channels), "delivery", 60)
+    finally:
+        for c in consumers:
+            c.stop.set()
+        proc.stop(signal.SIGTERM)
+    missing = {ch: len(acked - set(got[ch])) for ch in channels}
+    assert missing == {ch: 0 for ch in channels}, f"of {len(acked)} acknowledged"
+    for ch in channels:
+        repeated = sum(n - 1 for n in got[ch].values())
+        assert repeated <= kills * DRAIN_BATCH, f"channel {ch}: {repeated} duplicates"
