@@ -9,6 +9,7 @@ being handed and loses nothing acknowledged.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import shutil
 import signal
@@ -20,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..conftest import ServerThread
-from .test_crash_safety import Proc, proc_dir, wait_for
+from ..conftest import ServerThread, http_request
+from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
 
-__all__ = ["proc_dir"]  # fixtures used here
+__all__ = ["proc_dir", "small_disk"]  # fixtures used here
 
 RETAINED_DURABLE = ("--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
 #: Messages the topic hands its channels per loop turn (core/topic.py DRAIN_BATCH).
@@ -164,3 +165,70 @@ def test_kill_9_during_the_hand_off_loses_nothing_and_repeats_at_most_a_batch(
     for ch in channels:
         repeated = sum(n - 1 for n in got[ch].values())
         assert repeated <= kills * DRAIN_BATCH, f"channel {ch}: {repeated} duplicates"
+
+
+# -- retention off on a full disk --------------------------------------------------------------
+
+
+def test_retention_off_on_a_full_disk_completes_or_changes_nothing(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path
+) -> None:
+    n = 4000
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)
+    assert http_request(server, "POST", "/topic/retention?topic=t&time=1h")[0] == 200
+    bodies = [b"%05d-" % i + b"x" * 94 for i in range(n)]
+    with server.connect() as c:
+        for i in range(0, n, 500):
+            c.mpub("t", bodies[i : i + 500])  # no channel yet: all of it waits in the log
+    room = small_disk / "room"
+    room.write_bytes(b"\0" * 200_000)  # freed after the fill: room for one batch, not all
+    filler = fill(small_disk)
+    room.unlink()
+    status, body = http_request(server, "POST", "/topic/retention?topic=t&time=0&bytes=0")
+    assert status == 507, body
+    doc = json.loads(body)
+    assert doc["message"] == "RETENTION_NOT_CHANGED"
+    assert "No space left on device" in doc["error"] and "could not be moved" in doc["error"]
+    # Retention is still on: the log serves, and the topic's depth counts every message.
+    assert http_request(server, "GET", "/topic/offsets?topic=t")[0] == 200
+    topic_stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
+    assert topic_stats["topics"][0]["depth"] == n
+    filler.unlink()
+    assert http_request(server, "POST", "/topic/retention?topic=t&time=0&bytes=0")[0] == 200
+    assert http_request(server, "GET", "/topic/offsets?topic=t")[0] == 400  # not retained
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1000)
+        got: Counter[bytes] = Counter()
+        for _ in range(n):
+            m = c.read_message()  # times out (fails) if one is missing
+            got[m.body] += 1
+            c.fin(m.id)
+        c.expect_nothing()
+    assert got == Counter(bodies)
+
+
+def test_a_restart_without_retention_on_a_full_disk_keeps_serving_the_backlog(
+    make_nsqd: Callable[..., ServerThread], small_disk: Path
+) -> None:
+    n = 4000
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0, retention_time=HOUR)
+    bodies = [b"%05d-" % i + b"x" * 94 for i in range(n)]
+    with server.connect() as c:
+        for i in range(0, n, 500):
+            c.mpub("t", bodies[i : i + 500])  # no channel: all of it waits in the log
+    server.stop()
+    room = small_disk / "room"
+    room.write_bytes(b"\0" * 200_000)  # freed after the fill: room for one batch, not all
+    filler = fill(small_disk)
+    room.unlink()
+    server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)  # retention off now
+    filler.unlink()
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1000)
+        got: Counter[bytes] = Counter()
+        for _ in range(n):
+            m = c.read_message()  # times out (fails) if one is missing
+            got[m.body] += 1
+            c.fin(m.id)
+        c.expect_nothing()
+    assert got == Counter(bodies)

@@ -23,6 +23,7 @@ Errors are nsqd-style JSON: ``{"message":"OFFSET_OUT_OF_RANGE","earliest":e,"lat
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import re
@@ -218,8 +219,11 @@ class ReplayAPI:
         try:
             self.nsqd.set_retention(name, seconds, size)
         except OSError as err:
-            log.error("TOPIC(%s): failed to set retention - %s", name, err)
-            raise HTTPError(500, "INTERNAL_ERROR") from err
+            # Nothing is half done: a backlog that could not all move stays served by the
+            # log (what moved is in the topic's queue), and asking again finishes the move.
+            log.error("TOPIC(%s): retention not changed - %s", name, err)
+            status = 507 if err.errno in (errno.ENOSPC, errno.EDQUOT) else 500
+            raise HTTPError(status, "RETENTION_NOT_CHANGED", {"error": str(err)}) from err
         topic_log = self.nsqd.topic_log(name)
         if topic_log is None:
             return {"topic": name, "retention_time": "0s", "retention_bytes": 0}

@@ -11,6 +11,7 @@ for the log only: the client sees
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import ssl
@@ -25,6 +26,8 @@ from ..internal import jsonbound
 from ..internal.gotext import go_json
 from ..options import Options
 from .tls import client_context
+
+log = logging.getLogger("pynsqd")
 
 ACCEPT = "application/vnd.nsq; version=1.0"
 PERMISSIONS = frozenset({"subscribe", "publish"})
@@ -245,3 +248,31 @@ def _https_endpoint(endpoint: str, body: bytes) -> str:
     if ":" in host:
         host = f"[{host}]"
     return urlunsplit(("https", f"{host}:{port}", parts.path, parts.query, parts.fragment))
+
+
+class LogReadAuth:
+    """Who may read a replayable topic's log over HTTP (``GET /topic/log``, ``/topic/offsets``):
+    a secret the auth server grants ``subscribe`` on the topic. Answers are kept for their TTL
+    by secret, as a TCP connection keeps its own; at most ``MAX_SECRETS`` (the oldest goes)."""
+
+    MAX_SECRETS = 1024
+
+    def __init__(self, client: AuthClient) -> None:
+        self.client = client
+        self._states: dict[str, AuthState] = {}
+
+    async def authorize(self, topic: str, secret: str, remote_ip: str, tls: bool) -> str | None:
+        """None if allowed, else nsqd's error token."""
+        if not secret:
+            return "AUTH_REQUIRED"
+        state = self._states.get(secret)
+        if state is None or state.is_expired():
+            try:
+                state = await self.client.query_any(remote_ip, tls, "", secret.encode())
+            except AuthError as err:
+                log.warning("HTTP: auth for reading topic(%s) failed - %s", topic, err)
+                return "AUTH_FAILED"
+            if len(self._states) >= self.MAX_SECRETS:
+                self._states.pop(next(iter(self._states)))
+            self._states[secret] = state
+        return None if state.may_read_log(topic) else "UNAUTHORIZED"

@@ -38,10 +38,11 @@ from ..storage.metadata import (
     recover_metadata,
 )
 from ..storage.settings import Settings, read_settings, write_settings
-from ..storage.topiclog import TopicLog, read_retention, write_retention
-from .auth import AuthClient, AuthError, AuthState
+from ..storage.topiclog import TopicLog
+from .auth import AuthClient, LogReadAuth
 from .busypoll import BusyPoll
 from .lookup import Lookup
+from .retention import Retention
 from .tls import server_context
 
 if TYPE_CHECKING:
@@ -90,9 +91,9 @@ class NSQD:
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
-        self._logs: dict[str, TopicLog] = {}
-        #: Auth answers for HTTP log readers, by secret (as a TCP connection keeps its own).
-        self._log_auth: dict[str, AuthState] = {}
+        self.retention = Retention(
+            opts, self.data_path, on_write=self._backend_written, on_error=self.set_health_error
+        )
         #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
         self.settings: Settings = {}
         self._sync_timer: asyncio.TimerHandle | None = None
@@ -101,6 +102,7 @@ class NSQD:
         self.busy_poll = BusyPoll(self.loop, self.opts.busy_poll)
         self.https_address = ""
         self.auth = AuthClient(opts) if opts.auth_http_addresses else None
+        self.log_auth = LogReadAuth(self.auth) if self.auth is not None else None
         self._loading_metadata = False
         self._metadata = MetadataWriter(self.data_path, log)
         self.lookup = Lookup(self)
@@ -122,7 +124,7 @@ class NSQD:
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
-                self._attach_log(topic)
+                self.retention.attach(topic)
             self._apply_topic_settings(topic)
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
@@ -145,7 +147,7 @@ class NSQD:
         self.lookup.topic_deleted(topic)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
-        self._logs.pop(name, None)
+        self.retention.forget(name)
         if not topic.ephemeral:
             self.persist_metadata()
         return True
@@ -318,138 +320,23 @@ class NSQD:
         )
         return None
 
-    # -- replayable topics: the retained log ----------------------------------------------
-
-    def _log_dir(self, name: str) -> str:
-        return os.path.join(self.data_path, f"{name}.log")
-
-    def retention(self, name: str) -> tuple[float, int]:
-        """A topic's retention (seconds, bytes): its own setting, else the flags'."""
-        try:
-            own = read_retention(self._log_dir(name))
-        except ValueError as err:
-            log.error("TOPIC(%s): %s; using --retention-time/--retention-bytes", name, err)
-            own = None
-        return own if own is not None else (self.opts.retention_time, self.opts.retention_bytes)
-
-    def _attach_log(self, topic: Topic) -> None:
-        seconds, size = self.retention(topic.name)
-        if not (seconds or size):
-            if os.path.isdir(self._log_dir(topic.name)):
-                self._release_backlog(topic)
-            return
-        try:
-            topic_log = TopicLog(
-                self._log_dir(topic.name),
-                segment_bytes=self.opts.max_bytes_per_file,
-                sync_every=self.opts.sync_every,
-                logger=log,
-                name=topic.name,
-            )
-        except OSError as err:
-            # Publishing must not go on without the log it promises: every PUB fails (and
-            # /ping is unhealthy) until the log can be opened.
-            log.error("TOPIC(%s): failed to open its log - %s", topic.name, err)
-            self.set_health_error(err)
-            topic.log = _UnavailableLog(err)
-            return
-        topic_log.retention_time, topic_log.retention_bytes = seconds, size
-        topic_log.on_write = self._backend_written
-        topic_log.prune()
-        topic.log = topic_log
-        self._logs[topic.name] = topic_log
-        log.info(
-            "TOPIC(%s): log open, offsets %d-%d (retention %ss, %d bytes)",
-            topic.name,
-            topic_log.earliest,
-            topic_log.latest,
-            seconds,
-            size,
-        )
-
-    def _release_backlog(self, topic: Topic) -> None:
-        """Retention is off for a topic whose log may still hold its backlog (messages no
-        channel has had): they move to the topic's own queue, so none is lost. The log files
-        stay (retention off does not delete data it did not decide to)."""
-        path = self._log_dir(topic.name)
-        try:
-            old = TopicLog(
-                path,
-                segment_bytes=self.opts.max_bytes_per_file,
-                sync_every=self.opts.sync_every,
-                logger=log,
-                name=topic.name,
-            )
-        except OSError as err:
-            log.error("TOPIC(%s): failed to open its old log - %s", topic.name, err)
-            return
-        moved = 0
-        try:
-            while old.handed < old.latest:
-                msgs, old.handed = old.read_messages(old.handed, 1024)
-                topic.queue.put_many(msgs)
-                moved += len(msgs)
-        finally:
-            old.close()
-        if moved:
-            log.warning(
-                "TOPIC(%s): retention is off; moved the %d messages its log held for channels "
-                "to its queue",
-                topic.name,
-                moved,
-            )
-            topic.schedule_drain()
+    # -- replayable topics: the retained log (server/retention.py) ------------------------
 
     def topic_log(self, name: str) -> TopicLog | None:
-        return self._logs.get(name)
+        return self.retention.get(name)
 
     async def authorize_log_read(
         self, topic: str, secret: str, remote_ip: str, tls: bool
     ) -> str | None:
         """With ``--auth-http-address``, reading a log needs a secret the auth server grants
-        ``subscribe`` on the topic: None if allowed, else the error token. Answers are kept
-        for their TTL, as for a TCP connection's AUTH."""
-        if self.auth is None:
+        ``subscribe`` on the topic: None if allowed, else the error token."""
+        if self.log_auth is None:
             return None
-        if not secret:
-            return "AUTH_REQUIRED"
-        state = self._log_auth.get(secret)
-        if state is None or state.is_expired():
-            try:
-                state = await self.auth.query_any(remote_ip, tls, "", secret.encode())
-            except AuthError as err:
-                log.warning("HTTP: auth for reading topic(%s) failed - %s", topic, err)
-                return "AUTH_FAILED"
-            if len(self._log_auth) >= 1024:  # bounded: drop the oldest answer
-                self._log_auth.pop(next(iter(self._log_auth)))
-            self._log_auth[secret] = state
-        return None if state.may_read_log(topic) else "UNAUTHORIZED"
+        return await self.log_auth.authorize(topic, secret, remote_ip, tls)
 
     def set_retention(self, name: str, seconds: float, size: int) -> None:
-        """``POST /topic/retention``: the topic's own setting, kept across restarts; 0 and 0
-        stop its log (and remove it). Raises OSError."""
-        topic = self.get_topic(name)
-        current = self._logs.get(name)
-        if not (seconds or size):
-            if current is not None:
-                moved = 0
-                while current.handed < current.latest:  # the backlog must not go with it
-                    msgs, current.handed = current.read_messages(current.handed, 1024)
-                    topic.queue.put_many(msgs)
-                    moved += len(msgs)
-                topic.log = None
-                del self._logs[name]
-                current.delete()
-                log.info("TOPIC(%s): retention off, log removed (%d waiting moved)", name, moved)
-                topic.schedule_drain()
-            write_retention(self._log_dir(name), 0.0, 0)
-            return
-        write_retention(self._log_dir(name), seconds, size)
-        if current is None:
-            self._attach_log(topic)
-        else:
-            current.retention_time, current.retention_bytes = seconds, size
-            current.prune()
+        """``POST /topic/retention``; raises OSError (``retention.BacklogNotMoved``: still on)."""
+        self.retention.change(self.get_topic(name), seconds, size)
 
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
@@ -465,16 +352,7 @@ class NSQD:
                 self.set_health_error(bg_err)
         # The logs after the channels' queues: a saved hand-off position follows what the
         # channels stored.
-        for name, topic_log in list(self._logs.items()):
-            topic = self.topics.get(name)
-            try:
-                if topic is not None:
-                    topic.save_handed()
-                topic_log.sync_if_due()
-                topic_log.prune()
-            except OSError as err:
-                log.error("TOPIC(%s): failed to sync its log - %s", name, err)
-                self.set_health_error(err)
+        self.retention.sync(self.topics)
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
     # -- metadata (nsqd.dat) --------------------------------------------------------------
@@ -528,18 +406,9 @@ class NSQD:
         # A retained topic whose log exists is served even if a crash came before nsqd.dat
         # listed it (nsqd.dat is written just after a topic is created, not before its first OK).
         known = {t.name for t in topics}
-        for entry in sorted(os.listdir(self.data_path)):
-            name = entry[:-4]
-            if (
-                entry.endswith(".log")
-                and name not in known
-                and is_valid_name(name)
-                and not is_ephemeral(name)
-                and os.path.isdir(os.path.join(self.data_path, entry))
-                and any(self.retention(name))
-            ):
-                log.info("TOPIC(%s): found its log; serving it", name)
-                topics.append(TopicMeta(name, False, []))
+        for name in self.retention.found(known, lambda n: is_valid_name(n) and not is_ephemeral(n)):
+            log.info("TOPIC(%s): found its log; serving it", name)
+            topics.append(TopicMeta(name, False, []))
         if not topics:
             return
         self._loading_metadata = True
@@ -670,30 +539,6 @@ class NSQD:
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()
         log.info("NSQ: bye")
-
-
-class _UnavailableLog:
-    """The log of a retained topic that could not be opened: publishing fails, says why."""
-
-    earliest = latest = size = segment_count = handed = 0
-
-    def __init__(self, err: OSError) -> None:
-        self.err = err
-
-    def save_handed(self, position: int | None = None) -> None:
-        pass
-
-    def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
-        return [], 0
-
-    def append(self, msgs: list[Message]) -> int:
-        raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")
-
-    def close(self) -> None:
-        pass
-
-    def delete(self) -> None:
-        pass
 
 
 def run(opts: Options) -> int:

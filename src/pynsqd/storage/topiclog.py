@@ -701,10 +701,13 @@ class TopicLog:
             if self._handed_file is not None:
                 self._handed_file.close()
 
-    def delete(self) -> None:
-        """Close and remove the log's files (its topic is deleted or stops retaining)."""
+    def delete(self, keep: tuple[str, ...] = ()) -> None:
+        """Close and remove the log's files (its topic is deleted or stops retaining), but
+        those named in ``keep``; the directory goes once it is empty."""
         self.close()
         for entry in os.listdir(self.directory):
+            if entry in keep:
+                continue
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.directory, entry))
         with contextlib.suppress(OSError):
