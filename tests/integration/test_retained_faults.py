@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ..conftest import ServerThread, http_request
 from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
 
@@ -232,3 +234,176 @@ def test_a_restart_without_retention_on_a_full_disk_keeps_serving_the_backlog(
             c.fin(m.id)
         c.expect_nothing()
     assert got == Counter(bodies)
+
+
+# -- rewind and create-at-offset ---------------------------------------------------------------
+
+
+def channel_stats(server: ServerThread, topic: str, channel: str) -> dict[str, Any]:
+    doc = json.loads(http_request(server, "GET", f"/stats?format=json&topic={topic}")[1])
+    chans = doc["topics"][0]["channels"] if doc["topics"] else []
+    found: dict[str, Any] = next(c for c in chans if c["channel_name"] == channel)
+    return found
+
+
+def post(server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
+    status, body = http_request(server, "POST", path)
+    return status, json.loads(body) if body.startswith(b"{") else {}
+
+
+def test_a_rewound_copy_of_a_message_in_flight_is_delivered_after_it(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as sub, server.connect() as pub:
+        sub.sub("t", "c", rdy=200)
+        for k in range(51):
+            pub.mpub("t", [b"m%04d" % (k * 100 + i) for i in range(100)])
+        held = []
+        for i in range(5100):
+            m = sub.read_message()
+            if i < 4950:
+                sub.fin(m.id)
+            else:
+                held.append(m)  # the last 150 stay in flight
+        assert post(server, "/channel/rewind?topic=t&channel=c&offset=4950") == (
+            200,
+            {"offset": 4950, "next": 5100, "count": 150},
+        )
+        # The copies wait behind their originals, counted in the channel's depth.
+        sub.expect_nothing()
+        assert channel_stats(server, "t", "c")["depth"] == 150
+        for m in held:
+            sub.fin(m.id)
+        again = sub.read_messages(150)
+    assert sorted((m.id, m.body) for m in again) == sorted((m.id, m.body) for m in held)
+
+
+def test_a_channel_created_at_an_offset_starts_there_exactly(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as pub:
+        pub.mpub("t2", [b"m1", b"m2", b"m3"])  # no channel: all three wait in the log
+    assert post(server, "/channel/create?topic=t2&channel=a&offset=2") == (
+        200,
+        {"offset": 2, "next": 3, "count": 1},
+    )
+    with server.connect() as sub:
+        sub.sub("t2", "a", rdy=10)
+        assert sub.read_message().body == b"m3"
+        sub.expect_nothing()
+    # Beside a channel still waiting for the backlog (a paused topic): each gets its range.
+    with server.connect() as pub:
+        pub.mpub("t3", [b"n1", b"n2", b"n3"])
+    assert post(server, "/channel/create?topic=t3&channel=b")[0] == 200
+    assert post(server, "/topic/pause?topic=t3")[0] == 200
+    with server.connect() as pub:
+        pub.mpub("t3", [b"n4", b"n5"])
+    assert post(server, "/channel/create?topic=t3&channel=a&offset=4")[1]["count"] == 1
+    assert post(server, "/topic/unpause?topic=t3")[0] == 200
+    for channel, want in (("a", [b"n5"]), ("b", [b"n1", b"n2", b"n3", b"n4", b"n5"])):
+        with server.connect() as sub:
+            sub.sub("t3", channel, rdy=10)
+            assert [m.body for m in sub.read_messages(len(want))] == want
+            sub.expect_nothing()
+    assert channel_stats(server, "t3", "a")["message_count"] == 1
+
+
+class Rewind(threading.Thread):
+    """POST /channel/rewind on its own thread; ``answer`` is (status, JSON)."""
+
+    def __init__(self, server: ServerThread, query: str) -> None:
+        super().__init__(daemon=True)
+        self.server, self.query = server, query
+        self.answer: tuple[int, dict[str, Any]] = (0, {})
+
+    def run(self) -> None:
+        self.answer = post(self.server, f"/channel/rewind?{self.query}")
+
+
+def slow_rewinds(monkeypatch: Any) -> None:
+    """One message per loop turn: a rewind runs long enough to race against."""
+    import pynsqd.server.retention as retention
+
+    monkeypatch.setattr(retention, "REWIND_BATCH", 1)
+
+
+def rewinding(server: ServerThread) -> bool:
+    return bool(server.call(lambda: server.nsqd.retention._rewinds))
+
+
+@pytest.mark.parametrize("race", ["retention-off", "channel-delete", "topic-delete"])
+def test_a_rewind_racing_an_admin_call_has_a_defined_outcome(
+    make_nsqd: Callable[..., ServerThread], monkeypatch: Any, race: str
+) -> None:
+    slow_rewinds(monkeypatch)
+    n = 20_000
+    server = make_nsqd(retention_time=HOUR)
+    assert post(server, "/topic/create?topic=t")[0] == 200
+    assert post(server, "/channel/create?topic=t&channel=c")[0] == 200
+    with server.connect() as pub:
+        for i in range(0, n, 5000):
+            pub.mpub("t", [b"%05d" % j for j in range(i, i + 5000)])
+    rewind = Rewind(server, "topic=t&channel=c&offset=0")
+    rewind.start()
+    wait_for(lambda: rewinding(server), "the rewind to start")
+    if race == "retention-off":
+        assert post(server, "/topic/retention?topic=t&time=0&bytes=0") == (
+            409,
+            {"message": "REWIND_IN_PROGRESS"},
+        )
+        rewind.join(60)
+        assert rewind.answer == (200, {"offset": 0, "next": n, "count": n})
+        assert channel_stats(server, "t", "c")["depth"] == 2 * n
+        return
+    path = (
+        "/channel/delete?topic=t&channel=c" if race == "channel-delete" else "/topic/delete?topic=t"
+    )
+    assert post(server, path)[0] == 200
+    rewind.join(60)
+    status, doc = rewind.answer
+    assert status == 409
+    assert doc["message"] == ("CHANNEL_DELETED" if race == "channel-delete" else "TOPIC_DELETED")
+    assert doc["offset"] == 0 and doc["count"] == doc["next"] < n
+
+
+def test_a_rewind_cut_by_kill_9_resumes_at_the_next_start(
+    proc_dir: tuple[Path, Path],
+) -> None:
+    n = 100_000
+    data, log = proc_dir
+    flags = ("--retention-time=1h", "--mem-queue-size=0")
+    proc = Proc(data, log, *flags)
+    assert proc.http("POST", "/topic/create?topic=t")[0] == 200
+    assert proc.http("POST", "/channel/create?topic=t&channel=c")[0] == 200
+    with proc.connect() as pub:
+        for i in range(0, n, 10_000):
+            pub.mpub("t", [b"%06d" % j for j in range(i, i + 10_000)])
+    assert proc.http("POST", "/channel/empty?topic=t&channel=c")[0] == 200
+
+    def replayed() -> int:
+        count: int = proc.stats()["topics"][0]["channels"][0]["message_count"]
+        return count - n
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):
+            proc.http("POST", "/channel/rewind?topic=t&channel=c&offset=0")
+
+    threading.Thread(target=ask, daemon=True).start()
+    wait_for(lambda: replayed() > 0, "the rewind to start")
+    proc.stop(signal.SIGKILL)
+    assert list((data / "t.log").glob("rewind.*")), "the kill came after the rewind ended"
+    proc = Proc(data, log, *flags)
+    try:
+        got: set[bytes] = set()
+        with proc.connect() as c:
+            c.sub("t", "c", rdy=2000)
+            while len(got) < n:
+                m = c.read_message()  # times out (fails) if one never comes back
+                got.add(m.body)
+                c.fin(m.id)
+    finally:
+        proc.stop(signal.SIGTERM)
+    assert "resuming the rewind a crash interrupted" in log.read_text()
+    assert not list((data / "t.log").glob("rewind.*"))

@@ -74,6 +74,7 @@ class ChannelOwner(Protocol):
 
 class Channel:
     __slots__ = (
+        "_behind",
         "_pump_pending",
         "_rr",
         "bound_policy",
@@ -127,6 +128,9 @@ class Channel:
         self.clients: dict[int, ConsumerLike] = {}
         self.in_flight: dict[bytes, Message] = {}
         self.deferred: dict[bytes, Message] = {}
+        #: Copies whose ID was in flight when they reached the head (a rewound copy, or a
+        #: crash's second copy): they wait here, counted in depth, until that ID leaves flight.
+        self._behind: dict[bytes, list[Message]] = {}
         self.tq = TimedQueue(loop, self._on_due)
         self.paused = False
         self.exiting = False
@@ -167,7 +171,7 @@ class Channel:
     @property
     def bounded_depth(self) -> int:
         """What a bound counts: queued (memory and disk) and deferred, as /stats's depth."""
-        return len(self.queue) + len(self.deferred)
+        return self.depth + len(self.deferred)
 
     @property
     def bounded_bytes(self) -> int:
@@ -204,7 +208,24 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        return len(self.queue)
+        behind = self._behind
+        return len(self.queue) + (sum(map(len, behind.values())) if behind else 0)
+
+    def _release(self, ids: list[bytes]) -> None:
+        """IDs that left flight: a copy waiting behind each goes to the head of the queue."""
+        behind = self._behind
+        back = []
+        for msg_id in ids:
+            waiting = behind.get(msg_id)
+            if waiting is not None:
+                back.append(waiting.pop(0))
+                if not waiting:
+                    del behind[msg_id]
+        if back:
+            err = self.queue.put_front(back)
+            if err is not None:
+                self._kept_in_memory(len(back), err)
+            self.schedule_pump()
 
     # -- input ----------------------------------------------------------------------------
 
@@ -354,8 +375,10 @@ class Channel:
         dups = 0
         for msg in batch:
             if msg.id in in_flight:
-                # A second copy of a message in flight (a crash between a move's write and its
-                # commit stores a message twice): dropped, the copy in flight stands for both.
+                # A second copy of a message in flight (a rewound copy, or a crash between a
+                # move's write and its commit): it waits until that ID leaves flight, then is
+                # delivered (an ID is in flight once, so FIN/REQ/TOUCH stay unambiguous).
+                self._behind.setdefault(msg.id, []).append(msg)
                 dups += 1
                 continue
             if msg.attempts < MAX_ATTEMPTS:
@@ -410,6 +433,8 @@ class Channel:
         self.tq.removed(done)
         client.in_flight_count -= done
         client.finish_count += done
+        if self._behind:
+            self._release(ids[:done])
         if done and len(self.queue):
             self.schedule_pump()
         return err
@@ -434,6 +459,8 @@ class Channel:
             err = self.queue.keep_many([msg])
             if err is not None:
                 self._kept_in_memory(1, err)
+        if self._behind:
+            self._release([msg_id])
         self.schedule_pump()
 
     def touch(self, client: ConsumerLike, msg_id: bytes) -> None:
@@ -466,6 +493,8 @@ class Channel:
         err = self.queue.keep_many(ready)
         if err is not None:
             self._kept_in_memory(len(ready), err)
+        if self._behind and timed_out:
+            self._release([m.id for m in ready if m.id in self._behind])
         self.schedule_pump()
 
     # -- consumers ------------------------------------------------------------------------
@@ -502,6 +531,8 @@ class Channel:
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)
+        if self._behind:
+            self._release([m.id for m in mine])
         self.schedule_pump()
 
     # -- administration -------------------------------------------------------------------
@@ -525,6 +556,7 @@ class Channel:
             m.client = None
         self.in_flight.clear()
         self.deferred.clear()
+        self._behind.clear()
         for c in self.clients.values():
             c.in_flight_count = 0
         self.queue.empty()
@@ -539,6 +571,7 @@ class Channel:
             self.tq.clear()
             self.in_flight.clear()
             self.deferred.clear()
+            self._behind.clear()
             self.queue.backend.delete()
             return
         # In-flight and deferred messages go back to the queue so that nothing is lost; the
@@ -557,6 +590,9 @@ class Channel:
         self.in_flight.clear()
         self.deferred.clear()
         leftovers = self.queue.drain_memory() + pending
+        for waiting in self._behind.values():
+            leftovers += waiting
+        self._behind.clear()
         if leftovers:
             self.queue.backend.put_many(leftovers)
         self.queue.backend.close()

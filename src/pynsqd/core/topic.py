@@ -49,6 +49,7 @@ class Topic:
     __slots__ = (
         "_drain_pending",
         "_handed_hold",
+        "_log_starts",
         "_owner",
         "_save_pending",
         "bound_policy",
@@ -96,6 +97,9 @@ class Topic:
         #: The first offset some channel holds only in memory because its disk write failed:
         #: the saved hand-off position must not pass it (None: every channel stored all).
         self._handed_hold: int | None = None
+        #: Channels created at an offset past the hand-off position (they had the messages
+        #: before it replayed): the drain gives them nothing before it. Usually empty.
+        self._log_starts: dict[str, int] = {}
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
@@ -275,6 +279,47 @@ class Topic:
             err = ch.put_many([m.copy() for m in msgs]) or err
         return first.put_many(msgs) or err
 
+    def _hand_over(self, batch: list[Message], first: int) -> OSError | None:
+        """A batch of the log's backlog (offsets from ``first``) to the channels; a channel
+        created at a later offset gets only what it asked for."""
+        starts = self._log_starts
+        if starts:
+            for name, start in list(starts.items()):
+                if start <= first or name not in self.channels:
+                    del starts[name]
+        if not starts:
+            plain, deferred = _split_deferred(batch)
+            err = self._fan_out(plain) if plain else None
+            return (self._fan_out(deferred) if deferred else None) or err
+        err = None
+        for i, ch in enumerate(self.channels.values()):
+            skip = starts.get(ch.name, first) - first
+            mine = batch[skip:] if skip else batch
+            if i:
+                mine = [m.copy() for m in mine]
+            for part in _split_deferred(mine):
+                if part:
+                    err = ch.put_many(part) or err
+        return err
+
+    def restart_hand_off(self, offset: int) -> None:
+        """The topic's only channel was created at ``offset`` of the log: the backlog is
+        ``[offset, latest)`` from now on, handed over (and saved) as any backlog."""
+        tlog = self.log
+        assert tlog is not None
+        self._log_starts.clear()
+        self._handed_hold = None
+        tlog.handed = offset
+        self.save_handed()
+        self.schedule_drain()
+
+    def skip_log_before(self, channel: Channel, offset: int) -> None:
+        """``channel`` was given the log up to ``offset`` by a replay: the drain skips it
+        until the hand-off passes that offset."""
+        tlog = self.log
+        if tlog is not None and offset > tlog.handed:
+            self._log_starts[channel.name] = offset
+
     def schedule_drain(self) -> None:
         if (
             not self._drain_pending
@@ -296,22 +341,13 @@ class Topic:
             # after (saved at the end of the turn), so a crash repeats a batch, never skips one.
             batch, nxt = tlog.read_messages(tlog.handed, DRAIN_BATCH)
             first = tlog.handed
-            err = None
-            deferred = [m for m in batch if m.defer_until_ns]
-            if deferred and len(deferred) < len(batch):
-                err = self._fan_out([m for m in batch if not m.defer_until_ns])
-                batch = deferred
-            if batch:
-                err = self._fan_out(batch) or err
+            err = self._hand_over(batch, first) if batch else None
             self._handed_to(nxt, first if err is not None else None)
         elif queue.mem_depth:
-            batch = queue.take_memory(DRAIN_BATCH)
-            # DPUBs waiting here may be mixed with plain messages; channels take them apart.
-            deferred = [m for m in batch if m.defer_until_ns]
-            if deferred and len(deferred) < len(batch):
-                self._fan_out([m for m in batch if not m.defer_until_ns])
-                batch = deferred
-            self._fan_out(batch)
+            # DPUBs waiting here may be mixed with plain messages.
+            for part in _split_deferred(queue.take_memory(DRAIN_BATCH)):
+                if part:
+                    self._fan_out(part)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
             # room in memory. The topic's read is held until every channel has stored them, so
@@ -427,3 +463,13 @@ class Topic:
         if leftovers:
             self.queue.backend.put_many(leftovers)
         self.queue.backend.close()
+
+
+def _split_deferred(batch: list[Message]) -> tuple[list[Message], list[Message]]:
+    """(plain, deferred): ``Channel.put_many`` takes a batch that is all of one kind."""
+    deferred = [m for m in batch if m.defer_until_ns]
+    if not deferred:
+        return batch, []
+    if len(deferred) == len(batch):
+        return [], batch
+    return [m for m in batch if not m.defer_until_ns], deferred

@@ -290,9 +290,7 @@ class API:
         channel = topic.get_channel(channel_name)
         if start is None or existed:
             return None
-        topic_log = self.nsqd.topic_log(topic.name)
-        assert topic_log is not None  # checked by start_offset_for_new_channel
-        return await self.replay.replay_into(topic_log, channel, start)
+        return self.replay.answer(await self.nsqd.create_channel_at(topic, channel, start))
 
     async def channel_delete(self, request: BaseRequest, params: Params) -> Any:
         topic, channel_name = self._existing_topic(params)

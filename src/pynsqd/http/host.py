@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ..core.channel import Channel
+from ..core.replay import Replayed
 from ..core.topic import Topic
 from ..options import Options
 from ..protocol.commands import ClientState
@@ -99,7 +101,13 @@ class NSQDHost(Protocol):
         """Raises OSError."""
 
     def set_retention(self, name: str, seconds: float, size: int) -> None:
-        """``POST /topic/retention``; raises OSError."""
+        """``POST /topic/retention``; raises OSError, or ``Conflict`` while a rewind runs."""
+
+    async def rewind(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        """``POST /channel/rewind``; raises ``Conflict`` while the channel rewinds already."""
+
+    async def create_channel_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        """A channel just created starts at ``start`` of its topic's log."""
 
     def lookupd_addresses_changed(self) -> None:
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""

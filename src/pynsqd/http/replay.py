@@ -32,8 +32,7 @@ from typing import Any
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from ..core.channel import Channel
-from ..core.message import Message
+from ..core.replay import Conflict, Replayed
 from ..internal.gotext import format_duration, parse_duration
 from ..internal.httpapi import HTTPError, Params
 from ..internal.names import is_valid_name
@@ -50,9 +49,6 @@ DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_BYTES = 256 << 20
 _CHUNK = 1 << 20
-#: Messages put back into a channel per loop turn by a rewind (a large rewind never stalls the
-#: loop for more than about a millisecond at a time).
-REWIND_BATCH = 1024
 
 
 def _uint(params: Params, key: str, default: int | None = None, *, low: int = 0) -> int:
@@ -218,6 +214,8 @@ class ReplayAPI:
             raise HTTPError(503, "EXITING")
         try:
             self.nsqd.set_retention(name, seconds, size)
+        except Conflict as err:
+            raise HTTPError(409, err.token) from err
         except OSError as err:
             # Nothing is half done: a backlog that could not all move stays served by the
             # log (what moved is in the topic's queue), and asking again finishes the move.
@@ -240,38 +238,25 @@ class ReplayAPI:
         start = self._start_offset(topic_log, params)
         topic = self.nsqd.get_existing_topic(name)
         channel = topic.channels.get(channel_name) if topic is not None else None
-        if channel is None:
+        if topic is None or channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        return await self.replay_into(topic_log, channel, start)
+        try:
+            result = await self.nsqd.rewind(topic, channel, start)
+        except Conflict as err:
+            raise HTTPError(409, err.token) from err
+        except OSError as err:  # its progress file could not be made: nothing was put back
+            log.error("CHANNEL(%s:%s): rewind not started - %s", name, channel_name, err)
+            raise HTTPError(500, "INTERNAL_ERROR", {"error": str(err)}) from err
+        return self.answer(result)
 
-    async def replay_into(self, topic_log: TopicLog, channel: Channel, start: int) -> Any:
-        """Put the retained messages from ``start`` up to the latest offset now into
-        ``channel``, a batch per loop turn."""
-        stop = topic_log.latest
-        offset, count = start, 0
-        while offset < stop and not channel.exiting:
-            try:
-                records = topic_log.read_records(max(offset, topic_log.earliest), REWIND_BATCH)
-            except OffsetOutOfRange:
-                break  # retention removed the rest meanwhile
-            records = [r for r in records if r.offset < stop]
-            if not records:
-                break
-            msgs = [Message(r.id, r.body, r.timestamp) for r in records]
-            err = channel.put_many(msgs)
-            if err is not None:
-                log.error("CHANNEL(%s): rewind failed to store messages - %s", channel.name, err)
-            count += len(msgs)
-            offset = records[-1].offset + 1
-            await asyncio.sleep(0)
-        log.info(
-            "CHANNEL(%s:%s): rewound to offset %d, %d messages put back",
-            channel.topic.name,
-            channel.name,
-            start,
-            count,
-        )
-        return {"offset": start, "next": offset, "count": count}
+    @staticmethod
+    def answer(result: Replayed) -> dict[str, Any]:
+        """What a rewind put back; one that ended early is a 409 (503 while nsqd stops) that
+        says how far it got, so the caller can ask again from ``next``."""
+        doc = {"offset": result.offset, "next": result.next, "count": result.count}
+        if result.stopped is not None:
+            raise HTTPError(503 if result.stopped == "EXITING" else 409, result.stopped, doc)
+        return doc
 
     def start_offset_for_new_channel(self, name: str, params: Params) -> int | None:
         """``/channel/create`` with ``offset`` or ``timestamp``: where to start (checked before

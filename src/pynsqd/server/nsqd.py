@@ -18,6 +18,7 @@ from ..core.channel import Channel
 from ..core.e2e import E2ELatency
 from ..core.errors import QueueFull
 from ..core.message import ENCODED_OVERHEAD, Message
+from ..core.replay import Replayed
 from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import lifecycle
@@ -92,7 +93,11 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         self._disk_backends: dict[str, DiskBackend] = {}
         self.retention = Retention(
-            opts, self.data_path, on_write=self._backend_written, on_error=self.set_health_error
+            opts,
+            self.data_path,
+            on_write=self._backend_written,
+            on_error=self.set_health_error,
+            exiting=lambda: self.exiting,
         )
         #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
         self.settings: Settings = {}
@@ -334,6 +339,12 @@ class NSQD:
             return None
         return await self.log_auth.authorize(topic, secret, remote_ip, tls)
 
+    async def rewind(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        return await self.retention.rewind(topic, channel, start)
+
+    async def create_channel_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        return await self.retention.create_at(topic, channel, start)
+
     def set_retention(self, name: str, seconds: float, size: int) -> None:
         """``POST /topic/retention``; raises OSError (``retention.BacklogNotMoved``: still on)."""
         self.retention.change(self.get_topic(name), seconds, size)
@@ -471,6 +482,7 @@ class NSQD:
             self._load_settings()
             self.load_metadata()
             self.persist_metadata()
+            self.retention.resume_rewinds(self.topics)
             self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)
         except BaseException:
             for topic in list(self.topics.values()):

@@ -16,23 +16,48 @@ queue, the rest is still in the log, retention stays on, and the caller gets the
 again once there is room finishes the move. At start-up, a topic whose retention is off but
 whose log still holds a backlog gets the same move; if it fails, the log stays attached and
 serves that backlog, and the next start tries again.
+
+Rewinds (``POST /channel/rewind``, ``/channel/create?offset=``) put the retained messages from an
+offset up to the latest one at the time of the call back into a channel, with their IDs, a
+batch per loop turn. Their progress is kept in ``rewind.<stop>.<channel>`` in the log's
+directory (``storage/position.py``: the next offset to put back, saved after each batch), so a
+crash mid-way resumes at the next start instead of leaving a partial replay no one knows of.
+A rewind ends early, with what it put back so far, if its channel or topic is deleted or nsqd
+stops; turning retention off is refused while one runs. A channel created at an offset is the
+same replay, except when it is the topic's only channel: then the topic's own hand-off simply
+restarts at that offset (``Topic.restart_hand_off``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable
 
+from ..core.channel import Channel
 from ..core.message import Message
+from ..core.replay import Conflict, Replayed
 from ..core.topic import Topic
 from ..options import Options
-from ..storage.topiclog import RETENTION_FILE, TopicLog, read_retention, write_retention
+from ..storage.position import PositionFile
+from ..storage.topiclog import (
+    RETENTION_FILE,
+    OffsetOutOfRange,
+    TopicLog,
+    read_retention,
+    write_retention,
+)
 
 log = logging.getLogger("pynsqd")
 
 #: Messages moved from a log's backlog to the topic's queue per write.
 MOVE_BATCH = 1024
+#: Messages put back into a channel per loop turn by a rewind (about a millisecond of work).
+REWIND_BATCH = 1024
+_REWIND_FILE = re.compile(r"^rewind\.(\d{1,19})\.(.+)$")
 
 
 class BacklogNotMoved(OSError):
@@ -49,12 +74,17 @@ class Retention:
         *,
         on_write: Callable[[OSError | None], None],
         on_error: Callable[[BaseException | None], None],
+        exiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.opts = opts
         self.data_path = data_path
         self._on_write = on_write  # every append's outcome (nsqd's /ping health)
         self._on_error = on_error
+        self._exiting = exiting
         self.logs: dict[str, TopicLog] = {}
+        #: Running rewinds, by (topic, channel).
+        self._rewinds: set[tuple[str, str]] = set()
+        self._resumed: set[asyncio.Task[Replayed]] = set()
 
     def directory(self, name: str) -> str:
         return os.path.join(self.data_path, f"{name}.log")
@@ -188,6 +218,8 @@ class Retention:
         if current is None:
             write_retention(self.directory(name), 0.0, 0)
             return
+        if any(t == name for t, _ in self._rewinds):
+            raise Conflict("REWIND_IN_PROGRESS")
         try:
             moved = self._move_backlog(topic, current)
         finally:
@@ -197,6 +229,151 @@ class Retention:
         del self.logs[name]
         current.delete(keep=(RETENTION_FILE,))
         log.info("TOPIC(%s): retention off, log removed (%d waiting moved)", name, moved)
+
+    # -- rewinds ---------------------------------------------------------------------------
+
+    async def create_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        """A channel just created (nothing awaited since) starts at ``start`` of the log: it
+        gets ``[start, latest)`` and then what follows, each message once."""
+        tlog = topic.log
+        assert isinstance(tlog, TopicLog)
+        if len(topic.channels) == 1 and not len(topic.queue):
+            topic.restart_hand_off(start)  # the backlog is its alone: no replay needed
+            return Replayed(start, tlog.latest, tlog.latest - start)
+        topic.skip_log_before(channel, tlog.latest)  # the replay gives it all before that
+        return await self.rewind(topic, channel, start)
+
+    async def rewind(
+        self, topic: Topic, channel: Channel, start: int, stop: int | None = None
+    ) -> Replayed:
+        """Put ``[start, stop)`` (``stop``: the latest offset now) back into ``channel``.
+        Raises ``Conflict`` while another rewind of the channel runs."""
+        tlog = topic.log
+        assert isinstance(tlog, TopicLog)
+        key = (topic.name, channel.name)
+        if key in self._rewinds:
+            raise Conflict("REWIND_IN_PROGRESS")
+        stop = tlog.latest if stop is None else stop
+        marker = os.path.join(tlog.directory, f"rewind.{stop}.{channel.name}")
+        progress = PositionFile(marker)  # OSError: nothing started
+        self._rewinds.add(key)
+        try:
+            progress.save(start, sync=tlog.sync_every <= 1)
+            return await self._replay(topic, channel, tlog, start, stop, progress)
+        finally:
+            self._rewinds.discard(key)
+            progress.close()
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+
+    async def _replay(
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        start: int,
+        stop: int,
+        progress: PositionFile,
+    ) -> Replayed:
+        offset, count = start, 0
+        stopped: str | None = None
+        while offset < stop:
+            stopped = self._rewind_stopped(topic, channel, tlog)
+            if stopped is not None:
+                break
+            try:
+                records = tlog.read_records(max(offset, tlog.earliest), REWIND_BATCH)
+            except OffsetOutOfRange:
+                break  # retention removed the rest meanwhile
+            except OSError as err:
+                log.error(
+                    "CHANNEL(%s:%s): rewind failed to read - %s", topic.name, channel.name, err
+                )
+                stopped = "REWIND_INTERRUPTED"
+                break
+            msgs = [Message(r.id, r.body, r.timestamp) for r in records if r.offset < stop]
+            if not msgs:
+                break
+            kept = channel.put_many(msgs)  # kept in memory if the disk fails: never lost
+            if kept is not None:
+                log.error(
+                    "CHANNEL(%s:%s): rewind failed to store - %s", topic.name, channel.name, kept
+                )
+            count += len(msgs)
+            offset = records[len(msgs) - 1].offset + 1
+            try:
+                progress.save(offset, sync=tlog.sync_every <= 1)
+            except OSError as err:  # a crash would repeat from an earlier offset: no loss
+                log.error(
+                    "CHANNEL(%s:%s): rewind failed to save its progress - %s",
+                    topic.name,
+                    channel.name,
+                    err,
+                )
+            await asyncio.sleep(0)
+        log.info(
+            "CHANNEL(%s:%s): rewound to offset %d, %d messages put back (offsets %d-%d)%s",
+            topic.name,
+            channel.name,
+            start,
+            count,
+            start,
+            offset - 1,
+            f"; stopped early: {stopped}" if stopped else "",
+        )
+        return Replayed(start, offset, count, stopped)
+
+    def _rewind_stopped(self, topic: Topic, channel: Channel, tlog: TopicLog) -> str | None:
+        if self._exiting():
+            return "EXITING"
+        if topic.exiting:
+            return "TOPIC_DELETED"
+        if channel.exiting or topic.channels.get(channel.name) is not channel:
+            return "CHANNEL_DELETED"
+        if topic.log is not tlog:
+            return "TOPIC_NOT_RETAINED"
+        return None
+
+    def resume_rewinds(self, topics: dict[str, Topic]) -> None:
+        """At start: rewinds a crash interrupted go on where their progress says."""
+        for name, tlog in self.logs.items():
+            for entry in sorted(os.listdir(tlog.directory)):
+                m = _REWIND_FILE.match(entry)
+                if m is None:
+                    continue
+                path = os.path.join(tlog.directory, entry)
+                stop, channel_name = int(m.group(1)), m.group(2)
+                topic = topics.get(name)
+                channel = topic.channels.get(channel_name) if topic is not None else None
+                try:
+                    pf = PositionFile(path)
+                    try:
+                        offset = pf.load()
+                    finally:
+                        pf.close()
+                except (OSError, ValueError) as err:
+                    log.error("TOPIC(%s): unreadable %s (%s); removed", name, path, err)
+                    offset = None
+                if topic is None or channel is None or offset is None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    continue
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # the resumed rewind writes its own
+                if offset >= stop or offset < tlog.earliest:
+                    offset = max(offset, tlog.earliest)
+                    if offset >= stop:
+                        continue
+                log.warning(
+                    "CHANNEL(%s:%s): resuming the rewind a crash interrupted, offsets %d-%d",
+                    name,
+                    channel_name,
+                    offset,
+                    stop - 1,
+                )
+                task = asyncio.ensure_future(self.rewind(topic, channel, offset, stop))
+                self._resumed.add(task)
+                task.add_done_callback(self._resumed.discard)
 
     def sync(self, topics: dict[str, Topic]) -> None:
         """The ``--sync-timeout`` tick (after the channels' queues were synced): each log's
