@@ -127,7 +127,13 @@ class Proc:
 
     _LISTENING = re.compile(r"(TCP|HTTP): listening on 127\.0\.0\.1:(\d+)")
 
-    def __init__(self, data: Path, log: Path, *flags: str) -> None:
+    def __init__(
+        self,
+        data: Path,
+        log: Path,
+        *flags: str,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.log_file = log.open("ab")
         start = log.stat().st_size
         self.p = subprocess.Popen(
@@ -140,6 +146,7 @@ class Proc:
             ],
             stdout=subprocess.DEVNULL,
             stderr=self.log_file,
+            preexec_fn=preexec_fn,
         )
         _LIVE.append(self.p)
         ports: dict[str, int] = {}

@@ -9,10 +9,14 @@ being handed and loses nothing acknowledged.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
+import os
 import random
+import resource
 import shutil
 import signal
+import socket
 import struct
 import threading
 import time
@@ -25,6 +29,7 @@ import pytest
 
 from ..conftest import ServerThread, http_request
 from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
+from .test_replay import read_everything
 
 __all__ = ["proc_dir", "small_disk"]  # fixtures used here
 
@@ -407,3 +412,69 @@ def test_a_rewind_cut_by_kill_9_resumes_at_the_next_start(
         proc.stop(signal.SIGTERM)
     assert "resuming the rewind a crash interrupted" in log.read_text()
     assert not list((data / "t.log").glob("rewind.*"))
+
+
+# -- log reads hold few descriptors ------------------------------------------------------------
+
+
+def _few_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_a_log_read_over_more_segments_than_descriptors_is_answered_in_parts(
+    proc_dir: tuple[Path, Path],
+) -> None:
+    data, log = proc_dir
+    proc = Proc(
+        data, log, "--retention-time=1h", "--max-bytes-per-file=16384", preexec_fn=_few_files
+    )
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", proc.http_port, timeout=30)
+        for _ in range(400):  # a segment rolls between appends: 400 segments > 256 files
+            conn.request("POST", "/mpub?topic=t", b"\n".join([b"x" * 1000] * 16))
+            r = conn.getresponse()
+            assert (r.status, r.read()) == (200, b"OK")
+        conn.close()
+        status, body = proc.http("GET", "/topic/log?topic=t&offset=0&max_bytes=16777216")
+        assert status == 200, body
+        records = read_everything(proc, "t")  # follows X-Nsq-Next-Offset
+        assert [r.offset for r in records] == list(range(400 * 16))
+    finally:
+        proc.stop(signal.SIGTERM)
+
+
+def open_log_files() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{fd}").endswith(".log")
+    return n
+
+
+def test_log_readers_that_stop_reading_are_dropped_and_hold_a_bounded_number_of_files(
+    make_nsqd: Callable[..., ServerThread], monkeypatch: Any, caplog: Any
+) -> None:
+    import pynsqd.http.replay as replay
+
+    monkeypatch.setattr(replay, "WRITE_TIMEOUT", 0.5)
+    server = make_nsqd(retention_time=HOUR, max_bytes_per_file=1 << 20)
+    with server.connect() as c:
+        for _ in range(12):  # 12 segments of about 1.1 MB
+            c.mpub("t", [b"x" * 1000] * 1100)
+    baseline = open_log_files()
+    stalled = []
+    for _ in range(20):  # readers that never read
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server.http_port))
+        s.sendall(b"GET /topic/log?topic=t&offset=0&max_bytes=8388608 HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled.append(s)
+    try:
+        wait_for(lambda: open_log_files() > baseline, "the readers to be served")
+        assert open_log_files() - baseline <= 20 * replay.MAX_SEGMENTS_PER_READ
+        assert http_request(server, "GET", "/ping")[0] == 200  # others are still served
+        wait_for(lambda: open_log_files() == baseline, "the stalled readers to be dropped")
+    finally:
+        for s in stalled:
+            s.close()
+    assert "stopped reading" in caplog.text

@@ -6,7 +6,11 @@
 - ``GET /topic/log?topic=T&offset=N[&max_messages=M][&max_bytes=B]``: the records from N on,
   as stored (``storage/topiclog.py`` documents the framing), streamed with a Content-Length; the
   ``X-Nsq-*`` headers give the first offset, the next offset to ask for, the count, earliest and
-  latest. At ``latest`` the body is empty: the reader is caught up.
+  latest. At ``latest`` the body is empty: the reader is caught up. One answer covers at most
+  ``MAX_SEGMENTS_PER_READ`` segment files (each held open only until its part is sent), all
+  answers together at most a quarter of the open-file limit (``503 TOO_MANY_LOG_READERS``
+  when none is left), and a reader that takes no part of the body for ``WRITE_TIMEOUT`` is
+  disconnected, so a stalled reader never pins files or the space of pruned segments.
 - ``POST /topic/retention?topic=T[&time=24h][&bytes=N]``: the topic's own retention (kept across
   restarts); both 0 stops its log and removes it.
 - ``POST /channel/rewind?topic=T&channel=C&offset=N`` (or ``&timestamp=<unix ms>``): every
@@ -27,6 +31,7 @@ import errno
 import logging
 import os
 import re
+import resource
 from typing import Any
 
 from aiohttp.web_request import BaseRequest
@@ -48,7 +53,18 @@ SECRET_HEADER = "X-Nsq-Auth-Secret"
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_BYTES = 256 << 20
-_CHUNK = 1 << 20
+_CHUNK = 256 << 10
+#: Segments one /topic/log response covers at most. Each is an open descriptor until its part
+#: of the body is written, so a read over many small segments ends early (X-Nsq-Next-Offset
+#: says where to go on) instead of holding hundreds of files.
+MAX_SEGMENTS_PER_READ = 8
+#: Descriptors all /topic/log responses together may hold: a quarter of RLIMIT_NOFILE, at
+#: most this many. A read that finds none left is answered 503 TOO_MANY_LOG_READERS.
+MAX_LOG_READ_FDS = 256
+#: Seconds one chunk of a /topic/log body may take to drain to the reader: a reader that stops
+#: reading is disconnected, so it lets go of its files (and of the disk space of segments that
+#: retention removed meanwhile) within about this long.
+WRITE_TIMEOUT = 10.0
 
 
 def _uint(params: Params, key: str, default: int | None = None, *, low: int = 0) -> int:
@@ -65,6 +81,11 @@ def _uint(params: Params, key: str, default: int | None = None, *, low: int = 0)
 class ReplayAPI:
     def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        cap = MAX_LOG_READ_FDS if soft == resource.RLIM_INFINITY else soft // 4
+        #: Descriptors /topic/log responses may hold at once, and how many they hold now.
+        self.read_fd_limit = max(MAX_SEGMENTS_PER_READ, min(MAX_LOG_READ_FDS, cap))
+        self.read_fds = 0
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -148,7 +169,10 @@ class ReplayAPI:
         nxt = offset
         try:
             topic_log.check_offset(offset)
-            while max_messages > 0 and nxt < topic_log.latest:
+            max_segments = min(MAX_SEGMENTS_PER_READ, self.read_fd_limit - self.read_fds)
+            if max_segments <= 0 and offset < topic_log.latest:
+                raise HTTPError(503, "TOO_MANY_LOG_READERS")
+            while max_messages > 0 and nxt < topic_log.latest and len(ranges) < max_segments:
                 rng = topic_log.read_range(nxt, max_messages, max_bytes)
                 if rng is None or (ranges and rng.end - rng.start > max_bytes):
                     break
@@ -160,17 +184,26 @@ class ReplayAPI:
                     break
         except OffsetOutOfRange as err:
             raise self._out_of_range(err) from err
-        # Open every file before the first await: retention may remove a segment meanwhile,
-        # and an open file stays readable.
+        # Open the (at most MAX_SEGMENTS_PER_READ) files before the first await: retention may
+        # remove a segment meanwhile, and an open file stays readable. Each is closed as soon as
+        # its part of the body is written.
         files: list[tuple[int, LogRange]] = []
         try:
             for rng in ranges:
                 files.append((os.open(rng.path, os.O_RDONLY | os.O_CLOEXEC), rng))
         except OSError as err:
-            for fd, _ in files:
-                os.close(fd)
-            log.error("TOPIC(%s): failed to read its log - %s", name, err)
-            raise HTTPError(500, "INTERNAL_ERROR") from err
+            if err.errno in (errno.EMFILE, errno.ENFILE) and files:
+                # Out of descriptors: a shorter answer (the reader goes on from its next).
+                log.warning("TOPIC(%s): log read cut short - %s", name, err)
+                ranges = ranges[: len(files)]
+                nxt = ranges[-1].next
+            else:
+                for fd, _ in files:
+                    os.close(fd)
+                log.error("TOPIC(%s): failed to read its log - %s", name, err)
+                if err.errno in (errno.EMFILE, errno.ENFILE):
+                    raise HTTPError(503, "TOO_MANY_LOG_READERS") from err
+                raise HTTPError(500, "INTERNAL_ERROR") from err
         total = sum(r.end - r.start for r in ranges)
         resp = StreamResponse(status=200)
         resp.content_type = "application/octet-stream"
@@ -180,20 +213,40 @@ class ReplayAPI:
         resp.headers["X-Nsq-Count"] = str(sum(r.count for r in ranges))
         resp.headers["X-Nsq-Earliest"] = str(topic_log.earliest)
         resp.headers["X-Nsq-Latest"] = str(topic_log.latest)
+        self.read_fds += len(files)
         try:
-            await resp.prepare(request)
-            for fd, rng in files:
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await resp.prepare(request)
+            while files:
+                fd, rng = files[0]
                 pos = rng.start
                 while pos < rng.end:
                     chunk = os.pread(fd, min(_CHUNK, rng.end - pos), pos)
                     if not chunk:
                         raise OSError(f"{rng.path} ended early at byte {pos}")
-                    await resp.write(chunk)
+                    # aiohttp has no write timeout: write() waits in drain() for as long as
+                    # the reader does not read.
+                    async with asyncio.timeout(WRITE_TIMEOUT):
+                        await resp.write(chunk)
                     pos += len(chunk)
-            await resp.write_eof()
+                del files[0]
+                self.read_fds -= 1
+                os.close(fd)
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await resp.write_eof()
+        except TimeoutError:
+            log.warning(
+                "TOPIC(%s): log reader %s stopped reading for %ss, disconnected",
+                name,
+                request.remote,
+                WRITE_TIMEOUT,
+            )
+            if request.transport is not None:
+                request.transport.abort()  # drop what is buffered for it, close now
         except (ConnectionError, asyncio.CancelledError):
             pass  # the reader went away: nothing to undo
         finally:
+            self.read_fds -= len(files)
             for fd, _ in files:
                 os.close(fd)
         return resp
