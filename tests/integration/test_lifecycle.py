@@ -313,3 +313,140 @@ def test_a_channel_bounded_in_bytes(make_nsqd: Callable[..., ServerThread]) -> N
         p.pub("t", b"z" * 300)
     stats = channel_stats(server, "t", "c")
     assert stats["depth"] == 2 and stats["lifecycle"]["dropped_count"] == 1
+
+
+# -- bounds hold for everything a publisher or an admin call adds ------------------------------
+
+
+def publish_until_refused(server: ServerThread, topic: str, limit: int) -> int:
+    """PUB one message at a time until E_PUB_FAILED; returns how many were accepted."""
+    from pynsqd.protocol import encode
+
+    with server.connect() as p:
+        for i in range(limit):
+            p.send(encode.pub(topic, b"%05d" % i))
+            frame = p.read_frame()
+            if frame.data != b"OK":
+                assert frame.data.startswith(b"E_PUB_FAILED"), frame
+                return i
+    return limit
+
+
+def test_a_paused_topic_cannot_pass_a_channel_bound(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(max_channel_depth=500, channel_bound_policy="reject")
+    assert post(server, "/topic/create?topic=t")[0] == 200
+    assert post(server, "/channel/create?topic=t&channel=c")[0] == 200
+    assert post(server, "/topic/pause?topic=t")[0] == 200
+    assert publish_until_refused(server, "t", 2000) == 500
+    assert post(server, "/topic/unpause?topic=t")[0] == 200
+    wait_for(lambda: channel_stats(server, "t", "c")["depth"] == 500, "the backlog handed over")
+    assert publish_until_refused(server, "t", 10) == 0
+
+
+def test_a_retained_channel_created_in_the_past_keeps_its_bound(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as p:
+        for i in range(0, 3000, 500):
+            p.mpub("t", [b"%05d" % j for j in range(i, i + 500)])
+    server.stop()
+    server = make_nsqd(retention_time=HOUR, max_channel_depth=500)  # the bound comes now
+    assert post(server, "/channel/create?topic=t&channel=c&offset=0") == (
+        409,
+        {"message": "CHANNEL_FULL", "offset": 0, "next": 500, "count": 500},
+    )
+    assert channel_stats(server, "t", "c")["depth"] == 500
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1000)
+        assert sorted(int(m.body) for m in c.read_messages(500)) == list(range(500))
+        c.expect_nothing()
+
+
+def test_messages_taken_back_from_consumers_may_pass_the_bound_and_are_counted(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(max_channel_depth=500, channel_bound_policy="reject")
+    with server.connect() as consumer:
+        consumer.sub("t", "c", rdy=400)
+        assert publish_until_refused(server, "t", 400) == 400
+        consumer.read_messages(400)  # 400 in flight: the queue has room for 500 more
+        assert publish_until_refused(server, "t", 2000) == 500
+    # Their publisher was told OK: the disconnect's requeue keeps them all, past the bound.
+    wait_for(lambda: channel_stats(server, "t", "c")["depth"] == 900, "the requeue")
+    assert channel_stats(server, "t", "c")["lifecycle"]["over_bound_count"] == 400
+    assert publish_until_refused(server, "t", 10) == 0
+
+
+def test_drop_oldest_drops_the_oldest_across_memory_and_disk(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(
+        max_channel_depth=500, channel_bound_policy="drop-oldest", mem_queue_size=100
+    )
+    assert post(server, "/topic/create?topic=t")[0] == 200
+    assert post(server, "/channel/create?topic=t&channel=c")[0] == 200
+    assert publish_until_refused(server, "t", 2000) == 2000
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1000)
+        assert sorted(int(m.body) for m in c.read_messages(500)) == list(range(1500, 2000))
+        c.expect_nothing()
+
+
+# -- dead-letter names and failures -----------------------------------------------------------
+
+
+def test_the_default_dead_letter_topic_is_always_a_valid_durable_name(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    from pynsqd.internal.names import is_valid_name
+
+    server = make_nsqd(max_attempts=1)
+    long_topic = "a" * 60
+    assert post(server, f"/topic/create?topic={long_topic}")[0] == 200
+    assert post(server, f"/channel/create?topic={long_topic}&channel=c")[0] == 200
+    name = get(server, f"/channel/config?topic={long_topic}&channel=c")[1]["dead_letter"]
+    assert is_valid_name(name) and name.endswith(".dead") and len(name) == 64
+    assert post(server, "/topic/create?topic=x%23ephemeral")[0] == 200
+    assert post(server, "/channel/create?topic=x%23ephemeral&channel=c")[0] == 200
+    assert (
+        get(server, "/channel/config?topic=x%23ephemeral&channel=c")[1]["dead_letter"] == "x.dead"
+    )
+    status, doc = post(server, "/channel/config?topic=t&channel=c&dead_letter=d%23ephemeral")
+    assert (status, doc["message"]) == (400, "INVALID_ARG_DEAD_LETTER")
+    # An exhausted message of the long topic lands in its dead-letter topic.
+    with server.connect() as c:
+        c.sub(long_topic, "c", rdy=1)
+        with server.connect() as p:
+            p.pub(long_topic, b"poison")
+        c.req(c.read_message().id, 0)
+        wait_for(lambda: channel_stats(server, long_topic, "c")["depth"] == 0, "dead-lettering")
+    _, stats = get(server, f"/stats?format=json&topic={name}")
+    assert stats["topics"][0]["depth"] == 1
+
+
+def test_a_failing_dead_letter_backs_off_and_logs_once(
+    make_nsqd: Callable[..., ServerThread], caplog: Any
+) -> None:
+    server = make_nsqd(max_attempts=1)
+    assert post(server, "/topic/config?topic=t.dead&max_depth=1")[0] == 200
+    with server.connect() as p:
+        p.pub("t.dead", b"fill")  # the dead-letter topic is full: dead-lettering fails
+    with server.connect() as c:
+        c.sub("t", "c", rdy=10)
+        with server.connect() as p:
+            p.pub("t", b"poison")
+        m = c.read_message()
+        c.req(m.id, 0)
+        # Not redelivered at once, again and again: deferred, as a REQ with a delay.
+        wait_for(
+            lambda: channel_stats(server, "t", "c")["deferred_count"] == 1, "the message deferred"
+        )
+        c.expect_nothing(0.3)
+        again = c.read_message()  # once the delay is over, delivered once more (never lost)
+        assert (again.id, again.attempts) == (m.id, 2)
+        c.req(again.id, 0)
+        wait_for(lambda: channel_stats(server, "t", "c")["deferred_count"] == 1, "deferred again")
+    stats = channel_stats(server, "t", "c")["lifecycle"]
+    assert stats["dead_letter_failed_count"] == 2
+    assert caplog.text.count("failed to dead-letter") == 1  # one line per 10 s, with a count

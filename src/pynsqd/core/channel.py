@@ -34,6 +34,12 @@ from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
 from .queue import MessageQueue
 from .timed_queue import Scheduler, TimedQueue
 
+#: Dead-lettering failed: the messages wait this long (doubling to the cap) and are tried again.
+DEAD_LETTER_RETRY_MIN = 1.0
+DEAD_LETTER_RETRY_MAX = 60.0
+#: At most one "failed to dead-letter" line per channel this often (with a count).
+DEAD_LETTER_LOG_EVERY = 10.0
+
 log = logging.getLogger("pynsqd")
 
 
@@ -75,6 +81,10 @@ class ChannelOwner(Protocol):
 class Channel:
     __slots__ = (
         "_behind",
+        "_dl_backoff",
+        "_dl_logged_at",
+        "_dl_pass",
+        "_dl_unlogged",
         "_pump_pending",
         "_rr",
         "bound_policy",
@@ -97,6 +107,7 @@ class Channel:
         "message_count",
         "msg_ttl_ns",
         "name",
+        "over_bound_count",
         "paused",
         "queue",
         "requeue_count",
@@ -150,6 +161,12 @@ class Channel:
         self.screening = False  # max_attempts or msg_ttl_ns set: _deliver looks at each message
         self.dead_letter_count = 0
         self.dead_letter_failed_count = 0
+        #: Messages the server had to take back (REQ, timeout, disconnect) past the bound.
+        self.over_bound_count = 0
+        self._dl_backoff = 0.0  # the next retry delay after a dead-letter failure; 0: none
+        self._dl_logged_at = float("-inf")
+        self._dl_unlogged = 0
+        self._dl_pass: set[bytes] = set()  # deferred after a failure: delivered once when due
         self.expired_count = 0
         self.dropped_count = 0
 
@@ -188,6 +205,26 @@ class Channel:
                 return f"{held} of {self.max_bytes} bytes"
         return None
 
+    def fitting(self, msgs: list[Message]) -> int:
+        """How many of ``msgs``, from the first, fit under the bounds now."""
+        n = len(msgs)
+        if self.max_depth:
+            n = min(n, max(0, self.max_depth - self.bounded_depth))
+        if self.max_bytes:
+            room = self.max_bytes - self.bounded_bytes
+            for i in range(n):
+                room -= len(msgs[i].body)
+                if room < 0:
+                    return i
+        return n
+
+    def _count_over(self, n: int) -> None:
+        """Requeued messages are kept even past the bound (their publisher was told OK)."""
+        if self.max_depth:
+            over = min(n, self.bounded_depth - self.max_depth)
+            if over > 0:
+                self.over_bound_count += over
+
     def trim(self) -> int:
         """Policy drop-oldest: drop the messages next in line past the bounds."""
         dropped = 0
@@ -196,7 +233,7 @@ class Channel:
             or (self.max_bytes and self.bounded_bytes > self.max_bytes)
         ):
             excess = max(1, self.bounded_depth - self.max_depth) if self.max_depth else 1
-            taken = len(self.queue.take(excess, 1 << 62))
+            taken = self.queue.drop_oldest(excess)
             if not taken:
                 break
             dropped += taken
@@ -338,7 +375,11 @@ class Channel:
             if ttl and now_ns - m.timestamp >= ttl:
                 expired += 1
             elif limit and m.attempts >= limit:
-                dead.append(m)
+                if m.id in self._dl_pass:  # back from its delay: delivered, as a REQ would be
+                    self._dl_pass.discard(m.id)
+                    keep.append(m)
+                else:
+                    dead.append(m)
             else:
                 keep.append(m)
         self.expired_count += expired
@@ -346,17 +387,36 @@ class Channel:
             err = self.topic.dead_letter(self, dead)
             if err is None:
                 self.dead_letter_count += len(dead)
+                self._dl_backoff = 0.0
             else:
-                self.dead_letter_failed_count += len(dead)
-                log.error(
-                    "CHANNEL(%s:%s): failed to dead-letter %d message(s), delivering them - %s",
-                    self.topic.name,
-                    self.name,
-                    len(dead),
-                    err,
-                )
-                keep.extend(dead)
+                self._dead_letter_failed(dead, err)
         return keep
+
+    def _dead_letter_failed(self, dead: list[Message], err: OSError) -> None:
+        """Deferred, as a REQ with a delay (doubling per failure, capped), then tried again:
+        never lost, never a hot loop. The log line is rate-limited, with a count."""
+        self.dead_letter_failed_count += len(dead)
+        delay = self._dl_backoff or DEAD_LETTER_RETRY_MIN
+        self._dl_backoff = min(delay * 2, DEAD_LETTER_RETRY_MAX)
+        now = self.loop.time()
+        for m in dead:
+            self.deferred[m.id] = m
+            self._dl_pass.add(m.id)
+        self.tq.push_many(dead, now + delay)
+        self._dl_unlogged += len(dead)
+        if now - self._dl_logged_at >= DEAD_LETTER_LOG_EVERY:
+            log.error(
+                "CHANNEL(%s:%s): failed to dead-letter %d message(s) (%d failures in all), "
+                "retrying in %gs - %s",
+                self.topic.name,
+                self.name,
+                self._dl_unlogged,
+                self.dead_letter_failed_count,
+                delay,
+                err,
+            )
+            self._dl_logged_at = now
+            self._dl_unlogged = 0
 
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
@@ -459,6 +519,7 @@ class Channel:
             err = self.queue.keep_many([msg])
             if err is not None:
                 self._kept_in_memory(1, err)
+            self._count_over(1)
         if self._behind:
             self._release([msg_id])
         self.schedule_pump()
@@ -493,6 +554,8 @@ class Channel:
         err = self.queue.keep_many(ready)
         if err is not None:
             self._kept_in_memory(len(ready), err)
+        if timed_out:
+            self._count_over(sum(timed_out.values()))
         if self._behind and timed_out:
             self._release([m.id for m in ready if m.id in self._behind])
         self.schedule_pump()
@@ -531,6 +594,7 @@ class Channel:
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)
+        self._count_over(len(mine))
         if self._behind:
             self._release([m.id for m in mine])
         self.schedule_pump()
@@ -557,6 +621,7 @@ class Channel:
         self.in_flight.clear()
         self.deferred.clear()
         self._behind.clear()
+        self._dl_pass.clear()
         for c in self.clients.values():
             c.in_flight_count = 0
         self.queue.empty()

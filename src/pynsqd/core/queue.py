@@ -203,6 +203,37 @@ class MessageQueue:
             return out
         return out + got[: keep - first]
 
+    def drop_oldest(self, n: int) -> int:
+        """Drop up to ``n`` messages, oldest publish time first, across memory and backend
+        (``take`` alternates the two, which is no age order: memory may hold the oldest).
+        The backend is read one message ahead; one that is not dropped goes into memory in
+        age order (a scan from the head: it costs while memory holds older messages; and that
+        one message now waits in memory, past ``mem_size``). Returns how many were dropped."""
+        mem = self._mem
+        backend = self.backend
+        dropped = 0
+        ahead: Message | None = None
+        while dropped < n:
+            if ahead is None and backend.depth():
+                ahead = backend.read_many(1)[0]
+            if ahead is not None and (not mem or ahead.timestamp < mem[0].timestamp):
+                ahead = None
+            elif mem:
+                m = mem.popleft()
+                if self.track_bytes:
+                    self.mem_bytes -= len(m.body)
+            else:
+                break
+            dropped += 1
+        if ahead is not None:  # back into memory, in age order (memory is FIFO by age)
+            i = 0
+            while i < len(mem) and mem[i].timestamp <= ahead.timestamp:
+                i += 1
+            mem.insert(i, ahead)
+            if self.track_bytes:
+                self.mem_bytes += len(ahead.body)
+        return dropped
+
     def take_memory(self, n: int) -> list[Message]:
         mem = self._mem
         popleft = mem.popleft

@@ -18,8 +18,9 @@ class Conflict(Exception):
 class Replayed:
     """What a rewind put back: offsets ``[offset, next)``, ``count`` messages; ``stopped``: why
     it ended before the latest offset of the call (None: it did not). ``TOPIC_DELETED``,
-    ``CHANNEL_DELETED``, ``TOPIC_NOT_RETAINED``, ``REWIND_INTERRUPTED`` (a read failed) or
-    ``EXITING`` (nsqd is stopping)."""
+    ``CHANNEL_DELETED``, ``TOPIC_NOT_RETAINED``, ``REWIND_INTERRUPTED`` (a read failed),
+    ``CHANNEL_FULL`` (a bound with policy reject: the rest would not fit) or ``EXITING`` (nsqd
+    is stopping)."""
 
     offset: int
     next: int

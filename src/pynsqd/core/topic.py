@@ -185,13 +185,18 @@ class Topic:
         self.bounded = bool(self.max_depth) or any(
             ch.max_depth or ch.max_bytes for ch in self.channels.values()
         )
+        in_bytes = any(ch.max_bytes for ch in self.channels.values())
+        if in_bytes != self.queue.track_bytes:  # the topic's backlog counts for those bounds
+            self.queue.count_bytes(in_bytes)
 
     def _check_room(self, n: int, size: int = 0) -> None:
         """Policy reject: refuse the whole publish if any bounded queue it goes to is full."""
         if self.channels:
             for ch in self.channels.values():
                 if (ch.max_depth or ch.max_bytes) and ch.bound_policy == "reject":
-                    why = ch.over_bound(n, size)
+                    # What waits in the topic (paused, or not yet handed over) goes to every
+                    # channel: it counts (its bytes only as far as they are in memory).
+                    why = ch.over_bound(n + self.depth, size + self.queue.mem_bytes)
                     if why is not None:
                         raise QueueFull(
                             f"{self.name}:{ch.name}", ch.bounded_depth, ch.max_depth, why
@@ -216,7 +221,7 @@ class Topic:
             self.save_handed()
             dropped += step
         while dropped < excess and len(self.queue):
-            dropped += len(self.queue.take(excess - dropped, 1 << 62))
+            dropped += self.queue.drop_oldest(excess - dropped)
         self.dropped_count += dropped
 
     def _put_logged(self, msgs: list[Message]) -> None:
@@ -361,6 +366,8 @@ class Topic:
                         ch.put_raw(records)
             finally:
                 backend.commit_reads()
+        if self.bounded:
+            self._trim()  # drop-oldest channels: the backlog handed over may pass their bound
         self.schedule_drain()
 
     # -- channels -------------------------------------------------------------------------

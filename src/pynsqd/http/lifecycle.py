@@ -23,7 +23,7 @@ from aiohttp.web_request import BaseRequest
 from ..internal import checks
 from ..internal.gotext import format_duration, parse_duration
 from ..internal.httpapi import HTTPError, Params
-from ..internal.names import is_valid_name
+from ..internal.names import is_ephemeral, is_valid_name
 from ..log import LOGGER_NAME
 from .host import NSQDHost
 
@@ -47,8 +47,9 @@ def _ttl(text: str) -> float:
 
 
 def _dead_letter(text: str) -> str:
-    if text != "none" and not is_valid_name(text):
-        raise ValueError("not a topic name")
+    # An ephemeral dead-letter topic would drop what it keeps once its last channel goes.
+    if text != "none" and (not is_valid_name(text) or is_ephemeral(text)):
+        raise ValueError("not a durable topic name")
     return text
 
 

@@ -98,6 +98,11 @@ class NSQCollector:
         c_dropped = CounterMetricFamily(
             "nsq_channel_dropped", "Messages dropped by a drop-oldest bound", labels=c_labels
         )
+        c_over = CounterMetricFamily(
+            "nsq_channel_over_bound",
+            "Messages taken back from consumers (REQ, timeout, disconnect) past a bound",
+            labels=c_labels,
+        )
         c_depth = GaugeMetricFamily(
             "nsq_channel_depth", "Messages queued (memory + disk)", labels=c_labels
         )
@@ -161,6 +166,7 @@ class NSQCollector:
                     c_dead.add_metric(cl, ch.dead_letter_count)
                     c_expired.add_metric(cl, ch.expired_count)
                     c_dropped.add_metric(cl, ch.dropped_count)
+                    c_over.add_metric(cl, ch.over_bound_count)
                 if e2e_sink(ch) is not None:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
@@ -168,6 +174,7 @@ class NSQCollector:
         yield from (t_log_earliest, t_log_latest, t_log_bytes, t_log_segments)
         yield from (c_depth, c_backend, c_in_flight, c_deferred, c_msgs, c_requeued)
         yield from (c_timed_out, c_clients, c_paused, c_e2e, c_dead, c_expired, c_dropped)
+        yield c_over
 
 
 def _add_quantiles(metric: Metric, labels: dict[str, str], result: dict[str, object]) -> None:

@@ -123,6 +123,7 @@ def channel_stats(
         or channel.dead_letter_count
         or channel.expired_count
         or channel.dropped_count
+        or channel.over_bound_count
     ):  # pynsqd's message lifecycle, shown once it is in use
         stats["lifecycle"] = {
             "max_attempts": channel.max_attempts,
@@ -134,6 +135,7 @@ def channel_stats(
             "dead_letter_failed_count": channel.dead_letter_failed_count,
             "expired_count": channel.expired_count,
             "dropped_count": channel.dropped_count,
+            "over_bound_count": channel.over_bound_count,
         }
     return stats
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # fullmatch, not "^...$": Python's "$" also matches before a trailing newline, Go's does not.
@@ -18,6 +19,18 @@ def is_valid_name(name: bytes | str) -> bool:
 
 def is_ephemeral(name: str) -> bool:
     return name.endswith(EPHEMERAL_SUFFIX)
+
+
+def default_dead_letter(topic: str) -> str:
+    """``<topic>.dead``, always a valid, durable topic name: without ``#ephemeral`` (a
+    dead-letter topic that vanishes with its last channel would lose what it keeps), and if
+    that passes 64 characters, the first 50 of the topic, ``-``, 8 hex digits of its SHA-1
+    (distinct topics keep distinct dead-letter topics) and ``.dead``."""
+    base = topic.removesuffix(EPHEMERAL_SUFFIX)
+    if len(base) + 5 <= 64:
+        return base + ".dead"
+    digest = hashlib.sha1(topic.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{base[:50]}-{digest}.dead"
 
 
 def go_quote(raw: bytes) -> str:

@@ -23,7 +23,7 @@ from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import lifecycle
 from ..internal.listener import format_address, listen
-from ..internal.names import is_ephemeral, is_valid_name
+from ..internal.names import default_dead_letter, is_ephemeral, is_valid_name
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..storage.diskqueue import DiskQueue
@@ -246,7 +246,7 @@ class NSQD:
         opts = self.opts
         return {
             "max_attempts": own.get("max_attempts", opts.max_attempts),
-            "dead_letter": own.get("dead_letter", f"{topic}.dead"),
+            "dead_letter": own.get("dead_letter", default_dead_letter(topic)),
             "msg_ttl": self.topic_config(topic)["msg_ttl"],
             "max_depth": own.get("max_depth", opts.max_channel_depth),
             "max_bytes": own.get("max_bytes", opts.max_channel_bytes),

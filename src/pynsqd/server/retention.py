@@ -237,7 +237,8 @@ class Retention:
         gets ``[start, latest)`` and then what follows, each message once."""
         tlog = topic.log
         assert isinstance(tlog, TopicLog)
-        if len(topic.channels) == 1 and not len(topic.queue):
+        bounded = channel.max_depth or channel.max_bytes
+        if len(topic.channels) == 1 and not len(topic.queue) and not bounded:
             topic.restart_hand_off(start)  # the backlog is its alone: no replay needed
             return Replayed(start, tlog.latest, tlog.latest - start)
         topic.skip_log_before(channel, tlog.latest)  # the replay gives it all before that
@@ -292,6 +293,10 @@ class Retention:
                 stopped = "REWIND_INTERRUPTED"
                 break
             msgs = [Message(r.id, r.body, r.timestamp) for r in records if r.offset < stop]
+            if (channel.max_depth or channel.max_bytes) and channel.bound_policy == "reject":
+                fit = channel.fitting(msgs)
+                if fit < len(msgs):  # what a publisher could not add, a rewind cannot either
+                    msgs, stopped = msgs[:fit], "CHANNEL_FULL"
             if not msgs:
                 break
             kept = channel.put_many(msgs)  # kept in memory if the disk fails: never lost
@@ -299,8 +304,12 @@ class Retention:
                 log.error(
                     "CHANNEL(%s:%s): rewind failed to store - %s", topic.name, channel.name, kept
                 )
+            if channel.bound_policy == "drop-oldest" and (channel.max_depth or channel.max_bytes):
+                channel.trim()
             count += len(msgs)
             offset = records[len(msgs) - 1].offset + 1
+            if stopped is not None:
+                break
             try:
                 progress.save(offset, sync=tlog.sync_every <= 1)
             except OSError as err:  # a crash would repeat from an earlier offset: no loss
