@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import pytest
@@ -341,16 +342,23 @@ def test_max_consumers() -> None:
     assert wire.wire == b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1"
 
 
-def test_dpub_is_deferred_per_channel() -> None:
+def test_dpub_is_deferred_per_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     loop = FakeLoop()
     topic, _ = _topic(loop)
     ch = topic.get_channel("c")
     c = Consumer(rdy=5)
     ch.add_client(c)
+    start_ns = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: start_ns)
     topic.put_bodies([b"later"], defer_ms=2000)
     loop.run_ready()
     assert c.take() == [] and len(ch.deferred) == 1 and ch.message_count == 1
-    loop.advance(2.1)
+    # The timer fires, but the wall clock says 0.5 ms early: not yet.
+    monkeypatch.setattr(time, "time_ns", lambda: start_ns + 1_999_500_000)
+    loop.advance(2.0015)
+    assert c.take() == [] and len(ch.deferred) == 1
+    monkeypatch.setattr(time, "time_ns", lambda: start_ns + 2_000_000_000)
+    loop.advance(0.002)
     assert [m.body for m in c.take()] == [b"later"]
 
 

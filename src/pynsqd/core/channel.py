@@ -32,7 +32,7 @@ from .errors import (
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
 from .queue import MessageQueue
-from .timed_queue import Scheduler, TimedQueue
+from .timed_queue import TICK, Scheduler, TimedQueue
 
 #: Dead-lettering failed: the messages wait this long (doubling to the cap) and are tried again.
 DEAD_LETTER_RETRY_MIN = 1.0
@@ -317,10 +317,12 @@ class Channel:
         # The due time is wall-clock (it survives restarts); the timed queue runs on loop time.
         from time import time_ns
 
+        # loop.time() counts whole milliseconds (uvloop's uv_now, floored) and the timed queue
+        # fires a tick early, so the due time is rounded up by a tick, and ``defer_until_ns``
+        # stays set until _on_due checks it against the wall clock: never early.
         delay = max(0.0, (msg.defer_until_ns - time_ns()) / 1e9)
-        msg.defer_until_ns = 0
         self.deferred[msg.id] = msg
-        self.tq.push(msg, self.loop.time() + delay)
+        self.tq.push(msg, self.loop.time() + delay + TICK)
 
     # -- delivery -------------------------------------------------------------------------
 
@@ -544,8 +546,17 @@ class Channel:
                 msg.client = None
                 timed_out[client.id] = timed_out.get(client.id, 0) + 1
                 owners[client.id] = client
-            elif self.deferred.pop(msg.id, None) is None:
+            elif msg.id not in self.deferred:
                 continue  # a second copy deferred under the same ID already came due
+            elif msg.defer_until_ns:  # a DPUB: due by the wall clock
+                left_ns = msg.defer_until_ns - time.time_ns()
+                if left_ns > 0:  # a hair early by the wall clock: not yet
+                    self.tq.push(msg, self.loop.time() + left_ns / 1e9 + TICK)
+                    continue
+                msg.defer_until_ns = 0
+                del self.deferred[msg.id]
+            else:
+                del self.deferred[msg.id]  # a REQ with a timeout
             ready.append(msg)
         for cid, n in timed_out.items():
             owners[cid].in_flight_count -= n

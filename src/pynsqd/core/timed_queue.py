@@ -23,7 +23,7 @@ from .message import Message
 
 #: Stale entries tolerated: a rebuild happens when entries exceed 3 x live + this.
 _COMPACT_SLACK = 8192
-_TICK = 0.001
+TICK = 0.001
 
 
 class TimerHandle(Protocol):
@@ -134,7 +134,7 @@ class TimedQueue:
         self._timer_at = float("inf")
         # Timers have millisecond resolution and may fire a hair early; take what is due within
         # a tick rather than re-arming a zero-delay timer until the clock catches up.
-        due = self.pop_due(self._loop.time() + _TICK)
+        due = self.pop_due(self._loop.time() + TICK)
         heap = self._heap
         while heap and not _is_live(heap[0]):  # skip stale tops before re-arming
             self._refs -= len(heappop(heap)[2])
