@@ -478,3 +478,32 @@ def test_log_readers_that_stop_reading_are_dropped_and_hold_a_bounded_number_of_
         for s in stalled:
             s.close()
     assert "stopped reading" in caplog.text
+
+
+# -- leftovers of a crash ----------------------------------------------------------------------
+
+
+def test_temporary_files_left_by_a_crash_are_removed_at_start(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    server = make_nsqd(data_path=str(data), retention_time=HOUR)
+    with server.connect() as c:
+        c.pub("t", b"m")
+    server.stop()
+    # What a kill -9 in the middle of write_atomic leaves (nsqd.dat, a disk queue's metadata,
+    # a segment's index): <file>.<random>.tmp
+    left = [
+        data / "nsqd.dat.4242424242.tmp",
+        data / "t.diskqueue.meta.dat.77.tmp",
+        data / "t.log" / "00000000000000000000.index.123.tmp",
+    ]
+    for p in left:
+        p.write_bytes(b"partial")
+    mine = data / "notes.tmp"  # not one of ours: left alone
+    mine.write_bytes(b"x")
+    server = make_nsqd(data_path=str(data), retention_time=HOUR)
+    assert not [p for p in left if p.exists()]
+    assert mine.exists()
+    assert [r.body for r in read_everything(server, "t")] == [b"m"]

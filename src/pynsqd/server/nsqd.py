@@ -26,6 +26,7 @@ from ..internal.listener import format_address, listen
 from ..internal.names import default_dead_letter, is_ephemeral, is_valid_name
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
+from ..storage.atomic import remove_leftovers
 from ..storage.diskqueue import DiskQueue
 from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (
@@ -366,6 +367,16 @@ class NSQD:
         self.retention.sync(self.topics)
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
 
+    def _remove_leftovers(self) -> None:
+        """Temporary files of atomic writes that a crash cut short, here and in the logs."""
+        dirs = [self.data_path] + [
+            os.path.join(self.data_path, e)
+            for e in os.listdir(self.data_path)
+            if e.endswith(".log") and os.path.isdir(os.path.join(self.data_path, e))
+        ]
+        for path in (p for d in dirs for p in remove_leftovers(d)):
+            log.info("NSQ: removed %s, left by a write a crash cut short", path)
+
     # -- metadata (nsqd.dat) --------------------------------------------------------------
 
     def metadata_changed(self) -> None:
@@ -479,6 +490,7 @@ class NSQD:
         self._dir_lock.lock()  # raises DirLockError
         try:
             check_writable(self.data_path)  # raises DirLockError
+            self._remove_leftovers()
             self._load_settings()
             self.load_metadata()
             self.persist_metadata()

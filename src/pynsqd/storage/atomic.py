@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: What ``write_atomic`` names its temporary file: ``<file>.<random>.tmp``.
+_TMP = re.compile(r"^.+\.\d{1,19}\.tmp$")
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -29,3 +32,17 @@ def write_atomic(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Remove the temporary files a crash in the middle of ``write_atomic`` left in
+    ``directory`` (the file they were to replace is whole: old or new). Returns their paths."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            if _TMP.match(entry):
+                path = os.path.join(directory, entry)
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                    removed.append(path)
+    return removed
