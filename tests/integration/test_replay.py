@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd.storage.topiclog import LogRecord, decode_records
+from pynsqd.protocol.log_record import LogRecord, decode_records
 
 from ..conftest import ServerThread, http_request
 from ..wire import Conn

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from pynsqd.core.message import Message
+from pynsqd.protocol.log_record import HEADER_SIZE, decode_records
 from pynsqd.storage.position import PositionFile
 from pynsqd.storage.topiclog import (
-    HEADER_SIZE,
     LogRange,
     OffsetOutOfRange,
     TopicLog,
-    decode_records,
     read_retention,
     write_retention,
 )

@@ -8,17 +8,8 @@ entry per ``INDEX_INTERVAL`` bytes. Offsets are per topic, dense, start at 0 and
 reused: the next offset survives restarts because it is the end of the last segment (or, once
 every segment has been pruned, the base offset of the empty segment retention leaves behind).
 
-Record layout (big-endian), on disk and on the wire of ``GET /topic/log`` alike, so a read is a
-byte-range copy::
-
-    int64  offset
-    uint32 crc32 of every byte after this field (length .. body)
-    uint32 length: bytes after this field (30 + body size)
-    int64  timestamp (publish time, ns since the epoch)
-    16     message ID (nsqd's hex ID)
-    uint16 attempts (0: as published)
-    uint32 deferral in ms (DPUB), else 0
-    ...    body
+Records are ``protocol/log_record.py``'s, on disk and on the wire of ``GET /topic/log`` alike,
+so a read is a byte-range copy.
 
 Writes. ``append`` encodes a batch (one PUB, MPUB, DPUB or HTTP publish) and writes it with one
 ``write`` straight to the kernel, before the messages fan out to channels, so a process crash
@@ -60,24 +51,21 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 from ..core.message import Message
+from ..protocol import log_record
+from ..protocol.log_record import HEADER_SIZE, LogRecord, decode_records
 from .atomic import write_atomic
 from .position import PositionFile
 
 __all__ = [
-    "HEADER_SIZE",
     "INDEX_INTERVAL",
     "LogRange",
-    "LogRecord",
     "OffsetOutOfRange",
     "TopicLog",
-    "decode_records",
 ]
 
-_HEAD = struct.Struct(">qI")  # offset, crc
-_TAIL = struct.Struct(">Iq16sHI")  # length, timestamp, id, attempts, defer_ms
+_HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
+_HEAD_TS = log_record.LENGTH_TIMESTAMP
 _INDEX = struct.Struct(">qqq")  # offset, position, timestamp
-HEADER_SIZE = _HEAD.size + _TAIL.size  # 46
-_TAIL_FIXED = _TAIL.size - 4  # bytes after the length field, before the body: 34
 INDEX_INTERVAL = 4096
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _READ_CHUNK = 1 << 20
@@ -112,16 +100,6 @@ class OffsetOutOfRange(Exception):
 
 
 @dataclass(frozen=True)
-class LogRecord:
-    offset: int
-    timestamp: int
-    id: bytes
-    attempts: int
-    defer_ms: int
-    body: bytes
-
-
-@dataclass(frozen=True)
 class LogRange:
     """Bytes ``[start, end)`` of ``path``: whole records, offsets ``first`` .. ``next - 1``."""
 
@@ -131,26 +109,6 @@ class LogRange:
     first: int
     next: int
     count: int
-
-
-def decode_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[LogRecord]:
-    """The records in ``data`` (whole records, as ``/topic/log`` sends them). Raises
-    ``ValueError`` on a short or corrupt record."""
-    pos, end = 0, len(data)
-    while pos < end:
-        if end - pos < HEADER_SIZE:
-            raise ValueError(f"short record header at byte {pos}")
-        offset, crc = _HEAD.unpack_from(data, pos)
-        length, ts, msg_id, attempts, defer_ms = _TAIL.unpack_from(data, pos + 12)
-        stop = pos + 16 + length
-        if length < _TAIL_FIXED or stop > end:
-            raise ValueError(f"bad record length at byte {pos}")
-        if verify and zlib.crc32(data[pos + 12 : stop]) != crc:
-            raise ValueError(f"checksum mismatch in the record at offset {offset}")
-        yield LogRecord(
-            offset, ts, bytes(msg_id), attempts, defer_ms, bytes(data[pos + HEADER_SIZE : stop])
-        )
-        pos = stop
 
 
 class _Segment:
@@ -542,7 +500,7 @@ class TopicLog:
                     if len(buf) < HEADER_SIZE:
                         return
                 offset = _HEAD.unpack_from(buf, rel)[0]
-                length, ts = struct.unpack_from(">Iq", buf, rel + 12)
+                length, ts = _HEAD_TS.unpack_from(buf, rel + 12)
                 stop = pos + 16 + length
                 yield offset, ts, pos, stop
                 pos = stop
@@ -633,7 +591,7 @@ class TopicLog:
                     problem = "a short record header"
                     break
                 offset, crc = _HEAD.unpack_from(head)
-                length, ts = struct.unpack_from(">Iq", head, 12)
+                length, ts = _HEAD_TS.unpack_from(head, 12)
                 if offset != seg.next or length < _TAIL_FIXED or pos + 16 + length > size:
                     problem = "a bad record header"
                     break
