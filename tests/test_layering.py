@@ -121,3 +121,23 @@ def test_protocol_and_core_do_no_io() -> None:
 def test_the_checker_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_spark_connector_uses_the_client_and_declares_no_wire_format() -> None:
+    """pynsqd_spark keeps only the Spark API: no private name of pynsqd or of its own modules
+    crosses a module boundary, and nothing of its own talks HTTP, TLS, JSON over the wire or
+    packs bytes (the log record and the HTTP side are ``pynsqd.client``'s and ``protocol``'s)."""
+    spark = SRC / "pynsqd_spark"
+    for path in spark.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                private = [
+                    a.name
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.endswith("__")
+                ]
+                assert not private, f"{path.name} imports private {private} from {node.module}"
+        tops = {mod.split(".")[0] for mod in _imports(path)}
+        banned = tops & {"urllib", "http", "ssl", "struct", "zlib", "socket"}
+        assert not banned, f"{path.name} imports {sorted(banned)}"

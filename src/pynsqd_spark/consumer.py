@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pynsqd.client.connection import (
+from pynsqd.client import (
     Connection,
     NsqConnectionError,
     NsqError,
@@ -357,7 +357,10 @@ class ConsumerPool:
             return self._backlog
         self._backlog_at = now
         timeout = self.opts.client.connect_timeout
-        nodes = lookup_http_addresses(self.opts.lookupd_addresses, self.opts.topic, timeout)
+        try:
+            nodes = lookup_http_addresses(self.opts.lookupd_addresses, self.opts.topic, timeout)
+        except NsqLookupError:
+            nodes = {}
         depths = [
             d
             for http in nodes.values()

@@ -11,16 +11,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .logsource import (
-    LOG_SCHEMA,
-    LogOptions,
-    NsqLogBatchReader,
-    NsqLogStreamReader,
-    retained_everywhere,
-)
-from .options import NsqOptionError, SinkOptions, SourceOptions
+from .channel_source import SOURCE_SCHEMA, NsqStreamReader
+from .log_source import LOG_SCHEMA, NsqLogBatchReader, NsqLogStreamReader, retained_everywhere
+from .options import LogOptions, NsqOptionError, SinkOptions, SourceOptions
 from .sink import NsqArrowWriter, NsqStreamArrowWriter
-from .source import SOURCE_SCHEMA, NsqStreamReader
 
 
 class NsqDataSource(DataSource):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pynsqd import __version__
-from pynsqd.client.connection import DEFAULT_LOOKUPD_HTTP_PORT, ClientOptions, parse_address
+from pynsqd.client import ClientOptions, HTTPOptions, parse_address
+from pynsqd.client.errors import DEFAULT_LOOKUPD_HTTP_PORT
 
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
@@ -17,7 +19,7 @@ class NsqOptionError(ValueError):
     """A data source option is missing or has a bad value; the message names the option."""
 
 
-class _Opts:
+class OptionReader:
     def __init__(self, options: Mapping[str, str]) -> None:
         self._o = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
         self._asked: dict[str, str] = {}  # lowercased name -> name as documented
@@ -91,7 +93,7 @@ class _Opts:
         return out
 
 
-def _check_name(kind: str, option: str, value: str) -> str:
+def check_name(kind: str, option: str, value: str) -> str:
     if not (1 <= len(value) <= 64 and _NAME.match(value)):
         raise NsqOptionError(
             f"option {option!r}: {value!r} is not a valid NSQ {kind} name "
@@ -100,7 +102,7 @@ def _check_name(kind: str, option: str, value: str) -> str:
     return value
 
 
-def _client_options(o: _Opts, msg_timeout_ms: int = 0) -> ClientOptions:
+def _client_options(o: OptionReader, msg_timeout_ms: int = 0) -> ClientOptions:
     secret = o.get("authSecret")
     env = o.get("authSecretEnv")
     if secret is None and env is not None:
@@ -123,7 +125,7 @@ def _client_options(o: _Opts, msg_timeout_ms: int = 0) -> ClientOptions:
     )
 
 
-def _nodes(o: _Opts) -> tuple[list[str], list[str]]:
+def _nodes(o: OptionReader) -> tuple[list[str], list[str]]:
     nsqd = o.addresses("nsqdTcpAddresses", 4150)
     lookupd = o.addresses("nsqlookupdHttpAddresses", DEFAULT_LOOKUPD_HTTP_PORT)
     if not nsqd and not lookupd:
@@ -157,7 +159,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        o = _Opts(options)
+        o = OptionReader(options)
         topic = o.get("topic")
         if topic is None:
             raise NsqOptionError("option 'topic' is required (the NSQ topic to read)")
@@ -167,8 +169,8 @@ class SourceOptions:
                 "option 'channel' is required (the NSQ channel to consume; queries sharing a "
                 "channel share its messages)"
             )
-        _check_name("topic", "topic", topic)
-        _check_name("channel", "channel", channel)
+        check_name("topic", "topic", topic)
+        check_name("channel", "channel", channel)
         nsqd, lookupd = _nodes(o)
         max_batch = o.integer("maxMessagesPerBatch", 10000, 1)
         msg_timeout = o.integer("msgTimeoutMs", 60000, 1000)
@@ -215,14 +217,14 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], has_topic_column: bool) -> SinkOptions:
-        o = _Opts(options)
+        o = OptionReader(options)
         topic = o.get("topic")
         if topic is None and not has_topic_column:
             raise NsqOptionError(
                 "option 'topic' is required unless the DataFrame has a 'topic' column"
             )
         if topic is not None:
-            _check_name("topic", "topic", topic)
+            check_name("topic", "topic", topic)
         nsqd, lookupd = _nodes(o)
         max_body = o.integer("maxBodySize", 5 * 1024 * 1024, 16)
         max_msg = o.integer("maxMsgSize", 1024 * 1024, 1)
@@ -242,3 +244,136 @@ class SinkOptions:
             retry_backoff_ms=o.integer("retryBackoffMs", 200, 0),
             pipeline=o.integer("pipelineDepth", 4, 1),
         )
+
+
+# -- log mode ------------------------------------------------------------------------------
+
+
+#: Every option log mode reads (names are case-insensitive).
+LOG_OPTIONS = (
+    "mode",
+    "topic",
+    "nsqdHttpAddresses",
+    "nsqlookupdHttpAddresses",
+    "startingOffsets",
+    "startingTimestamp",
+    "endingOffsets",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "failOnDataLoss",
+    "authSecret",
+    "timeoutMs",
+    "tls",
+    "tlsVerify",
+    "tlsCaFile",
+    "tlsCertFile",
+    "tlsKeyFile",
+)
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    topic: str
+    nodes: tuple[str, ...]  # given nsqd HTTP addresses
+    lookupd: tuple[str, ...]  # nsqlookupd HTTP addresses: nodes discovered for the topic
+    starting: str | dict[str, int]  # "earliest", "latest" or {node: offset}
+    starting_timestamp_ms: int | None
+    ending: str | dict[str, int]  # batch reads: "latest" or {node: offset}
+    max_offsets_per_trigger: int
+    min_partitions: int
+    fail_on_data_loss: bool
+    auth_secret: str | None
+    timeout: float
+    tls: bool = False  # the addresses are nsqd's --https-address
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @property
+    def http(self) -> HTTPOptions:
+        """How the client talks to each node's HTTP port."""
+        return HTTPOptions(
+            timeout=self.timeout,
+            tls=self.tls,
+            tls_verify=self.tls_verify,
+            tls_ca_file=self.tls_ca_file,
+            tls_cert_file=self.tls_cert_file,
+            tls_key_file=self.tls_key_file,
+            auth_secret=self.auth_secret,
+        )
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> LogOptions:
+        o = OptionReader(options)
+        unknown = sorted(
+            k for k in o._o if k not in {n.lower() for n in LOG_OPTIONS} and k != "path"
+        )
+        if unknown:
+            raise NsqOptionError(
+                f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode 'log'; "
+                f"valid: {', '.join(LOG_OPTIONS)}"
+            )
+        topic = o.get("topic")
+        if topic is None:
+            raise NsqOptionError("option 'topic' is required")
+        check_name("topic", "topic", topic)
+        nodes = tuple(o.addresses("nsqdHttpAddresses", 4151))
+        lookupd = tuple(o.addresses("nsqlookupdHttpAddresses", 4161))
+        if not nodes and not lookupd:
+            raise NsqOptionError(
+                "mode 'log' reads each nsqd's HTTP port: set option 'nsqdHttpAddresses' "
+                "(host:port,...) or 'nsqlookupdHttpAddresses'"
+            )
+        tls = o.boolean("tls", False)
+        if tls and lookupd:
+            raise NsqOptionError(
+                "option 'tls' in mode 'log': give each nsqd's HTTPS address in "
+                "'nsqdHttpAddresses' (nsqlookupd only knows their plain HTTP ports)"
+            )
+        return cls(
+            topic=topic,
+            nodes=nodes,
+            lookupd=lookupd,
+            starting=_offsets_option(o, "startingOffsets", "earliest", nodes),
+            starting_timestamp_ms=(
+                o.integer("startingTimestamp", 0) if o.get("startingTimestamp") else None
+            ),
+            ending=_offsets_option(o, "endingOffsets", "latest", nodes),
+            max_offsets_per_trigger=o.integer("maxOffsetsPerTrigger", 0),
+            min_partitions=o.integer("minPartitions", len(nodes), 1),
+            fail_on_data_loss=o.boolean("failOnDataLoss", True),
+            auth_secret=o.get("authSecret"),
+            timeout=o.integer("timeoutMs", 30000, 1) / 1000,
+            tls=tls,
+            tls_verify=o.boolean("tlsVerify", True),
+            tls_ca_file=o.get("tlsCaFile"),
+            tls_cert_file=o.get("tlsCertFile"),
+            tls_key_file=o.get("tlsKeyFile"),
+        )
+
+
+def _offsets_option(
+    o: OptionReader, name: str, default: str, nodes: tuple[str, ...]
+) -> str | dict[str, int]:
+    v = o.get(name)
+    if v is None:
+        return default
+    v = v.strip()
+    if v.lower() in ("earliest", "latest"):
+        return v.lower()
+    try:
+        doc = json.loads(v)
+        if not isinstance(doc, dict) or not all(
+            isinstance(n, int) and n >= -2 for n in doc.values()
+        ):
+            raise ValueError
+    except ValueError:
+        raise NsqOptionError(
+            f"option {name!r} must be 'earliest', 'latest' or JSON {{\"host:port\": offset}}"
+            f" (-2 earliest, -1 latest), got {v!r}"
+        ) from None
+    stray = sorted(set(doc) - set(nodes))
+    if stray and nodes:
+        raise NsqOptionError(f"option {name!r} names nodes not in 'nsqdHttpAddresses': {stray}")
+    return {str(k): int(n) for k, n in doc.items()}

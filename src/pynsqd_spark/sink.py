@@ -12,7 +12,6 @@ row; an oversize or empty body follows the ``oversize`` / ``emptyBody`` option (
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from pynsqd.client.connection import (
+from pynsqd.client import (
     Connection,
     NsqConnectionError,
     NsqError,
@@ -40,13 +39,12 @@ from pynsqd.client.connection import (
 )
 from pynsqd.protocol import encode
 
-from .options import NsqOptionError, SinkOptions, _check_name
+from .options import NsqOptionError, SinkOptions, check_name
 
 log = logging.getLogger("pynsqd_spark.sink")
 
 #: errors after which a retry on a fresh connection can succeed
 RETRIABLE_ERRORS = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
-_MPUB_HEAD = struct.Struct(">ll")  # body size, number of messages
 
 
 class NsqSinkError(RuntimeError):
@@ -234,7 +232,6 @@ def mpub_commands(topic: str, bodies: Any, max_count: int, max_body: int) -> lis
     bufs = joined.buffers()
     ends = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=joined.offset * 8)
     data = bufs[2]
-    head = f"MPUB {topic}\n".encode()
     commands: list[bytes] = []
     lo = 0
     while lo < n:
@@ -242,7 +239,7 @@ def mpub_commands(topic: str, bodies: Any, max_count: int, max_body: int) -> lis
         hi = int(np.searchsorted(ends, ends[lo] + max_body - 4, side="right")) - 1
         hi = max(lo + 1, min(hi, lo + max_count, n))
         a, b = int(ends[lo]), int(ends[hi])
-        commands.append(head + _MPUB_HEAD.pack(b - a + 4, hi - lo) + data[a:b].to_pybytes())
+        commands.append(encode.mpub_framed(topic, data[a:b].to_pybytes(), hi - lo))
         lo = hi
     return commands
 
@@ -341,7 +338,7 @@ class _WriterBase:
         # In order of first appearance, as the rows come.
         for t in pc.unique(topics.drop_null()).to_pylist():
             try:
-                _check_name("topic", "topic", t)
+                check_name("topic", "topic", t)
             except NsqOptionError:
                 first = np.flatnonzero(pc.equal(topics, t).fill_null(False).to_numpy(False))[0]
                 row = row_base + _original_row(keep, int(first))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd.client.connection import (
+from pynsqd.client import (
     ClientOptions,
     Connection,
     NsqConnectionError,

@@ -1,27 +1,46 @@
-"""pynsqd's NSQ client, over the sans-IO protocol package: a blocking front end
-(``connection.py``: the Spark connector, the command-line tools and the tests use it) and an
-asyncio one (``aio.py``). It speaks to pynsqd and Go nsqd alike."""
+"""pynsqd's NSQ client, over the sans-IO protocol package, by job:
+
+- ``errors.py``: what it raises, and how it reads an address;
+- ``connection.py``: the blocking TCP connection (producers, subscribers, the ``Reactor`` that
+  reads many subscribed connections on one thread); the Spark connector, the command-line
+  tools and the tests use it;
+- ``aio.py``: the same over asyncio streams;
+- ``cluster.py``: the cluster's HTTP side: nsqlookupd, a channel's depth, a replayable
+  topic's offsets and log (checked records).
+
+It speaks to pynsqd and Go nsqd alike."""
 
 from .aio import AsyncConnection
-from .connection import (
-    ClientOptions,
-    Connection,
-    NsqConnectionError,
-    NsqError,
-    NsqLookupError,
+from .cluster import (
+    HTTPOptions,
+    LogChunk,
+    LogOffsetOutOfRange,
+    channel_depth,
+    lookup_http_addresses,
     lookup_nodes,
     lookup_producers,
-    parse_address,
+    read_log,
+    topic_offsets,
 )
+from .connection import ClientOptions, Connection, Reactor
+from .errors import NsqConnectionError, NsqError, NsqLookupError, parse_address
 
 __all__ = [
     "AsyncConnection",
     "ClientOptions",
     "Connection",
+    "HTTPOptions",
+    "LogChunk",
+    "LogOffsetOutOfRange",
     "NsqConnectionError",
     "NsqError",
     "NsqLookupError",
+    "Reactor",
+    "channel_depth",
+    "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
     "parse_address",
+    "read_log",
+    "topic_offsets",
 ]

@@ -30,7 +30,7 @@ from ..protocol.frames import (
     Message,
     decode_message,
 )
-from .connection import NsqConnectionError, NsqError, parse_address
+from .errors import NsqConnectionError, NsqError, parse_address
 
 HEARTBEAT = b"_heartbeat_"
 

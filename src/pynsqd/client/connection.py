@@ -26,9 +26,6 @@ import socket
 import ssl
 import struct
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,29 +43,17 @@ from ..protocol.frames import (
     Frame,
     FrameReader,
 )
+from .errors import NsqConnectionError, NsqError, parse_address
 
 __all__ = [
-    "NON_FATAL_ERRORS",
     "ClientOptions",
     "Connection",
-    "NsqConnectionError",
-    "NsqError",
-    "NsqLookupError",
     "Reactor",
-    "channel_depth",
-    "lookup_http_addresses",
-    "lookup_nodes",
-    "lookup_producers",
-    "parse_address",
 ]
 
 log = logging.getLogger("pynsqd.client")
 
 VERSION = __version__
-#: Error codes after which nsqd keeps the connection open; every other error closes it.
-NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
-DEFAULT_TCP_PORT = 4150
-DEFAULT_LOOKUPD_HTTP_PORT = 4161
 
 _FRAME_HEAD = struct.Struct(">ll")
 _MSG_HEAD = struct.Struct(">llqH")  # size, frame type, timestamp, attempts
@@ -76,63 +61,6 @@ _RECV_SIZE = 256 * 1024
 
 #: on_messages(conn, timestamps_ns, attempts, ids, bodies)
 MessagesCallback = Callable[["Connection", list[int], list[int], list[bytes], list[bytes]], None]
-
-
-class NsqError(Exception):
-    """nsqd answered with an error frame ``"<code> <description>"``."""
-
-    def __init__(self, code: str, desc: str, address: str = "") -> None:
-        where = f" (nsqd {address})" if address else ""
-        super().__init__(f"{code} {desc}{where}" if desc else f"{code}{where}")
-        self.code = code
-        self.desc = desc
-        self.address = address
-
-    @property
-    def fatal(self) -> bool:
-        """nsqd closes the connection after a fatal error."""
-        return self.code not in NON_FATAL_ERRORS
-
-    @classmethod
-    def from_frame(cls, data: bytes, address: str = "") -> NsqError:
-        text = data.decode("utf-8", "replace")
-        code, _, desc = text.partition(" ")
-        return cls(code, desc, address)
-
-
-class NsqConnectionError(ConnectionError):
-    """Connecting failed, the connection broke, or nsqd spoke something we did not expect."""
-
-    def __init__(self, message: str, address: str = "") -> None:
-        super().__init__(message)
-        self.address = address
-
-
-class NsqLookupError(ConnectionError):
-    """No nsqlookupd answered."""
-
-
-def parse_address(value: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:
-    """``host:port``, ``host`` or ``[v6]:port`` → ``(host, port)``; ValueError if malformed."""
-    value = value.strip()
-    if not value:
-        raise ValueError("empty address")
-    if value.startswith("["):
-        host, sep, rest = value[1:].partition("]")
-        if not sep:
-            raise ValueError(f"bad address {value!r}")
-        port_s = rest[1:] if rest.startswith(":") else ""
-    elif value.count(":") == 1:
-        host, port_s = value.split(":")
-    else:
-        host, port_s = value, ""
-    if not host:
-        raise ValueError(f"bad address {value!r}: no host")
-    if not port_s:
-        return host, default_port
-    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise ValueError(f"bad address {value!r}: port must be 1..65535")
-    return host, int(port_s)
 
 
 @dataclass(frozen=True)
@@ -656,134 +584,3 @@ class Reactor:
             sel.close()
             self._wake_r.close()
             self._wake_w.close()
-
-
-# -- nsqlookupd ---------------------------------------------------------------------------------
-
-
-def _lookupd_url(address: str, path: str, query: dict[str, str]) -> str:
-    base = address.strip().rstrip("/")
-    if "://" not in base:
-        base = "http://" + base
-    qs = urllib.parse.urlencode(query)
-    return f"{base}{path}" + (f"?{qs}" if qs else "")
-
-
-def _get_json(url: str, timeout: float) -> tuple[int, Any]:
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), jsonbound.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as e:
-        try:
-            body = jsonbound.loads(e.read() or b"null")
-        except ValueError:
-            body = None
-        return int(e.code), body
-
-
-def _host_port(p: dict[str, Any], port_key: str) -> str | None:
-    host = p.get("broadcast_address") or p.get("hostname")
-    port = p.get(port_key)
-    if not (host and port):
-        return None
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _producers(body: Any) -> list[dict[str, Any]]:
-    if not isinstance(body, dict):
-        return []
-    # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
-    producers = body.get("producers", (body.get("data") or {}).get("producers"))
-    return [p for p in producers or [] if isinstance(p, dict)]
-
-
-def _producer_addresses(body: Any) -> list[str]:
-    out: list[str] = []
-    for p in _producers(body):
-        addr = _host_port(p, "tcp_port")
-        if addr and addr not in out:
-            out.append(addr)
-    return out
-
-
-def lookup_http_addresses(
-    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
-) -> dict[str, str]:
-    """``{TCP address: HTTP address}`` of the nsqd nodes that have ``topic``, from every
-    lookupd that answers (best effort: a lookupd that does not is left out)."""
-    out: dict[str, str] = {}
-    for lookupd in lookupd_addresses:
-        try:
-            status, body = _get_json(_lookupd_url(lookupd, "/lookup", {"topic": topic}), timeout)
-        except (OSError, ValueError):
-            continue
-        if status != 200:
-            continue
-        for p in _producers(body):
-            tcp, http = _host_port(p, "tcp_port"), _host_port(p, "http_port")
-            if tcp and http:
-                out.setdefault(tcp, http)
-    return out
-
-
-def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 5.0) -> int | None:
-    """A channel's ``depth`` on one nsqd (its ``/stats``), or None if it does not answer or
-    has no such channel."""
-    query = urllib.parse.urlencode({"format": "json", "topic": topic, "channel": channel})
-    try:
-        status, body = _get_json(f"http://{http_address}/stats?{query}", timeout)
-    except (OSError, ValueError):
-        return None
-    if status != 200 or not isinstance(body, dict):
-        return None
-    for t in body.get("topics") or []:
-        if t.get("topic_name") != topic:
-            continue
-        for c in t.get("channels") or []:
-            if c.get("channel_name") == channel:
-                return int(c.get("depth", 0))
-    return None
-
-
-def _query_all(
-    lookupd_addresses: Sequence[str], path: str, query: dict[str, str], timeout: float
-) -> list[str]:
-    found: list[str] = []
-    errors: list[str] = []
-    answered = False
-    for lookupd in lookupd_addresses:
-        url = _lookupd_url(lookupd, path, query)
-        try:
-            status, body = _get_json(url, timeout)
-        except (OSError, ValueError) as e:
-            errors.append(f"{url}: {e}")
-            continue
-        if status == 404:  # TOPIC_NOT_FOUND: nobody has the topic (yet)
-            answered = True
-            continue
-        if status != 200:
-            errors.append(f"{url}: HTTP {status} {body}")
-            continue
-        answered = True
-        for addr in _producer_addresses(body):
-            if addr not in found:
-                found.append(addr)
-    if not answered:
-        raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
-    return found
-
-
-def lookup_producers(
-    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
-) -> list[str]:
-    """``host:port`` TCP addresses of the nsqd nodes that have ``topic``, from every lookupd.
-
-    An empty list when the topic is unknown; NsqLookupError when no lookupd answered at all.
-    """
-    return _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout)
-
-
-def lookup_nodes(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
-    """``host:port`` TCP addresses of every nsqd registered with the lookupds (``/nodes``)."""
-    return _query_all(lookupd_addresses, "/nodes", {}, timeout)

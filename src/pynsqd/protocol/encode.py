@@ -76,5 +76,10 @@ def dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
 
 def mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
     parts = [_LEN.pack(len(b)) + b for b in bodies]
-    payload = b"".join(parts)
-    return f"MPUB {topic}\n".encode() + _LEN2.pack(len(payload) + 4, len(bodies)) + payload
+    return mpub_framed(topic, b"".join(parts), len(bodies))
+
+
+def mpub_framed(topic: str, payload: bytes, count: int) -> bytes:
+    """MPUB of ``count`` messages already framed as ``[int32 size][body]...`` in ``payload``
+    (the Spark sink builds it from Arrow buffers)."""
+    return f"MPUB {topic}\n".encode() + _LEN2.pack(len(payload) + 4, count) + payload

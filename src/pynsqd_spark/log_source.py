@@ -9,22 +9,14 @@ Replaying a batch reads the same records again, so with an idempotent sink (the 
 foreachBatch keyed on the batch id) the output is exactly-once. Nothing is acknowledged: the
 offsets live in Spark's checkpoint.
 
-Records are the log's own framing (big-endian): int64 offset, uint32 crc32 of the rest, uint32
-length, int64 timestamp (ns), 16-byte ID, uint16 attempts, uint32 deferral (ms), body.
+Talking to the nodes (``/topic/offsets``, ``/topic/log`` with its checked records,
+nsqlookupd) is ``pynsqd.client``'s: this module keeps only the Spark side.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import ssl
-import struct
-import urllib.error
-import urllib.parse
-import urllib.request
-import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -38,210 +30,51 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .options import NsqOptionError, _check_name, _Opts
-from .source import SOURCE_SCHEMA
+from pynsqd.client import (
+    LogOffsetOutOfRange,
+    NsqError,
+    NsqLookupError,
+    lookup_http_addresses,
+    read_log,
+    topic_offsets,
+)
+
+from .channel_source import SOURCE_SCHEMA
+from .options import LogOptions, NsqOptionError
 
 log = logging.getLogger("pynsqd_spark.log")
 
 LOG_SCHEMA = StructType([*SOURCE_SCHEMA.fields, StructField("offset", LongType())])
 _ARROW_SCHEMA = to_arrow_schema(LOG_SCHEMA, timezone="UTC")
-_HEAD = struct.Struct(">qII")  # offset, crc, length
-_TAIL = struct.Struct(">q16sHI")  # timestamp, id, attempts, defer
-_HEADER = _HEAD.size + _TAIL.size  # 46
 _READ_BYTES = 16 << 20
-
-#: Every option log mode reads (names are case-insensitive).
-LOG_OPTIONS = (
-    "mode",
-    "topic",
-    "nsqdHttpAddresses",
-    "nsqlookupdHttpAddresses",
-    "startingOffsets",
-    "startingTimestamp",
-    "endingOffsets",
-    "maxOffsetsPerTrigger",
-    "minPartitions",
-    "failOnDataLoss",
-    "authSecret",
-    "timeoutMs",
-    "tls",
-    "tlsVerify",
-    "tlsCaFile",
-    "tlsCertFile",
-    "tlsKeyFile",
-)
 
 
 class NsqDataLoss(RuntimeError):
     """Records the query had not read yet were removed by retention (``failOnDataLoss``)."""
 
 
-@dataclass(frozen=True)
-class LogOptions:
-    topic: str
-    nodes: tuple[str, ...]  # given nsqd HTTP addresses
-    lookupd: tuple[str, ...]  # nsqlookupd HTTP addresses: nodes discovered for the topic
-    starting: str | dict[str, int]  # "earliest", "latest" or {node: offset}
-    starting_timestamp_ms: int | None
-    ending: str | dict[str, int]  # batch reads: "latest" or {node: offset}
-    max_offsets_per_trigger: int
-    min_partitions: int
-    fail_on_data_loss: bool
-    auth_secret: str | None
-    timeout: float
-    tls: bool = False  # the addresses are nsqd's --https-address
-    tls_verify: bool = True
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> LogOptions:
-        o = _Opts(options)
-        unknown = sorted(
-            k for k in o._o if k not in {n.lower() for n in LOG_OPTIONS} and k != "path"
-        )
-        if unknown:
-            raise NsqOptionError(
-                f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode 'log'; "
-                f"valid: {', '.join(LOG_OPTIONS)}"
-            )
-        topic = o.get("topic")
-        if topic is None:
-            raise NsqOptionError("option 'topic' is required")
-        _check_name("topic", "topic", topic)
-        nodes = tuple(o.addresses("nsqdHttpAddresses", 4151))
-        lookupd = tuple(o.addresses("nsqlookupdHttpAddresses", 4161))
-        if not nodes and not lookupd:
-            raise NsqOptionError(
-                "mode 'log' reads each nsqd's HTTP port: set option 'nsqdHttpAddresses' "
-                "(host:port,...) or 'nsqlookupdHttpAddresses'"
-            )
-        tls = o.boolean("tls", False)
-        if tls and lookupd:
-            raise NsqOptionError(
-                "option 'tls' in mode 'log': give each nsqd's HTTPS address in "
-                "'nsqdHttpAddresses' (nsqlookupd only knows their plain HTTP ports)"
-            )
-        return cls(
-            topic=topic,
-            nodes=nodes,
-            lookupd=lookupd,
-            starting=_offsets_option(o, "startingOffsets", "earliest", nodes),
-            starting_timestamp_ms=(
-                o.integer("startingTimestamp", 0) if o.get("startingTimestamp") else None
-            ),
-            ending=_offsets_option(o, "endingOffsets", "latest", nodes),
-            max_offsets_per_trigger=o.integer("maxOffsetsPerTrigger", 0),
-            min_partitions=o.integer("minPartitions", len(nodes), 1),
-            fail_on_data_loss=o.boolean("failOnDataLoss", True),
-            auth_secret=o.get("authSecret"),
-            timeout=o.integer("timeoutMs", 30000, 1) / 1000,
-            tls=tls,
-            tls_verify=o.boolean("tlsVerify", True),
-            tls_ca_file=o.get("tlsCaFile"),
-            tls_cert_file=o.get("tlsCertFile"),
-            tls_key_file=o.get("tlsKeyFile"),
-        )
-
-
-def _offsets_option(
-    o: _Opts, name: str, default: str, nodes: tuple[str, ...]
-) -> str | dict[str, int]:
-    v = o.get(name)
-    if v is None:
-        return default
-    v = v.strip()
-    if v.lower() in ("earliest", "latest"):
-        return v.lower()
-    try:
-        doc = json.loads(v)
-        if not isinstance(doc, dict) or not all(
-            isinstance(n, int) and n >= -2 for n in doc.values()
-        ):
-            raise ValueError
-    except ValueError:
-        raise NsqOptionError(
-            f"option {name!r} must be 'earliest', 'latest' or JSON {{\"host:port\": offset}}"
-            f" (-2 earliest, -1 latest), got {v!r}"
-        ) from None
-    stray = sorted(set(doc) - set(nodes))
-    if stray and nodes:
-        raise NsqOptionError(f"option {name!r} names nodes not in 'nsqdHttpAddresses': {stray}")
-    return {str(k): int(n) for k, n in doc.items()}
-
-
-# -- talking to a node --------------------------------------------------------------------------
-
-
-_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
-
-
-def _ssl_context(opts: LogOptions) -> ssl.SSLContext:
-    """One context per set of TLS options and process (built on the executor, not pickled)."""
-    key = (opts.tls_verify, opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
-    ctx = _CONTEXTS.get(key)
-    if ctx is None:
-        ctx = ssl.create_default_context(cafile=opts.tls_ca_file)
-        if not opts.tls_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if opts.tls_cert_file:
-            ctx.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-        _CONTEXTS[key] = ctx
-    return ctx
-
-
-def _request(node: str, path: str, opts: LogOptions) -> tuple[int, dict[str, str], bytes]:
-    headers = {"Accept": "application/vnd.nsq; version=1.0"}
-    if opts.auth_secret:
-        headers["X-Nsq-Auth-Secret"] = opts.auth_secret
-    scheme = "https" if opts.tls else "http"
-    req = urllib.request.Request(f"{scheme}://{node}{path}", headers=headers)
-    context = _ssl_context(opts) if opts.tls else None
-    try:
-        with urllib.request.urlopen(req, timeout=opts.timeout, context=context) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, {}, e.read()
-    except OSError as e:
-        raise ConnectionError(f"nsq log source: nsqd {node} unreachable - {e}") from None
+# -- talking to a node (pynsqd.client's cluster side) ----------------------------------------
 
 
 def node_offsets(node: str, opts: LogOptions, timestamp_ms: int | None = None) -> dict[str, Any]:
-    """``/topic/offsets`` of one node; raises with the node's own error text."""
-    query = {"topic": opts.topic}
-    if timestamp_ms is not None:
-        query["timestamp"] = str(timestamp_ms)
-    status, _, body = _request(node, "/topic/offsets?" + urllib.parse.urlencode(query), opts)
-    if status != 200:
-        text = body.decode(errors="replace")
-        raise RuntimeError(f"nsq log source: nsqd {node} topic {opts.topic}: {status} {text}")
-    doc: dict[str, Any] = json.loads(body)
-    return doc
+    """``/topic/offsets`` of one node; raises NsqError with the node's own error text."""
+    return topic_offsets(node, opts.topic, opts.http, timestamp_ms)
 
 
 def discover(opts: LogOptions) -> list[str]:
     """The nodes to read: the given ones and those nsqlookupd lists for the topic (a lookupd
     that does not answer is logged; the others still count)."""
     nodes = list(opts.nodes)
-    for lookupd in opts.lookupd:
-        url = f"http://{lookupd}/lookup?" + urllib.parse.urlencode({"topic": opts.topic})
-        req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
-        try:
-            with urllib.request.urlopen(req, timeout=opts.timeout) as r:
-                doc = json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            if e.code != 404:  # 404: no node has the topic yet
-                log.warning("nsq log source: nsqlookupd %s: %s", lookupd, e)
-            continue
-        except (OSError, ValueError) as e:
-            log.warning("nsq log source: nsqlookupd %s unreachable - %s", lookupd, e)
-            continue
-        for p in (doc.get("data", doc) if isinstance(doc, dict) else {}).get("producers") or []:
-            node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
-            if node not in nodes:
-                nodes.append(node)
+    if not opts.lookupd:
+        return nodes
+    try:
+        found = lookup_http_addresses(opts.lookupd, opts.topic, opts.timeout)
+    except NsqLookupError as e:
+        log.warning("nsq log source: %s", e)
+        return nodes
+    for node in found.values():
+        if node not in nodes:
+            nodes.append(node)
     return nodes
 
 
@@ -249,7 +82,7 @@ def _latest(node: str, opts: LogOptions) -> int | None:
     """A node's latest offset, or None while it cannot be asked (it is down, restarting)."""
     try:
         return int(node_offsets(node, opts)["latest"])
-    except (RuntimeError, ConnectionError, ValueError, KeyError) as e:
+    except (NsqError, ConnectionError, ValueError, KeyError) as e:
         log.warning("nsq log source: %s", e)
         return None
 
@@ -260,7 +93,7 @@ def retained_everywhere(options: Mapping[str, str]) -> bool:
         opts = LogOptions.parse(options)
         nodes = discover(opts)
         return bool(nodes) and all(node_offsets(n, opts) for n in nodes)
-    except (NsqOptionError, RuntimeError, ConnectionError, ValueError):
+    except (NsqOptionError, NsqError, ConnectionError, ValueError):
         return False
 
 
@@ -272,59 +105,42 @@ def fetch(
     ``failOnDataLoss``, are skipped and logged)."""
     offset = start
     while offset < end:
-        query = urllib.parse.urlencode(
-            {
-                "topic": opts.topic,
-                "offset": offset,
-                "max_messages": end - offset,
-                "max_bytes": _READ_BYTES,
-            }
-        )
-        status, headers, body = _request(node, "/topic/log?" + query, opts)
-        if status == 400 and b"OFFSET_OUT_OF_RANGE" in body:
-            earliest = int(json.loads(body)["earliest"])
-            if earliest <= offset:
-                raise RuntimeError(f"nsq log source: nsqd {node}: {body.decode()}")
+        try:
+            chunk = read_log(
+                node,
+                opts.topic,
+                offset,
+                opts.http,
+                max_messages=end - offset,
+                max_bytes=_READ_BYTES,
+            )
+        except LogOffsetOutOfRange as e:
+            if e.earliest <= offset:
+                raise
             message = (
                 f"nsq log source: nsqd {node} topic {opts.topic}: offsets {offset}-"
-                f"{min(earliest, end) - 1} were removed by retention before they were read"
+                f"{min(e.earliest, end) - 1} were removed by retention before they were read"
             )
             if opts.fail_on_data_loss:
-                raise NsqDataLoss(message + " (failOnDataLoss=false skips them)")
-            log.warning("%s; skipped %d records", message, min(earliest, end) - offset)
-            offset = earliest
+                raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
+            log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
+            offset = e.earliest
             continue
-        if status != 200:
-            raise RuntimeError(
-                f"nsq log source: nsqd {node}: {status} {body.decode(errors='replace')}"
-            )
-        first = int(headers.get("x-nsq-first-offset", offset))
-        if first > offset:  # a gap the node skipped (records lost to damage, or pruned)
+        if chunk.first > offset:  # a gap the node skipped (records lost to damage, or pruned)
             log.warning(
                 "nsq log source: nsqd %s topic %s: offsets %d-%d are not in the log; skipped",
                 node,
                 opts.topic,
                 offset,
-                min(first, end) - 1,
+                min(chunk.first, end) - 1,
             )
-        view = memoryview(body)
-        pos = 0
-        while pos + _HEADER <= len(body):
-            rec_offset, crc, length = _HEAD.unpack_from(body, pos)
-            stop = pos + 16 + length
-            if stop > len(body) or zlib.crc32(view[pos + 12 : stop]) != crc:
-                raise RuntimeError(
-                    f"nsq log source: nsqd {node}: damaged record at offset {rec_offset}"
-                )
-            if rec_offset >= end:
+        for r in chunk.records:
+            if r.offset >= end:
                 return
-            ts, msg_id, attempts, _ = _TAIL.unpack_from(body, pos + 16)
-            yield rec_offset, ts, msg_id, attempts, body[pos + _HEADER : stop]
-            pos = stop
-        nxt = int(headers.get("x-nsq-next-offset", offset))
-        if nxt <= offset:
+            yield r.offset, r.timestamp, r.id, r.attempts, r.body
+        if chunk.next <= offset:
             return  # the node has nothing more (retention moved past, or caught up)
-        offset = nxt
+        offset = chunk.next
 
 
 # -- partitions and readers ---------------------------------------------------------------------

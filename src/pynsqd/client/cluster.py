@@ -1,0 +1,309 @@
+"""The cluster's HTTP side: nsqlookupd (which nodes have a topic) and nsqd's HTTP API (a
+channel's depth, a replayable topic's offsets and log), for the tools, the Spark connector and
+the tests. Blocking (urllib), every answer read through the bounded JSON reader, every record
+of a log checked (``protocol/log_record.py``).
+
+Addresses are ``host:port`` (IPv6 hosts in brackets), or with a scheme (``http://host:port``);
+lookupd's producers become ``broadcast_address`` (else ``hostname``) ``:`` port.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..internal import jsonbound
+from ..protocol.log_record import LogRecord, scan_records
+from .errors import NsqError, NsqLookupError
+
+__all__ = [
+    "DamagedRecord",
+    "HTTPOptions",
+    "LogChunk",
+    "LogOffsetOutOfRange",
+    "NodeHTTPError",
+    "channel_depth",
+    "lookup_http_addresses",
+    "lookup_nodes",
+    "lookup_producers",
+    "read_log",
+    "topic_offsets",
+]
+
+ACCEPT = "application/vnd.nsq; version=1.0"
+#: The header nsqd reads a log reader's auth secret from (``http/replay.py``).
+SECRET_HEADER = "X-Nsq-Auth-Secret"
+
+
+@dataclass(frozen=True)
+class HTTPOptions:
+    """How to talk to nsqd's HTTP port: over TLS (its ``--https-address``) or not, the auth
+    secret a log read needs with ``--auth-http-address``, and the timeout."""
+
+    timeout: float = 5.0
+    tls: bool = False
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    auth_secret: str | None = None
+
+
+class NodeHTTPError(NsqError):
+    """nsqd's HTTP API answered with an error: ``status`` and its text."""
+
+    def __init__(self, node: str, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}", text, node)
+        self.node, self.status, self.text = node, status, text
+
+
+class LogOffsetOutOfRange(NsqError):
+    """The offset asked for is outside what the node retains: ``[earliest, latest]``."""
+
+    def __init__(self, node: str, offset: int, earliest: int, latest: int) -> None:
+        super().__init__(
+            "OFFSET_OUT_OF_RANGE", f"offset {offset} is outside [{earliest}, {latest}]", node
+        )
+        self.node, self.offset, self.earliest, self.latest = node, offset, earliest, latest
+
+
+class DamagedRecord(NsqError):
+    """A record of a log read failed its checksum (or was cut): nothing after it is used."""
+
+    def __init__(self, node: str, topic: str, what: str) -> None:
+        super().__init__("DAMAGED_RECORD", f"topic {topic}: {what}", node)
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """One ``GET /topic/log`` answer: checked records from ``first`` (after a gap, past the
+    offset asked for), and ``next``, the offset to ask for next."""
+
+    first: int
+    next: int
+    earliest: int
+    latest: int
+    records: list[LogRecord]
+
+
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+
+
+def _ssl_context(opts: HTTPOptions) -> ssl.SSLContext:
+    """One context per set of TLS options and process."""
+    key = (opts.tls_verify, opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        ctx = ssl.create_default_context(cafile=opts.tls_ca_file)
+        if not opts.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if opts.tls_cert_file:
+            ctx.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+        _CONTEXTS[key] = ctx
+    return ctx
+
+
+def _url(address: str, path: str, query: dict[str, str], *, tls: bool = False) -> str:
+    base = address.strip().rstrip("/")
+    if "://" not in base:
+        base = ("https://" if tls else "http://") + base
+    qs = urllib.parse.urlencode(query)
+    return f"{base}{path}" + (f"?{qs}" if qs else "")
+
+
+def _get(url: str, opts: HTTPOptions) -> tuple[int, dict[str, str], bytes]:
+    """(status, lower-cased headers, body). Raises OSError when the node cannot be reached."""
+    headers = {"Accept": ACCEPT}
+    if opts.auth_secret:
+        headers[SECRET_HEADER] = opts.auth_secret
+    req = urllib.request.Request(url, headers=headers)
+    context = _ssl_context(opts) if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(req, timeout=opts.timeout, context=context) as r:
+            return int(r.status), {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), {}, e.read()
+
+
+def _get_json(url: str, opts: HTTPOptions) -> tuple[int, Any]:
+    status, _, body = _get(url, opts)
+    try:
+        return status, jsonbound.loads(body or b"null")
+    except ValueError:
+        if status == 200:
+            raise
+        return status, None
+
+
+# -- nsqlookupd ---------------------------------------------------------------------------------
+
+
+def _host_port(p: dict[str, Any], port_key: str) -> str | None:
+    host = p.get("broadcast_address") or p.get("hostname")
+    port = p.get(port_key)
+    if not (host and port):
+        return None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _producers(body: Any) -> list[dict[str, Any]]:
+    if not isinstance(body, dict):
+        return []
+    # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
+    producers = body.get("producers", (body.get("data") or {}).get("producers"))
+    return [p for p in producers or [] if isinstance(p, dict)]
+
+
+def _query_all(
+    lookupd_addresses: Sequence[str], path: str, query: dict[str, str], timeout: float
+) -> list[dict[str, Any]]:
+    """The producers every lookupd that answers lists. Raises NsqLookupError when none
+    answered (a 404, no node has the topic yet, is an answer)."""
+    found: list[dict[str, Any]] = []
+    errors: list[str] = []
+    answered = False
+    opts = HTTPOptions(timeout=timeout)
+    for lookupd in lookupd_addresses:
+        url = _url(lookupd, path, query)
+        try:
+            status, body = _get_json(url, opts)
+        except (OSError, ValueError) as e:
+            errors.append(f"{url}: {e}")
+            continue
+        if status == 404:  # TOPIC_NOT_FOUND: nobody has the topic (yet)
+            answered = True
+            continue
+        if status != 200:
+            errors.append(f"{url}: HTTP {status} {body}")
+            continue
+        answered = True
+        found += _producers(body)
+    if not answered:
+        raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
+    return found
+
+
+def _addresses(producers: list[dict[str, Any]], port_key: str) -> list[str]:
+    out: list[str] = []
+    for p in producers:
+        addr = _host_port(p, port_key)
+        if addr and addr not in out:
+            out.append(addr)
+    return out
+
+
+def lookup_producers(
+    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
+) -> list[str]:
+    """``host:port`` TCP addresses of the nsqd nodes that have ``topic``, from every lookupd.
+
+    An empty list when the topic is unknown; NsqLookupError when no lookupd answered at all.
+    """
+    found = _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout)
+    return _addresses(found, "tcp_port")
+
+
+def lookup_nodes(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
+    """``host:port`` TCP addresses of every nsqd registered with the lookupds (``/nodes``)."""
+    return _addresses(_query_all(lookupd_addresses, "/nodes", {}, timeout), "tcp_port")
+
+
+def lookup_http_addresses(
+    lookupd_addresses: Sequence[str], topic: str, timeout: float = 5.0
+) -> dict[str, str]:
+    """``{TCP address: HTTP address}`` of the nsqd nodes that have ``topic``, from every
+    lookupd that answers. NsqLookupError when none answered."""
+    out: dict[str, str] = {}
+    for p in _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout):
+        tcp, http = _host_port(p, "tcp_port"), _host_port(p, "http_port")
+        if tcp and http:
+            out.setdefault(tcp, http)
+    return out
+
+
+# -- nsqd's HTTP API ----------------------------------------------------------------------------
+
+
+def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 5.0) -> int | None:
+    """A channel's ``depth`` on one nsqd (its ``/stats``), or None if it does not answer or
+    has no such channel."""
+    query = {"format": "json", "topic": topic, "channel": channel}
+    try:
+        status, body = _get_json(_url(http_address, "/stats", query), HTTPOptions(timeout))
+    except (OSError, ValueError):
+        return None
+    if status != 200 or not isinstance(body, dict):
+        return None
+    for t in body.get("topics") or []:
+        if t.get("topic_name") != topic:
+            continue
+        for c in t.get("channels") or []:
+            if c.get("channel_name") == channel:
+                return int(c.get("depth", 0))
+    return None
+
+
+def _node_get(node: str, path: str, query: dict[str, str], opts: HTTPOptions) -> Any:
+    try:
+        return _get(_url(node, path, query, tls=opts.tls), opts)
+    except OSError as e:
+        raise ConnectionError(f"nsqd {node} unreachable - {e}") from None
+
+
+def topic_offsets(
+    node: str, topic: str, opts: HTTPOptions, timestamp_ms: int | None = None
+) -> dict[str, Any]:
+    """``GET /topic/offsets`` of a replayable topic on one node (``earliest``, ``latest``;
+    with ``timestamp_ms``, ``offset``: the first published at or after it). Raises
+    NodeHTTPError with the node's own error, ConnectionError when it cannot be reached."""
+    query = {"topic": topic}
+    if timestamp_ms is not None:
+        query["timestamp"] = str(timestamp_ms)
+    status, _, body = _node_get(node, "/topic/offsets", query, opts)
+    if status != 200:
+        raise NodeHTTPError(node, status, body.decode(errors="replace"))
+    doc = jsonbound.loads(body)
+    if not isinstance(doc, dict):
+        raise NodeHTTPError(node, status, "not a JSON object")
+    return doc
+
+
+def read_log(
+    node: str,
+    topic: str,
+    offset: int,
+    opts: HTTPOptions,
+    *,
+    max_messages: int = 10_000,
+    max_bytes: int = 16 << 20,
+) -> LogChunk:
+    """One ``GET /topic/log`` from ``offset``: its records, each checksum checked. Raises
+    LogOffsetOutOfRange, NodeHTTPError, NsqError (a damaged record), ConnectionError."""
+    query = {
+        "topic": topic,
+        "offset": str(offset),
+        "max_messages": str(max_messages),
+        "max_bytes": str(max_bytes),
+    }
+    status, headers, body = _node_get(node, "/topic/log", query, opts)
+    if status == 400 and b"OFFSET_OUT_OF_RANGE" in body:
+        doc = jsonbound.loads(body)
+        raise LogOffsetOutOfRange(node, offset, int(doc["earliest"]), int(doc["latest"]))
+    if status != 200:
+        raise NodeHTTPError(node, status, body.decode(errors="replace"))
+    records, damaged = scan_records(body)
+    if damaged is not None:
+        raise DamagedRecord(node, topic, str(damaged))
+    return LogChunk(
+        first=int(headers.get("x-nsq-first-offset", offset)),
+        next=int(headers.get("x-nsq-next-offset", offset)),
+        earliest=int(headers.get("x-nsq-earliest", 0)),
+        latest=int(headers.get("x-nsq-latest", 0)),
+        records=records,
+    )

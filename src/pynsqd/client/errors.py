@@ -1,0 +1,75 @@
+"""What the client raises, and how it reads an address: shared by every part of it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_LOOKUPD_HTTP_PORT",
+    "DEFAULT_TCP_PORT",
+    "NON_FATAL_ERRORS",
+    "NsqConnectionError",
+    "NsqError",
+    "NsqLookupError",
+    "parse_address",
+]
+
+#: Error codes after which nsqd keeps the connection open; every other error closes it.
+NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+DEFAULT_TCP_PORT = 4150
+DEFAULT_LOOKUPD_HTTP_PORT = 4161
+
+
+class NsqError(Exception):
+    """nsqd answered with an error frame ``"<code> <description>"``."""
+
+    def __init__(self, code: str, desc: str, address: str = "") -> None:
+        where = f" (nsqd {address})" if address else ""
+        super().__init__(f"{code} {desc}{where}" if desc else f"{code}{where}")
+        self.code = code
+        self.desc = desc
+        self.address = address
+
+    @property
+    def fatal(self) -> bool:
+        """nsqd closes the connection after a fatal error."""
+        return self.code not in NON_FATAL_ERRORS
+
+    @classmethod
+    def from_frame(cls, data: bytes, address: str = "") -> NsqError:
+        text = data.decode("utf-8", "replace")
+        code, _, desc = text.partition(" ")
+        return cls(code, desc, address)
+
+
+class NsqConnectionError(ConnectionError):
+    """Connecting failed, the connection broke, or nsqd spoke something we did not expect."""
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class NsqLookupError(ConnectionError):
+    """No nsqlookupd answered."""
+
+
+def parse_address(value: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:
+    """``host:port``, ``host`` or ``[v6]:port`` → ``(host, port)``; ValueError if malformed."""
+    value = value.strip()
+    if not value:
+        raise ValueError("empty address")
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep:
+            raise ValueError(f"bad address {value!r}")
+        port_s = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, port_s = value.split(":")
+    else:
+        host, port_s = value, ""
+    if not host:
+        raise ValueError(f"bad address {value!r}: no host")
+    if not port_s:
+        return host, default_port
+    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ValueError(f"bad address {value!r}: port must be 1..65535")
+    return host, int(port_s)
