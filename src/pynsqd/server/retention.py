@@ -397,6 +397,9 @@ class Retention:
             except OSError as err:
                 log.error("TOPIC(%s): failed to sync its log - %s", name, err)
                 self._on_error(err)
+            bg_err = topic_log.take_sync_error()  # a background sync failed (already logged)
+            if bg_err is not None:
+                self._on_error(bg_err)
 
     def found(self, known: set[str], usable: Callable[[str], bool]) -> list[str]:
         """Topics not in ``known`` whose log is in the data path and who retain: served even

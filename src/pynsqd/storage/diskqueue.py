@@ -26,15 +26,14 @@ only after its data and the metadata are on disk.
 
 Background sync. An fsync costs milliseconds, and the caller is an event loop serving every client.
 With ``background_sync=True`` and ``sync_every > 1``, the syncs asked for by the operation count and
-by ``sync_if_due`` are handed to one thread shared by all queues: the job holds a duplicate of the
-write file's descriptor (so the queue may close or roll its own) and a snapshot of the metadata
-taken when the sync was asked for. A queue has at most one waiting job; a newer request replaces
-the waiting snapshot and adds its descriptors, and the thread runs jobs one at a time in request
-order, so an older snapshot never overwrites a newer one. Every synchronous sync (``sync``,
+by ``sync_if_due`` go to the background fsync engine (``storage/syncer.py``, shared with the
+retained logs): the job holds a duplicate of the write file's descriptor (so the queue may close
+or roll its own) and, to write once it is synced, a snapshot of the metadata taken when the sync
+was asked for; a newer request supersedes a waiting snapshot. Every synchronous sync (``sync``,
 ``close``, rolls, corruption handling) and ``empty``/``delete`` first cancel the waiting job and
-wait for a running one. A failed background sync is logged and kept in ``sync_error`` for the
-owner to report (``take_sync_error``). With ``sync_every=1`` every sync stays synchronous: the
-caller's acknowledgement must follow durability.
+wait for a running one. A failed background sync is logged and kept for the owner to report
+(``take_sync_error``). With ``sync_every=1`` every sync stays synchronous: the caller's
+acknowledgement must follow durability.
 
 Delivery semantics: records are consumed when ``read_many`` returns them (go-diskqueue's
 ``moveForward``). A crash after ``read_many`` returns loses them unless the caller keeps them
@@ -69,10 +68,9 @@ import logging
 import os
 import re
 import struct
-import threading
-from collections import deque
 
 from .atomic import write_atomic
+from .syncer import SYNCER, SyncSlot
 
 __all__ = ["DiskQueue"]
 
@@ -82,82 +80,6 @@ _IOV_MAX = 1023
 _READ_CHUNK = 1 << 20
 _META_RE = re.compile(rb"\s*(-?\d+)\s*\n\s*(-?\d+),(-?\d+)\s*\n\s*(-?\d+),(-?\d+)")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class _SyncJob:
-    __slots__ = ("fds", "meta")
-
-    def __init__(self, fds: list[int], meta: bytes) -> None:
-        self.fds = fds  # duplicated descriptors to fsync, closed by whoever ends the job
-        self.meta = meta  # the metadata snapshot to write once they are synced
-
-
-class _SyncWorker:
-    """The one thread that runs the background syncs of every DiskQueue, in request order."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._queue: deque[DiskQueue] = deque()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, dq: DiskQueue, fds: list[int], meta: bytes) -> None:
-        with self._cond:
-            job = dq._bg_job
-            if job is None:
-                dq._bg_job = _SyncJob(fds, meta)
-                self._queue.append(dq)
-            else:  # still waiting: the newer snapshot supersedes it
-                job.fds.extend(fds)
-                job.meta = meta
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="diskqueue-sync", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def cancel(self, dq: DiskQueue) -> None:
-        """Drop ``dq``'s waiting job and wait until its running job (if any) has finished."""
-        with self._cond:
-            job = dq._bg_job
-            if job is not None:
-                dq._bg_job = None
-                self._queue.remove(dq)
-                _close_fds(job.fds)
-            while dq._bg_running:
-                self._cond.wait()
-
-    def wait(self, dq: DiskQueue) -> None:
-        """Wait until ``dq`` has no waiting or running job (for tests and orderly shutdown)."""
-        with self._cond:
-            while dq._bg_job is not None or dq._bg_running:
-                self._cond.wait()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                dq = self._queue.popleft()
-                job = dq._bg_job
-                dq._bg_job = None
-                dq._bg_running = True
-            try:
-                if job is not None:
-                    dq._run_sync_job(job)
-            finally:
-                with self._cond:
-                    dq._bg_running = False
-                    self._cond.notify_all()
-
-
-_WORKER = _SyncWorker()
-
-
-def _close_fds(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 class DiskQueue:
@@ -209,11 +131,8 @@ class DiskQueue:
         self._need_sync = False
         self._closed = False
         self._background = background_sync and self.sync_every > 1
-        self._bg_job: _SyncJob | None = None  # guarded by _WORKER's lock
-        self._bg_running = False  # guarded by _WORKER's lock
-        self._bg_failed = False
-        #: The last failed background sync, kept until ``take_sync_error``.
-        self.sync_error: OSError | None = None
+        #: Its place in the background sync engine (``storage/syncer.py``).
+        self._slot = SyncSlot(f"DISKQUEUE({name})")
 
         self._holding = False  # reads not to be persisted before commit_reads
         self._held_removals: list[str] = []  # consumed files to delete at commit_reads
@@ -420,7 +339,7 @@ class DiskQueue:
     def empty(self) -> None:
         """Delete all data files and the metadata file; go on with a new file number."""
         self._check_open()
-        _WORKER.cancel(self)
+        SYNCER.cancel(self._slot)
         self._log.info("DISKQUEUE(%s): emptying", self.name)
         first_err = self._skip_to_next_rw_file()
         try:
@@ -442,7 +361,7 @@ class DiskQueue:
         """
         if self._closed:
             return
-        _WORKER.cancel(self)  # a waiting snapshot is older than this one
+        SYNCER.cancel(self._slot)  # a waiting snapshot is older than this one
         if self._wfd is not None:
             try:
                 os.fsync(self._wfd)
@@ -451,7 +370,7 @@ class DiskQueue:
                 raise
         self._persist_metadata()
         self._need_sync = False
-        self._bg_failed = False
+        self._slot.failed = False
         self._count = 0
 
     def sync_if_due(self, now: float) -> None:
@@ -467,12 +386,11 @@ class DiskQueue:
 
     def take_sync_error(self) -> OSError | None:
         """Return and forget the error of the last failed background sync, if any."""
-        err, self.sync_error = self.sync_error, None
-        return err
+        return self._slot.take_error()
 
     def wait_background_sync(self) -> None:
         """Wait until the background sync asked for so far (if any) is done."""
-        _WORKER.wait(self)
+        SYNCER.wait(self._slot)
 
     def _request_sync(self) -> None:
         """An op-count or timer sync: in the background when allowed, else now."""
@@ -486,21 +404,9 @@ class DiskQueue:
             except OSError:  # out of descriptors: do it the slow way
                 self.sync()
                 return
-        _WORKER.submit(self, fds, self._meta_text())
+        meta = self._meta_text()
+        SYNCER.submit(self._slot, fds, lambda: self._write_metadata(meta))
         self._count = 0
-
-    def _run_sync_job(self, job: _SyncJob) -> None:
-        """On the sync thread: fsync the data file(s), then write the metadata snapshot."""
-        try:
-            for fd in job.fds:
-                os.fsync(fd)
-            self._write_metadata(job.meta)
-        except OSError as exc:
-            self._log.error("DISKQUEUE(%s) failed to sync - %s", self.name, exc)
-            self.sync_error = exc
-            self._bg_failed = True  # until a sync succeeds: close must not skip its own
-        finally:
-            _close_fds(job.fds)
 
     def close(self) -> None:
         """Sync and close the files. Raises ``OSError`` if the final sync fails (files closed)."""
@@ -513,8 +419,8 @@ class DiskQueue:
             if self._count == 0 and not self._need_sync:
                 # Nothing since the last sync: once a background one asked for is done, the
                 # files are as they should be (a thousand idle queues close without fsyncs).
-                _WORKER.wait(self)
-                if not self._bg_failed:
+                SYNCER.wait(self._slot)
+                if not self._slot.failed:
                     return
             self.sync()
         finally:
@@ -528,7 +434,7 @@ class DiskQueue:
         ``.bad`` files are left for the operator to inspect, as go-diskqueue does.
         """
         self._log.info("DISKQUEUE(%s): deleting", self.name)
-        _WORKER.cancel(self)
+        SYNCER.cancel(self._slot)
         self._close_read_file()
         self._close_write_file()
         self._closed = True

@@ -80,6 +80,10 @@ class PositionFile:
             os.fdatasync(self._fd)
             self._unsynced = False
 
+    @property
+    def unsynced(self) -> bool:
+        return self._unsynced
+
     def dup_unsynced(self) -> int | None:
         """A duplicate descriptor for another thread to fsync (and close), if a save has not
         been synced yet; the save then counts as synced here."""

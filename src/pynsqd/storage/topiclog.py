@@ -15,11 +15,13 @@ Writes. ``append`` encodes a batch (one PUB, MPUB, DPUB or HTTP publish) and wri
 ``write`` straight to the kernel, before the messages fan out to channels, so a process crash
 loses nothing that was acknowledged. ``fsync`` follows ``--sync-every`` (records since the last
 sync) and ``--sync-timeout`` (``sync_if_due``), as the disk queues do: with ``--sync-every=1`` it
-runs before the ``OK`` (the record is on disk); otherwise one shared thread runs it on a
-duplicate descriptor, so the event loop never waits for the disk (a failed one is logged and
-reported by the next sync: ``/ping`` turns unhealthy). A failed write (a full disk) truncates
-the segment back, takes the offsets back, and raises ``OSError``: the publisher gets
-``E_PUB_FAILED``.
+runs before the ``OK`` (the record is on disk); otherwise the background fsync engine
+(``storage/syncer.py``, shared with the disk queues) runs it on a duplicate descriptor, so the
+event loop never waits for the disk; a failed one is logged and reported by
+``take_sync_error`` (``/ping`` turns unhealthy). A failed write (a full disk) truncates the
+segment back, takes the offsets back, and raises ``OSError``: the publisher gets
+``E_PUB_FAILED``. The hand-off position (``handed``, ``storage/position.py``) is synced with
+the records, after them.
 
 Opening. Segments are found by name. The last segment is scanned record by record: a torn tail
 (short record, bad length or checksum) is truncated away and logged. A closed segment's index is
@@ -46,8 +48,6 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 from ..core.message import Message
@@ -55,6 +55,7 @@ from ..protocol import log_record
 from ..protocol.log_record import HEADER_SIZE, LogRecord, decode_records
 from .atomic import write_atomic
 from .position import PositionFile
+from .syncer import SYNCER, SyncSlot
 
 __all__ = [
     "INDEX_INTERVAL",
@@ -71,24 +72,6 @@ _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _READ_CHUNK = 1 << 20
 #: The first offset not yet handed to the topic's channels (``storage/position.py``).
 HANDED_FILE = "handed"
-
-
-_SYNC_POOL: ThreadPoolExecutor | None = None
-
-
-def _sync_pool() -> ThreadPoolExecutor:
-    """The one thread that runs every log's background fsyncs."""
-    global _SYNC_POOL
-    if _SYNC_POOL is None:
-        _SYNC_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topiclog-sync")
-    return _SYNC_POOL
-
-
-def _fsync_and_close(fd: int) -> None:
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class OffsetOutOfRange(Exception):
@@ -166,7 +149,8 @@ class TopicLog:
         self.segments: list[_Segment] = []
         self._fd = -1
         self._unsynced = 0
-        self._bg_sync: Future[None] | None = None
+        #: Its place in the background fsync engine.
+        self._slot = SyncSlot(f"TOPICLOG({self.name})")
         self._closed = False
         #: Called after each append with None or the error (nsqd's /ping health).
         self.on_write: Callable[[OSError | None], None] | None = None
@@ -258,51 +242,48 @@ class TopicLog:
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
-        milliseconds the loop owes every client, so one thread runs it on a duplicate of the
-        descriptor, one at a time per log (records written meanwhile wait for the next)."""
+        milliseconds the loop owes every client, so the background engine runs it on a
+        duplicate of the descriptor (``storage/syncer.py``; its failure is reported by
+        ``take_sync_error``)."""
         if self.sync_every <= 1:
             self.sync()
             return
-        bg = self._bg_sync
-        if bg is not None:
-            if not bg.done():
-                return
-            self._bg_sync = None
-            self._raise_bg_error(bg)
-        fd = os.dup(self._fd)
+        fds = [os.dup(self._fd)]
         self._unsynced = 0
-        self._bg_sync = _sync_pool().submit(_fsync_and_close, fd)
+        handed = self._handed_file.dup_unsynced() if self._handed_file is not None else None
+        if handed is not None:  # after the records: the position never runs ahead of them
+            fds.append(handed)
+        SYNCER.submit(self._slot, fds)
 
-    def _raise_bg_error(self, bg: Future[None]) -> None:
-        err = bg.exception()
-        if err is not None:
-            self.log.error("TOPICLOG(%s): failed to sync - %s", self.name, err)
-            raise err if isinstance(err, OSError) else OSError(str(err))
+    def take_sync_error(self) -> OSError | None:
+        """The error of the last failed background sync, if any (reported once)."""
+        return self._slot.take_error()
 
     def sync(self) -> None:
-        """fsync now (after any background one has finished). Raises OSError."""
-        bg, self._bg_sync = self._bg_sync, None
-        if bg is not None:
-            futures_wait([bg])
-            self._raise_bg_error(bg)
+        """fsync now (a waiting background sync is dropped, a running one waited for).
+        Raises OSError."""
+        SYNCER.cancel(self._slot)
         if self._fd >= 0 and self._unsynced:
             os.fsync(self._fd)
             self._unsynced = 0
         if self._handed_file is not None:
             self._handed_file.sync()
+        self._slot.failed = False
 
     def sync_if_due(self) -> None:
-        """``--sync-timeout``: the records written since the last sync go to disk (in the
-        background unless ``--sync-every=1``); a failed background sync is raised here."""
-        bg = self._bg_sync
-        if bg is not None and bg.done():
-            self._bg_sync = None
-            self._raise_bg_error(bg)
-        if self._unsynced:
-            self._request_sync()
-        handed_fd = self._handed_file.dup_unsynced() if self._handed_file is not None else None
-        if handed_fd is not None:  # after the records' sync: the pool runs jobs in order
-            _sync_pool().submit(_fsync_and_close, handed_fd)
+        """``--sync-timeout``: the records and the hand-off position saved since the last
+        sync go to disk (in the background unless ``--sync-every=1``)."""
+        handed_unsynced = self._handed_file is not None and self._handed_file.unsynced
+        if self._unsynced or handed_unsynced:
+            if self.sync_every <= 1:
+                self.sync()
+                return
+            fds = [os.dup(self._fd)] if self._unsynced and self._fd >= 0 else []
+            self._unsynced = 0
+            handed = self._handed_file.dup_unsynced() if self._handed_file is not None else None
+            if handed is not None:
+                fds.append(handed)
+            SYNCER.submit(self._slot, fds)
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
