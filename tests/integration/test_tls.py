@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pynsqd.protocol import encode
-from pynsqd.server import protocol_v2
+from pynsqd.server import upgrade
 from pynsqd.server.nsqd import NSQD
 from pynsqd.server.tls import TLSConfigError
 from tests.conftest import ServerThread, make_options
@@ -166,7 +166,7 @@ def test_broken_handshake_closes(make_nsqd: MakeNSQD, certs: Certs) -> None:
 def test_handshake_timeout(
     make_nsqd: MakeNSQD, certs: Certs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(protocol_v2, "HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(upgrade, "HANDSHAKE_TIMEOUT", 0.2)
     server = make_nsqd(**certs.server_options())
     with Conn(server.tcp_address) as conn:
         conn.identify({"feature_negotiation": True, "tls_v1": True})

@@ -60,7 +60,6 @@ class ConsumerLike(Protocol):
         """Body bytes the consumer may still be handed before its connection is back-pressured
         (0 or less: none now; the connection schedules a pump when room frees up)."""
 
-    def messages_timed_out(self, n: int) -> None: ...
     def close_for_exit(self) -> None: ...
 
 
@@ -560,7 +559,6 @@ class Channel:
             ready.append(msg)
         for cid, n in timed_out.items():
             owners[cid].in_flight_count -= n
-            owners[cid].messages_timed_out(n)
             self.timeout_count += n
         err = self.queue.keep_many(ready)
         if err is not None:

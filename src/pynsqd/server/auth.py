@@ -11,11 +11,11 @@ for the log only: the client sees
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import re
 import ssl
-import time
 from dataclasses import dataclass, field
 from urllib.parse import quote_plus, urlsplit, urlunsplit
 
@@ -57,12 +57,13 @@ class AuthState:
     identity_url: str
     ttl: int
     authorizations: list[Authorization]
-    #: time.monotonic() after which the server is asked again
+    #: The loop's clock (``loop.time()``) after which the server is asked again.
     expires: float
     _allowed: dict[tuple[str, str], bool] = field(default_factory=dict)
 
-    def is_expired(self) -> bool:
-        return self.expires < time.monotonic()
+    def is_expired(self, now: float) -> bool:
+        """``now``: the loop's clock (a fake one in tests)."""
+        return self.expires < now
 
     def may_read_log(self, topic: str) -> bool:
         """Reading a replayable topic's log: ``subscribe`` on the topic, for any channel."""
@@ -111,7 +112,7 @@ def encode_post_body(remote_ip: str, tls: bool, common_name: str, secret: bytes)
     return go_json({k: [v] for k, v in values.items()}, sort_keys=True)  # url.Values
 
 
-def parse_state(body: bytes) -> AuthState:
+def parse_state(body: bytes, now: float) -> AuthState:
     """Decode and validate the reply, as ``QueryAuthd`` does; raises ``AuthError``."""
     try:
         doc = jsonbound.loads(body)
@@ -157,7 +158,7 @@ def parse_state(body: bytes) -> AuthState:
         except re.error as err:
             raise AuthError(f"unable to compile regex - {err}") from None
         auths.append(Authorization(topic_re, channel_res, frozenset(perms)))
-    return AuthState(identity, identity_url, ttl, auths, time.monotonic() + ttl)
+    return AuthState(identity, identity_url, ttl, auths, now + ttl)
 
 
 class AuthClient:
@@ -234,7 +235,7 @@ class AuthClient:
                 continue
             if status != 200:
                 raise AuthError(f"got response {status} {reason} {data[:200]!r}")
-            return parse_state(data)
+            return parse_state(data, asyncio.get_running_loop().time())
         raise AuthError("too many redirects to https")
 
 
@@ -266,7 +267,7 @@ class LogReadAuth:
         if not secret:
             return "AUTH_REQUIRED"
         state = self._states.get(secret)
-        if state is None or state.is_expired():
+        if state is None or state.is_expired(asyncio.get_running_loop().time()):
             try:
                 state = await self.client.query_any(remote_ip, tls, "", secret.encode())
             except AuthError as err:

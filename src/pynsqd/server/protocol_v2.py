@@ -29,16 +29,12 @@ E_TOUCH_FAILED) are written and the connection goes on.
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import logging
 import struct
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import NSQD_VERSION
 from ..core.channel import Channel
 from ..core.errors import (
     AlreadyDeferred,
@@ -50,8 +46,6 @@ from ..core.errors import (
     TooManyConsumers,
 )
 from ..core.message import Message
-from ..internal.gotext import go_json
-from ..internal.names import go_quote
 from ..protocol.commands import (
     Auth,
     ClientState,
@@ -77,15 +71,10 @@ from ..protocol.frames import (
     encode_response,
 )
 from ..protocol.parser import Event, V2Parser
-from .auth import AuthError, AuthState
-from .transforms import (
-    DeflateTransform,
-    Pipeline,
-    SnappyTransform,
-    TLSTransform,
-    Transform,
-    TransformError,
-)
+from .auth_session import AuthSession
+from .client_v2 import ClientV2State, Pause
+from .transforms import Pipeline, TransformError
+from .upgrade import Upgrade
 
 if TYPE_CHECKING:
     from .context import ConnectionContext
@@ -99,60 +88,24 @@ _HIGH_WATER = 4 * 1024 * 1024
 #: long enough for a burst to share one write, short enough that a lone message is not late.
 FLUSH_DELAY = 0.0002
 _LOW_WATER = 1024 * 1024
-#: nsqd's TLS handshake deadline.
-HANDSHAKE_TIMEOUT = 5.0
 
 
-class Pause(enum.Enum):
-    """Why the drain loop is stopped (see the module docstring)."""
-
-    UPGRADE = "upgrade"
-    AUTH = "auth"
-    INFLATE = "inflate"
-
-
-class ClientV2(asyncio.Protocol):
-    """A V2 client: its negotiated settings, RDY and in-flight counts, and its command handlers."""
+class ClientV2(ClientV2State, asyncio.Protocol):
+    """A V2 client connection: the I/O shell over its state (``client_v2.py``) and the command
+    handlers; the upgrade (``upgrade.py``) and the AUTH session (``auth_session.py``) are its
+    helpers."""
 
     def __init__(self, nsqd: ConnectionContext) -> None:
+        opts = nsqd.opts
+        config = nsqd.protocol_config
+        super().__init__(
+            nsqd.next_client_id(), config, opts.msg_timeout, opts.output_buffer_timeout
+        )
         self.nsqd = nsqd
         self.loop = nsqd.loop
-        opts = nsqd.opts
-        self.id = nsqd.next_client_id()
-        self.parser = V2Parser(nsqd.protocol_config)
+        self.parser = V2Parser(config)
         self._poke = nsqd.busy_poll.poke
         self.transport: asyncio.Transport | None = None
-        # -- what /stats reports ----------------------------------------------------------
-        self.remote_address = ""
-        self.client_id = ""
-        self.hostname = ""
-        self.user_agent = ""
-        self.topology_zone = ""
-        self.topology_region = ""
-        self.connect_ts = int(time.time())
-        self.heartbeat_interval = nsqd.protocol_config.heartbeat_interval_ms / 1000
-        self.msg_timeout: float = opts.msg_timeout
-        self.output_buffer_size = nsqd.protocol_config.output_buffer_size
-        self.output_buffer_timeout: float = opts.output_buffer_timeout
-        self.sample_rate = 0
-        self.rdy = 0
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
-        self.pub_counts: dict[str, int] = {}
-        self.tls = False
-        self.tls_version = ""
-        self.tls_cipher_suite = ""
-        # nsqd reports ALPN; no NSQ client negotiates it, so these stay empty, as with nsqd
-        self.tls_negotiated_protocol = ""
-        self.tls_negotiated_protocol_is_mutual = False
-        self.tls_common_name = ""
-        self.snappy = False
-        self.deflate = False
-        self.deflate_level = 0
-        self.auth_state: AuthState | None = None
-        self.auth_secret = b""
         # -- for the channel --------------------------------------------------------------
         self.channel: Channel | None = None
         self.write_paused = False
@@ -160,18 +113,15 @@ class ClientV2(asyncio.Protocol):
         self.closed = False
         # -- input: pipeline, event queue, pause --------------------------------------------
         self.pipeline: Pipeline | None = None  # None: a plain connection (the fast path)
-        self._queue: deque[Event] = deque()
-        self._paused: Pause | None = None
+        self.queue: deque[Event] = deque()
+        self.paused: Pause | None = None
         #: Raw bytes delivered while paused for AUTH or INFLATE; fed on when it resumes.
         self._held = bytearray()
-        self._upgrading: TLSTransform | None = None
-        self._after_tls: Transform | None = None  # compression negotiated with TLS
-        self._handshake_timer: asyncio.TimerHandle | None = None
-        self._auth_task: asyncio.Task[AuthState] | None = None
-        self._auth_fresh = False  # the retried command's authorization was just fetched
+        self._upgrade: Upgrade | None = None  # made by the first IDENTIFY that negotiates
+        self._auth: AuthSession | None = None  # made by AUTH or the first checked command
         self._last_read = 0.0
         # -- output ------------------------------------------------------------------------
-        self._out: list[bytes] = []
+        self.out: list[bytes] = []
         self._out_bytes = 0
         #: A response or error is queued: written when the current input has been run.
         self._respond = False
@@ -214,12 +164,13 @@ class ClientV2(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        for timer in (self._heartbeat_timer, self._buffer_timer, self._handshake_timer):
+        for timer in (self._heartbeat_timer, self._buffer_timer):
             if timer is not None:
                 timer.cancel()
-        if self._auth_task is not None:
-            self._auth_task.cancel()
-            self._auth_task = None
+        if self._upgrade is not None:
+            self._upgrade.cancel()
+        if self._auth is not None:
+            self._auth.cancel()
         if self.channel is not None:
             self.channel.remove_client(self)
         self.nsqd.remove_client(self)
@@ -244,7 +195,7 @@ class ClientV2(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
-        self._flush()
+        self.flush()
         if self.transport is not None:
             self.transport.close()
 
@@ -256,65 +207,66 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        paused = self._paused
+        paused = self.paused
         if paused is None:
             if self.pipeline is None:  # the hot path: a plain connection
-                self._parse(data)
+                self.parse(data)
                 self._drain()
             else:
-                self._input(data)
+                self.input(data)
         elif paused is Pause.UPGRADE:
-            self._handshake(data)
+            assert self._upgrade is not None
+            self._upgrade.handshake(data)
         else:
             self._held += data  # reading is paused: these few bytes wait for the resume
             return
         if self._respond:
             # Responses to this read go out now, in one write, rather than a loop turn later.
-            self._flush()
+            self.flush()
         self._poke()
 
-    def _input(self, data: bytes) -> None:
+    def input(self, data: bytes) -> None:
         """Bytes from the socket through the pipeline into the queue, which is then drained."""
         pipeline = self.pipeline
         if pipeline is not None:
             try:
                 data = pipeline.feed(data)
             except TransformError as err:
-                self._stream_failed(err)
+                self.stream_failed(err)
                 return
             out = pipeline.outgoing()
             if out and self.transport is not None:
                 self.transport.write(out)
             if pipeline.eof:  # TLS close_notify: run what came with it, then close
-                self._parse(data)
+                self.parse(data)
                 self._drain()
                 self._close()
                 return
-        self._parse(data)
+        self.parse(data)
         self._drain()
-        if pipeline is not None and pipeline.more and self._paused is None and not self.closed:
+        if pipeline is not None and pipeline.more and self.paused is None and not self.closed:
             # A small deflate input can hold a lot: one bounded piece per loop turn.
-            self._pause(Pause.INFLATE)
-            self.loop.call_soon(self._resume)
+            self.pause(Pause.INFLATE)
+            self.loop.call_soon(self.resume)
 
-    def _parse(self, data: bytes) -> None:
+    def parse(self, data: bytes) -> None:
         events = self.parser.receive(data)
         if events:
             # nsqd's read deadline restarts with each command: bytes trickling into a
             # half-sent command do not keep a connection alive.
             self._last_read = self.loop.time()
-            self._queue.extend(events)
+            self.queue.extend(events)
 
     def _drain(self) -> None:
         """The one loop: run queued commands in order until none is left or the connection
         pauses. The parser stops after each IDENTIFY; unless that IDENTIFY paused the
         connection for an upgrade, parsing goes on here, so any number of pipelined IDENTIFYs
         never recurse."""
-        queue = self._queue
+        queue = self.queue
         parser = self.parser
         handlers = self._handlers
         debug = log.isEnabledFor(logging.DEBUG)  # once per input: free when not debugging
-        while self._paused is None and not self.closed:
+        while self.paused is None and not self.closed:
             if not queue:
                 if not parser.paused:
                     return
@@ -331,163 +283,59 @@ class ClientV2(asyncio.Protocol):
                 handlers[type(ev)](ev)
             except ClientError as err:
                 log.info("PROTOCOL(V2): [%s] %s", self.remote_address, err)
-                self._send_frame(encode_error(err.wire))
+                self.send_frame(encode_error(err.wire))
             except ProtocolError as err:  # FatalClientError and the parser's own
-                self._fatal(err)
+                self.fatal(err)
             except Exception:  # a bug: log it here, never send a traceback to the client
                 log.exception("PROTOCOL(V2): [%s] internal error", self.remote_address)
-                self._fatal(FatalClientError("E_INVALID", "internal error"))
+                self.fatal(FatalClientError("E_INVALID", "internal error"))
 
-    def _pause(self, why: Pause) -> None:
-        self._paused = why
+    def pause(self, why: Pause) -> None:
+        self.paused = why
         # The handshake needs the client's bytes; the other pauses stop reading.
         if why is not Pause.UPGRADE and self.transport is not None:
             self.transport.pause_reading()
 
-    def _resume(self) -> None:
+    def resume(self) -> None:
         """A pause ended: run what is queued, then feed on what was held back."""
-        paused, self._paused = self._paused, None
+        paused, self.paused = self.paused, None
         if self.closed or self.transport is None or self.transport.is_closing():
             return
         if paused is not Pause.UPGRADE:
             self.transport.resume_reading()
         held, self._held = self._held, bytearray()
         self._drain()
-        if self._paused is not None:  # paused again: what was held stays in front
+        if self.paused is not None:  # paused again: what was held stays in front
             self._held[:0] = held
         elif not self.closed and (held or (self.pipeline is not None and self.pipeline.more)):
-            self._input(bytes(held))
+            self.input(bytes(held))
         if self._respond:
-            self._flush()
+            self.flush()
 
-    def _fatal(self, err: ProtocolError) -> None:
+    def fatal(self, err: ProtocolError) -> None:
         log.error("PROTOCOL(V2): [%s] - %s", self.remote_address, err)
-        self._out.append(encode_error(err.wire))
+        self.out.append(encode_error(err.wire))
         self._close()
 
-    def _stream_failed(self, err: TransformError) -> None:
+    def stream_failed(self, err: TransformError) -> None:
         # nsqd: "failed to read command - <err>", logged; the connection closes with no reply.
         log.error("PROTOCOL(V2): [%s] failed to read command - %s", self.remote_address, err)
-        self._out.clear()  # a broken TLS stream cannot encode them
+        self.out.clear()  # a broken TLS stream cannot encode them
         self._out_bytes = 0
         if err.alert and self.transport is not None:
             self.transport.write(err.alert)
         self._close()
 
-    # -- upgrade after IDENTIFY -----------------------------------------------------------
-
-    def _negotiate(self, tls_v1: bool, snappy: bool, deflate: bool) -> tuple[bool, bool, bool]:
-        """What this IDENTIFY turns on: what the server offers and the client asks, once."""
-        opts = self.nsqd.opts
-        compressed = self.snappy or self.deflate
-        tls_v1 = tls_v1 and self.nsqd.tls_context is not None and not self.tls and not compressed
-        snappy = snappy and opts.snappy and not compressed
-        return tls_v1, snappy, deflate and opts.deflate and not compressed
-
-    def _upgrade(self, tls_v1: bool, codec: Transform | None) -> None:
-        """IDENTIFY negotiated TLS and/or compression; its reply is queued."""
-        self._flush()  # the IDENTIFY reply goes out as it is, before any upgrade
-        # Bytes the client sent after IDENTIFY belong to the new layer (the ClientHello, or
-        # compressed commands): the parser stopped there and hands them back.
-        leftover = self.parser.take_buffered()
-        if self.pipeline is None:
-            self.pipeline = Pipeline()
-        if tls_v1:
-            ctx = self.nsqd.tls_context
-            assert ctx is not None
-            stage = TLSTransform(ctx)
-            self.pipeline.push(stage)
-            self._upgrading = stage
-            self._after_tls = codec
-            self._pause(Pause.UPGRADE)
-            self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
-            # (The handshake cannot complete on these alone: the server has not answered yet.)
-            self._handshake(leftover)
-        elif codec is not None:
-            self._compress(codec)
-            try:
-                self._parse(codec.feed(leftover))
-            except TransformError as err:
-                self._stream_failed(err)
-
-    def _handshake(self, data: bytes) -> None:
-        stage = self._upgrading
-        assert stage is not None
-        try:
-            stage.feed(data)
-        except TransformError as err:
-            self._upgrade_failed(err.reason, err.alert)
-            return
-        out = stage.outgoing()
-        if out and self.transport is not None:
-            self.transport.write(out)
-        if stage.ready:
-            self._upgraded(stage)
-
-    def _handshake_timeout(self) -> None:
-        self._handshake_timer = None
-        self._upgrade_failed("tls: handshake timeout")
-
-    def _upgrade_failed(self, reason: str, alert: bytes = b"") -> None:
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-        if alert and self.transport is not None:
-            self.transport.write(alert)
-        # As nsqd: the error goes out on the raw connection, which then closes.
-        self.pipeline = None
-        self._upgrading = None
-        self._paused = None
-        self._fatal(FatalClientError("E_IDENTIFY_FAILED", f"IDENTIFY failed {reason}"))
-
-    def _upgraded(self, stage: TLSTransform) -> None:
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-        self._upgrading = None
-        layer = stage.layer
-        self.parser.tls = True
-        self.tls = True
-        self.tls_version = layer.version
-        self.tls_cipher_suite = layer.cipher_suite
-        self.tls_common_name = layer.common_name
-        log.info(
-            "PROTOCOL(V2): [%s] upgraded to %s (%s)",
-            self.remote_address,
-            self.tls_version,
-            self.tls_cipher_suite,
-        )
-        self._paused = None
-        # OK over TLS first; what waited during the handshake (heartbeats) after it.
-        self._out.insert(0, OK_FRAME)
-        self._flush()
-        if self._after_tls is not None:
-            self._compress(self._after_tls)
-            self._after_tls = None
-        self._input(b"")  # application data that came with the client's Finished
-
-    def _compress(self, codec: Transform) -> None:
-        assert self.pipeline is not None
-        self._flush()  # what is queued goes out as it was
-        self.pipeline.push(codec)
-        if isinstance(codec, DeflateTransform):
-            self.deflate = True
-            self.deflate_level = codec.level
-        else:
-            self.snappy = True
-        self._out.append(OK_FRAME)  # the first compressed frame
-        self._flush()
-
     # -- output ---------------------------------------------------------------------------
 
-    def _send_frame(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytes) -> None:
         """A response or error: written once the current input has been run."""
-        self._out.append(frame)
+        self.out.append(frame)
         self._respond = True
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
-        out = self._out
+        out = self.out
         pack = _MSG_HEADER.pack
         size = 0
         for m in msgs:
@@ -507,13 +355,13 @@ class ClientV2(asyncio.Protocol):
             # nsqd"): a lone message goes out within FLUSH_DELAY, while what the channels hand
             # this client meanwhile (a burst, several loop turns under load) is one write.
             self._buffer_timer = self.loop.call_later(
-                min(self.output_buffer_timeout, FLUSH_DELAY), self._flush
+                min(self.output_buffer_timeout, FLUSH_DELAY), self.flush
             )
 
     def _flush_soon(self) -> None:
-        if self._out and not self._flush_pending:
+        if self.out and not self._flush_pending:
             self._flush_pending = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self.flush)
 
     def output_room(self) -> int:
         """For the channel: body bytes this client may still be handed. What is buffered here
@@ -524,15 +372,15 @@ class ClientV2(asyncio.Protocol):
             return 0
         return _HIGH_WATER - self._out_bytes - transport.get_write_buffer_size()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self._flush_pending = False
         self._respond = False
         if self._buffer_timer is not None:
             self._buffer_timer.cancel()
             self._buffer_timer = None
-        if self._paused is Pause.UPGRADE:
+        if self.paused is Pause.UPGRADE:
             return  # output waits for the handshake: OK over TLS goes first
-        out = self._out
+        out = self.out
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
             if self.pipeline is None:
@@ -570,8 +418,8 @@ class ClientV2(asyncio.Protocol):
             )
             self._close()
             return
-        self._out.append(HEARTBEAT_FRAME)
-        self._flush()
+        self.out.append(HEARTBEAT_FRAME)
+        self.flush()
         wake = min(interval, self._last_read + 2 * interval - now)
         self._heartbeat_timer = self.loop.call_later(max(wake, 0.001), self._heartbeat)
 
@@ -579,55 +427,19 @@ class ClientV2(asyncio.Protocol):
 
     def IDENTIFY(self, cmd: Identify) -> None:
         d = cmd.data
-        self.client_id = d.client_id
-        self.hostname = d.hostname
-        self.user_agent = d.user_agent
-        self.topology_zone = d.topology_zone
-        self.topology_region = d.topology_region
+        self.identified(d)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PROTOCOL(V2): [%s] IDENTIFY %s", self.remote_address, dict(d._asdict()))
-        self.heartbeat_interval = d.heartbeat_interval_ms / 1000
-        self.output_buffer_size = d.output_buffer_size
-        self.output_buffer_timeout = d.output_buffer_timeout_ms / 1000
-        self.sample_rate = d.sample_rate
-        self.msg_timeout = d.msg_timeout_ms / 1000
         self._arm_heartbeat()
         if not d.feature_negotiation:
-            self._send_frame(OK_FRAME)
-        else:
-            cfg = self.nsqd.protocol_config
-            opts = self.nsqd.opts
-            tls_v1, snappy, deflate = self._negotiate(d.tls_v1, d.snappy, d.deflate)
-            if deflate and snappy:
-                raise FatalClientError(
-                    "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
-                )
-            # nsqd's effective level: the client's if it negotiates deflate, else 6; capped.
-            deflate_level = d.deflate_level if deflate and d.deflate_level > 0 else 6
-            deflate_level = min(deflate_level, opts.max_deflate_level)
-            resp = {
-                "max_rdy_count": cfg.max_rdy_count,
-                "version": NSQD_VERSION,
-                "max_msg_timeout": cfg.max_msg_timeout_ms,
-                "msg_timeout": d.msg_timeout_ms,
-                "tls_v1": tls_v1,
-                "deflate": deflate,
-                "deflate_level": deflate_level,
-                "max_deflate_level": opts.max_deflate_level,
-                "snappy": snappy,
-                "sample_rate": d.sample_rate,
-                "auth_required": self.nsqd.auth is not None,
-                "output_buffer_size": d.output_buffer_size,
-                "output_buffer_timeout": d.output_buffer_timeout_ms,
-            }
-            self._send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
-            codec: Transform | None = None
-            if deflate:
-                codec = DeflateTransform(deflate_level)
-            elif snappy:
-                codec = SnappyTransform()
-            if tls_v1 or codec is not None:
-                self._upgrade(tls_v1, codec)
+            self.send_frame(OK_FRAME)
+            return
+        if self._upgrade is None:
+            self._upgrade = Upgrade(self)
+        reply, tls_v1, codec = self._upgrade.negotiate(d)
+        self.send_frame(encode_response(reply))
+        if tls_v1 or codec is not None:
+            self._upgrade.start(tls_v1, codec)
 
     def SUB(self, cmd: Sub) -> None:
         if self.nsqd.auth is not None and not self._authorized("SUB", cmd.topic, cmd.channel, cmd):
@@ -645,7 +457,7 @@ class ClientV2(asyncio.Protocol):
             cmd.topic,
             cmd.channel,
         )
-        self._send_frame(OK_FRAME)
+        self.send_frame(OK_FRAME)
 
     def RDY(self, cmd: Rdy) -> None:
         self.rdy = cmd.ready_count
@@ -685,7 +497,7 @@ class ClientV2(asyncio.Protocol):
 
     def CLS(self, cmd: Cls) -> None:
         self.rdy = 0
-        self._send_frame(CLOSE_WAIT_FRAME)
+        self.send_frame(CLOSE_WAIT_FRAME)
 
     def NOP(self, cmd: Nop) -> None:
         pass
@@ -702,7 +514,7 @@ class ClientV2(asyncio.Protocol):
         except QueueFull as err:  # pynsqd: a bounded queue pushes back on its producers
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        self._send_frame(OK_FRAME)
+        self.send_frame(OK_FRAME)
 
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
@@ -719,114 +531,28 @@ class ClientV2(asyncio.Protocol):
             return
         self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms)
 
-    # -- AUTH: asking the auth server without blocking the loop ----------------------------
+    # -- AUTH (auth_session.py) --------------------------------------------------------
 
     def AUTH(self, cmd: Auth) -> None:
         if self.authed:
             raise FatalClientError("E_INVALID", "AUTH already set")
         if self.nsqd.auth is None:
             raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
-        self.auth_secret = cmd.secret
-        self._ask_auth(self._auth_replied)
+        self._auth_session().start(cmd.secret)
 
     def _authorized(self, name: str, topic: str, channel: str, cmd: Event) -> bool:
-        """nsqd's CheckAuth for PUB, MPUB, DPUB and SUB (only called when auth is enabled).
+        return self._auth_session().authorized(name, topic, channel, cmd)
 
-        False: the authorization expired and the server is asked again; ``cmd`` goes back to
-        the front of the queue and runs again when it has answered."""
-        state = self.auth_state
-        if self._auth_fresh:
-            # The command that waited for a re-query: its answer decides, as in nsqd.
-            self._auth_fresh = False
-        else:
-            if state is None or not state.authorizations:
-                raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {name}")
-            if state.is_expired():
-                self._queue.appendleft(cmd)
-                self._ask_auth(self._auth_refreshed)
-                return False
-        if state is None or not state.is_allowed(topic, channel):
-            where = f"{go_quote(topic.encode())} {go_quote(channel.encode())}"
-            raise FatalClientError("E_UNAUTHORIZED", f"AUTH failed for {name} on {where}")
-        return True
+    def _auth_session(self) -> AuthSession:
+        if self._auth is None:
+            self._auth = AuthSession(self)
+        return self._auth
 
-    def _ask_auth(self, done: Callable[[asyncio.Task[AuthState]], None]) -> None:
-        auth = self.nsqd.auth
-        assert auth is not None
-        remote_ip = ""
-        if self.transport is not None:
-            peer = self.transport.get_extra_info("peername")
-            if isinstance(peer, tuple):
-                remote_ip = str(peer[0])
-        self._pause(Pause.AUTH)
-        task = self.loop.create_task(
-            auth.query_any(remote_ip, self.tls, self.tls_common_name, self.auth_secret)
-        )
-        self._auth_task = task
-        task.add_done_callback(done)
-
-    def _auth_answer(self, task: asyncio.Task[AuthState]) -> AuthState | None:
-        self._auth_task = None
-        if self.closed or task.cancelled():
-            return None
-        err = task.exception()
-        if err is None:
-            return task.result()
-        if isinstance(err, AuthError):
-            log.warning("PROTOCOL(V2): [%s] AUTH failed %s", self.remote_address, err)
-        else:
-            log.error("PROTOCOL(V2): [%s] AUTH failed", self.remote_address, exc_info=err)
-        # Never the auth server's details: they are for the log.
-        self._fatal(FatalClientError("E_AUTH_FAILED", "AUTH failed"))
-        return None
-
-    def _auth_replied(self, task: asyncio.Task[AuthState]) -> None:
-        state = self._auth_answer(task)
-        if state is None:
-            return
-        self.auth_state = state
-        if not state.authorizations:
-            self._fatal(FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found"))
-            return
-        body = go_json(
-            {
-                "identity": state.identity,
-                "identity_url": state.identity_url,
-                "permission_count": len(state.authorizations),
-            }
-        )
-        self._send_frame(encode_response(body))
-        self._resume()
-
-    def _auth_refreshed(self, task: asyncio.Task[AuthState]) -> None:
-        state = self._auth_answer(task)
-        if state is None:
-            return
-        self.auth_state = state
-        self._auth_fresh = True
-        self._resume()
-
-    # -- for the channel and /stats -------------------------------------------------------
-
-    def messages_timed_out(self, n: int) -> None:
-        # nsqd's TimedOutMessage only lowers the in-flight count, which the channel did.
-        pass
+    # -- for /stats ----------------------------------------------------------------------
 
     @property
     def state(self) -> ClientState:
         return self.parser.state
-
-    @property
-    def authed(self) -> bool:
-        return self.auth_state is not None and bool(self.auth_state.authorizations)
-
-    @property
-    def auth_identity(self) -> str:
-        return self.auth_state.identity if self.auth_state is not None else ""
-
-    @property
-    def auth_identity_url(self) -> str:
-        return self.auth_state.identity_url if self.auth_state is not None else ""
 
 
 def _describe(ev: object) -> str:
