@@ -23,7 +23,7 @@ from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import lifecycle
 from ..internal.listener import format_address, listen
-from ..internal.names import default_dead_letter, is_ephemeral, is_valid_name
+from ..internal.names import is_ephemeral, is_valid_name
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..storage.atomic import remove_leftovers
@@ -39,7 +39,7 @@ from ..storage.metadata import (
     read_metadata,
     recover_metadata,
 )
-from ..storage.settings import Settings, read_settings, write_settings
+from ..storage.settings import SettingsStore
 from ..storage.topiclog import TopicLog
 from .auth import AuthClient, LogReadAuth
 from .busypoll import BusyPoll
@@ -101,7 +101,7 @@ class NSQD:
             exiting=lambda: self.exiting,
         )
         #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
-        self.settings: Settings = {}
+        self.settings = SettingsStore(self.data_path, opts)
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
@@ -226,34 +226,16 @@ class NSQD:
 
     def _load_settings(self) -> None:
         try:
-            self.settings = read_settings(self.data_path)
+            self.settings.load()
         except ValueError as err:
             log.error("NSQ: %s; the flags apply", err)
-            self.settings = {}
 
     def topic_config(self, name: str) -> dict[str, Any]:
         """A topic's effective settings and which of them are its own."""
-        own = {k: v for k, v in self.settings.get(name, {}).items() if k != "channels"}
-        opts = self.opts
-        return {
-            "msg_ttl": own.get("msg_ttl", opts.msg_ttl),
-            "max_depth": own.get("max_depth", opts.max_channel_depth),
-            "bound_policy": own.get("bound_policy", opts.channel_bound_policy),
-            "own": sorted(own),
-        }
+        return self.settings.topic_config(name)
 
     def channel_config(self, topic: str, channel: str) -> dict[str, Any]:
-        own = self.settings.get(topic, {}).get("channels", {}).get(channel, {})
-        opts = self.opts
-        return {
-            "max_attempts": own.get("max_attempts", opts.max_attempts),
-            "dead_letter": own.get("dead_letter", default_dead_letter(topic)),
-            "msg_ttl": self.topic_config(topic)["msg_ttl"],
-            "max_depth": own.get("max_depth", opts.max_channel_depth),
-            "max_bytes": own.get("max_bytes", opts.max_channel_bytes),
-            "bound_policy": own.get("bound_policy", opts.channel_bound_policy),
-            "own": sorted(own),
-        }
+        return self.settings.channel_config(topic, channel)
 
     def _apply_topic_settings(self, topic: Topic) -> None:
         cfg = self.topic_config(topic.name)
@@ -275,30 +257,14 @@ class NSQD:
     def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
         """``POST /topic/config`` (values already checked); persisted, then applied. Raises
         OSError (then nothing changes)."""
-        entry = dict(self.settings.get(name, {}))
-        entry.update(values)
-        entry = {k: v for k, v in entry.items() if v is not None}  # None: back to the flag
-        self._save_settings(name, entry)
-        topic = self.get_topic(name)
-        self._apply_topic_settings(topic)
+        self.settings.set_topic(name, values)
+        self._apply_topic_settings(self.get_topic(name))
 
     def set_channel_config(self, topic_name: str, channel: str, values: dict[str, Any]) -> None:
-        entry = dict(self.settings.get(topic_name, {}))
-        channels = dict(entry.get("channels", {}))
-        own = dict(channels.get(channel, {}))
-        own.update(values)
-        channels[channel] = {k: v for k, v in own.items() if v is not None}
-        entry["channels"] = channels
-        self._save_settings(topic_name, entry)
+        self.settings.set_channel(topic_name, channel, values)
         topic = self.get_topic(topic_name)
         self._apply_channel_settings(topic_name, topic.get_channel(channel))
         topic.refresh_bounds()
-
-    def _save_settings(self, name: str, entry: dict[str, Any]) -> None:
-        settings = dict(self.settings)
-        settings[name] = entry
-        write_settings(self.data_path, settings)
-        self.settings = settings
 
     def dead_letter(self, topic: Topic, channel: Channel, msgs: list[Message]) -> OSError | None:
         """Messages that used up their attempts: to the channel's dead-letter topic, with

@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
+from typing import Any, Protocol
 
 from ..internal import jsonbound
+from ..internal.names import default_dead_letter
 from .atomic import write_atomic
 
 SETTINGS_FILE = "pynsqd.settings.json"
@@ -63,3 +64,74 @@ def read_settings(data_path: str) -> Settings:
 def write_settings(data_path: str, settings: Settings) -> None:
     doc = {"topics": settings}
     write_atomic(os.path.join(data_path, SETTINGS_FILE), json.dumps(doc, sort_keys=True).encode())
+
+
+class LifecycleFlags(Protocol):
+    """The flags a setting falls back to (nsqd's options)."""
+
+    msg_ttl: float
+    max_attempts: int
+    max_channel_depth: int
+    max_channel_bytes: int
+    channel_bound_policy: str
+
+
+class SettingsStore:
+    """The stored settings and their policy: a topic's or channel's effective value is its
+    own setting, else the flag's. All calls are made from the event loop thread."""
+
+    def __init__(self, data_path: str, flags: LifecycleFlags) -> None:
+        self.data_path = data_path
+        self.flags = flags
+        self.settings: Settings = {}
+
+    def load(self) -> None:
+        """Read the file; raises ValueError (set aside as ``.bad``: the flags apply)."""
+        self.settings = {}
+        self.settings = read_settings(self.data_path)
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        """A topic's effective settings and which of them are its own (``own``)."""
+        own = {k: v for k, v in self.settings.get(name, {}).items() if k != "channels"}
+        f = self.flags
+        return {
+            "msg_ttl": own.get("msg_ttl", f.msg_ttl),
+            "max_depth": own.get("max_depth", f.max_channel_depth),
+            "bound_policy": own.get("bound_policy", f.channel_bound_policy),
+            "own": sorted(own),
+        }
+
+    def channel_config(self, topic: str, channel: str) -> dict[str, Any]:
+        own = self.settings.get(topic, {}).get("channels", {}).get(channel, {})
+        f = self.flags
+        return {
+            "max_attempts": own.get("max_attempts", f.max_attempts),
+            "dead_letter": own.get("dead_letter", default_dead_letter(topic)),
+            "msg_ttl": self.topic_config(topic)["msg_ttl"],
+            "max_depth": own.get("max_depth", f.max_channel_depth),
+            "max_bytes": own.get("max_bytes", f.max_channel_bytes),
+            "bound_policy": own.get("bound_policy", f.channel_bound_policy),
+            "own": sorted(own),
+        }
+
+    def set_topic(self, name: str, values: dict[str, Any]) -> None:
+        """A topic's own settings (None: back to the flag), persisted. Raises OSError (then
+        nothing changes)."""
+        entry = dict(self.settings.get(name, {}))
+        entry.update(values)
+        self._save(name, {k: v for k, v in entry.items() if v is not None})
+
+    def set_channel(self, topic: str, channel: str, values: dict[str, Any]) -> None:
+        entry = dict(self.settings.get(topic, {}))
+        channels = dict(entry.get("channels", {}))
+        own = dict(channels.get(channel, {}))
+        own.update(values)
+        channels[channel] = {k: v for k, v in own.items() if v is not None}
+        entry["channels"] = channels
+        self._save(topic, entry)
+
+    def _save(self, name: str, entry: dict[str, Any]) -> None:
+        settings = dict(self.settings)
+        settings[name] = entry
+        write_settings(self.data_path, settings)
+        self.settings = settings
