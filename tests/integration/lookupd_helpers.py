@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -121,11 +120,3 @@ def get_json(url: str) -> Any:
     assert headers["X-NSQ-Content-Type"] == "nsq; version=1.0"
     assert headers["Content-Type"] == "application/json; charset=utf-8"
     return json.loads(body)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)

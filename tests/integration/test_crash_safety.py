@@ -31,19 +31,11 @@ import pytest
 from pynsqd.protocol import encode
 
 from ..conftest import ServerThread, http_request
+from ..waiting import wait_for
 from ..wire import Conn
 
 NSQD = str(Path(sys.executable).with_name("nsqd"))
 DURABLE = {"mem_queue_size": 0, "sync_every": 1}
-
-
-def wait_for(cond: Callable[[], bool], what: str, limit: float = 20) -> None:
-    """Poll observable state; the limit only guards against a hang."""
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def snapshot_on_first_call(obj: Any, method: str, src: Path, dst: Path) -> None:

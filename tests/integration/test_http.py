@@ -6,13 +6,14 @@ import http.client
 import json
 import socket
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import ServerThread
+
+from ..waiting import wait_for
 
 V1 = "nsq; version=1.0"
 
@@ -62,14 +63,6 @@ def request(
         return Reply(conn.getresponse())
     finally:
         conn.close()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met")
-        time.sleep(0.01)
 
 
 def stats(server: ServerThread, query: str = "") -> Any:

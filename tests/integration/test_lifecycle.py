@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ..conftest import ServerThread, http_request
-from .test_crash_safety import wait_for
+from ..waiting import wait_for
 
 HOUR = 3600.0
 

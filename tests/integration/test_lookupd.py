@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from ..waiting import wait_for
 from .lookupd_helpers import (
     LookupdThread,
     V1Conn,
@@ -15,7 +16,6 @@ from .lookupd_helpers import (
     go_identify,
     http,
     lookupd_factory,
-    wait_for,
 )
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from .lookupd_helpers import get_json, http, wait_for
+from ..waiting import wait_for
+from .lookupd_helpers import get_json, http
 
 BIN = Path(sys.executable).parent
 TOPIC = "clustered"

@@ -20,7 +20,8 @@ from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
 from pynsqd.protocol.lookup import Identify, V1Parser, encode_response
 
 from ..conftest import ServerThread
-from .lookupd_helpers import LookupdThread, get_json, http, lookupd_factory, wait_for
+from ..waiting import wait_for
+from .lookupd_helpers import LookupdThread, get_json, http, lookupd_factory
 
 
 @pytest.fixture

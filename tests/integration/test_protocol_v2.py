@@ -25,6 +25,8 @@ from pynsqd.protocol.frames import (
 from tests.conftest import ServerThread
 from tests.wire import Conn
 
+from ..waiting import wait_for
+
 MakeNSQD = Callable[..., ServerThread]
 ID = b"0123456789abcdef"  # well-formed, never issued
 
@@ -35,14 +37,6 @@ def L(n: int) -> bytes:
 
 def identify_bytes(data: dict[str, Any]) -> bytes:
     return encode.identify(data)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            pytest.fail("condition not reached")
-        time.sleep(0.01)
 
 
 def take(conn: Conn, n: int) -> list[Message]:
@@ -626,21 +620,21 @@ def test_ephemeral_channel_and_topic_are_deleted(nsqd: ServerThread) -> None:
         b.sub("t#ephemeral", "c#ephemeral")
         a.close()
         # once the server has seen a leave, the channel still has b: it stays
-        wait_until(
+        wait_for(
             lambda: (
                 nsqd.call(lambda: len(topics["t#ephemeral"].channels["c#ephemeral"].clients)) == 1
             )
         )
-    wait_until(lambda: nsqd.call(lambda: "t#ephemeral" not in topics))
+    wait_for(lambda: nsqd.call(lambda: "t#ephemeral" not in topics))
     # An ephemeral channel of a durable topic goes; the topic stays.
     with nsqd.connect() as c:
         c.sub("durable", "tail#ephemeral")
-    wait_until(lambda: nsqd.call(lambda: "tail#ephemeral" not in topics["durable"].channels))
+    wait_for(lambda: nsqd.call(lambda: "tail#ephemeral" not in topics["durable"].channels))
     assert nsqd.call(lambda: "durable" in topics)
     # A durable channel stays when its consumer leaves.
     with nsqd.connect() as c:
         c.sub("durable", "kept")
-    wait_until(lambda: nsqd.call(lambda: not nsqd.nsqd.clients))  # the server saw it leave
+    wait_for(lambda: nsqd.call(lambda: not nsqd.nsqd.clients))  # the server saw it leave
     assert nsqd.call(lambda: "kept" in topics["durable"].channels)
 
 
@@ -657,7 +651,7 @@ def test_max_channel_consumers(make_nsqd: MakeNSQD) -> None:
         b.send(b"SUB t c\n")
         b.expect_fatal(b"E_SUB_FAILED SUB failed consumers for t:c exceeds limit of 1")
         other.sub("t", "c2")  # the limit is per channel
-    wait_until(lambda: s.call(lambda: not s.nsqd.topics["t"].channels["c"].clients))
+    wait_for(lambda: s.call(lambda: not s.nsqd.topics["t"].channels["c"].clients))
     with s.connect() as c:
         c.sub("t", "c")  # a's place is free again
 

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from ..conftest import ServerThread, http_request
-from .test_crash_safety import Proc, fill, proc_dir, small_disk, wait_for
+from ..waiting import wait_for
+from .test_crash_safety import Proc, fill, proc_dir, small_disk
 from .test_replay import read_everything
 
 __all__ = ["proc_dir", "small_disk"]  # fixtures used here

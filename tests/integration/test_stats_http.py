@@ -7,7 +7,8 @@ from typing import Any
 
 from tests.conftest import ServerThread
 
-from .test_http import request, stats, wait_for
+from ..waiting import wait_for
+from .test_http import request, stats
 
 TOPIC_KEYS = [
     "topic_name",

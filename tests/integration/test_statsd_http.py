@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from tests.conftest import ServerThread
 
-from .test_http import request, wait_for
+from ..waiting import wait_for
+from .test_http import request
 
 
 def receive_until(sock: socket.socket, done: Callable[[list[str]], bool]) -> list[bytes]:

@@ -27,6 +27,7 @@ from pynsqd_spark.consumer import ConsumerPool, NsqSourceError
 from pynsqd_spark.options import NsqOptionError, SinkOptions, SourceOptions
 from pynsqd_spark.sink import Publisher, chunk_bodies
 
+from ..waiting import wait_for
 from .conftest import NsqdProcess
 
 
@@ -35,14 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(cond: Any, timeout: float = 10, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
@@ -58,7 +51,7 @@ def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
 
     with Connection(nsqd.tcp_address).connect() as conn:
         conn.subscribe(topic, "check", on_messages, rdy=2500)
-        wait_until(lambda: len(got) >= n, 30, f"{n} messages on {topic}")
+        wait_for(lambda: len(got) >= n, f"{n} messages on {topic}", 30)
     return got
 
 
@@ -127,27 +120,27 @@ def test_subscribe_fin_touch_req_and_heartbeats(
             rdy=10,
             reactor=reactor,
         )
-        wait_until(lambda: len(got) == 3, what="3 messages")
+        wait_for(lambda: len(got) == 3, "3 messages")
         assert sorted(b for _, _, b in got) == [b"a", b"b", b"c"]
         assert all(a == 1 for a, _, _ in got)
         ids = {b: i for _, i, b in got}
         sub.touch(ids[b"a"])
         sub.req(ids[b"b"], 0)  # comes back with attempts=2
-        wait_until(lambda: len(got) == 4, what="the requeued message")
+        wait_for(lambda: len(got) == 4, "the requeued message")
         assert got[3][0] == 2 and got[3][2] == b"b"
         sub.fin_many([ids[b"a"], ids[b"c"], got[3][1]])
         sub.fin(ids[b"a"])  # already finished: a non-fatal E_FIN_FAILED
-        wait_until(lambda: bool(errors), what="E_FIN_FAILED")
+        wait_for(lambda: bool(errors), "E_FIN_FAILED")
         assert errors[0].code == "E_FIN_FAILED" and not errors[0].fatal
         # Idle across several heartbeat intervals: the reader answers with NOP, the connection
         # lives on. (A request/response connection has no reader: idle, nsqd drops it.)
         time.sleep(2.5)
         nsqd_proc.publish("s", [b"d"])
-        wait_until(lambda: len(got) == 5, what="a message after the idle time")
+        wait_for(lambda: len(got) == 5, "a message after the idle time")
         sub.fin(got[4][1])
         assert not closed.is_set()
     nsqd_proc.wait_drained("s", "ch")
-    wait_until(closed.is_set, what="the reader thread's close callback")
+    wait_for(closed.is_set, "the reader thread's close callback")
 
 
 class _Lookupd(http.server.BaseHTTPRequestHandler):
@@ -261,7 +254,7 @@ def test_consumer_pool_take_commit_and_fairness(nsqd_proc: NsqdProcess) -> None:
         # Both connections are read on one selector thread, not a reader thread each.
         new = sorted(t.name for t in threading.enumerate() if t.name not in before)
         assert new == ["nsq-maintain", "nsq-source-reader"]
-        wait_until(lambda: pool.buffered() == 400, what="400 buffered (RDY 200 x 2)")
+        wait_for(lambda: pool.buffered() == 400, "400 buffered (RDY 200 x 2)")
         assert pool.take(1, max_rows=150, max_bytes=10**9) == 150
         per_conn = sorted(len(p.ids) for p in pool.parts(1) or [])
         assert per_conn == [75, 75]  # a fair share of each connection
@@ -273,7 +266,7 @@ def test_consumer_pool_take_commit_and_fairness(nsqd_proc: NsqdProcess) -> None:
             seen.update(p.bodies)
         assert pool.commit(2) == 155
         while len(seen) < 1000:
-            wait_until(lambda: pool.buffered() > 0, what="more messages")
+            wait_for(lambda: pool.buffered() > 0, "more messages")
             seq += 1
             pool.take(seq, 10**6, 10**9)
             for p in pool.parts(seq) or []:
@@ -291,10 +284,10 @@ def test_consumer_pool_cutoff_and_release(nsqd_proc: NsqdProcess) -> None:
     pool = ConsumerPool(source_options(nsqdTcpAddresses=nsqd_proc.tcp_address))
     pool.start()
     try:
-        wait_until(lambda: pool.buffered() == 5, what="5 buffered")
+        wait_for(lambda: pool.buffered() == 5, "5 buffered")
         pool.cutoff_ns = time.time_ns()
         nsqd_proc.publish("t", [b"new"] * 3)
-        wait_until(lambda: pool.buffered() == 8, what="8 buffered")
+        wait_for(lambda: pool.buffered() == 8, "8 buffered")
         assert pool.take(1, 100, 10**9) == 5
         assert {b for p in pool.parts(1) or [] for b in p.bodies} == {b"old"}
         assert pool.take(2, 100, 10**9) == 0
@@ -310,7 +303,7 @@ def test_consumer_pool_cutoff_and_release(nsqd_proc: NsqdProcess) -> None:
         ch = nsqd_proc.channel_stats("t", "c")
         return ch is not None and ch["depth"] == 3 and ch["in_flight_count"] == 0
 
-    wait_until(back, what="the 3 released messages back in the channel")
+    wait_for(back, "the 3 released messages back in the channel")
     ch = nsqd_proc.channel_stats("t", "c")
     assert ch is not None and ch["requeue_count"] >= 3
 
@@ -334,7 +327,7 @@ def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
     pool = ConsumerPool(opts)
     pool.start()
     try:
-        wait_until(lambda: pool.buffered() == 50, what="50 buffered")
+        wait_for(lambda: pool.buffered() == 50, "50 buffered")
         assert pool.take(1, 20, 10**9) == 20
         time.sleep(2.5)  # a "batch" far longer than msg_timeout: TOUCH keeps everything ours
         assert pool.buffered() == 30  # nothing timed out and came back
@@ -372,7 +365,7 @@ def test_tls(start_nsqd: Any, tmp_path: Any, reactor: Reactor | None) -> None:
             rdy=500,
             reactor=reactor,
         )
-        wait_until(lambda: len(got) == 3001, what="the messages over TLS")
+        wait_for(lambda: len(got) == 3001, "the messages over TLS")
         assert got[0] == b"secret" and sorted(got[1:]) == [
             b"%05d" % i + b"x" * 1000 for i in range(3000)
         ]

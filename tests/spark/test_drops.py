@@ -13,8 +13,9 @@ from pynsqd_spark.consumer import ConsumerPool
 from pynsqd_spark.options import SinkOptions, SourceOptions
 from pynsqd_spark.sink import Publisher
 
+from ..waiting import wait_for
 from .conftest import NsqdProcess
-from .test_client import consume_all, wait_until
+from .test_client import consume_all
 
 
 class DroppingProxy:
@@ -133,7 +134,7 @@ def test_source_reconnects_after_the_connection_breaks(
             pool.commit(seq)
             return len(seen) == 2000
 
-        wait_until(step, 30, "every message despite the cut connection")
+        wait_for(step, "every message despite the cut connection", 30)
     finally:
         pool.close()
     assert proxy.connections >= 2 and pool.stats.reconnects >= 1

@@ -16,8 +16,9 @@ import pytest
 from pynsqd.client.connection import Connection
 from pynsqd_spark import source_metrics
 
+from ..waiting import wait_for
 from .conftest import HAVE_LOOKUPD, NsqdProcess
-from .test_client import consume_all, free_port, wait_until
+from .test_client import consume_all, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,7 +119,7 @@ def test_idle_topic_commits_its_last_batch(
         .start()
     )
     try:
-        wait_until(lambda: len(sink.ids()) == 500, QUERY_TIMEOUT, "500 rows")
+        wait_for(lambda: len(sink.ids()) == 500, "500 rows", QUERY_TIMEOUT)
         # The query is still running and the topic is idle: the last batch is FIN'd anyway.
         c = nsqd_proc.wait_drained("idle", "c")
         assert c["client_count"] >= 1
@@ -129,7 +130,7 @@ def test_idle_topic_commits_its_last_batch(
             p = q.lastProgress
             return bool(p) and source_metrics(p["sources"][0]).get("finished") == 500
 
-        wait_until(counted, QUERY_TIMEOUT, "progress counting 500 FIN'd")
+        wait_for(counted, "progress counting 500 FIN'd", QUERY_TIMEOUT)
         m = source_metrics(q.lastProgress["sources"][0])
         assert m["received"] == 500 and m["buffered"] == 0 and m["redelivered"] == 0
     finally:
@@ -181,7 +182,7 @@ def test_two_nsqd_nodes_behind_nsqlookupd(
     a.publish("multi", [b"a%d" % i for i in range(600)])
     b.publish("multi", [b"b%d" % i for i in range(600)])
     nodes = sorted([a.tcp_address, b.tcp_address])
-    wait_until(lambda: lookupd.producers("multi") == nodes, 20, "both nsqd registered")
+    wait_for(lambda: lookupd.producers("multi") == nodes, "both nsqd registered", 20)
     sink = Collector()
     df = read_stream(
         spark,
@@ -216,7 +217,7 @@ def test_progress_shows_the_channel_backlog_through_nsqlookupd(
         f"--lookupd-tcp-address={lookupd.tcp_address}", "--broadcast-address=127.0.0.1"
     )
     node.publish("deep", [b"d%04d" % i for i in range(1000)])
-    wait_until(lambda: lookupd.producers("deep") == [node.tcp_address], 20, "registered")
+    wait_for(lambda: lookupd.producers("deep") == [node.tcp_address], "registered", 20)
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
     sink = Collector()
     df = read_stream(
@@ -239,11 +240,11 @@ def test_progress_shows_the_channel_backlog_through_nsqlookupd(
         return [m["backlog"] for m in metrics if "backlog" in m]
 
     try:
-        wait_until(backlogs, QUERY_TIMEOUT, "a backlog reported")
+        wait_for(backlogs, "a backlog reported", QUERY_TIMEOUT)
         assert 500 < backlogs()[0] <= 1000  # the channel's depth when the query started
-        wait_until(lambda: len(sink.ids()) == 1000, QUERY_TIMEOUT, "1000 rows")
+        wait_for(lambda: len(sink.ids()) == 1000, "1000 rows", QUERY_TIMEOUT)
         node.wait_drained("deep", "c")
-        wait_until(lambda: backlogs()[-1:] == [0], QUERY_TIMEOUT, "a backlog of 0 reported")
+        wait_for(lambda: backlogs()[-1:] == [0], "a backlog of 0 reported", QUERY_TIMEOUT)
     finally:
         q.stop()
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")

@@ -7,6 +7,7 @@ disk implementation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from .message import Message
@@ -53,6 +54,10 @@ class MessageLog(Protocol):
 
 
 class BackendQueue(Protocol):
+    #: Given, by the topic or channel that owns the queue, the messages read back whose due
+    #: time (DPUB) is still ahead: they wait there, not here.
+    on_deferred: Callable[[list[Message]], None] | None
+
     def put_many(self, msgs: list[Message]) -> None:
         """Store messages in order; raise OSError if they could not be stored."""
 
@@ -91,10 +96,11 @@ class BackendQueue(Protocol):
 class DummyBackend:
     """The ``#ephemeral`` backend: overflow is dropped, as in nsqd."""
 
-    __slots__ = ("dropped",)
+    __slots__ = ("dropped", "on_deferred")
 
     def __init__(self) -> None:
         self.dropped = 0
+        self.on_deferred: Callable[[list[Message]], None] | None = None
 
     def put_many(self, msgs: list[Message]) -> None:
         self.dropped += len(msgs)

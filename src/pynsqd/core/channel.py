@@ -28,6 +28,7 @@ from .errors import (
     Exiting,
     NotInFlight,
     NotOwner,
+    QueueFull,
     TooManyConsumers,
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
@@ -69,7 +70,7 @@ class ChannelOwner(Protocol):
     name: str
 
     def channel_emptied_of_clients(self, channel: Channel) -> None: ...
-    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | None:
+    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | QueueFull | None:
         """Publish messages that used up their attempts to the channel's dead-letter topic;
         the error if they could not be stored there (they then stay on the channel)."""
 
@@ -133,6 +134,7 @@ class Channel:
         self.loop = loop
         self.ephemeral = ephemeral
         self.queue = MessageQueue(mem_queue_size, backend)
+        backend.on_deferred = self.put_deferred
         self.max_msg_timeout = max_msg_timeout
         self.max_consumers = max_consumers
         self.clients: dict[int, ConsumerLike] = {}
@@ -393,7 +395,7 @@ class Channel:
                 self._dead_letter_failed(dead, err)
         return keep
 
-    def _dead_letter_failed(self, dead: list[Message], err: OSError) -> None:
+    def _dead_letter_failed(self, dead: list[Message], err: OSError | QueueFull) -> None:
         """Deferred, as a REQ with a delay (doubling per failure, capped), then tried again:
         never lost, never a hot loop. The log line is rate-limited, with a count."""
         self.dead_letter_failed_count += len(dead)

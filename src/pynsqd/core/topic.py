@@ -38,7 +38,9 @@ class TopicOwner(Protocol):
     def make_channel(self, topic: Topic, name: str) -> Channel: ...
     def channel_deleted(self, topic: Topic, channel: Channel) -> None: ...
     def topic_emptied_of_channels(self, topic: Topic) -> None: ...
-    def dead_letter(self, topic: Topic, channel: Channel, msgs: list[Message]) -> OSError | None:
+    def dead_letter(
+        self, topic: Topic, channel: Channel, msgs: list[Message]
+    ) -> OSError | QueueFull | None:
         """Messages of ``channel`` that used up their attempts, for its dead-letter topic."""
 
     def metadata_changed(self) -> None:
@@ -87,6 +89,7 @@ class Topic:
         self.ephemeral = ephemeral
         self.guid = GUIDFactory(node_id)
         self.queue = MessageQueue(mem_queue_size, backend)
+        backend.on_deferred = self.put_deferred
         self.channels: dict[str, Channel] = {}
         self.paused = False
         self.exiting = False
@@ -395,7 +398,7 @@ class Topic:
             self._owner.topic_emptied_of_channels(self)
         return True
 
-    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | None:
+    def dead_letter(self, channel: Channel, msgs: list[Message]) -> OSError | QueueFull | None:
         return self._owner.dead_letter(self, channel, msgs)
 
     def channel_emptied_of_clients(self, channel: Channel) -> None:

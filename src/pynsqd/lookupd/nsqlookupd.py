@@ -7,7 +7,7 @@ import logging
 import socket
 
 from .. import NSQD_VERSION
-from ..internal import lifecycle
+from ..internal import process
 from ..internal.listener import format_address, listen, split_host_port
 from .http import LookupdHTTP
 from .options import LookupdOptions
@@ -73,4 +73,4 @@ class NSQLookupd:
 
 def run(opts: LookupdOptions) -> int:
     """Run nsqlookupd until SIGTERM or SIGINT; the console script's body."""
-    return lifecycle.run(lambda loop: NSQLookupd(opts, loop), "nsqlookupd", log)
+    return process.run(lambda loop: NSQLookupd(opts, loop), "nsqlookupd", log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..internal import lifecycle
+from ..internal import process
 from ..internal.flags import HelpRequested, UsageError, parse_command_line
 from ..internal.version import version_string
 from ..log import configure_logging
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%s", version_string(PROGRAM))
     from .server import AdminService
 
-    return lifecycle.run(lambda loop: AdminService(opts), PROGRAM, log)
+    return process.run(lambda loop: AdminService(opts), PROGRAM, log)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ from ..core.message import ENCODED_OVERHEAD, Message
 from ..core.replay import Replayed
 from ..core.topic import Topic
 from ..http.server import HTTPService
-from ..internal import lifecycle
+from ..internal import process
 from ..internal.listener import format_address, listen
 from ..internal.names import is_ephemeral, is_valid_name
 from ..options import Options
@@ -135,9 +135,6 @@ class NSQD:
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
-            backend = topic.queue.backend
-            if isinstance(backend, DiskBackend):
-                backend.on_deferred = topic.put_deferred
             if not topic.ephemeral:
                 self._persist_metadata_soon()
         return topic
@@ -176,9 +173,6 @@ class NSQD:
                 self.opts.e2e_processing_latency_percentiles,
                 self.opts.e2e_processing_latency_window_time,
             )
-        backend = ch.queue.backend
-        if isinstance(backend, DiskBackend):
-            backend.on_deferred = ch.put_deferred
         self._apply_channel_settings(topic.name, ch)
         if not ch.ephemeral:
             self._persist_metadata_soon()  # once the topic has added it
@@ -266,7 +260,9 @@ class NSQD:
         self._apply_channel_settings(topic_name, topic.get_channel(channel))
         topic.refresh_bounds()
 
-    def dead_letter(self, topic: Topic, channel: Channel, msgs: list[Message]) -> OSError | None:
+    def dead_letter(
+        self, topic: Topic, channel: Channel, msgs: list[Message]
+    ) -> OSError | QueueFull | None:
         """Messages that used up their attempts: to the channel's dead-letter topic, with
         their IDs and bodies (``none``: dropped, still counted)."""
         target = self.channel_config(topic.name, channel.name)["dead_letter"]
@@ -282,7 +278,7 @@ class NSQD:
         try:
             dl.publish_existing([Message(m.id, m.body, m.timestamp) for m in msgs])
         except (OSError, QueueFull) as err:
-            return err if isinstance(err, OSError) else OSError(str(err))
+            return err
         log.info(
             "CHANNEL(%s:%s): %d message(s) used up their attempts; moved to topic %s",
             topic.name,
@@ -533,4 +529,4 @@ class NSQD:
 
 def run(opts: Options) -> int:
     """Run nsqd until SIGTERM or SIGINT; the console script's body."""
-    return lifecycle.run(lambda loop: NSQD(opts, loop), "nsqd", log)
+    return process.run(lambda loop: NSQD(opts, loop), "nsqd", log)

@@ -1,4 +1,4 @@
-"""Process lifecycle shared by nsqd and nsqlookupd: start, run until SIGTERM/SIGINT, stop."""
+"""The process shared by nsqd, nsqlookupd and nsqadmin: start, run until SIGTERM/SIGINT, stop."""
 
 from __future__ import annotations
 

@@ -1,0 +1,20 @@
+"""Waiting on observable state: the one poll loop of the test suite."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+
+def wait_for(
+    cond: Callable[[], object], what: str = "the condition", timeout: float = 20.0
+) -> None:
+    """Poll ``cond`` until it is true; fail naming ``what`` after ``timeout`` seconds (a guard
+    against a hang, not a synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
