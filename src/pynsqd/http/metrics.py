@@ -10,7 +10,8 @@ Names follow Prometheus conventions: an ``nsq_`` namespace, ``_total`` on counte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -29,8 +30,86 @@ from .stats import channel_e2e, e2e_sink, topic_e2e
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
+Value = Callable[[Any], float]
+Family = tuple[str, str, type[GaugeMetricFamily] | type[CounterMetricFamily], Value]
+G, C = GaugeMetricFamily, CounterMetricFamily
+
+#: Every topic's families: (name, help, kind, value).
+TOPIC_FAMILIES: tuple[Family, ...] = (
+    ("nsq_topic_depth", "Messages queued (memory + disk)", G, lambda t: t.depth),
+    ("nsq_topic_backend_depth", "Messages queued on disk", G, lambda t: t.queue.backend.depth()),
+    ("nsq_topic_messages", "Messages published", C, lambda t: t.message_count),
+    ("nsq_topic_message_bytes", "Message body bytes published", C, lambda t: t.message_bytes),
+    ("nsq_topic_paused", "1 if the topic is paused", G, lambda t: int(t.paused)),
+    ("nsq_topic_channels", "Channels of the topic", G, lambda t: len(t.channels)),
+)
+#: A replayable topic's log (the value is read from ``topic.log``).
+LOG_FAMILIES: tuple[Family, ...] = (
+    (
+        "nsq_topic_log_earliest_offset",
+        "Oldest retained offset of a replayable topic",
+        G,
+        lambda log: log.earliest,
+    ),
+    (
+        "nsq_topic_log_latest_offset",
+        "Next offset to be written to a replayable topic's log",
+        G,
+        lambda log: log.latest,
+    ),
+    ("nsq_topic_log_bytes", "Bytes in a replayable topic's log", G, lambda log: log.size),
+    (
+        "nsq_topic_log_segments",
+        "Segment files of a replayable topic's log",
+        G,
+        lambda log: log.segment_count,
+    ),
+)
+#: Every channel's families.
+CHANNEL_FAMILIES: tuple[Family, ...] = (
+    ("nsq_channel_depth", "Messages queued (memory + disk)", G, lambda c: c.depth),
+    ("nsq_channel_backend_depth", "Messages queued on disk", G, lambda c: c.queue.backend.depth()),
+    ("nsq_channel_in_flight", "Messages in flight", G, lambda c: len(c.in_flight)),
+    ("nsq_channel_deferred", "Deferred messages", G, lambda c: len(c.deferred)),
+    ("nsq_channel_messages", "Messages put into the channel", C, lambda c: c.message_count),
+    ("nsq_channel_requeued", "Messages requeued (REQ)", C, lambda c: c.requeue_count),
+    ("nsq_channel_timed_out", "Messages that timed out in flight", C, lambda c: c.timeout_count),
+    ("nsq_channel_clients", "Subscribed clients", G, lambda c: len(c.clients)),
+    ("nsq_channel_paused", "1 if the channel is paused", G, lambda c: int(c.paused)),
+)
+#: A channel's message lifecycle, once it has one (max attempts, TTL or a bound).
+LIFECYCLE_FAMILIES: tuple[Family, ...] = (
+    (
+        "nsq_channel_dead_lettered",
+        "Messages moved to the dead-letter topic after --max-attempts",
+        C,
+        lambda c: c.dead_letter_count,
+    ),
+    ("nsq_channel_expired", "Messages dropped past their TTL", C, lambda c: c.expired_count),
+    (
+        "nsq_channel_dropped",
+        "Messages dropped by a drop-oldest bound",
+        C,
+        lambda c: c.dropped_count,
+    ),
+    (
+        "nsq_channel_over_bound",
+        "Messages taken back from consumers (REQ, timeout, disconnect) past a bound",
+        C,
+        lambda c: c.over_bound_count,
+    ),
+)
+
+
+Families = list[tuple[GaugeMetricFamily | CounterMetricFamily, Value]]
+
+
+def _families(table: tuple[Family, ...], labels: list[str]) -> Families:
+    return [(kind(name, text, labels=labels), value) for name, text, kind, value in table]
+
+
 class NSQCollector:
-    """Topic, channel and client metrics of one nsqd."""
+    """Topic, channel and client metrics of one nsqd, from the tables above."""
 
     def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
@@ -52,80 +131,10 @@ class NSQCollector:
         )
         yield GaugeMetricFamily("nsq_clients", "Connected TCP clients", value=len(nsqd.clients))
         yield GaugeMetricFamily("nsq_topics", "Topics", value=len(nsqd.topics))
-
-        t_labels = ["topic"]
-        c_labels = ["topic", "channel"]
-        t_depth = GaugeMetricFamily(
-            "nsq_topic_depth", "Messages queued (memory + disk)", labels=t_labels
-        )
-        t_backend = GaugeMetricFamily(
-            "nsq_topic_backend_depth", "Messages queued on disk", labels=t_labels
-        )
-        t_msgs = CounterMetricFamily("nsq_topic_messages", "Messages published", labels=t_labels)
-        t_bytes = CounterMetricFamily(
-            "nsq_topic_message_bytes", "Message body bytes published", labels=t_labels
-        )
-        t_paused = GaugeMetricFamily(
-            "nsq_topic_paused", "1 if the topic is paused", labels=t_labels
-        )
-        t_channels = GaugeMetricFamily(
-            "nsq_topic_channels", "Channels of the topic", labels=t_labels
-        )
-        t_log_earliest = GaugeMetricFamily(
-            "nsq_topic_log_earliest_offset",
-            "Oldest retained offset of a replayable topic",
-            labels=t_labels,
-        )
-        t_log_latest = GaugeMetricFamily(
-            "nsq_topic_log_latest_offset",
-            "Next offset to be written to a replayable topic's log",
-            labels=t_labels,
-        )
-        t_log_bytes = GaugeMetricFamily(
-            "nsq_topic_log_bytes", "Bytes in a replayable topic's log", labels=t_labels
-        )
-        t_log_segments = GaugeMetricFamily(
-            "nsq_topic_log_segments", "Segment files of a replayable topic's log", labels=t_labels
-        )
-        c_dead = CounterMetricFamily(
-            "nsq_channel_dead_lettered",
-            "Messages moved to the dead-letter topic after --max-attempts",
-            labels=c_labels,
-        )
-        c_expired = CounterMetricFamily(
-            "nsq_channel_expired", "Messages dropped past their TTL", labels=c_labels
-        )
-        c_dropped = CounterMetricFamily(
-            "nsq_channel_dropped", "Messages dropped by a drop-oldest bound", labels=c_labels
-        )
-        c_over = CounterMetricFamily(
-            "nsq_channel_over_bound",
-            "Messages taken back from consumers (REQ, timeout, disconnect) past a bound",
-            labels=c_labels,
-        )
-        c_depth = GaugeMetricFamily(
-            "nsq_channel_depth", "Messages queued (memory + disk)", labels=c_labels
-        )
-        c_backend = GaugeMetricFamily(
-            "nsq_channel_backend_depth", "Messages queued on disk", labels=c_labels
-        )
-        c_in_flight = GaugeMetricFamily(
-            "nsq_channel_in_flight", "Messages in flight", labels=c_labels
-        )
-        c_deferred = GaugeMetricFamily("nsq_channel_deferred", "Deferred messages", labels=c_labels)
-        c_msgs = CounterMetricFamily(
-            "nsq_channel_messages", "Messages put into the channel", labels=c_labels
-        )
-        c_requeued = CounterMetricFamily(
-            "nsq_channel_requeued", "Messages requeued (REQ)", labels=c_labels
-        )
-        c_timed_out = CounterMetricFamily(
-            "nsq_channel_timed_out", "Messages that timed out in flight", labels=c_labels
-        )
-        c_clients = GaugeMetricFamily("nsq_channel_clients", "Subscribed clients", labels=c_labels)
-        c_paused = GaugeMetricFamily(
-            "nsq_channel_paused", "1 if the channel is paused", labels=c_labels
-        )
+        topic_fams = _families(TOPIC_FAMILIES, ["topic"])
+        log_fams = _families(LOG_FAMILIES, ["topic"])
+        channel_fams = _families(CHANNEL_FAMILIES, ["topic", "channel"])
+        lifecycle_fams = _families(LIFECYCLE_FAMILIES, ["topic", "channel"])
         t_e2e = Metric(
             "nsq_topic_e2e_processing_latency_seconds",
             "Publish-to-FIN latency quantiles over the window, merged over channels",
@@ -138,43 +147,26 @@ class NSQCollector:
         )
         for topic in sorted(nsqd.topics.values(), key=lambda t: t.name):
             tl = [topic.name]
-            t_depth.add_metric(tl, topic.depth)
-            t_backend.add_metric(tl, topic.queue.backend.depth())
-            t_msgs.add_metric(tl, topic.message_count)
-            t_bytes.add_metric(tl, topic.message_bytes)
-            t_paused.add_metric(tl, int(topic.paused))
-            t_channels.add_metric(tl, len(topic.channels))
+            for fam, value in topic_fams:
+                fam.add_metric(tl, value(topic))
             if topic.log is not None:
-                t_log_earliest.add_metric(tl, topic.log.earliest)
-                t_log_latest.add_metric(tl, topic.log.latest)
-                t_log_bytes.add_metric(tl, topic.log.size)
-                t_log_segments.add_metric(tl, topic.log.segment_count)
+                for fam, value in log_fams:
+                    fam.add_metric(tl, value(topic.log))
             if any(e2e_sink(ch) for ch in topic.channels.values()):
                 _add_quantiles(t_e2e, {"topic": topic.name}, topic_e2e(nsqd, topic))
             for ch in sorted(topic.channels.values(), key=lambda c: c.name):
                 cl = [topic.name, ch.name]
-                c_depth.add_metric(cl, ch.depth)
-                c_backend.add_metric(cl, ch.queue.backend.depth())
-                c_in_flight.add_metric(cl, len(ch.in_flight))
-                c_deferred.add_metric(cl, len(ch.deferred))
-                c_msgs.add_metric(cl, ch.message_count)
-                c_requeued.add_metric(cl, ch.requeue_count)
-                c_timed_out.add_metric(cl, ch.timeout_count)
-                c_clients.add_metric(cl, len(ch.clients))
-                c_paused.add_metric(cl, int(ch.paused))
+                for fam, value in channel_fams:
+                    fam.add_metric(cl, value(ch))
                 if ch.screening or ch.max_depth or ch.max_bytes:
-                    c_dead.add_metric(cl, ch.dead_letter_count)
-                    c_expired.add_metric(cl, ch.expired_count)
-                    c_dropped.add_metric(cl, ch.dropped_count)
-                    c_over.add_metric(cl, ch.over_bound_count)
+                    for fam, value in lifecycle_fams:
+                        fam.add_metric(cl, value(ch))
                 if e2e_sink(ch) is not None:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
-        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, t_channels, t_e2e)
-        yield from (t_log_earliest, t_log_latest, t_log_bytes, t_log_segments)
-        yield from (c_depth, c_backend, c_in_flight, c_deferred, c_msgs, c_requeued)
-        yield from (c_timed_out, c_clients, c_paused, c_e2e, c_dead, c_expired, c_dropped)
-        yield c_over
+        for fams in (topic_fams, log_fams, channel_fams, lifecycle_fams):
+            yield from (fam for fam, _ in fams)
+        yield from (t_e2e, c_e2e)
 
 
 def _add_quantiles(metric: Metric, labels: dict[str, str], result: dict[str, object]) -> None:
