@@ -374,8 +374,9 @@ def test_a_rewind_racing_an_admin_call_has_a_defined_outcome(
     assert doc["offset"] == 0 and doc["count"] == doc["next"] < n
 
 
-def test_a_rewind_cut_by_kill_9_resumes_at_the_next_start(
-    proc_dir: tuple[Path, Path],
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_a_rewind_cut_by_a_stop_resumes_at_the_next_start(
+    proc_dir: tuple[Path, Path], sig: signal.Signals
 ) -> None:
     n = 100_000
     data, log = proc_dir
@@ -398,8 +399,8 @@ def test_a_rewind_cut_by_kill_9_resumes_at_the_next_start(
 
     threading.Thread(target=ask, daemon=True).start()
     wait_for(lambda: replayed() > 0, "the rewind to start")
-    proc.stop(signal.SIGKILL)
-    assert list((data / "t.log").glob("rewind.*")), "the kill came after the rewind ended"
+    proc.stop(sig)
+    assert list((data / "t.log").glob("rewind.*")), "the stop came after the rewind ended"
     proc = Proc(data, log, *flags)
     try:
         got: set[bytes] = set()

@@ -22,8 +22,9 @@ offset up to the latest one at the time of the call back into a channel, with th
 batch per loop turn. Their progress is kept in ``rewind.<stop>.<channel>`` in the log's
 directory (``storage/position.py``: the next offset to put back, saved after each batch), so a
 crash mid-way resumes at the next start instead of leaving a partial replay no one knows of.
-A rewind ends early, with what it put back so far, if its channel or topic is deleted or nsqd
-stops; turning retention off is refused while one runs. A channel created at an offset is the
+A rewind ends early, with what it put back so far, if its channel or topic is deleted; when
+nsqd stops, it answers so too and goes on at the next start. Turning retention off is refused
+while one runs. A channel created at an offset is the
 same replay, except when it is the topic's only channel: then the topic's own hand-off simply
 restarts at that offset (``Topic.restart_hand_off``).
 """
@@ -258,14 +259,18 @@ class Retention:
         marker = os.path.join(tlog.directory, f"rewind.{stop}.{channel.name}")
         progress = PositionFile(marker)  # OSError: nothing started
         self._rewinds.add(key)
+        resume = False
         try:
             progress.save(start, sync=tlog.sync_every <= 1)
-            return await self._replay(topic, channel, tlog, start, stop, progress)
+            result = await self._replay(topic, channel, tlog, start, stop, progress)
+            resume = result.stopped == "EXITING"  # nsqd stops: it goes on at the next start
+            return result
         finally:
             self._rewinds.discard(key)
             progress.close()
-            with contextlib.suppress(OSError):
-                os.unlink(marker)
+            if not resume:
+                with contextlib.suppress(OSError):
+                    os.unlink(marker)
 
     async def _replay(
         self,
