@@ -141,3 +141,31 @@ def test_the_spark_connector_uses_the_client_and_declares_no_wire_format() -> No
         tops = {mod.split(".")[0] for mod in _imports(path)}
         banned = tops & {"urllib", "http", "ssl", "struct", "zlib", "socket"}
         assert not banned, f"{path.name} imports {sorted(banned)}"
+
+
+#: What each package may import (docs/architecture.md states the same): an upper bound.
+ALLOWED = {
+    "__init__": set(),
+    "__main__": {"cli"},
+    "log": set(),
+    "options": {"internal"},
+    "internal": {"log", "__init__"},
+    "protocol": {"internal"},
+    "core": {"protocol", "internal"},
+    "storage": {"core", "protocol", "internal", "log"},
+    "http": {"core", "storage", "protocol", "internal", "options", "log", "__init__"},
+    "server": {"http", "storage", "core", "protocol", "internal", "options", "log", "__init__"},
+    "cli": {"server", "options", "internal", "log"},
+    "lookupd": {"protocol", "internal", "log", "__init__"},
+    "client": {"protocol", "internal", "__init__"},
+    "tools": {"client", "protocol", "internal", "log", "__init__"},
+    "nsqadmin": {"client", "internal", "log", "__init__"},
+    "pynsqd_spark": {"client", "protocol", "__init__"},
+}
+
+
+def test_every_package_imports_only_what_the_architecture_says() -> None:
+    graph = _graph()
+    assert set(graph) <= set(ALLOWED), f"a new package: {sorted(set(graph) - set(ALLOWED))}"
+    extra = {n: sorted(deps - ALLOWED[n]) for n, deps in graph.items() if deps - ALLOWED[n]}
+    assert not extra, f"imports beyond the architecture: {extra}"
