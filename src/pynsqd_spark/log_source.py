@@ -68,7 +68,7 @@ def discover(opts: LogOptions) -> list[str]:
     if not opts.lookupd:
         return nodes
     try:
-        found = lookup_http_addresses(opts.lookupd, opts.topic, opts.timeout)
+        found = lookup_http_addresses(opts.lookupd, opts.topic, opts.http.timeout)
     except NsqLookupError as e:
         log.warning("nsq log source: %s", e)
         return nodes

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pynsqd import __version__
-from pynsqd.client import ClientOptions, HTTPOptions, parse_address
+from pynsqd.client import ClientOptions, parse_address
 from pynsqd.client.errors import DEFAULT_LOOKUPD_HTTP_PORT
 
 _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
@@ -282,26 +282,9 @@ class LogOptions:
     max_offsets_per_trigger: int
     min_partitions: int
     fail_on_data_loss: bool
-    auth_secret: str | None
-    timeout: float
-    tls: bool = False  # the addresses are nsqd's --https-address
-    tls_verify: bool = True
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-
-    @property
-    def http(self) -> HTTPOptions:
-        """How the client talks to each node's HTTP port."""
-        return HTTPOptions(
-            timeout=self.timeout,
-            tls=self.tls,
-            tls_verify=self.tls_verify,
-            tls_ca_file=self.tls_ca_file,
-            tls_cert_file=self.tls_cert_file,
-            tls_key_file=self.tls_key_file,
-            auth_secret=self.auth_secret,
-        )
+    #: How to talk to each node's HTTP port (TLS: the addresses are nsqd's --https-address;
+    #: the auth secret; the timeout).
+    http: ClientOptions
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogOptions:
@@ -343,13 +326,15 @@ class LogOptions:
             max_offsets_per_trigger=o.integer("maxOffsetsPerTrigger", 0),
             min_partitions=o.integer("minPartitions", len(nodes), 1),
             fail_on_data_loss=o.boolean("failOnDataLoss", True),
-            auth_secret=o.get("authSecret"),
-            timeout=o.integer("timeoutMs", 30000, 1) / 1000,
-            tls=tls,
-            tls_verify=o.boolean("tlsVerify", True),
-            tls_ca_file=o.get("tlsCaFile"),
-            tls_cert_file=o.get("tlsCertFile"),
-            tls_key_file=o.get("tlsKeyFile"),
+            http=ClientOptions(
+                timeout=o.integer("timeoutMs", 30000, 1) / 1000,
+                tls=tls,
+                tls_verify=o.boolean("tlsVerify", True),
+                tls_ca_file=o.get("tlsCaFile"),
+                tls_cert_file=o.get("tlsCertFile"),
+                tls_key_file=o.get("tlsKeyFile"),
+                auth_secret=o.get("authSecret"),
+            ),
         )
 
 

@@ -30,7 +30,7 @@ import pytest
 from ..conftest import ServerThread, http_request
 from ..waiting import wait_for
 from .test_crash_safety import Proc, fill, proc_dir, small_disk
-from .test_replay import read_everything
+from .test_replay import drain, read_everything
 
 __all__ = ["proc_dir", "small_disk"]  # fixtures used here
 
@@ -79,14 +79,7 @@ def test_the_saved_hand_off_position_never_passes_what_the_channels_stored(
     server.stop()
     restarted = make_nsqd(data_path=str(crashed), http_address="", **flags)
     for name in ("a", "b"):
-        with restarted.connect() as c:
-            c.sub("t", name, rdy=1000)
-            got: set[bytes] = set()
-            while len(got) < n:
-                m = c.read_message()  # times out (fails) if a message is missing
-                got.add(m.body)
-                c.fin(m.id)
-        assert got == {b"m%05d" % i for i in range(n)}
+        assert set(drain(restarted, "t", name, n)) == {b"m%05d" % i for i in range(n)}
 
 
 class Consumer(threading.Thread):
@@ -204,15 +197,7 @@ def test_retention_off_on_a_full_disk_completes_or_changes_nothing(
     filler.unlink()
     assert http_request(server, "POST", "/topic/retention?topic=t&time=0&bytes=0")[0] == 200
     assert http_request(server, "GET", "/topic/offsets?topic=t")[0] == 400  # not retained
-    with server.connect() as c:
-        c.sub("t", "c", rdy=1000)
-        got: Counter[bytes] = Counter()
-        for _ in range(n):
-            m = c.read_message()  # times out (fails) if one is missing
-            got[m.body] += 1
-            c.fin(m.id)
-        c.expect_nothing()
-    assert got == Counter(bodies)
+    assert Counter(drain(server, "t", "c", n)) == Counter(bodies)
 
 
 def test_a_restart_without_retention_on_a_full_disk_keeps_serving_the_backlog(
@@ -231,15 +216,7 @@ def test_a_restart_without_retention_on_a_full_disk_keeps_serving_the_backlog(
     room.unlink()
     server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)  # retention off now
     filler.unlink()
-    with server.connect() as c:
-        c.sub("t", "c", rdy=1000)
-        got: Counter[bytes] = Counter()
-        for _ in range(n):
-            m = c.read_message()  # times out (fails) if one is missing
-            got[m.body] += 1
-            c.fin(m.id)
-        c.expect_nothing()
-    assert got == Counter(bodies)
+    assert Counter(drain(server, "t", "c", n)) == Counter(bodies)
 
 
 # -- rewind and create-at-offset ---------------------------------------------------------------

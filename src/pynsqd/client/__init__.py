@@ -12,7 +12,6 @@ It speaks to pynsqd and Go nsqd alike."""
 
 from .aio import AsyncConnection
 from .cluster import (
-    HTTPOptions,
     LogChunk,
     LogOffsetOutOfRange,
     channel_depth,
@@ -22,14 +21,14 @@ from .cluster import (
     read_log,
     topic_offsets,
 )
-from .connection import ClientOptions, Connection, Reactor
+from .connection import Connection, Reactor
 from .errors import NsqConnectionError, NsqError, NsqLookupError, parse_address
+from .options import ClientOptions
 
 __all__ = [
     "AsyncConnection",
     "ClientOptions",
     "Connection",
-    "HTTPOptions",
     "LogChunk",
     "LogOffsetOutOfRange",
     "NsqConnectionError",

@@ -9,7 +9,6 @@ lookupd's producers become ``broadcast_address`` (else ``hostname``) ``:`` port.
 
 from __future__ import annotations
 
-import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,10 +19,10 @@ from typing import Any
 from ..internal import jsonbound
 from ..protocol.log_record import LogRecord, scan_records
 from .errors import NsqError, NsqLookupError
+from .options import ClientOptions
 
 __all__ = [
     "DamagedRecord",
-    "HTTPOptions",
     "LogChunk",
     "LogOffsetOutOfRange",
     "NodeHTTPError",
@@ -38,20 +37,6 @@ __all__ = [
 ACCEPT = "application/vnd.nsq; version=1.0"
 #: The header nsqd reads a log reader's auth secret from (``http/replay.py``).
 SECRET_HEADER = "X-Nsq-Auth-Secret"
-
-
-@dataclass(frozen=True)
-class HTTPOptions:
-    """How to talk to nsqd's HTTP port: over TLS (its ``--https-address``) or not, the auth
-    secret a log read needs with ``--auth-http-address``, and the timeout."""
-
-    timeout: float = 5.0
-    tls: bool = False
-    tls_verify: bool = True
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    auth_secret: str | None = None
 
 
 class NodeHTTPError(NsqError):
@@ -91,24 +76,6 @@ class LogChunk:
     records: list[LogRecord]
 
 
-_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
-
-
-def _ssl_context(opts: HTTPOptions) -> ssl.SSLContext:
-    """One context per set of TLS options and process."""
-    key = (opts.tls_verify, opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
-    ctx = _CONTEXTS.get(key)
-    if ctx is None:
-        ctx = ssl.create_default_context(cafile=opts.tls_ca_file)
-        if not opts.tls_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if opts.tls_cert_file:
-            ctx.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-        _CONTEXTS[key] = ctx
-    return ctx
-
-
 def _url(address: str, path: str, query: dict[str, str], *, tls: bool = False) -> str:
     base = address.strip().rstrip("/")
     if "://" not in base:
@@ -117,13 +84,13 @@ def _url(address: str, path: str, query: dict[str, str], *, tls: bool = False) -
     return f"{base}{path}" + (f"?{qs}" if qs else "")
 
 
-def _get(url: str, opts: HTTPOptions) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, opts: ClientOptions) -> tuple[int, dict[str, str], bytes]:
     """(status, lower-cased headers, body). Raises OSError when the node cannot be reached."""
     headers = {"Accept": ACCEPT}
     if opts.auth_secret:
         headers[SECRET_HEADER] = opts.auth_secret
     req = urllib.request.Request(url, headers=headers)
-    context = _ssl_context(opts) if url.startswith("https:") else None
+    context = opts.shared_ssl_context() if url.startswith("https:") else None
     try:
         with urllib.request.urlopen(req, timeout=opts.timeout, context=context) as r:
             return int(r.status), {k.lower(): v for k, v in r.headers.items()}, r.read()
@@ -131,7 +98,7 @@ def _get(url: str, opts: HTTPOptions) -> tuple[int, dict[str, str], bytes]:
         return int(e.code), {}, e.read()
 
 
-def _get_json(url: str, opts: HTTPOptions) -> tuple[int, Any]:
+def _get_json(url: str, opts: ClientOptions) -> tuple[int, Any]:
     status, _, body = _get(url, opts)
     try:
         return status, jsonbound.loads(body or b"null")
@@ -168,7 +135,7 @@ def _query_all(
     found: list[dict[str, Any]] = []
     errors: list[str] = []
     answered = False
-    opts = HTTPOptions(timeout=timeout)
+    opts = ClientOptions(timeout=timeout)
     for lookupd in lookupd_addresses:
         url = _url(lookupd, path, query)
         try:
@@ -235,7 +202,9 @@ def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 
     has no such channel."""
     query = {"format": "json", "topic": topic, "channel": channel}
     try:
-        status, body = _get_json(_url(http_address, "/stats", query), HTTPOptions(timeout))
+        status, body = _get_json(
+            _url(http_address, "/stats", query), ClientOptions(timeout=timeout)
+        )
     except (OSError, ValueError):
         return None
     if status != 200 or not isinstance(body, dict):
@@ -249,7 +218,7 @@ def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 
     return None
 
 
-def _node_get(node: str, path: str, query: dict[str, str], opts: HTTPOptions) -> Any:
+def _node_get(node: str, path: str, query: dict[str, str], opts: ClientOptions) -> Any:
     try:
         return _get(_url(node, path, query, tls=opts.tls), opts)
     except OSError as e:
@@ -257,7 +226,7 @@ def _node_get(node: str, path: str, query: dict[str, str], opts: HTTPOptions) ->
 
 
 def topic_offsets(
-    node: str, topic: str, opts: HTTPOptions, timestamp_ms: int | None = None
+    node: str, topic: str, opts: ClientOptions, timestamp_ms: int | None = None
 ) -> dict[str, Any]:
     """``GET /topic/offsets`` of a replayable topic on one node (``earliest``, ``latest``;
     with ``timestamp_ms``, ``offset``: the first published at or after it). Raises
@@ -278,7 +247,7 @@ def read_log(
     node: str,
     topic: str,
     offset: int,
-    opts: HTTPOptions,
+    opts: ClientOptions,
     *,
     max_messages: int = 10_000,
     max_bytes: int = 16 << 20,

@@ -27,7 +27,6 @@ import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
@@ -44,6 +43,7 @@ from ..protocol.frames import (
     FrameReader,
 )
 from .errors import NsqConnectionError, NsqError, parse_address
+from .options import ClientOptions
 
 __all__ = [
     "ClientOptions",
@@ -61,36 +61,6 @@ _RECV_SIZE = 256 * 1024
 
 #: on_messages(conn, timestamps_ns, attempts, ids, bodies)
 MessagesCallback = Callable[["Connection", list[int], list[int], list[bytes], list[bytes]], None]
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    """How to connect and IDENTIFY; picklable, so it can travel to Spark executors."""
-
-    connect_timeout: float = 5.0
-    #: read/write timeout of request/response calls (seconds)
-    timeout: float = 30.0
-    #: IDENTIFY heartbeat_interval in ms (0: nsqd's default, 30 s)
-    heartbeat_interval_ms: int = 0
-    #: IDENTIFY msg_timeout in ms (0: nsqd's --msg-timeout)
-    msg_timeout_ms: int = 0
-    client_id: str = ""
-    user_agent: str = f"pynsqd/{VERSION}"
-    tls: bool = False
-    tls_verify: bool = True
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    auth_secret: str | None = None
-
-    def ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.tls_ca_file)
-        if not self.tls_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if self.tls_cert_file:
-            ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
-        return ctx
 
 
 class Connection:

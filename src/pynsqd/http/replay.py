@@ -53,7 +53,7 @@ SECRET_HEADER = "X-Nsq-Auth-Secret"
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_BYTES = 256 << 20
-_CHUNK = 256 << 10
+_CHUNK = 1 << 20
 #: Segments one /topic/log response covers at most. Each is an open descriptor until its part
 #: of the body is written, so a read over many small segments ends early (X-Nsq-Next-Offset
 #: says where to go on) instead of holding hundreds of files.
@@ -61,9 +61,10 @@ MAX_SEGMENTS_PER_READ = 8
 #: Descriptors all /topic/log responses together may hold: a quarter of RLIMIT_NOFILE, at
 #: most this many. A read that finds none left is answered 503 TOO_MANY_LOG_READERS.
 MAX_LOG_READ_FDS = 256
-#: Seconds one chunk of a /topic/log body may take to drain to the reader: a reader that stops
-#: reading is disconnected, so it lets go of its files (and of the disk space of segments that
-#: retention removed meanwhile) within about this long.
+#: Seconds one chunk (1 MiB) of a /topic/log body may take to drain to the reader: a reader
+#: slower than about 100 KiB/s, or one that stops reading, is disconnected, so it lets go of
+#: its files (and of the disk space of segments that retention removed meanwhile) within
+#: about this long.
 WRITE_TIMEOUT = 10.0
 
 
