@@ -243,17 +243,18 @@ def test_fin_errors_are_non_fatal_and_exact() -> None:
     assert owner.value.msg_id == m.id
     with pytest.raises(NotInFlight):
         ch.finish(a, b"0000000000000000")
-    err = ch.finish_many(a, [m.id, m.id])
-    assert isinstance(err, NotInFlight) and err.msg_id == m.id and a.finish_count == 1
+    with pytest.raises(NotInFlight) as second:
+        ch.finish_many(a, [m.id, m.id])  # the first is finished, the second is not in flight
+    assert second.value.msg_id == m.id and a.finish_count == 1
     # and as nsqd words them on the wire
     assert channel_error("FIN", owner.value, b"").wire == (
         b"E_FIN_FAILED FIN " + m.id + b" failed client does not own message"
     )
     assert (
-        channel_error("FIN", err, b"").wire
+        channel_error("FIN", second.value, b"").wire
         == b"E_FIN_FAILED FIN " + m.id + b" failed ID not in flight"
     )
-    assert isinstance(channel_error("FIN", err, b""), ClientError)  # not fatal, as nsqd
+    assert isinstance(channel_error("FIN", second.value, b""), ClientError)  # not fatal, as nsqd
 
 
 def test_touch_extends_but_is_capped_at_max_msg_timeout() -> None:

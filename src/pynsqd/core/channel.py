@@ -470,13 +470,12 @@ class Channel:
 
     def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
         """FIN one message; raises NotInFlight or NotOwner."""
-        err = self.finish_many(client, [msg_id])
-        if err is not None:
-            raise err
+        self.finish_many(client, [msg_id])
 
-    def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> ChannelError | None:
-        """FIN a run of ids (one pipelined read's worth); stops at, and returns, the first one
-        that is not this client's to finish. The one body of FIN."""
+    def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> None:
+        """FIN a run of ids (one pipelined read's worth), the one body of FIN. The ids before
+        the first that is not this client's to finish are finished; that one raises
+        NotInFlight or NotOwner, as every consumer command of the channel raises."""
         in_flight = self.in_flight
         sink = self.e2e_sink
         now_ns = time.time_ns() if sink is not None else 0
@@ -500,7 +499,8 @@ class Channel:
             self._release(ids[:done])
         if done and len(self.queue):
             self.schedule_pump()
-        return err
+        if err is not None:
+            raise err
 
     def requeue(self, client: ConsumerLike, msg_id: bytes, timeout: float) -> None:
         """REQ: back to the queue now (timeout 0) or deferred by ``timeout`` seconds."""

@@ -469,9 +469,10 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     def FIN(self, cmd: Fin) -> None:
         assert self.channel is not None
-        err = self.channel.finish_many(self, cmd.ids)
-        if err is not None:
-            raise channel_error("FIN", err, b"")
+        try:
+            self.channel.finish_many(self, cmd.ids)
+        except ChannelError as err:
+            raise channel_error("FIN", err, b"") from None
 
     def REQ(self, cmd: Req) -> None:
         assert self.channel is not None
