@@ -267,14 +267,17 @@ class Channel:
 
     # -- input ----------------------------------------------------------------------------
 
-    def put_many(self, msgs: list[Message]) -> OSError | None:
+    def put_many(self, msgs: list[Message], *, mixed: bool = False) -> OSError | None:
         """Messages from the topic: counted, queued (or deferred), and offered to consumers.
 
-        Never loses them: if the backend fails they stay in memory and the error is returned.
+        One publish is all deferred (DPUB) or none, so only its first message is looked at;
+        ``mixed``: a backlog, where deferred and plain messages may come in any order, so each
+        one is. Never loses them: if the backend fails they stay in memory and the error is
+        returned.
         """
         self.message_count += len(msgs)
         plain = msgs
-        if msgs[0].defer_until_ns or msgs[-1].defer_until_ns:
+        if mixed or msgs[0].defer_until_ns:
             plain = [m for m in msgs if not m.defer_until_ns]
             for m in msgs:
                 if m.defer_until_ns:

@@ -278,14 +278,14 @@ class Topic:
             hold = self._handed_hold = None  # what was kept in memory has been delivered
         tlog.save_handed(tlog.handed if hold is None else min(hold, tlog.handed))
 
-    def _fan_out(self, msgs: list[Message]) -> OSError | None:
+    def _fan_out(self, msgs: list[Message], *, mixed: bool = False) -> OSError | None:
         """Every channel gets the messages; returns the first backend error (none are lost)."""
         channels = iter(self.channels.values())
         first = next(channels)
         err = None
         for ch in channels:
-            err = ch.put_many([m.copy() for m in msgs]) or err
-        return first.put_many(msgs) or err
+            err = ch.put_many([m.copy() for m in msgs], mixed=mixed) or err
+        return first.put_many(msgs, mixed=mixed) or err
 
     def _hand_over(self, batch: list[Message], first: int) -> OSError | None:
         """A batch of the log's backlog (offsets from ``first``) to the channels; a channel
@@ -296,18 +296,15 @@ class Topic:
                 if start <= first or name not in self.channels:
                     del starts[name]
         if not starts:
-            plain, deferred = _split_deferred(batch)
-            err = self._fan_out(plain) if plain else None
-            return (self._fan_out(deferred) if deferred else None) or err
+            return self._fan_out(batch, mixed=True)
         err = None
         for i, ch in enumerate(self.channels.values()):
             skip = starts.get(ch.name, first) - first
             mine = batch[skip:] if skip else batch
             if i:
                 mine = [m.copy() for m in mine]
-            for part in _split_deferred(mine):
-                if part:
-                    err = ch.put_many(part) or err
+            if mine:
+                err = ch.put_many(mine, mixed=True) or err
         return err
 
     def restart_hand_off(self, offset: int) -> None:
@@ -353,9 +350,7 @@ class Topic:
             self._handed_to(nxt, first if err is not None else None)
         elif queue.mem_depth:
             # DPUBs waiting here may be mixed with plain messages.
-            for part in _split_deferred(queue.take_memory(DRAIN_BATCH)):
-                if part:
-                    self._fan_out(part)
+            self._fan_out(queue.take_memory(DRAIN_BATCH), mixed=True)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
             # room in memory. The topic's read is held until every channel has stored them, so
@@ -473,13 +468,3 @@ class Topic:
         if leftovers:
             self.queue.backend.put_many(leftovers)
         self.queue.backend.close()
-
-
-def _split_deferred(batch: list[Message]) -> tuple[list[Message], list[Message]]:
-    """(plain, deferred): ``Channel.put_many`` takes a batch that is all of one kind."""
-    deferred = [m for m in batch if m.defer_until_ns]
-    if not deferred:
-        return batch, []
-    if len(deferred) == len(batch):
-        return [], batch
-    return [m for m in batch if not m.defer_until_ns], deferred
