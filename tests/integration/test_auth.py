@@ -5,7 +5,6 @@ auth server that never holds up other clients."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -234,31 +233,8 @@ def test_commands_pipelined_after_auth_wait_for_it(server: ServerThread, authd: 
         assert sorted(m.body for m in conn.read_messages(3)) == [b"1", b"2", b"3"]
 
 
-def test_ttl_refetch(server: ServerThread, authd: AuthServer) -> None:
-    authd.reply = {**authd.reply, "ttl": 1}
-    with authed_conn(server) as conn:
-        conn.pub("allowed", b"x")
-        assert len(authd.requests) == 1
-        time.sleep(1.1)  # let the authorization expire
-        authd.reply = {**authd.reply, "authorizations": []}
-        conn.send(encode.pub("allowed", b"x"))
-        # re-queried; nsqd judges this PUB by the new answer
-        conn.expect_fatal(b'E_UNAUTHORIZED AUTH failed for PUB on "allowed" ""')
-    assert len(authd.requests) == 2
-
-
-def test_ttl_refetch_allows_and_fails(server: ServerThread, authd: AuthServer) -> None:
-    authd.reply = {**authd.reply, "ttl": 1}
-    with authed_conn(server) as conn:
-        time.sleep(1.1)
-        conn.send(encode.pub("allowed", b"1") + encode.pub("allowed", b"2"))
-        assert conn.read_response() == b"OK"
-        assert conn.read_response() == b"OK"
-        assert len(authd.requests) == 2
-        time.sleep(1.1)
-        authd.status = 500
-        conn.send(encode.pub("allowed", b"3"))
-        conn.expect_fatal(b"E_AUTH_FAILED AUTH failed")
+# An authorization's expiry and the re-query it causes are tested on the fake clock:
+# tests/unit/test_auth_session.py.
 
 
 def test_stats_show_auth(server: ServerThread) -> None:

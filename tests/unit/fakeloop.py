@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 
 class Handle:
@@ -17,9 +18,50 @@ class Handle:
         self.cancelled = True
 
 
+class FakeTask:
+    """A task the test finishes by hand (``finish``); its coroutine never runs."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+        self._callbacks: list[Callable[[FakeTask], object]] = []
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._cancelled = False
+        self.done = False
+
+    def add_done_callback(self, cb: Callable[[FakeTask], object]) -> None:
+        self._callbacks.append(cb)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._end()
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def result(self) -> Any:
+        return self._result
+
+    def finish(self, result: Any = None, exc: BaseException | None = None) -> None:
+        self._result, self._exc = result, exc
+        self._end()
+
+    def _end(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.coro.close()
+        for cb in self._callbacks:
+            cb(self)
+
+
 class FakeLoop:
     def __init__(self) -> None:
         self.now = 1000.0
+        self.tasks: list[FakeTask] = []
         self._soon: list[Handle] = []
         self._timers: list[tuple[float, int, Handle]] = []
         self._seq = itertools.count()
@@ -39,6 +81,11 @@ class FakeLoop:
 
     def call_later(self, delay: float, callback: Callable[[], object], /) -> Handle:
         return self.call_at(self.now + delay, callback)
+
+    def create_task(self, coro: Coroutine[Any, Any, Any]) -> FakeTask:
+        task = FakeTask(coro)
+        self.tasks.append(task)
+        return task
 
     @property
     def armed_timers(self) -> int:
