@@ -368,16 +368,13 @@ class Retention:
                 except (OSError, ValueError) as err:
                     log.error("TOPIC(%s): unreadable %s (%s); removed", name, path, err)
                     offset = None
-                if topic is None or channel is None or offset is None:
+                if offset is not None:
+                    offset = max(offset, tlog.earliest)  # retention may have moved past it
+                if topic is None or channel is None or offset is None or offset >= stop:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
                     continue
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # the resumed rewind writes its own
-                if offset >= stop or offset < tlog.earliest:
-                    offset = max(offset, tlog.earliest)
-                    if offset >= stop:
-                        continue
+                # The resumed rewind goes on in this same file and removes it when it ends.
                 log.warning(
                     "CHANNEL(%s:%s): resuming the rewind a crash interrupted, offsets %d-%d",
                     name,

@@ -242,18 +242,20 @@ class TopicLog:
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
-        milliseconds the loop owes every client, so the background engine runs it on a
-        duplicate of the descriptor (``storage/syncer.py``; its failure is reported by
-        ``take_sync_error``)."""
+        milliseconds the loop owes every client, so the background engine runs it on
+        duplicates of the descriptors (``storage/syncer.py``; its failure is reported by
+        ``take_sync_error``): the records first, then the hand-off position, so the position
+        never runs ahead of them."""
         if self.sync_every <= 1:
             self.sync()
             return
-        fds = [os.dup(self._fd)]
+        fds = [os.dup(self._fd)] if self._unsynced and self._fd >= 0 else []
         self._unsynced = 0
         handed = self._handed_file.dup_unsynced() if self._handed_file is not None else None
-        if handed is not None:  # after the records: the position never runs ahead of them
+        if handed is not None:
             fds.append(handed)
-        SYNCER.submit(self._slot, fds)
+        if fds:
+            SYNCER.submit(self._slot, fds)
 
     def take_sync_error(self) -> OSError | None:
         """The error of the last failed background sync, if any (reported once)."""
@@ -273,17 +275,8 @@ class TopicLog:
     def sync_if_due(self) -> None:
         """``--sync-timeout``: the records and the hand-off position saved since the last
         sync go to disk (in the background unless ``--sync-every=1``)."""
-        handed_unsynced = self._handed_file is not None and self._handed_file.unsynced
-        if self._unsynced or handed_unsynced:
-            if self.sync_every <= 1:
-                self.sync()
-                return
-            fds = [os.dup(self._fd)] if self._unsynced and self._fd >= 0 else []
-            self._unsynced = 0
-            handed = self._handed_file.dup_unsynced() if self._handed_file is not None else None
-            if handed is not None:
-                fds.append(handed)
-            SYNCER.submit(self._slot, fds)
+        if self._unsynced or (self._handed_file is not None and self._handed_file.unsynced):
+            self._request_sync()
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
