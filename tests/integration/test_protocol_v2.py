@@ -826,10 +826,10 @@ def test_a_consumer_that_stops_reading_blocks_nobody(nsqd: ServerThread) -> None
             assert sorted(m.body for m in got) == bodies
 
 
-def test_deferred_messages_are_never_early_and_not_held(nsqd: ServerThread) -> None:
-    """40 DPUBs of 300 ms, one at a time, to a subscribed consumer: each arrives at or after
-    its due time by the wall clock, and within a few milliseconds of it (not held for the
-    output buffer timeout). Waits only on blocking reads."""
+def test_deferred_messages_are_never_early(nsqd: ServerThread) -> None:
+    """40 DPUBs of 300 ms, one at a time, to a subscribed consumer: none arrives before its due
+    time by the wall clock (how soon after it is latency: ``scripts/bench --mode latency``).
+    Waits only on blocking reads."""
     n, defer_ms = 40, 300
     with nsqd.connect(client_id="c") as cons, nsqd.connect() as pub:
         cons.sub("t", "c", rdy=100)
@@ -841,4 +841,3 @@ def test_deferred_messages_are_never_early_and_not_held(nsqd: ServerThread) -> N
             late_ms.append((time.time_ns() - m.timestamp) / 1e6 - defer_ms)
             cons.fin(m.id)
     assert min(late_ms) >= 0, sorted(late_ms)[:5]
-    assert max(late_ms) < 50, sorted(late_ms)[-5:]

@@ -486,3 +486,35 @@ def test_temporary_files_left_by_a_crash_are_removed_at_start(
     assert not [p for p in left if p.exists()]
     assert mine.exists()
     assert [r.body for r in read_everything(server, "t")] == [b"m"]
+
+
+def test_a_gnsq_consumer_gets_a_rewound_range_again(make_nsqd: Callable[..., ServerThread]) -> None:
+    """A real client: gnsq publishes to a retained topic, consumes and FINs everything, and
+    after a rewind it gets the range again, nothing else."""
+    gevent = pytest.importorskip("gevent")
+    import gnsq
+
+    from .test_clients import gnsq_running, gnsq_wait
+
+    server = make_nsqd(retention_time=HOUR)
+    addr = f"127.0.0.1:{server.tcp_port}"
+    bodies = [b"g%02d" % i for i in range(10)]
+    got: list[bytes] = []
+    producer = gnsq.Producer([addr])
+    consumer = gnsq.Consumer("gt", "c", nsqd_tcp_addresses=[addr], max_in_flight=5)
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        got.append(message.body)  # gnsq FINs on return
+
+    with gnsq_running(gevent, producer, consumer):
+        producer.start()
+        assert producer.multipublish("gt", bodies) == b"OK"
+        consumer.start(block=False)
+        gnsq_wait(gevent, lambda: len(got), 10, "messages")
+        gnsq_wait(
+            gevent, lambda: channel_stats(server, "gt", "c")["in_flight_count"] == 0, 1, "FINs"
+        )
+        assert post(server, "/channel/rewind?topic=gt&channel=c&offset=5")[1]["count"] == 5
+        gnsq_wait(gevent, lambda: len(got), 15, "messages")
+    assert sorted(got[:10]) == bodies and sorted(got[10:]) == bodies[5:]
