@@ -139,6 +139,56 @@ class Options:
         0,
         "pynsqd: keep each topic's log to about this many bytes, whole segments of --max-bytes-per-file (0: no size bound)",
     )
+    # -- replicated topics (pynsqd; off unless --etcd-endpoints is given)
+    etcd_endpoints: list[str] = opt(
+        [],
+        "pynsqd: etcd client URL (<addr>:<port> or http://...) that coordinates a cluster of replicated topics (may be given multiple times); without it nothing is replicated",
+        kind="list",
+        flag="etcd-endpoints",
+        check=checks.check_auth_addresses,
+    )
+    cluster_name: str = opt(
+        "pynsqd",
+        "pynsqd: the cluster's name in etcd (its keys live under /pynsqd/<name>/); nodes with the same name and etcd form one cluster",
+        check=checks.check_cluster_name,
+    )
+    etcd_lease_ttl: float = opt(
+        3.0,
+        "pynsqd: how long a node that stops answering etcd keeps its membership and its partitions' leadership (whole seconds, at least 2)",
+        kind="duration",
+        check=checks.check_lease_ttl,
+    )
+    replicas: int = opt(
+        1,
+        "pynsqd: default copies of a retained topic's log on distinct nodes (1: not replicated; per topic: POST /topic/replication)",
+        check=checks.check_replicas,
+    )
+    replication_min_insync: int = opt(
+        0,
+        "pynsqd: default replicas that must hold a record before a publish is answered OK (0: a majority of --replicas)",
+    )
+    replication_acks: str = opt(
+        "all",
+        "pynsqd: default for replicated topics: 'all' answers OK once min-insync replicas hold the records, 'leader' once the leader wrote them",
+        check=checks.choice("all", "leader"),
+    )
+    replication_durability: str = opt(
+        "fsync",
+        "pynsqd: default for replicated topics: 'fsync' counts a replica once the records are fsynced there, 'pagecache' once written",
+        check=checks.choice("fsync", "pagecache"),
+    )
+    replication_timeout: float = opt(
+        5.0,
+        "pynsqd: a publish to a replicated topic not committed within this long is answered E_PUB_FAILED (it may still commit)",
+        kind="duration",
+        positive=True,
+    )
+    replica_lag_max: float = opt(
+        5.0,
+        "pynsqd: a follower that has not caught up with its leader for this long leaves the in-sync set",
+        kind="duration",
+        positive=True,
+    )
     # -- message lifecycle (pynsqd; off by default)
     max_attempts: int = opt(
         0,

@@ -145,7 +145,7 @@ class Proc:
 
         def listening() -> bool:
             assert self.p.poll() is None, log.read_text()
-            text = log.read_text(errors="replace")[start:]
+            text = log.read_bytes()[start:].decode(errors="replace")  # bytes: the log has µs
             ports.update((k, int(v)) for k, v in self._LISTENING.findall(text))
             return len(ports) == 2
 

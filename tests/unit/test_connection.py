@@ -85,6 +85,7 @@ class Context:
         self.tls_context: ssl.SSLContext | None = None
         # Off: on the fake loop a spinning callback would keep run_ready going forever.
         self.busy_poll = BusyPoll(loop, 0)  # type: ignore[arg-type]
+        self.replication = None
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self._ids = 0

@@ -29,6 +29,11 @@ class MessageLog(Protocol):
         """The next offset to be written."""
 
     @property
+    def visible(self) -> int:
+        """The end of what channels may be handed: ``latest``, or a replicated partition's
+        high watermark (what enough replicas hold)."""
+
+    @property
     def size(self) -> int:
         """Bytes on disk."""
 

@@ -218,8 +218,8 @@ class Topic:
         if not self.max_depth or self.bound_policy != "drop-oldest" or excess <= 0:
             return
         dropped = 0
-        if self.log is not None and self.log.handed < self.log.latest:
-            step = min(excess, self.log.latest - self.log.handed)
+        if self.log is not None and self.log.handed < self.log.visible:
+            step = min(excess, self.log.visible - self.log.handed)
             self.log.handed += step
             self.save_handed()
             dropped += step
@@ -234,7 +234,13 @@ class Topic:
         log = self.log
         assert log is not None
         first = log.append(msgs)
-        if log.handed == first and self.channels and not self.paused and not len(self.queue):
+        if (
+            log.handed == first
+            and log.visible > first
+            and self.channels
+            and not self.paused
+            and not len(self.queue)
+        ):
             err = self._fan_out(msgs)
             self._handed_to(log.latest, first if err is not None else None)
             if err is not None:
@@ -330,7 +336,7 @@ class Topic:
             not self._drain_pending
             and self.channels
             and not self.paused
-            and (len(self.queue) or (self.log is not None and self.log.handed < self.log.latest))
+            and (len(self.queue) or (self.log is not None and self.log.handed < self.log.visible))
         ):
             self._drain_pending = True
             self.loop.call_soon(self._drain)

@@ -8,6 +8,7 @@ validated (a bad ``defer`` or ``/mpub`` body leaves no new topic behind).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import socket
@@ -17,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
+from ..cluster.replicator import PublishRefused
 from ..core.e2e import go_float
 from ..core.errors import QueueFull
+from ..core.topic import Topic
 from ..internal import jsonbound
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
@@ -49,6 +52,11 @@ _GO_TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.
 
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
+
+
+async def _answer(result: Any) -> Any:
+    """A publish's answer: "OK", or a coroutine waiting for a replicated commit."""
+    return await result if asyncio.iscoroutine(result) else result
 
 
 async def read_body(request: BaseRequest, limit: int) -> bytes | None:
@@ -105,7 +113,7 @@ class API:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel_name
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> str:
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> Any:
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
@@ -113,8 +121,14 @@ class API:
         if topic.exiting:
             raise HTTPError(503, "EXITING")
         if bodies:
+            replication = nsqd.replication
             try:
+                if replication is not None and replication.gate(topic_name):
+                    topic.put_bodies(bodies, defer_ms)
+                    return self._wait_commit(topic_name, topic)
                 topic.put_bodies(bodies, defer_ms)
+            except PublishRefused as err:
+                raise HTTPError(503, "NOT_LEADER", {"reason": str(err)}) from err
             except OSError as err:
                 nsqd.set_health_error(err)
                 log.error("TOPIC(%s): failed to put messages - %s", topic_name, err)
@@ -126,6 +140,30 @@ class API:
                     {"queue": err.where, "depth": err.depth, "max_depth": err.limit},
                 ) from err
         return "OK"
+
+    def _wait_commit(self, topic_name: str, topic: Topic) -> Any:
+        """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503
+        PUB_FAILED with the reason after ``--replication-timeout`` (it may still commit)."""
+        replication = self.nsqd.replication
+        assert replication is not None and topic.log is not None
+        end = topic.log.latest
+        if replication.committed(topic_name, end):
+            return "OK"
+        answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
+
+        def done(why: str | None) -> None:
+            if not answer.done():
+                answer.set_result(why)
+
+        replication.wait(topic_name, end, done)
+
+        async def wait() -> str:
+            why = await answer
+            if why is not None:
+                raise HTTPError(503, "PUB_FAILED", {"reason": why})
+            return "OK"
+
+        return wait()
 
     # -- handlers, named after nsqd's ---------------------------------------------------
 
@@ -179,7 +217,7 @@ class API:
             defer_ms = int(text)
             if defer_ms < 0 or defer_ms > self.nsqd.opts.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
-        return self._publish(topic_name, [body], defer_ms)
+        return await _answer(self._publish(topic_name, [body], defer_ms))
 
     async def mpub(self, request: BaseRequest, params: Params) -> Any:
         opts = self.nsqd.opts
@@ -209,7 +247,7 @@ class API:
                 if len(line) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        return self._publish(topic_name, bodies)
+        return await _answer(self._publish(topic_name, bodies))
 
     async def stats(self, request: BaseRequest, params: Params) -> Any:
         params.checked()

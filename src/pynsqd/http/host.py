@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ..cluster.replicator import Replicator
 from ..core.channel import Channel
 from ..core.replay import Replayed
 from ..core.topic import Topic
@@ -77,6 +78,8 @@ class NSQDHost(Protocol):
     def http_address(self) -> str: ...
     @property
     def protocol_config(self) -> ProtocolConfig: ...
+    @property
+    def replication(self) -> Replicator | None: ...
 
     def get_topic(self, name: str) -> Topic: ...
     def get_existing_topic(self, name: str) -> Topic | None: ...

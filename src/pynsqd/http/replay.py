@@ -130,7 +130,7 @@ class ReplayAPI:
         return {
             "topic": name,
             "earliest": topic_log.earliest,
-            "latest": topic_log.latest,
+            "latest": topic_log.visible,
             "bytes": topic_log.size,
             "segments": topic_log.segment_count,
             "retention_time": format_duration(topic_log.retention_time),
@@ -150,10 +150,24 @@ class ReplayAPI:
         if error is not None:
             raise HTTPError(403 if error == "UNAUTHORIZED" else 401, error)
 
+    def _partition_log(self, name: str, params: Params) -> TopicLog:
+        """``partition=<origin node id>``: this node's copy of that node's partition of a
+        replicated topic; without it (or this node's own id), the topic's own log."""
+        text = params.get("partition")
+        if text is None or text == str(self.nsqd.opts.node_id):
+            return self._log(name)
+        if not _UINT.fullmatch(text) or int(text) >= 1024:
+            raise HTTPError(400, "INVALID_ARG_PARTITION")
+        replication = self.nsqd.replication
+        topic_log = replication.read_log(name, int(text)) if replication is not None else None
+        if topic_log is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return topic_log
+
     async def offsets(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
         await self._authorize(request, params, name)
-        topic_log = self._log(name)
+        topic_log = self._partition_log(name, params)
         doc = self._describe(name, topic_log)
         if params.get("timestamp") is not None:
             doc["offset"] = topic_log.offset_for_time(_uint(params, "timestamp") * 1_000_000)
@@ -162,7 +176,19 @@ class ReplayAPI:
     async def read(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
         await self._authorize(request, params, name)
-        topic_log = self._log(name)
+        extra: dict[str, str] = {}
+        replication = self.nsqd.replication
+        if params.get("replica") is not None:
+            # A follower of a replicated partition fetching from its leader: everything the
+            # leader has, committed or not (cluster/replicator.py).
+            if replication is None:
+                raise HTTPError(400, "NOT_REPLICATED")
+            origin = _uint(params, "partition", self.nsqd.opts.node_id)
+            topic_log, extra = await replication.serve_fetch(name, origin, params.get)
+            limit = topic_log.latest
+        else:
+            topic_log = self._partition_log(name, params)
+            limit = topic_log.visible  # a replicated partition: what is committed
         offset = _uint(params, "offset")
         max_messages = _uint(params, "max_messages", DEFAULT_MAX_MESSAGES, low=1)
         max_bytes = min(_uint(params, "max_bytes", DEFAULT_MAX_BYTES, low=1), MAX_BYTES)
@@ -171,10 +197,10 @@ class ReplayAPI:
         try:
             topic_log.check_offset(offset)
             max_segments = min(MAX_SEGMENTS_PER_READ, self.read_fd_limit - self.read_fds)
-            if max_segments <= 0 and offset < topic_log.latest:
+            if max_segments <= 0 and offset < limit:
                 raise HTTPError(503, "TOO_MANY_LOG_READERS")
-            while max_messages > 0 and nxt < topic_log.latest and len(ranges) < max_segments:
-                rng = topic_log.read_range(nxt, max_messages, max_bytes)
+            while max_messages > 0 and nxt < limit and len(ranges) < max_segments:
+                rng = topic_log.read_range(nxt, min(max_messages, limit - nxt), max_bytes)
                 if rng is None or (ranges and rng.end - rng.start > max_bytes):
                     break
                 ranges.append(rng)
@@ -213,7 +239,8 @@ class ReplayAPI:
         resp.headers["X-Nsq-Next-Offset"] = str(nxt)
         resp.headers["X-Nsq-Count"] = str(sum(r.count for r in ranges))
         resp.headers["X-Nsq-Earliest"] = str(topic_log.earliest)
-        resp.headers["X-Nsq-Latest"] = str(topic_log.latest)
+        resp.headers["X-Nsq-Latest"] = str(limit)
+        resp.headers.update(extra)
         self.read_fds += len(files)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):

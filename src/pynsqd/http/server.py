@@ -33,6 +33,7 @@ from ..log import LOGGER_NAME
 from .api import API
 from .host import NSQDHost
 from .lifecycle import LifecycleAPI
+from .replication import ReplicationAPI
 from .statsd import StatsdPusher
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class HTTPService(Router):
         add("GET", "/topic/log", "v1", replay.read)
         add("POST", "/topic/retention", "v1", replay.retention)
         add("POST", "/channel/rewind", "v1", replay.rewind)
+        replication = ReplicationAPI(nsqd)
+        add("GET", "/topic/replication", "v1", replication.get)
+        add("POST", "/topic/replication", "v1", replication.set)
         lifecycle = LifecycleAPI(nsqd)
         add("GET", "/topic/config", "v1", lifecycle.get_topic)
         add("POST", "/topic/config", "v1", lifecycle.set_topic)

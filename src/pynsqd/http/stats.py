@@ -8,6 +8,7 @@ nsqadmin, nsq_stat and exporters read them unchanged. One deliberate difference:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -164,6 +165,13 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
             "bytes": topic.log.size,
             "segments": topic.log.segment_count,
         }
+        replication = nsqd.replication
+        settings = replication.settings_for(topic.name) if replication is not None else None
+        if replication is not None and settings is not None and settings.replicated:
+            stats["replication"] = {
+                **dataclasses.asdict(settings),
+                "partitions": replication.describe(topic.name),
+            }
     return stats
 
 

@@ -172,3 +172,30 @@ def check_percentiles(values: list[float]) -> list[float]:
             raise ValueError(f"invalid E2E processing latency percentile: {go_float_text(v)}")
     # nsqd's FloatArray keeps them sorted, largest first; a repeat would only repeat a column.
     return sorted(set(values), reverse=True)
+
+
+def check_cluster_name(value: str) -> str:
+    if not value or len(value) > 64 or not all(c.isalnum() or c in "._-" for c in value):
+        raise ValueError("must be 1-64 letters, digits, '.', '_' or '-'")
+    return value
+
+
+def check_lease_ttl(value: float) -> float:
+    if value < 2 or value != int(value):
+        raise ValueError("must be whole seconds, at least 2s (etcd's shortest lease)")
+    return value
+
+
+def check_replicas(value: int) -> int:
+    if not 1 <= value <= 7:
+        raise ValueError("must be 1-7")
+    return value
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return check

@@ -23,6 +23,7 @@ class Pause(enum.Enum):
     UPGRADE = "upgrade"
     AUTH = "auth"
     INFLATE = "inflate"
+    COMMIT = "commit"  # a publish to a replicated topic waits for its records to commit
 
 
 class ClientV2State:

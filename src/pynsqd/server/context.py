@@ -10,6 +10,7 @@ import asyncio
 import ssl
 from typing import TYPE_CHECKING, Protocol
 
+from ..cluster.replicator import Replicator
 from ..core.topic import Topic
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
@@ -33,6 +34,8 @@ class ConnectionContext(Protocol):
     def tls_context(self) -> ssl.SSLContext | None: ...
     @property
     def busy_poll(self) -> BusyPoll: ...
+    @property
+    def replication(self) -> Replicator | None: ...
 
     def next_client_id(self) -> int: ...
     def add_client(self, client: ClientV2) -> None: ...

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import NSQD_VERSION, __version__
+from ..cluster.replicator import Replicator
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.e2e import E2ELatency
@@ -112,6 +113,8 @@ class NSQD:
         self._loading_metadata = False
         self._metadata = MetadataWriter(self.data_path, log)
         self.lookup = Lookup(self)
+        #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
+        self.replication: Replicator | None = None
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -302,6 +305,10 @@ class NSQD:
             return None
         return await self.log_auth.authorize(topic, secret, remote_ip, tls)
 
+    def open_replica_log(self, topic: str, origin: int) -> TopicLog:
+        """A copy of node ``origin``'s partition of ``topic`` (``cluster/replicator.py``)."""
+        return self.retention.open_replica(topic, origin)
+
     async def rewind(self, topic: Topic, channel: Channel, start: int) -> Replayed:
         return await self.retention.rewind(topic, channel, start)
 
@@ -484,6 +491,14 @@ class NSQD:
                 raise
             self.https_address = self.http.https_address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
+        if self.opts.etcd_endpoints:
+            self.replication = Replicator(self)
+            try:
+                await self.replication.start()
+            except BaseException:
+                self.replication = None
+                await self.stop()
+                raise
         self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
 
     async def stop(self) -> None:
@@ -491,6 +506,8 @@ class NSQD:
         if self.exiting:
             return
         self.exiting = True
+        if self.replication is not None:
+            await self.replication.stop()
         await self.lookup.close()
         if self.tcp_server is not None:
             log.info("TCP: closing %s", self.tcp_address)
@@ -521,6 +538,7 @@ class NSQD:
             # A failure is logged by the topic; the other topics must still be flushed.
             with contextlib.suppress(Exception):
                 topic.close(delete=False)
+        self.retention.close_replicas()
         self._dir_lock.unlock()
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ..cluster.replicator import PublishRefused
 from ..core.channel import Channel
 from ..core.errors import (
     AlreadyDeferred,
@@ -507,15 +508,35 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         topic = self.nsqd.get_topic(topic_name)
         if topic.exiting:
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed exiting")
+        replication = self.nsqd.replication
+        waits = False
         try:
+            if replication is not None:
+                waits = replication.gate(topic_name)
             topic.put_bodies(bodies, defer_ms)
         except OSError as err:
             self.nsqd.set_health_error(err)
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
-        except QueueFull as err:  # pynsqd: a bounded queue pushes back on its producers
+        except (QueueFull, PublishRefused) as err:  # pynsqd: pushed back, or not this node's
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        if waits and replication is not None and topic.log is not None:
+            end = topic.log.latest
+            if not replication.committed(topic_name, end):
+                # OK once the records are on enough replicas: later commands wait behind it.
+                self.pause(Pause.COMMIT)
+                replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
+                return
         self.send_frame(OK_FRAME)
+
+    def _committed(self, cmd: str, why: str | None) -> None:
+        if self.closed:
+            return
+        if why is None:
+            self.send_frame(OK_FRAME)
+            self.resume()
+        else:
+            self.fatal(FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}"))
 
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):

@@ -83,6 +83,8 @@ class Retention:
         self._on_error = on_error
         self._exiting = exiting
         self.logs: dict[str, TopicLog] = {}
+        #: Copies of other nodes' partitions (replicated topics), by "topic/origin".
+        self.replicas: dict[str, TopicLog] = {}
         #: Running rewinds, by (topic, channel).
         self._rewinds: set[tuple[str, str]] = set()
         self._resumed: set[asyncio.Task[Replayed]] = set()
@@ -106,10 +108,24 @@ class Retention:
         """The topic was deleted (it closed its log)."""
         self.logs.pop(name, None)
 
-    def _open(self, name: str) -> TopicLog:
+    def open_replica(self, topic: str, origin: int) -> TopicLog:
+        """This node's copy of another node's partition of ``topic`` (``cluster/``), kept in
+        ``replicas/<origin>/<topic>/`` with the flags' retention. Raises OSError."""
+        key = f"{topic}/{origin}"
+        tlog = self.replicas.get(key)
+        if tlog is None:
+            path = os.path.join(self.data_path, "replicas", str(origin), topic)
+            tlog = self._open(topic, path)
+            tlog.retention_time = self.opts.retention_time
+            tlog.retention_bytes = self.opts.retention_bytes
+            tlog.handed = tlog.latest
+            self.replicas[key] = tlog
+        return tlog
+
+    def _open(self, name: str, directory: str | None = None) -> TopicLog:
         """The one place a ``TopicLog`` is built. Raises OSError."""
         return TopicLog(
-            self.directory(name),
+            directory or self.directory(name),
             segment_bytes=self.opts.max_bytes_per_file,
             sync_every=self.opts.sync_every,
             logger=log,
@@ -402,6 +418,22 @@ class Retention:
             bg_err = topic_log.take_sync_error()  # a background sync failed (already logged)
             if bg_err is not None:
                 self._on_error(bg_err)
+        for key, replica in list(self.replicas.items()):
+            try:
+                replica.save_handed(replica.latest)
+                replica.sync_if_due()
+                replica.prune()
+            except OSError as err:
+                log.error("TOPIC(%s): failed to sync its replica log - %s", key, err)
+                self._on_error(err)
+
+    def close_replicas(self) -> None:
+        for key, replica in self.replicas.items():
+            try:
+                replica.close()
+            except OSError as err:
+                log.error("TOPIC(%s): failed to close its replica log - %s", key, err)
+        self.replicas.clear()
 
     def found(self, known: set[str], usable: Callable[[str], bool]) -> list[str]:
         """Topics not in ``known`` whose log is in the data path and who retain: served even
@@ -423,7 +455,7 @@ class Retention:
 class UnavailableLog:
     """The log of a retained topic that could not be opened: publishing fails, says why."""
 
-    earliest = latest = size = segment_count = handed = 0
+    earliest = latest = visible = size = segment_count = handed = 0
 
     def __init__(self, err: OSError) -> None:
         self.err = err

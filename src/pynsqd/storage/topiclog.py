@@ -154,11 +154,21 @@ class TopicLog:
         self._closed = False
         #: Called after each append with None or the error (nsqd's /ping health).
         self.on_write: Callable[[OSError | None], None] | None = None
+        #: Called after each successful append of a replicated partition's origin (its
+        #: followers' long-polls wake, its group fsync starts).
+        self.on_append: Callable[[], None] | None = None
         self.handed = 0
         #: The hand-off position as saved: retention never removes a segment at or after it.
         self.saved_handed = -1
+        #: A replicated partition's high watermark: readers and channels see offsets below it
+        #: only (``cluster/partition.py`` moves it). None: not replicated, all is visible.
+        self.committed: int | None = None
+        #: The end of what the last fsync covered (``fsync_end``).
+        self.synced = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
+        os.fsync(self._fd)  # what a restart finds is what the log stands on
+        self.synced = self.latest
         self._handed_file: PositionFile | None = None
         self._load_handed()
 
@@ -172,6 +182,13 @@ class TopicLog:
     def latest(self) -> int:
         """The next offset to be written."""
         return self.segments[-1].next
+
+    @property
+    def visible(self) -> int:
+        """The end of what readers and channels may see: ``latest``, or the high watermark of
+        a replicated partition."""
+        committed = self.committed
+        return self.latest if committed is None else min(committed, self.latest)
 
     @property
     def size(self) -> int:
@@ -238,7 +255,114 @@ class TopicLog:
                 raise
         if self.on_write is not None:
             self.on_write(None)
+        if self.on_append is not None:
+            self.on_append()
         return first
+
+    def append_raw(self, data: bytes | memoryview) -> int:
+        """A replica's append: whole records as the leader's log holds them (``GET /topic/log``
+        bytes), written verbatim so offsets, IDs and timestamps are the leader's. The first
+        must be ``latest`` and the offsets dense; every checksum is checked first. Returns the
+        number of records. Raises ``ValueError`` (nothing written) or ``OSError``."""
+        if self._closed:
+            raise OSError("the topic log is closed")
+        records, damaged = log_record.scan_records(data)
+        if damaged is not None:
+            raise ValueError(str(damaged))
+        if not records:
+            return 0
+        expect = self.latest
+        for r in records:
+            if r.offset != expect:
+                raise ValueError(f"record offset {r.offset} where {expect} was expected")
+            expect += 1
+        seg = self.segments[-1]
+        if seg.size >= self.segment_bytes and seg.next > seg.base:
+            seg = self._roll()
+        pos = seg.size
+        next_index = seg.idx_pos[-1] + INDEX_INTERVAL if seg.idx_pos else 0
+        entries: list[tuple[int, int, int]] = []
+        ts = 0
+        for r in records:
+            ts = r.timestamp
+            if pos >= next_index:
+                entries.append((r.offset, pos, ts))
+                next_index = pos + INDEX_INTERVAL
+            pos += HEADER_SIZE + len(r.body)
+        raw = bytes(data)
+        try:
+            written = os.write(self._fd, raw)
+            if written != len(raw):
+                raise OSError(28, f"short write ({written} of {len(raw)} bytes)")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, seg.size)
+            raise
+        for e in entries:
+            seg.add_index(*e)
+        seg.size = pos
+        seg.next = expect
+        seg.last_ts = max(seg.last_ts, ts)
+        self._unsynced += len(records)
+        return len(records)
+
+    def truncate(self, offset: int) -> int:
+        """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
+        newest segments first, each step leaving a log that opens as a prefix of the old one;
+        fsync'd before it returns. Returns how many records went. Raises OSError."""
+        if offset >= self.latest:
+            return 0
+        dropped = self.latest - max(offset, self.earliest)
+        SYNCER.cancel(self._slot)
+        while len(self.segments) > 1 and self.segments[-1].base >= offset:
+            seg = self.segments.pop()
+            os.close(self._fd)
+            self._fd = -1
+            os.unlink(seg.path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(seg.index_path)
+            last = self.segments[-1]
+            self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        seg = self.segments[-1]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(seg.index_path)  # rebuilt from the records at the next close or open
+        if offset <= seg.base:
+            pos, keep = 0, seg.base
+        else:
+            pos, keep = self._position(seg, offset)
+        os.ftruncate(self._fd, pos)
+        os.fsync(self._fd)
+        seg.size = pos
+        seg.next = keep if offset > seg.base else seg.base
+        i = bisect.bisect_left(seg.idx_pos, pos)
+        del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
+        seg.last_ts = seg.idx_ts[-1] if seg.idx_ts else 0
+        if pos:
+            for _, ts, _, _ in self._walk(seg, seg.idx_pos[-1] if seg.idx_pos else 0, pos):
+                seg.last_ts = max(seg.last_ts, ts)
+        self.handed = min(self.handed, self.latest)
+        if self.committed is not None:
+            self.committed = min(self.committed, self.latest)
+        self.synced = min(self.synced, self.latest)
+        self._unsynced = 0
+        self.log.warning(
+            "TOPICLOG(%s): truncated to offset %d (%d records dropped)", self.name, offset, dropped
+        )
+        return dropped
+
+    def fsync_fd(self) -> tuple[int, int] | None:
+        """For an fsync off the event loop: (a duplicate descriptor of the active segment, the
+        end offset it covers), or None when everything is synced. Segments before it were
+        synced when they closed. The caller fsyncs and closes the descriptor, then calls
+        ``synced_to`` with the offset."""
+        if self._fd < 0 or self.synced >= self.latest:
+            return None
+        self._unsynced = 0
+        return os.dup(self._fd), self.latest
+
+    def synced_to(self, offset: int) -> None:
+        if offset > self.synced:
+            self.synced = offset
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
@@ -268,6 +392,7 @@ class TopicLog:
         if self._fd >= 0 and self._unsynced:
             os.fsync(self._fd)
             self._unsynced = 0
+        self.synced = self.latest
         if self._handed_file is not None:
             self._handed_file.sync()
         self._slot.failed = False
@@ -386,11 +511,12 @@ class TopicLog:
         """The topic's backlog, as messages for its channels (checksums checked: a damaged
         record is logged and skipped rather than delivered), and the offset after them."""
         offset = max(offset, self.earliest)
-        if offset >= self.latest:
-            return [], self.latest
-        rng = self.read_range(offset, max_count, 16 << 20)
+        limit = self.visible
+        if offset >= limit:
+            return [], min(offset, self.latest)
+        rng = self.read_range(offset, min(max_count, limit - offset), 16 << 20)
         if rng is None:
-            return [], self.latest
+            return [], limit
         with open(rng.path, "rb") as f:
             f.seek(rng.start)
             data = f.read(rng.end - rng.start)

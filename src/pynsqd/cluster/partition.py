@@ -1,0 +1,202 @@
+"""One replicated partition as this node sees it: its role, epoch, in-sync set and high
+watermark. No I/O: ``cluster/replicator.py`` feeds it what etcd and the fetches say.
+
+Theory of operation (``docs/replication.md`` has the whole model). A partition is one node's own
+retained log of a topic, ``(topic, origin)``: only the origin ever appends to it, and ``replicas``
+nodes hold copies. etcd names the partition's leader (a key bound to the leader's lease); the
+key's ``mod_revision`` when it was written is the leader's **epoch**, the fencing token of the
+data path. Followers pull the leader's records (``GET /topic/log`` with ``replica`` and ``epoch``):
+the offset each asks for is its acknowledgement that it holds (fsynced, with ``durability=fsync``)
+everything before it. The leader's own acknowledgement is what its fsync covered.
+
+The high watermark (HW) is the smallest acknowledgement over the in-sync set as recorded in etcd,
+the leader included, and it moves only while that set has at least ``min_insync`` members: a
+record below it is on every in-sync replica. Only the leader changes the in-sync set, by a txn
+that holds only while its epoch is current; only a member of the set can become leader. So every
+committed record is on any future leader: a new leader never needs what it does not have, and a
+leader that was paused or cut off can append locally but never commit (its followers fetch from
+the new leader and stop acknowledging to it).
+
+A takeover leader (a follower that took the partition after the origin's lease lapsed) never
+appends: its log end is final for that epoch. Replicas whose log goes beyond the leader's truncate
+what is beyond, guided by the epoch history each keeps (``storage/epochs.py``; KIP-101): the
+leader answers a follower's last epoch with where that epoch ended in its own history.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..storage.epochs import EpochHistory
+from ..storage.topiclog import TopicLog
+from .settings import ReplicationSettings
+
+__all__ = ["Member", "Partition", "Role"]
+
+#: An in-sync member: (node id, storage id). A node that comes back with an empty data
+#: directory has a new storage id, so it is not taken for the member it was.
+Member = tuple[int, str]
+
+
+class Role(enum.Enum):
+    NONE = "none"  # not yet placed, or no leader known
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+@dataclass
+class Waiter:
+    end: int
+    done: Callable[[str | None], None]
+
+
+@dataclass
+class Partition:
+    topic: str
+    origin: int
+    me: Member
+    log: TopicLog
+    history: EpochHistory
+    settings: ReplicationSettings
+    role: Role = Role.NONE
+    epoch: int = 0
+    leader: int = -1
+    leader_http: str = ""
+    #: The in-sync set as etcd holds it, and the revision of that key (txn guard).
+    isr: list[Member] = field(default_factory=list)
+    isr_revision: int = 0
+    replicas: list[int] = field(default_factory=list)
+    #: Leader: each follower's last acknowledged offset, and when it last was caught up.
+    acks: dict[Member, int] = field(default_factory=dict)
+    caught_up_at: dict[Member, float] = field(default_factory=dict)
+    #: Leader: publishes waiting for the HW to pass their end, in order.
+    waiters: list[Waiter] = field(default_factory=list)
+    #: Leader: whether its lease is known valid (a second guard: commits stop without it).
+    lease_ok: bool = True
+    #: The high watermark: every offset below it is committed.
+    hw: int = 0
+    #: Follower: the leader's log end at its last answer (an origin takes its partition back
+    #: once it has caught up with it).
+    leader_latest: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}/{self.origin}"
+
+    @property
+    def is_origin(self) -> bool:
+        return self.origin == self.me[0]
+
+    @property
+    def writable(self) -> bool:
+        """Whether publishes to the origin's topic may append: it leads its own partition, or
+        no other node is known to lead it."""
+        return self.is_origin and (self.role is Role.LEADER or self.leader in (-1, self.me[0]))
+
+    def own_ack(self) -> int:
+        if self.settings.durability == "fsync":
+            return min(self.log.synced, self.log.latest)
+        return self.log.latest
+
+    # -- leader ---------------------------------------------------------------------------
+
+    def become_leader(self, epoch: int, now: float) -> None:
+        """Won the election at ``epoch``: the in-sync followers get ``--replica-lag-max`` to
+        fetch from it before they leave the set."""
+        self.role = Role.LEADER
+        self.epoch = epoch
+        self.leader = self.me[0]
+        self.acks.clear()
+        self.caught_up_at = {m: now for m in self.isr if m != self.me}
+        # The first leader of a partition owns what its log held before (a topic retained
+        # before it was replicated, publishes taken while it was being placed).
+        self.history.begin(epoch, self.log.latest if self.history.entries else self.log.earliest)
+
+    def step_down(self, why: str) -> None:
+        self.role = Role.NONE if self.leader == self.me[0] else self.role
+        if self.leader == self.me[0]:
+            self.leader = -1
+        self.fail_waiters(why)
+
+    def fetched(self, member: Member, offset: int, now: float) -> None:
+        """A follower in this epoch asked for ``offset``: it holds everything before it."""
+        if offset > self.acks.get(member, -1):
+            self.acks[member] = offset
+        if offset >= self.log.latest:
+            self.caught_up_at[member] = now
+
+    def compute_hw(self) -> int:
+        """The new high watermark (never lower than the current one)."""
+        if self.role is not Role.LEADER or not self.lease_ok:
+            return self.hw
+        if len(self.isr) < self.settings.min_insync or self.me not in self.isr:
+            return self.hw
+        low = self.own_ack()
+        for m in self.isr:
+            if m != self.me:
+                low = min(low, self.acks.get(m, 0))
+        return max(self.hw, min(low, self.log.latest))
+
+    def advance(self) -> bool:
+        """Move the HW as far as the acknowledgements allow; answer the publishes it passed.
+        Returns whether it moved."""
+        hw = self.compute_hw()
+        moved = hw > self.hw
+        self.hw = hw
+        self.publish_visibility()
+        if not moved:
+            return False
+        if self.waiters:
+            done = [w for w in self.waiters if w.end <= hw]
+            if done:
+                self.waiters = [w for w in self.waiters if w.end > hw]
+                for w in done:
+                    w.done(None)
+        return True
+
+    def publish_visibility(self) -> None:
+        """What readers and channels see: committed offsets; with ``acks=leader`` the origin
+        shows what it wrote (replication follows: a failover can take the lag back)."""
+        if self.settings.acks == "leader" and self.is_origin and self.role is Role.LEADER:
+            self.log.committed = None
+        else:
+            self.log.committed = min(self.hw, self.log.latest)
+
+    def fail_waiters(self, why: str) -> None:
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            w.done(why)
+
+    def isr_change(
+        self, now: float, lag_max: float, live: Callable[[Member], bool]
+    ) -> list[Member] | None:
+        """The in-sync set the leader should record now (None: keep it): followers caught up
+        join; followers that have not caught up within ``lag_max``, or whose node is no longer
+        a live member of the cluster (``live``), leave."""
+        if self.role is not Role.LEADER:
+            return None
+        new = [
+            m
+            for m in self.isr
+            if m == self.me or (live(m) and now - self.caught_up_at.get(m, 0.0) <= lag_max)
+        ]
+        for m, at in self.caught_up_at.items():
+            if m not in new and now - at <= lag_max and self.acks.get(m, -1) >= self.log.latest:
+                new.append(m)
+        if self.me not in new:
+            new.insert(0, self.me)
+        return new if sorted(new) != sorted(self.isr) else None
+
+    # -- follower -------------------------------------------------------------------------
+
+    def follow(self, leader: int, http: str, epoch: int) -> None:
+        if self.leader == self.me[0] and self.role is Role.LEADER:
+            self.step_down("the partition has a new leader")
+        self.role = Role.FOLLOWER
+        self.leader, self.leader_http, self.epoch = leader, http, epoch
+
+    def end_for(self, epoch: int) -> int:
+        """Leader: where the follower whose last epoch is ``epoch`` must cut its log."""
+        return self.history.end_for(epoch, self.log.latest)

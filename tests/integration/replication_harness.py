@@ -1,0 +1,254 @@
+"""A replicated cluster on this machine for the tests: a real etcd and real pynsqd processes.
+
+``Etcd`` starts Debian's etcd on free 127.0.0.1 ports in a temporary directory; ``Cluster``
+starts pynsqd nodes joined to it (distinct ``--node-id``, data directories and ports), kills and
+restarts them. ``History`` and ``check`` are the checker, Jepsen's total-queue in small: every
+publish is recorded as invoked, then ok or failed; after the faults every partition's committed
+log is read from whichever node serves it, and the checker counts what was acknowledged and is
+not there (lost), what is there and was never published (unexpected), and one partition offset
+holding two different records anywhere (inconsistent). Duplicates are counted, not failed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.protocol.log_record import decode_records
+
+from ..waiting import wait_for
+from .test_crash_safety import Proc
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Etcd:
+    """One etcd member on 127.0.0.1 (``scripts/bootstrap`` installs Debian's etcd-server)."""
+
+    def __init__(self, directory: Path) -> None:
+        if not Path(ETCD).exists():
+            pytest.fail("etcd is not installed: scripts/bootstrap installs etcd-server (as root)")
+        self.directory = directory
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = (self.directory / "etcd.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                ETCD,
+                "--name=t",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={self.url}",
+                f"--advertise-client-urls={self.url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=t={peer}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
+
+        def healthy() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "etcd exited"
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1)
+                conn.request("GET", "/health")
+                return b'"true"' in conn.getresponse().read()
+            except OSError:
+                return False
+
+        wait_for(healthy, "etcd to answer /health", timeout=30)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+        self.log.close()
+
+
+class Node:
+    def __init__(self, cluster: Cluster, node_id: int) -> None:
+        self.cluster = cluster
+        self.node_id = node_id
+        self.data = cluster.directory / f"node{node_id}"
+        self.data.mkdir(exist_ok=True)
+        self.log = cluster.directory / f"node{node_id}.log"
+        self.log.touch()
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        self.proc = Proc(self.data, self.log, *self.cluster.flags(self.node_id))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.p.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.p.send_signal(sig)
+        self.proc.p.wait(timeout=20)
+        self.proc.log_file.close()
+
+    def http(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        assert self.proc is not None
+        conn = http.client.HTTPConnection("127.0.0.1", self.proc.http_port, timeout=15)
+        try:
+            conn.request(method, path, body=body)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def json(self, method: str, path: str) -> Any:
+        status, body = self.http(method, path)
+        assert status == 200, (status, body)
+        return json.loads(body)
+
+
+class Cluster:
+    def __init__(self, directory: Path, etcd: Etcd, size: int, *extra: str) -> None:
+        self.directory = directory
+        self.etcd = etcd
+        self.extra = extra
+        self.nodes = [Node(self, i + 1) for i in range(size)]
+        for n in self.nodes:
+            n.start()
+
+    def flags(self, node_id: int) -> list[str]:
+        return [
+            f"--node-id={node_id}",
+            f"--etcd-endpoints={self.etcd.url}",
+            "--cluster-name=test",
+            "--retention-time=1h",
+            "--etcd-lease-ttl=2s",
+            *self.extra,
+        ]
+
+    def node(self, node_id: int) -> Node:
+        return self.nodes[node_id - 1]
+
+    def live(self) -> list[Node]:
+        return [n for n in self.nodes if n.alive]
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            if n.alive:
+                n.kill(signal.SIGTERM)
+
+    def partition(self, topic: str, origin: int) -> dict[str, Any] | None:
+        """The partition as its serving leader reports it (None: no live node leads it)."""
+        for n in self.live():
+            doc = n.json("GET", f"/topic/replication?topic={topic}")
+            for p in doc["partitions"]:
+                if p["partition"] == origin and p["role"] == "leader":
+                    return dict(p, node=n.node_id)
+        return None
+
+    def read_partition(self, topic: str, origin: int, node: Node) -> list[tuple[int, bytes, bytes]]:
+        """Every committed record of a partition, as ``node`` serves it: (offset, id, body)."""
+        out: list[tuple[int, bytes, bytes]] = []
+        q = {"topic": topic, "partition": str(origin)}
+        status, body = node.http("GET", "/topic/offsets?" + urllib.parse.urlencode(q))
+        assert status == 200, body
+        offsets = json.loads(body)
+        offset = offsets["earliest"]
+        while offset < offsets["latest"]:
+            q["offset"] = str(offset)
+            status, data = node.http("GET", "/topic/log?" + urllib.parse.urlencode(q))
+            assert status == 200, data
+            records = list(decode_records(data))
+            assert records, f"no records at {offset} of {offsets}"
+            out.extend((r.offset, r.id, r.body) for r in records)
+            offset = records[-1].offset + 1
+        return out
+
+
+@dataclass
+class History:
+    """Every publish: invoked, then ``ok`` (acknowledged) or ``failed``/``unknown``."""
+
+    ok: set[bytes] = field(default_factory=set)
+    failed: set[bytes] = field(default_factory=set)
+    invoked: set[bytes] = field(default_factory=set)
+
+
+@dataclass
+class Verdict:
+    lost: list[bytes]
+    unexpected: list[bytes]
+    inconsistent: list[tuple[int, int]]
+    duplicates: int
+    recovered: int
+    read: int
+
+
+def check(
+    history: History, reads: dict[tuple[int, str], list[tuple[int, bytes, bytes]]]
+) -> Verdict:
+    """``reads``: for each (origin, reader) the records of that partition as one node served
+    them. Every reader of one partition must agree offset by offset."""
+    seen: Counter[bytes] = Counter()
+    at: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    inconsistent: list[tuple[int, int]] = []
+    by_partition: dict[int, set[bytes]] = {}
+    for (origin, _), records in reads.items():
+        bodies = by_partition.setdefault(origin, set())
+        for offset, msg_id, body in records:
+            key = (origin, offset)
+            if key in at and at[key] != (msg_id, body):
+                inconsistent.append(key)
+            at.setdefault(key, (msg_id, body))
+            bodies.add(body)
+    for (_origin, _offset), (_, body) in at.items():
+        seen[body] += 1
+    present = set(seen)
+    lost = sorted(history.ok - present)
+    unexpected = sorted(present - history.invoked)
+    return Verdict(
+        lost=lost,
+        unexpected=unexpected,
+        inconsistent=inconsistent,
+        duplicates=sum(c - 1 for c in seen.values() if c > 1),
+        recovered=len(history.failed & present),
+        read=len(present),
+    )
+
+
+def wait_leader(cluster: Cluster, topic: str, origin: int, timeout: float = 20) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def led() -> bool:
+        p = cluster.partition(topic, origin)
+        if p is not None:
+            found.update(p)
+        return p is not None
+
+    wait_for(led, f"a leader of partition {topic}/{origin}", timeout=timeout)
+    return found
+
+
+def now() -> float:
+    return time.monotonic()
