@@ -73,12 +73,14 @@ class Etcd:
 
         def healthy() -> bool:
             assert self.proc is not None and self.proc.poll() is None, "etcd exited"
+            conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1)
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1)
                 conn.request("GET", "/health")
                 return b'"true"' in conn.getresponse().read()
             except OSError:
                 return False
+            finally:
+                conn.close()
 
         wait_for(healthy, "etcd to answer /health", timeout=30)
 
@@ -98,13 +100,15 @@ class Node:
         self.log = cluster.directory / f"node{node_id}.log"
         self.log.touch()
         self.proc: Proc | None = None
+        #: Stopped by SIGSTOP: its sockets accept, nothing answers.
+        self.paused = False
 
     def start(self) -> None:
         self.proc = Proc(self.data, self.log, *self.cluster.flags(self.node_id))
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.p.poll() is None
+        return self.proc is not None and self.proc.p.poll() is None and not self.paused
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
@@ -155,6 +159,9 @@ class Cluster:
 
     def stop(self) -> None:
         for n in self.nodes:
+            if n.paused and n.proc is not None:
+                n.proc.p.send_signal(signal.SIGCONT)
+                n.paused = False
             if n.alive:
                 n.kill(signal.SIGTERM)
 

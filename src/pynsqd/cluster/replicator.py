@@ -488,7 +488,12 @@ class Replicator:
         return info is not None and info.get("storage") == member[1]
 
     def _advance(self, p: Partition) -> None:
-        if p.advance() and p.is_origin:
+        if not p.advance():
+            return
+        event = self._appended.get((p.topic, p.origin))
+        if event is not None:
+            event.set()  # the followers' waiting fetches answer with the new HW
+        if p.is_origin:
             topic = self.host.topics.get(p.topic)
             if topic is not None and topic.log is p.log:
                 topic.schedule_drain()

@@ -1,0 +1,340 @@
+"""Replicated topics under faults: a real etcd, three real pynsqd processes, kill -9 and SIGSTOP.
+
+Every publish goes to a history; after the faults every partition's committed log is read from
+the node that serves it and ``replication_harness.check`` counts lost (acknowledged, not there),
+unexpected (there, never published) and inconsistent offsets. Synchronisation is on observable
+state (``/topic/replication``), never on time.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pynsqd.client.connection import Connection
+from pynsqd.client.options import ClientOptions
+
+from ..conftest import ServerThread, http_request
+from ..waiting import wait_for
+from .replication_harness import Cluster, Etcd, History, Node, check, wait_leader
+from .test_crash_safety import NSQD
+
+TOPIC = "orders"
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    server = Etcd(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, etcd, 3)
+    yield c
+    c.stop()
+
+
+def replicate(cluster: Cluster, topic: str = TOPIC, **settings: object) -> None:
+    query = "&".join(f"{k}={v}" for k, v in {"replicas": 3, **settings}.items())
+    for n in cluster.nodes:
+        status, body = n.http("POST", f"/topic/create?topic={topic}")
+        assert status == 200, body
+    status, body = cluster.node(1).http("POST", f"/topic/replication?topic={topic}&{query}")
+    assert status == 200, body
+    for n in cluster.nodes:
+        wait_in_sync(cluster, topic, n.node_id)
+
+
+def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> None:
+    def full() -> bool:
+        p = cluster.partition(topic, origin)
+        return p is not None and p["node"] == origin and len(p["isr"]) == size
+
+    wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 30)
+
+
+# -- membership and settings --------------------------------------------------------------------
+
+
+def test_a_second_node_with_the_same_id_is_refused_with_one_line(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    c = Cluster(tmp_path, etcd, 1)
+    try:
+        other = tmp_path / "other"
+        other.mkdir()
+        run = subprocess.run(
+            [
+                NSQD,
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                f"--data-path={other}",
+                *c.flags(1),
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert run.returncode == 1
+        errors = [ln for ln in run.stderr.decode().splitlines() if "FATAL" in ln or "already" in ln]
+        assert len(errors) == 1, run.stderr.decode()
+        assert "--node-id=1 is already in cluster 'test'" in errors[0]
+        assert "Traceback" not in run.stderr.decode()
+        assert c.node(1).alive
+    finally:
+        c.stop()
+
+
+def test_replication_needs_etcd_and_retention(
+    tmp_path: Path, etcd: Etcd, nsqd: ServerThread
+) -> None:
+    status, body = http_request(nsqd, "POST", "/topic/create?topic=t")
+    status, body = http_request(nsqd, "POST", "/topic/replication?topic=t&replicas=3")
+    assert status == 400 and b"REPLICATION_NEEDS_ETCD" in body
+    c = Cluster(tmp_path, etcd, 1)
+    c.extra = ()
+    try:
+        n = c.node(1)
+        n.kill(signal.SIGTERM)
+        n.proc = None
+        # The node again, without retention.
+        from .test_crash_safety import Proc
+
+        n.proc = Proc(
+            n.data,
+            n.log,
+            f"--node-id={n.node_id}",
+            f"--etcd-endpoints={etcd.url}",
+            "--cluster-name=test",
+        )
+        assert n.http("POST", "/topic/create?topic=t")[0] == 200
+        status, body = n.http("POST", "/topic/replication?topic=t&replicas=3")
+        assert status == 400 and b"REPLICATION_NEEDS_RETENTION" in body
+        status, body = n.http("POST", "/topic/replication?topic=t&replicas=9")
+        assert status == 400
+    finally:
+        c.stop()
+
+
+def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
+    n = cluster.node(1)
+    n.http("POST", "/topic/create?topic=t")
+    status, body = n.http("POST", "/topic/replication?topic=t&replicas=3&min_insync=4")
+    assert status == 400 and b"INVALID_ARG_MIN_INSYNC" in body
+    status, body = n.http("POST", "/topic/replication?topic=t&replicas=3&acks=some")
+    assert status == 400 and b"INVALID_ARG_ACKS" in body
+    replicate(cluster, "t", durability="fsync")
+    doc = cluster.node(2).json("GET", "/topic/replication?topic=t")
+    assert (doc["replicas"], doc["min_insync"], doc["acks"]) == (3, 2, "all")
+    stats = n.json("GET", "/stats?format=json&topic=t")
+    repl = stats["topics"][0]["replication"]
+    assert repl["replicas"] == 3
+    mine = next(p for p in repl["partitions"] if p["partition"] == 1)
+    assert mine["role"] == "leader" and sorted(mine["isr"]) == [1, 2, 3]
+
+
+# -- the data path ------------------------------------------------------------------------------
+
+
+def test_an_ok_means_every_in_sync_replica_has_it(cluster: Cluster) -> None:
+    replicate(cluster)
+    conn = Connection(f"127.0.0.1:{cluster.node(1).proc.port}").connect()  # type: ignore[union-attr]
+    bodies = [b"m%d" % i for i in range(300)]
+    for b in bodies[:100]:
+        conn.pub(TOPIC, b)
+    conn.mpub(TOPIC, bodies[100:])
+    conn.close()
+    p = cluster.partition(TOPIC, 1)
+    assert p is not None and p["committed"] == 300
+    # Every replica holds the same records, byte for byte, up to the committed offset (the
+    # followers learn that offset with their next fetch).
+    def learned() -> bool:
+        docs = [n.json("GET", f"/topic/replication?topic={TOPIC}") for n in cluster.nodes]
+        return all(
+            q["committed"] == 300 for d in docs for q in d["partitions"] if q["partition"] == 1
+        )
+
+    wait_for(learned, "the followers to learn the committed offset")
+    reads = {n.node_id: cluster.read_partition(TOPIC, 1, n) for n in cluster.nodes}
+    assert [r[2] for r in reads[1]] == bodies
+    assert reads[1] == reads[2] == reads[3]
+
+
+def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
+    """With both followers stopped (SIGSTOP), a publish cannot commit: it fails after
+    --replication-timeout, and no node shows it to readers until it commits."""
+    replicate(cluster)
+    n1 = cluster.node(1)
+    assert n1.http("POST", f"/pub?topic={TOPIC}", b"first")[0] == 200
+    for n in (cluster.node(2), cluster.node(3)):
+        assert n.proc is not None
+        n.proc.p.send_signal(signal.SIGSTOP)
+    try:
+        status, body = n1.http("POST", f"/pub?topic={TOPIC}", b"second")
+        assert status == 503 and b"replication timeout" in body
+        assert [r[2] for r in cluster.read_partition(TOPIC, 1, n1)] == [b"first"]
+    finally:
+        for n in (cluster.node(2), cluster.node(3)):
+            assert n.proc is not None
+            n.proc.p.send_signal(signal.SIGCONT)
+    # Once the followers are back the record commits (an E_PUB_FAILED may still commit).
+    wait_for(lambda: len(cluster.read_partition(TOPIC, 1, n1)) == 2, "the second record")
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+class Producer(threading.Thread):
+    """Publishes unique bodies to the live nodes in turn, TCP PUB and MPUB; a failure moves it
+    to the next node (NSQ's standing advice). Every attempt is in the history."""
+
+    def __init__(self, cluster: Cluster, history: History, name: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.history = history
+        self.tag = name
+        self.stopping = threading.Event()
+        self.seq = 0
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        rng = random.Random(self.tag)
+        while not self.stopping.is_set():
+            live = self.cluster.live()
+            if not live:
+                continue
+            node = rng.choice(live)
+            try:
+                assert node.proc is not None
+                conn = Connection(
+                    f"127.0.0.1:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
+                ).connect()
+            except (OSError, ConnectionError, AssertionError):
+                continue
+            try:
+                for _ in range(50):
+                    if self.stopping.is_set():
+                        break
+                    batch = [
+                        f"{self.tag}-{self.seq + i}".encode() for i in range(rng.choice((1, 10)))
+                    ]
+                    self.seq += len(batch)
+                    with self.lock:
+                        self.history.invoked.update(batch)
+                    try:
+                        if len(batch) == 1:
+                            conn.pub(TOPIC, batch[0])
+                        else:
+                            conn.mpub(TOPIC, batch)
+                    except Exception:
+                        with self.lock:
+                            self.history.failed.update(batch)
+                        break
+                    with self.lock:
+                        self.history.ok.update(batch)
+            finally:
+                conn.close()
+
+
+def read_all(cluster: Cluster) -> dict[tuple[int, str], list[tuple[int, bytes, bytes]]]:
+    """Every partition's committed records from every live node holding a copy."""
+    reads = {}
+    for origin in (1, 2, 3):
+        for n in cluster.live():
+            status, _ = n.http("GET", f"/topic/offsets?topic={TOPIC}&partition={origin}")
+            if status == 200:
+                reads[(origin, str(n.node_id))] = cluster.read_partition(TOPIC, origin, n)
+    return reads
+
+
+def settle(cluster: Cluster) -> None:
+    """Every node back, leading its own partition with all three in sync, and every follower
+    at the leader's committed end."""
+    for n in cluster.nodes:
+        wait_in_sync(cluster, TOPIC, n.node_id)
+
+    def caught_up() -> bool:
+        for origin in (1, 2, 3):
+            p = cluster.partition(TOPIC, origin)
+            if p is None or p["committed"] != p["latest"]:
+                return False
+            for n in cluster.nodes:
+                doc = n.json("GET", f"/topic/replication?topic={TOPIC}")
+                mine = [q for q in doc["partitions"] if q["partition"] == origin]
+                if not mine or mine[0]["latest"] != p["latest"]:
+                    return False
+        return True
+
+    wait_for(caught_up, "every replica at its leader's end", 30)
+
+
+def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
+    history = History()
+    replicate(cluster)
+    producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
+    for p in producers:
+        p.start()
+    rng = random.Random(fault)
+    try:
+        for cycle in range(cycles):
+            victim: Node = rng.choice(cluster.nodes)
+            want = 20 * (cycle + 1)
+            wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+            acked = set(history.ok)
+            if fault == "kill":
+                victim.kill()
+            else:
+                assert victim.proc is not None
+                victim.proc.p.send_signal(signal.SIGSTOP)
+                victim.paused = True
+            # A live in-sync follower takes the partition over and serves everything that
+            # was acknowledged before the fault.
+            p = wait_leader(cluster, TOPIC, victim.node_id)
+            assert p["node"] != victim.node_id
+
+            def served(acked: set[bytes] = acked) -> bool:
+                have: set[bytes] = set()
+                for origin in (1, 2, 3):
+                    q = cluster.partition(TOPIC, origin)
+                    if q is None:
+                        return False
+                    node = cluster.node(q["node"])
+                    have.update(r[2] for r in cluster.read_partition(TOPIC, origin, node))
+                return acked <= have
+
+            wait_for(served, "the acknowledged records readable after the takeover", 20)
+            if fault == "kill":
+                victim.start()
+            else:
+                assert victim.proc is not None
+                victim.proc.p.send_signal(signal.SIGCONT)
+                victim.paused = False
+            wait_in_sync(cluster, TOPIC, victim.node_id)
+    finally:
+        for p in producers:
+            p.stopping.set()
+        for p in producers:
+            p.join(30)
+    settle(cluster)
+    verdict = check(history, read_all(cluster))
+    assert verdict.lost == [], (
+        f"{len(verdict.lost)} acknowledged messages lost: {verdict.lost[:10]}"
+    )
+    assert verdict.unexpected == []
+    assert verdict.inconsistent == []
+    assert len(history.ok) > 20 * cycles
+
+
+def test_kill_9_of_a_leader_under_load_loses_nothing_acknowledged(cluster: Cluster) -> None:
+    run_faults(cluster, 20, "kill")
+
+
+def test_a_paused_leader_loses_nothing_acknowledged(cluster: Cluster) -> None:
+    run_faults(cluster, 4, "pause")
