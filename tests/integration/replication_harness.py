@@ -231,7 +231,7 @@ def check(
             bodies.add(body)
     for (_origin, _offset), (_, body) in at.items():
         seen[body] += 1
-    present = set(seen)
+    present = set(seen).union(*by_partition.values())
     lost = sorted(history.ok - present)
     unexpected = sorted(present - history.invoked)
     return Verdict(

@@ -153,6 +153,7 @@ def test_an_ok_means_every_in_sync_replica_has_it(cluster: Cluster) -> None:
     conn.close()
     p = cluster.partition(TOPIC, 1)
     assert p is not None and p["committed"] == 300
+
     # Every replica holds the same records, byte for byte, up to the committed offset (the
     # followers learn that offset with their next fetch).
     def learned() -> bool:

@@ -183,7 +183,12 @@ class Partition:
             if m == self.me or (live(m) and now - self.caught_up_at.get(m, 0.0) <= lag_max)
         ]
         for m, at in self.caught_up_at.items():
-            if m not in new and now - at <= lag_max and self.acks.get(m, -1) >= self.log.latest:
+            if (
+                m not in new
+                and live(m)
+                and now - at <= lag_max
+                and self.acks.get(m, -1) >= self.log.latest
+            ):
                 new.append(m)
         if self.me not in new:
             new.insert(0, self.me)

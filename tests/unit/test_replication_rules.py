@@ -1,0 +1,191 @@
+"""The rules of a replicated partition without I/O: the high watermark, the in-sync set, the
+epoch history (truncation), the settings format, and the checker the fault tests rely on."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from pynsqd.cluster.partition import Partition, Role
+from pynsqd.cluster.settings import ReplicationSettings, SettingsError
+from pynsqd.core.message import Message
+from pynsqd.storage.epochs import EpochHistory
+from pynsqd.storage.topiclog import TopicLog
+
+from ..integration.replication_harness import History, check
+
+ME = (1, "a")
+F2 = (2, "b")
+F3 = (3, "c")
+
+
+def make(tmp_path: Path, **settings: object) -> Partition:
+    tlog = TopicLog(
+        str(tmp_path / "t.log"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    s = ReplicationSettings(**{"replicas": 3, "min_insync": 2, **settings})  # type: ignore[arg-type]
+    p = Partition("t", 1, ME, tlog, EpochHistory(tlog.directory), s)
+    p.isr = [ME, F2, F3]
+    p.become_leader(7, now=0.0)
+    return p
+
+
+def append(p: Partition, n: int) -> None:
+    p.log.append([Message(b"%016d" % i, b"x", 1) for i in range(n)])
+    p.log.sync()
+
+
+def test_the_hw_is_the_lowest_acknowledgement_of_the_in_sync_set(tmp_path: Path) -> None:
+    p = make(tmp_path)
+    append(p, 10)
+    p.advance()
+    assert p.hw == 0  # no follower has it yet
+    p.fetched(F2, 10, now=1.0)
+    p.advance()
+    assert p.hw == 0  # F3 is in the set and has nothing: every member must hold it
+    p.fetched(F3, 6, now=1.0)
+    p.advance()
+    assert p.hw == 6
+    assert p.log.visible == 6
+
+
+def test_no_commit_below_min_insync_or_without_the_lease(tmp_path: Path) -> None:
+    p = make(tmp_path)
+    append(p, 5)
+    p.isr = [ME]
+    p.advance()
+    assert p.hw == 0
+    p.isr = [ME, F2]
+    p.fetched(F2, 5, now=1.0)
+    p.lease_ok = False
+    p.advance()
+    assert p.hw == 0
+    p.lease_ok = True
+    p.advance()
+    assert p.hw == 5
+
+
+def test_a_waiting_publish_is_answered_when_the_hw_passes_it(tmp_path: Path) -> None:
+    p = make(tmp_path)
+    append(p, 3)
+    answers: list[str | None] = []
+    from pynsqd.cluster.partition import Waiter
+
+    p.waiters.append(Waiter(3, answers.append))
+    p.fetched(F2, 2, now=1.0)
+    p.fetched(F3, 3, now=1.0)
+    p.advance()
+    assert answers == []
+    p.fetched(F2, 3, now=1.0)
+    p.advance()
+    assert answers == [None]
+    p.waiters.append(Waiter(9, answers.append))
+    p.step_down("superseded")
+    assert answers == [None, "superseded"]
+    assert p.role is Role.NONE
+
+
+def test_the_in_sync_set_drops_laggards_and_dead_nodes_and_takes_back_the_caught_up(
+    tmp_path: Path,
+) -> None:
+    p = make(tmp_path)
+    append(p, 4)
+    p.fetched(F2, 4, now=1.0)
+    assert p.isr_change(now=2.0, lag_max=5.0, live=lambda m: True) is None
+    # F3 never caught up within 5 s; F2's node is gone from etcd.
+    new = p.isr_change(now=6.0, lag_max=5.0, live=lambda m: m != F2)
+    assert new == [ME]
+    p.isr = new
+    p.fetched(F3, 4, now=7.0)
+    assert p.isr_change(now=7.0, lag_max=5.0, live=lambda m: True) == [ME, F3]
+
+
+def test_the_epoch_history_says_where_a_follower_must_cut(tmp_path: Path) -> None:
+    """KIP-101's case: epoch 1 wrote 0..99; a takeover at 2 ended at 90; the origin came back
+    at 3 from 90. A replica still holding epoch 1's 90..99 must cut at 90."""
+    h = EpochHistory(str(tmp_path))
+    h.begin(1, 0)
+    h.begin(2, 90)
+    h.begin(3, 90)
+    assert h.end_for(1, latest=150) == 90
+    assert h.end_for(3, latest=150) == 150
+    assert h.end_for(0, latest=150) == 0
+    again = EpochHistory(str(tmp_path))  # kept across restarts
+    assert again.entries == [(1, 0), (2, 90), (3, 90)]
+    again.copy_from([(1, 0), (2, 90), (3, 90)], end=50)
+    assert again.entries == [(1, 0)]
+
+
+def test_truncate_is_a_prefix_and_appends_go_on_from_it(tmp_path: Path) -> None:
+    tlog = TopicLog(
+        str(tmp_path / "l"), segment_bytes=200, sync_every=1, logger=logging.getLogger()
+    )
+    for i in range(30):
+        tlog.append([Message(b"%016d" % i, b"body%d" % i, 1)])
+    assert tlog.segment_count > 3
+    tlog.truncate(12)
+    assert tlog.latest == 12
+    tlog.append([Message(b"%016d" % 99, b"new", 1)])
+    tlog.close()
+    reopened = TopicLog(
+        str(tmp_path / "l"), segment_bytes=200, sync_every=1, logger=logging.getLogger()
+    )
+    records = reopened.read_records(0, 100)
+    got = []
+    offset = 0
+    while offset < reopened.latest:
+        batch = reopened.read_records(offset, 100)
+        got.extend(batch)
+        offset = batch[-1].offset + 1
+    assert [r.body for r in got] == [b"body%d" % i for i in range(12)] + [b"new"]
+    assert records[0].offset == 0
+
+
+def test_append_raw_refuses_a_damaged_or_misplaced_batch(tmp_path: Path) -> None:
+    src = TopicLog(
+        str(tmp_path / "a"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    dst = TopicLog(
+        str(tmp_path / "b"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    src.append([Message(b"%016d" % i, b"m%d" % i, 1) for i in range(5)])
+    rng = src.read_range(0, 10, 1 << 20)
+    assert rng is not None
+    data = Path(rng.path).read_bytes()[rng.start : rng.end]
+    with pytest.raises(ValueError):
+        dst.append_raw(data[:-1])  # torn
+    damaged = bytearray(data)
+    damaged[-1] ^= 1
+    with pytest.raises(ValueError):
+        dst.append_raw(bytes(damaged))
+    assert dst.latest == 0
+    assert dst.append_raw(data) == 5
+    with pytest.raises(ValueError):
+        dst.append_raw(data)  # offsets 0.. again where 5 is next
+    assert Path(dst.segments[-1].path).read_bytes() == data
+
+
+def test_settings_format_and_checks() -> None:
+    s = ReplicationSettings.parse({"replicas": "3"}.get, ReplicationSettings())
+    assert (s.replicas, s.min_insync, s.acks, s.durability) == (3, 2, "all", "fsync")
+    assert ReplicationSettings.decode(s.encode()) == s
+    with pytest.raises(SettingsError) as err:
+        ReplicationSettings.parse({"replicas": "2", "min_insync": "3"}.get, ReplicationSettings())
+    assert err.value.code == "INVALID_ARG_MIN_INSYNC"
+    with pytest.raises(SettingsError):
+        ReplicationSettings.parse({"durability": "maybe"}.get, ReplicationSettings())
+
+
+def test_the_checker_finds_lost_unexpected_and_inconsistent() -> None:
+    h = History(ok={b"a", b"b"}, failed={b"c"}, invoked={b"a", b"b", b"c"})
+    reads = {
+        (1, "n1"): [(0, b"i0", b"a"), (1, b"i9", b"z")],
+        (1, "n2"): [(0, b"i0", b"a"), (1, b"i1", b"c")],
+    }
+    v = check(h, reads)
+    assert v.lost == [b"b"]
+    assert v.unexpected == [b"z"]
+    assert v.inconsistent == [(1, 1)]
+    assert v.recovered == 1
