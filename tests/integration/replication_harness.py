@@ -200,6 +200,8 @@ class History:
     ok: set[bytes] = field(default_factory=set)
     failed: set[bytes] = field(default_factory=set)
     invoked: set[bytes] = field(default_factory=set)
+    #: Which node answered each acknowledged body, and when (monotonic): for failure reports.
+    acked_by: dict[bytes, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass

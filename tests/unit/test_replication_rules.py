@@ -189,3 +189,20 @@ def test_the_checker_finds_lost_unexpected_and_inconsistent() -> None:
     assert v.unexpected == [b"z"]
     assert v.inconsistent == [(1, 1)]
     assert v.recovered == 1
+
+
+def test_a_publish_waiting_when_another_node_takes_over_fails(tmp_path: Path) -> None:
+    """Found by the pause test: the origin, leaderless after its lease lapsed, took a publish at
+    offset N; a takeover leader made it follow and truncate N away; once it led again new
+    records filled N and the old waiter was answered OK for a record no node had."""
+    from pynsqd.cluster.partition import Waiter
+
+    p = make(tmp_path)
+    p.step_down("lease lapsed")
+    assert p.writable  # a leaderless origin takes publishes (they commit if it wins again)
+    append(p, 2)
+    answers: list[str | None] = []
+    p.waiters.append(Waiter(2, answers.append))
+    p.follow(2, "127.0.0.1:1", epoch=9)
+    assert answers == ["node 2 leads the partition now"]
+    assert not p.writable

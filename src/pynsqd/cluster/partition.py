@@ -197,8 +197,12 @@ class Partition:
     # -- follower -------------------------------------------------------------------------
 
     def follow(self, leader: int, http: str, epoch: int) -> None:
+        """Another node leads at ``epoch``. Publishes this node appended and still waits for
+        fail now, whatever the role was (a leaderless origin takes publishes): the new leader
+        may not have them, and their offsets may be truncated and reused."""
         if self.leader == self.me[0] and self.role is Role.LEADER:
             self.step_down("the partition has a new leader")
+        self.fail_waiters(f"node {leader} leads the partition now")
         self.role = Role.FOLLOWER
         self.leader, self.leader_http, self.epoch = leader, http, epoch
 

@@ -488,6 +488,9 @@ class Replicator:
         return info is not None and info.get("storage") == member[1]
 
     def _advance(self, p: Partition) -> None:
+        # The lease as of now, not as of the last keepalive: a process resumed after a pause
+        # longer than the TTL must not commit on the requests that waited in its sockets.
+        p.lease_ok = self.now() < self.lease_until
         if not p.advance():
             return
         event = self._appended.get((p.topic, p.origin))
