@@ -193,6 +193,40 @@ class Cluster:
         return out
 
 
+def power_loss(cluster: Cluster, ledger: Path) -> int:
+    """Every node killed at once, then each retained-log segment cut to the size its last fsync
+    covered (``storage/durable.py`` records them in ``ledger``): what losing the page cache
+    does to an append-only file. Returns the bytes taken away."""
+    for n in cluster.nodes:
+        if n.alive:
+            assert n.proc is not None
+            n.proc.p.send_signal(signal.SIGKILL)
+    for n in cluster.nodes:
+        if n.proc is not None:
+            n.proc.p.wait(timeout=20)
+            n.proc.log_file.close()
+    durable: dict[str, int] = {}
+    if ledger.exists():
+        for line in ledger.read_text().splitlines():
+            path, _, size = line.rpartition("\t")
+            durable[path] = int(size)
+    lost = 0
+    for n in cluster.nodes:
+        for seg in [*n.data.glob("*.log/*.log"), *n.data.glob("replicas/*/*/*.log")]:
+            keep = durable.get(str(seg), 0)
+            size = seg.stat().st_size
+            if size > keep:
+                with seg.open("r+b") as f:
+                    f.truncate(keep)
+                lost += size - keep
+    ledger.write_text("")  # the sizes now on disk are the durable ones
+    for n in cluster.nodes:
+        for seg in [*n.data.glob("*.log/*.log"), *n.data.glob("replicas/*/*/*.log")]:
+            with ledger.open("a") as f:
+                f.write(f"{seg}\t{seg.stat().st_size}\n")
+    return lost
+
+
 @dataclass
 class History:
     """Every publish: invoked, then ``ok`` (acknowledged) or ``failed``/``unknown``."""

@@ -46,6 +46,7 @@ from ..core.topic import Topic
 from ..internal.httpapi import HTTPError
 from ..options import Options
 from ..storage.atomic import write_atomic
+from ..storage.durable import fsync_close
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op, range_op
@@ -534,7 +535,7 @@ class Replicator:
                     break
                 fd, end = job
                 try:
-                    await loop.run_in_executor(None, _fsync_close, fd)
+                    await loop.run_in_executor(None, fsync_close, fd)
                 except OSError as err:
                     log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err)
                     break
@@ -739,7 +740,7 @@ class Replicator:
             if p.settings.durability == "fsync":
                 job = tlog.fsync_fd()
                 if job is not None:
-                    await loop.run_in_executor(None, _fsync_close, job[0])
+                    await loop.run_in_executor(None, fsync_close, job[0])
                     tlog.synced_to(job[1])
             p.leader_latest = int(headers.get("X-Nsq-Latest", "-1"))
             p.hw = max(p.hw, min(int(headers.get("X-Nsq-High-Watermark", "0")), tlog.latest))
@@ -789,8 +790,3 @@ class Replicator:
         return out
 
 
-def _fsync_close(fd: int) -> None:
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

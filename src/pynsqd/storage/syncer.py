@@ -26,6 +26,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from . import durable
+
 __all__ = ["SYNCER", "SyncSlot", "Syncer"]
 
 log = logging.getLogger("pynsqd")
@@ -111,7 +113,7 @@ class Syncer:
                 slot.running = True
             try:
                 for fd in fds:
-                    os.fsync(fd)
+                    durable.fsync(fd)
                 if then is not None:
                     then()
             except OSError as exc:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from ..core.message import Message
 from ..protocol import log_record
 from ..protocol.log_record import HEADER_SIZE, LogRecord, decode_records
+from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
 from .syncer import SYNCER, SyncSlot
@@ -167,7 +168,7 @@ class TopicLog:
         self.synced = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
-        os.fsync(self._fd)  # what a restart finds is what the log stands on
+        durable.fsync(self._fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
         self._handed_file: PositionFile | None = None
         self._load_handed()
@@ -331,7 +332,7 @@ class TopicLog:
         else:
             pos, keep = self._position(seg, offset)
         os.ftruncate(self._fd, pos)
-        os.fsync(self._fd)
+        durable.fsync(self._fd)
         seg.size = pos
         seg.next = keep if offset > seg.base else seg.base
         i = bisect.bisect_left(seg.idx_pos, pos)
@@ -389,8 +390,9 @@ class TopicLog:
         """fsync now (a waiting background sync is dropped, a running one waited for).
         Raises OSError."""
         SYNCER.cancel(self._slot)
-        if self._fd >= 0 and self._unsynced:
-            os.fsync(self._fd)
+        if self._fd >= 0 and (self._unsynced or self.synced < self.latest):
+            # (An fsync off the loop may still be running: ``synced`` says it is not done.)
+            durable.fsync(self._fd)
             self._unsynced = 0
         self.synced = self.latest
         if self._handed_file is not None:
@@ -724,7 +726,7 @@ class TopicLog:
             )
             with open(seg.path, "r+b") as f:
                 f.truncate(pos)
-                os.fsync(f.fileno())
+                durable.fsync(f.fileno())
         else:
             self.log.error(
                 "TOPICLOG(%s): segment %d: %s at byte %d; serving the %d records before it, "
