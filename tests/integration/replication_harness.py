@@ -11,6 +11,7 @@ holding two different records anywhere (inconsistent). Duplicates are counted, n
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import shutil
@@ -126,6 +127,16 @@ class Node:
         finally:
             conn.close()
 
+    def get_with_headers(self, path: str) -> tuple[int, bytes, dict[str, str]]:
+        assert self.proc is not None
+        conn = http.client.HTTPConnection("127.0.0.1", self.proc.http_port, timeout=15)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            return r.status, r.read(), dict(r.getheaders())
+        finally:
+            conn.close()
+
     def json(self, method: str, path: str) -> Any:
         status, body = self.http(method, path)
         assert status == 200, (status, body)
@@ -225,6 +236,22 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
             with ledger.open("a") as f:
                 f.write(f"{seg}\t{seg.stat().st_size}\n")
     return lost
+
+
+def partition_digest(cluster: Cluster, topic: str, origin: int, node: Node) -> tuple[int, str]:
+    """(next offset, sha256) of a partition's committed records as ``node`` serves them: the
+    record bytes themselves, so equal digests mean byte-identical copies."""
+    digest = hashlib.sha256()
+    offset = 0
+    while True:
+        q = {"topic": topic, "partition": str(origin), "offset": str(offset)}
+        q["max_bytes"] = str(16 << 20)
+        status, body, headers = node.get_with_headers("/topic/log?" + urllib.parse.urlencode(q))
+        assert status == 200, body
+        if not body:
+            return offset, digest.hexdigest()
+        digest.update(body)
+        offset = int(headers["X-Nsq-Next-Offset"])
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .replication_harness import (
     History,
     Node,
     check,
+    partition_digest,
     power_loss,
     wait_leader,
 )
@@ -197,6 +198,37 @@ def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
             n.proc.p.send_signal(signal.SIGCONT)
     # Once the followers are back the record commits (an E_PUB_FAILED may still commit).
     wait_for(lambda: len(cluster.read_partition(TOPIC, 1, n1)) == 2, "the second record")
+
+
+def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
+    cluster: Cluster,
+) -> None:
+    replicate(cluster)
+    cluster.node(3).kill()
+    wait_in_sync(cluster, TOPIC, 1, size=2)  # node 3 left the in-sync set: commits go on
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    conn = Connection(f"127.0.0.1:{n1.proc.port}").connect()
+    total, batch = round(1_000_000 * SCALE), 2000
+    for i in range(0, total, batch):
+        conn.mpub(TOPIC, [b"catch-up %09d" % j for j in range(i, i + batch)])
+    conn.close()
+    cluster.node(3).start()
+    wait_in_sync(cluster, TOPIC, 1, size=3)
+    # Every replica's records are the same, offset by offset, up to the committed end.
+    leader = cluster.partition(TOPIC, 1)
+    assert leader is not None and leader["committed"] == total
+    wait_for(
+        lambda: all(
+            q["latest"] == total and q["committed"] == total
+            for n in cluster.nodes
+            for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
+            if q["partition"] == 1
+        ),
+        "every replica at the committed end",
+    )
+    digests = {partition_digest(cluster, TOPIC, 1, n) for n in cluster.nodes}
+    assert len(digests) == 1 and digests.pop()[0] == total
 
 
 # -- faults ---------------------------------------------------------------------------------------

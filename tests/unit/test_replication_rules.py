@@ -206,3 +206,22 @@ def test_a_publish_waiting_when_another_node_takes_over_fails(tmp_path: Path) ->
     p.follow(2, "127.0.0.1:1", epoch=9)
     assert answers == ["node 2 leads the partition now"]
     assert not p.writable
+
+
+def test_restart_at_empties_the_log_and_goes_on_from_the_offset(tmp_path: Path) -> None:
+    log = logging.getLogger()
+    tlog = TopicLog(str(tmp_path / "l"), segment_bytes=200, sync_every=1, logger=log)
+    for i in range(20):
+        tlog.append([Message(b"%016d" % i, b"old%d" % i, 1)])
+    tlog.restart_at(500)
+    assert (tlog.earliest, tlog.latest) == (500, 500)
+    src = TopicLog(str(tmp_path / "src"), segment_bytes=1 << 20, sync_every=1, logger=log)
+    src.restart_at(500)
+    src.append([Message(b"%016d" % 1, b"new", 1)])
+    rng = src.read_range(500, 10, 1 << 20)
+    assert rng is not None
+    tlog.append_raw(Path(rng.path).read_bytes()[rng.start : rng.end])
+    tlog.close()
+    again = TopicLog(str(tmp_path / "l"), segment_bytes=200, sync_every=1, logger=log)
+    assert (again.earliest, again.latest) == (500, 501)
+    assert [r.body for r in again.read_records(500, 10)] == [b"new"]

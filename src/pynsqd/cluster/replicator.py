@@ -623,10 +623,9 @@ class Replicator:
         end = p.end_for(last_epoch)
         if offset > end:
             raise HTTPError(409, "TRUNCATE", {"truncate_to": end, "epoch": p.epoch})
-        if offset > p.log.latest or (offset < p.log.earliest and offset != p.log.latest):
-            raise HTTPError(
-                400, "OFFSET_OUT_OF_RANGE", {"earliest": p.log.earliest, "latest": p.log.latest}
-            )
+        if offset < p.log.earliest:
+            # Retention here removed what the follower needs next: it starts again from here.
+            raise HTTPError(409, "RESET", {"start": p.log.earliest, "epoch": p.epoch})
         member = (replica, storage)
         p.fetched(member, offset, self.now())
         self._advance(p)
@@ -712,6 +711,18 @@ class Replicator:
                     to = int(doc["truncate_to"])
                     tlog.truncate(to)
                     p.history.truncate(to)
+                    continue
+                if doc.get("message") == "RESET":
+                    start = int(doc["start"])
+                    log.warning(
+                        "CLUSTER: partition %s: %s no longer has offset %d; copying from %d",
+                        p.name,
+                        p.leader_http,
+                        tlog.latest,
+                        start,
+                    )
+                    tlog.restart_at(start)
+                    p.history.truncate(-1)
                     continue
                 await asyncio.sleep(TICK)  # not (or no longer) the leader: the plan decides
                 continue

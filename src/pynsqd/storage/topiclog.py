@@ -351,6 +351,28 @@ class TopicLog:
         )
         return dropped
 
+    def restart_at(self, offset: int) -> None:
+        """A replica too far behind its leader (retention there removed what it needs next):
+        drop every record and begin again, empty, at ``offset``. A crash mid-way leaves an
+        empty log (the replica is told again). Raises OSError."""
+        SYNCER.cancel(self._slot)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        for seg in reversed(self.segments):
+            for path in (seg.path, seg.index_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        seg = _Segment(self.directory, offset)
+        self.segments = [seg]
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        durable.fsync(self._fd)
+        self.handed = self.synced = offset
+        if self.committed is not None:
+            self.committed = offset
+        self._unsynced = 0
+        self.log.warning("TOPICLOG(%s): emptied, starting again at offset %d", self.name, offset)
+
     def fsync_fd(self) -> tuple[int, int] | None:
         """For an fsync off the event loop: (a duplicate descriptor of the active segment, the
         end offset it covers), or None when everything is synced. Segments before it were
