@@ -234,6 +234,40 @@ def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
 # -- faults ---------------------------------------------------------------------------------------
 
 
+def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -> None:
+    """Without etcd no leader can know its lease lives: commits stop (publishes fail with the
+    reason) and unreplicated topics go on; etcd back (its leases survive a restart), commits
+    resume, and nothing acknowledged is lost."""
+    cluster = Cluster(tmp_path, etcd, 3, "--replication-timeout=1s")
+    try:
+        replicate(cluster)
+        n1 = cluster.node(1)
+        acked: list[bytes] = []
+        seq = iter(range(1_000_000))
+
+        def publish() -> int:
+            body = b"e%d" % next(seq)
+            status, answer = n1.http("POST", f"/pub?topic={TOPIC}", body)
+            if status == 200:
+                acked.append(body)
+            else:
+                assert status == 503 and b"PUB_FAILED" in answer, answer
+            return status
+
+        assert publish() == 200
+        etcd.stop(signal.SIGKILL)
+        assert n1.http("POST", "/pub?topic=plain", b"unaffected") == (200, b"OK")
+        wait_for(lambda: publish() == 503, "commits to stall without etcd")
+        assert n1.http("POST", "/pub?topic=plain", b"unaffected") == (200, b"OK")
+        etcd.start()
+        wait_for(lambda: publish() == 200, "commits to resume with etcd back")
+        wait_in_sync(cluster, TOPIC, 1)
+        have = {r[2] for r in cluster.read_partition(TOPIC, 1, n1)}
+        assert set(acked) <= have
+    finally:
+        cluster.stop()
+
+
 class Producer(threading.Thread):
     """Publishes unique bodies to the live nodes in turn, TCP PUB and MPUB; a failure moves it
     to the next node (NSQ's standing advice). Every attempt is in the history."""
