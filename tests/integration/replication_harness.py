@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
+import re
 import shutil
 import signal
 import socket
@@ -30,7 +32,7 @@ import pytest
 from pynsqd.protocol.log_record import decode_records
 
 from ..waiting import wait_for
-from .test_crash_safety import Proc
+from .test_crash_safety import NSQD, Proc
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -44,18 +46,19 @@ def free_port() -> int:
 class Etcd:
     """One etcd member on 127.0.0.1 (``scripts/bootstrap`` installs Debian's etcd-server)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
         if not Path(ETCD).exists():
             pytest.fail("etcd is not installed: scripts/bootstrap installs etcd-server (as root)")
         self.directory = directory
+        self.host = host
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.url = f"http://{host}:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         self.log = (self.directory / "etcd.log").open("ab")
         self.proc = subprocess.Popen(
             [
@@ -74,7 +77,7 @@ class Etcd:
 
         def healthy() -> bool:
             assert self.proc is not None and self.proc.poll() is None, "etcd exited"
-            conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1)
+            conn = http.client.HTTPConnection(self.host, self.client_port, timeout=1)
             try:
                 conn.request("GET", "/health")
                 return b'"true"' in conn.getresponse().read()
@@ -100,12 +103,18 @@ class Node:
         self.data.mkdir(exist_ok=True)
         self.log = cluster.directory / f"node{node_id}.log"
         self.log.touch()
-        self.proc: Proc | None = None
+        self.proc: Proc | NsProc | None = None
         #: Stopped by SIGSTOP: its sockets accept, nothing answers.
         self.paused = False
+        #: Where it listens: 127.0.0.1, or its own address inside a network namespace.
+        self.host = "127.0.0.1"
+        self.netns = ""
 
     def start(self) -> None:
-        self.proc = Proc(self.data, self.log, *self.cluster.flags(self.node_id))
+        if self.netns:
+            self.proc = NsProc(self, *self.cluster.flags(self.node_id))
+        else:
+            self.proc = Proc(self.data, self.log, *self.cluster.flags(self.node_id))
 
     @property
     def alive(self) -> bool:
@@ -119,7 +128,7 @@ class Node:
 
     def http(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         assert self.proc is not None
-        conn = http.client.HTTPConnection("127.0.0.1", self.proc.http_port, timeout=15)
+        conn = http.client.HTTPConnection(self.host, self.proc.http_port, timeout=15)
         try:
             conn.request(method, path, body=body)
             r = conn.getresponse()
@@ -129,7 +138,7 @@ class Node:
 
     def get_with_headers(self, path: str) -> tuple[int, bytes, dict[str, str]]:
         assert self.proc is not None
-        conn = http.client.HTTPConnection("127.0.0.1", self.proc.http_port, timeout=15)
+        conn = http.client.HTTPConnection(self.host, self.proc.http_port, timeout=15)
         try:
             conn.request("GET", path)
             r = conn.getresponse()
@@ -143,13 +152,110 @@ class Node:
         return json.loads(body)
 
 
+class NsProc:
+    """A pynsqd process inside its node's network namespace, listening on the node's address."""
+
+    def __init__(self, node: Node, *flags: str) -> None:
+        self.log_file = node.log.open("ab")
+        start = node.log.stat().st_size
+        self.p = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                node.netns,
+                NSQD,
+                f"--tcp-address={node.host}:0",
+                f"--http-address={node.host}:0",
+                f"--data-path={node.data}",
+                *flags,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_file,
+        )
+        ports: dict[str, int] = {}
+        pattern = re.compile(rf"(TCP|HTTP): listening on {re.escape(node.host)}:(\d+)")
+
+        def listening() -> bool:
+            assert self.p.poll() is None, node.log.read_text()
+            text = node.log.read_bytes()[start:].decode(errors="replace")
+            ports.update((k, int(v)) for k, v in pattern.findall(text))
+            return len(ports) == 2
+
+        wait_for(listening, "nsqd to listen in its namespace")
+        self.port, self.http_port = ports["TCP"], ports["HTTP"]
+
+
+class Network:
+    """Each node in a network namespace of its own, joined by a bridge (made by the test, as
+    root): ``cut`` drops a node's traffic to and from chosen addresses with iptables inside its
+    namespace (a silent partition), ``heal`` restores it. etcd listens on the bridge's
+    ``ETCD`` address, the test itself reaches the nodes from the bridge's ``HARNESS`` address,
+    so cutting a node from etcd leaves the test able to watch it."""
+
+    def __init__(self) -> None:
+        if os.geteuid() != 0 or shutil.which("iptables") is None:
+            pytest.skip("network partitions need root and iptables (scripts/bootstrap as root)")
+        self.tag = f"{os.getpid() % 200 + 20}"
+        self.prefix = f"10.{self.tag}.77"
+        self.bridge = f"brpq{self.tag}"
+        self.harness = f"{self.prefix}.254"
+        self.etcd = f"{self.prefix}.253"
+        self.namespaces: list[str] = []
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.harness}/24", "dev", self.bridge)
+        _ip("addr", "add", f"{self.etcd}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+
+    def add(self, node: Node) -> None:
+        ns = f"pq{self.tag}n{node.node_id}"
+        veth = f"vpq{self.tag}n{node.node_id}"
+        _ip("netns", "add", ns)
+        self.namespaces.append(ns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", veth, "master", self.bridge)
+        _ip("link", "set", veth, "up")
+        node.host = f"{self.prefix}.{node.node_id}"
+        node.netns = ns
+        _ip("-n", ns, "addr", "add", f"{node.host}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+    def cut(self, node: Node, addresses: list[str]) -> None:
+        for addr in addresses:
+            for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
+                rule = ["-A", chain, side, addr, "-j", "DROP"]
+                subprocess.run(["ip", "netns", "exec", node.netns, "iptables", *rule], check=True)
+
+    def heal(self, node: Node) -> None:
+        subprocess.run(["ip", "netns", "exec", node.netns, "iptables", "-F"], check=True)
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["ip", "link", "del", self.bridge], check=False)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
 class Cluster:
-    def __init__(self, directory: Path, etcd: Etcd, size: int, *extra: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        etcd: Etcd,
+        size: int,
+        *extra: str,
+        network: Network | None = None,
+    ) -> None:
         self.directory = directory
         self.etcd = etcd
         self.extra = extra
         self.nodes = [Node(self, i + 1) for i in range(size)]
         for n in self.nodes:
+            if network is not None:
+                network.add(n)
             n.start()
 
     def flags(self, node_id: int) -> list[str]:

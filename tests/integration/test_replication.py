@@ -28,6 +28,7 @@ from .replication_harness import (
     Cluster,
     Etcd,
     History,
+    Network,
     Node,
     check,
     partition_digest,
@@ -291,7 +292,7 @@ class Producer(threading.Thread):
             try:
                 assert node.proc is not None
                 conn = Connection(
-                    f"127.0.0.1:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
+                    f"{node.host}:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
                 ).connect()
             except (OSError, ConnectionError, AssertionError):
                 continue
@@ -486,3 +487,80 @@ def test_power_loss_of_every_node(
             assert verdict.lost, "pagecache durability survived a power loss of every node"
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def network() -> Iterator[Network]:
+    net = Network()
+    yield net
+    net.close()
+
+
+@pytest.mark.parametrize("cut", ["followers", "etcd", "both"])
+def test_a_partitioned_leader_loses_nothing_acknowledged(
+    tmp_path: Path, network: Network, cut: str
+) -> None:
+    """Each node in turn is cut off (iptables DROP inside its namespace) from its followers,
+    from etcd, or from both, under load; then healed. Cut from its followers a leader keeps its
+    lease but can commit nothing (they leave its in-sync set, fewer than min_insync remain); cut
+    from etcd its lease lapses, a follower takes over, and it commits nothing more."""
+    etcd = Etcd(tmp_path, host=network.etcd)
+    cluster = Cluster(
+        tmp_path,
+        etcd,
+        3,
+        "--replication-timeout=2s",
+        "--replica-lag-max=2s",
+        network=network,
+    )
+    history = History()
+    producers: list[Producer] = []
+    try:
+        replicate(cluster)
+        producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
+        for p in producers:
+            p.start()
+        for cycle in range(round(3 * SCALE)):
+            victim = cluster.node(cycle % 3 + 1)
+            want = len(history.ok) + 30
+            wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+            acked = set(history.ok)
+            peers = [n.host for n in cluster.nodes if n is not victim]
+            network.cut(
+                victim,
+                {"followers": peers, "etcd": [network.etcd], "both": [*peers, network.etcd]}[cut],
+            )
+            if cut == "followers":
+                # No takeover (its lease lives); its followers leave its in-sync set.
+                wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
+            else:
+
+                def taken_over(victim: Node = victim) -> bool:
+                    return any(
+                        q["partition"] == victim.node_id and q["role"] == "leader"
+                        for n in cluster.nodes
+                        if n is not victim
+                        for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
+                    )
+
+                wait_for(taken_over, f"a takeover of node {victim.node_id}'s partition", 20)
+            if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
+                missing = acked - _committed(cluster)
+                pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
+            network.heal(victim)
+            wait_in_sync(cluster, TOPIC, victim.node_id)
+    finally:
+        for p in producers:
+            p.stopping.set()
+        for p in producers:
+            p.join(30)
+        try:
+            if producers:
+                settle(cluster)
+                verdict = check(history, read_all(cluster))
+                assert verdict.lost == [], f"{len(verdict.lost)} lost: {verdict.lost[:5]}"
+                assert verdict.unexpected == []
+                assert verdict.inconsistent == []
+        finally:
+            cluster.stop()
+            etcd.stop()
