@@ -150,6 +150,18 @@ def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
     assert repl["replicas"] == 3
     mine = next(p for p in repl["partitions"] if p["partition"] == 1)
     assert mine["role"] == "leader" and sorted(mine["isr"]) == [1, 2, 3]
+    assert n.http("POST", "/pub?topic=t", b"x") == (200, b"OK")
+    # The same in the text /stats, /metrics and /info.
+    status, text = n.http("GET", "/stats?topic=t")
+    assert b"replication: replicas 3 min_insync 2 acks all durability fsync" in text
+    assert b"partition 1: leader leader 1" in text
+    status, metrics = n.http("GET", "/metrics")
+    assert b'nsq_partition_committed_offset{partition="1",role="leader",topic="t"} 1.0' in metrics
+    assert b'nsq_partition_in_sync{partition="1",role="leader",topic="t"} 3.0' in metrics
+    assert b'nsq_partition_follower_lag{follower="2",partition="1",topic="t"}' in metrics
+    info = n.json("GET", "/info")
+    assert info["node_id"] == 1 and info["cluster"]["name"] == "test"
+    assert "replicated-topics" in info["features"] and info["cluster"]["nodes"] == [1, 2, 3]
 
 
 # -- the data path ------------------------------------------------------------------------------

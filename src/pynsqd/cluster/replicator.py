@@ -799,5 +799,3 @@ class Replicator:
                 }
             )
         return out
-
-

@@ -194,9 +194,27 @@ class API:
             "topology_zone": opts.topology_zone,
             "topology_region": opts.topology_region,
             # pynsqd: what it can do beyond nsqd (clients ignore unknown keys, as Go's do).
-            "features": ["replayable-topics"],
+            "features": ["replayable-topics"]
+            + (["replicated-topics"] if nsqd.replication is not None else []),
             "retention_time": round(opts.retention_time * 1e9),
             "retention_bytes": opts.retention_bytes,
+            **self._cluster_info(),
+        }
+
+    def _cluster_info(self) -> dict[str, Any]:
+        """pynsqd: with --etcd-endpoints, the node's cluster and identity (replicated topics)."""
+        replication = self.nsqd.replication
+        if replication is None:
+            return {}
+        return {
+            "node_id": replication.node_id,
+            "cluster": {
+                "name": self.nsqd.opts.cluster_name,
+                "etcd_endpoints": replication.etcd.endpoints,
+                "storage_id": replication.storage,
+                "lease_ttl": replication.ttl,
+                "nodes": sorted(replication.state.nodes),
+            },
         }
 
     async def pub(self, request: BaseRequest, params: Params) -> Any:

@@ -65,6 +65,35 @@ LOG_FAMILIES: tuple[Family, ...] = (
         lambda log: log.segment_count,
     ),
 )
+#: Each partition of a replicated topic this node holds a copy of (``cluster/``; the value is
+#: read from ``Replicator.describe``'s entry; label ``role``: leader, follower or none).
+PARTITION_FAMILIES: tuple[Family, ...] = (
+    (
+        "nsq_partition_leader",
+        "Node id leading the partition (-1: none known)",
+        G,
+        lambda p: p["leader"],
+    ),
+    (
+        "nsq_partition_epoch",
+        "The partition's leader epoch (an etcd revision)",
+        G,
+        lambda p: p["epoch"],
+    ),
+    ("nsq_partition_in_sync", "Members of the partition's in-sync set", G, lambda p: len(p["isr"])),
+    (
+        "nsq_partition_committed_offset",
+        "The partition's high watermark: offsets below it are committed",
+        G,
+        lambda p: p["committed"],
+    ),
+    (
+        "nsq_partition_latest_offset",
+        "Next offset of this node's copy of the partition",
+        G,
+        lambda p: p["latest"],
+    ),
+)
 #: Every channel's families.
 CHANNEL_FAMILIES: tuple[Family, ...] = (
     ("nsq_channel_depth", "Messages queued (memory + disk)", G, lambda c: c.depth),
@@ -164,8 +193,24 @@ class NSQCollector:
                 if e2e_sink(ch) is not None:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
-        for fams in (topic_fams, log_fams, channel_fams, lifecycle_fams):
+        part_fams = _families(PARTITION_FAMILIES, ["topic", "partition", "role"])
+        lag = GaugeMetricFamily(
+            "nsq_partition_follower_lag",
+            "Leader: records a follower has yet to acknowledge",
+            labels=["topic", "partition", "follower"],
+        )
+        replication = nsqd.replication
+        if replication is not None:
+            for name in sorted(nsqd.topics):
+                for part in replication.describe(name):
+                    pl = [name, str(part["partition"]), part["role"]]
+                    for fam, value in part_fams:
+                        fam.add_metric(pl, value(part))
+                    for follower, behind in sorted(part["follower_lag"].items()):
+                        lag.add_metric([name, str(part["partition"]), follower], behind)
+        for fams in (topic_fams, log_fams, channel_fams, lifecycle_fams, part_fams):
             yield from (fam for fam, _ in fams)
+        yield lag
         yield from (t_e2e, c_e2e)
 
 

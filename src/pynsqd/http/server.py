@@ -135,6 +135,12 @@ class HTTPService(Router):
 
     # -- requests -------------------------------------------------------------------------
 
+    def log_level(self, request: BaseRequest) -> int:
+        """A follower's fetches (several a second per replicated partition) log at DEBUG."""
+        if "replica=" in request.query_string and request.path == "/topic/log":
+            return logging.DEBUG
+        return logging.INFO
+
     def gate(self, request: BaseRequest) -> StreamResponse | None:
         if self.nsqd.opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.

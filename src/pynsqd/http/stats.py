@@ -273,6 +273,19 @@ def print_stats(
                 f"      log: offsets {lg['earliest_offset']}-{lg['latest_offset']} "
                 f"bytes: {lg['bytes']} segments: {lg['segments']}\n"
             )
+        if "replication" in t:
+            rp = t["replication"]
+            w.append(
+                f"      replication: replicas {rp['replicas']} min_insync {rp['min_insync']} "
+                f"acks {rp['acks']} durability {rp['durability']}\n"
+            )
+            for p in rp["partitions"]:
+                lag = " ".join(f"{k}:{v}" for k, v in sorted(p["follower_lag"].items()))
+                w.append(
+                    f"        partition {p['partition']}: {p['role']} leader {p['leader']} "
+                    f"epoch {p['epoch']} isr {p['isr']} committed {p['committed']} "
+                    f"latest {p['latest']}{' lag ' + lag if lag else ''}\n"
+                )
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             w.append(

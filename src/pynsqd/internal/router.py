@@ -181,11 +181,16 @@ class Router:
         """A response that pre-empts routing (nsqd's TLS-required 403), or None."""
         return None
 
+    def log_level(self, request: BaseRequest) -> int:
+        """The level of a request's log line (nsqd logs each at INFO)."""
+        return logging.INFO
+
     async def handle(self, request: BaseRequest) -> StreamResponse:
         started = time.perf_counter()
         resp = await self.dispatch(request)
         elapsed = (time.perf_counter() - started) * 1e6
-        self._log.info(
+        self._log.log(
+            self.log_level(request),
             "%d %s %s (%s) %.3fµs",
             resp.status,
             request.method,

@@ -1,0 +1,193 @@
+"""Replicated against unreplicated, side by side on this machine (``docs/performance.md``).
+
+Each round runs both set-ups, alternating which goes first, each on fresh servers:
+
+- **unreplicated**: one pynsqd with ``--retention-time=1h`` (a retained topic, as replication
+  needs), ``--writers`` MPUB connections;
+- **replicated**: a real etcd and three pynsqd nodes on this machine, the topic at
+  ``replicas=3`` (min_insync 2, acks=all, durability=fsync by default), the same number of
+  MPUB connections spread over the three nodes (each publishes into its own partition).
+
+Reported per set-up (medians over the rounds): aggregate MPUB messages/s and single-PUB round
+trip p50/p99 (one client, PUB then wait for OK), and the ratios. All processes share this
+machine's cores, which is the point of the ratio: three nodes and etcd on two cores.
+
+    .venv/bin/python bench/replication_bench.py --rounds 5 --runfor 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench  # noqa: E402  (the load generators and server start-up)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _etcd(directory: str) -> tuple[subprocess.Popen[bytes], str]:
+    client, peer = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{client}"
+    proc = subprocess.Popen(
+        [
+            shutil.which("etcd") or "/usr/bin/etcd",
+            "--name=b",
+            f"--data-dir={directory}/etcd",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=b=http://127.0.0.1:{peer}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                if b"true" in r.read():
+                    return proc, url
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("etcd did not start")
+
+
+def _node(extra: str) -> tuple[subprocess.Popen[bytes], tuple[str, int], tuple[str, int], str]:
+    args = argparse.Namespace(mode="logread", nsqd_binary="", nsqd_args=extra)
+    proc, tcp, http, data = bench._start_nsqd(args)
+    assert http is not None
+    return proc, tcp, http, data
+
+
+def _http(addr: tuple[str, int], method: str, path: str) -> Any:
+    req = urllib.request.Request(f"http://{addr[0]}:{addr[1]}{path}", method=method, data=b"")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body.startswith(b"{") else body
+
+
+def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
+    procs: list[subprocess.Popen[bytes]] = []
+    dirs: list[str] = []
+    topic = "rep_bench"
+    try:
+        if setup == "unreplicated":
+            proc, tcp, http, data = _node("--retention-time=1h")
+            procs.append(proc)
+            dirs.append(data)
+            tcps = [tcp]
+            _http(http, "POST", f"/topic/create?topic={topic}")
+        else:
+            base = tempfile.mkdtemp(prefix="pynsqd-repbench-")
+            dirs.append(base)
+            etcd, url = _etcd(base)
+            procs.append(etcd)
+            nodes = []
+            for i in (1, 2, 3):
+                flags = f"--retention-time=1h --node-id={i} --etcd-endpoints={url}"
+                nodes.append(_node(flags))
+            procs += [n[0] for n in nodes]
+            dirs += [n[3] for n in nodes]
+            tcps = [n[1] for n in nodes]
+            for n in nodes:
+                _http(n[2], "POST", f"/topic/create?topic={topic}")
+            query = f"replicas=3&min_insync={args.min_insync}&durability={args.durability}"
+            _http(nodes[0][2], "POST", f"/topic/replication?topic={topic}&{query}")
+            deadline = time.time() + 30
+            for i, n in enumerate(nodes, 1):
+                while True:
+                    parts = _http(n[2], "GET", f"/topic/replication?topic={topic}")["partitions"]
+                    own = [p for p in parts if p["partition"] == i]
+                    if own and own[0]["role"] == "leader" and len(own[0]["isr"]) == 3:
+                        break
+                    if time.time() > deadline:
+                        raise RuntimeError(f"node {i} did not lead its partition with 3 in sync")
+                    time.sleep(0.05)
+        deadline = time.time() + args.runfor
+        targets = [
+            (bench.writer, (tcps[i % len(tcps)], topic, args.size, args.batch_size, deadline))
+            for i in range(args.writers)
+        ]
+        t0 = time.time()
+        counts = bench._run_procs(targets)  # type: ignore[arg-type]
+        mpub = sum(counts) / (time.time() - t0)
+        lat = sorted(bench.pub_latency(tcps[0], topic, args.size, time.time() + args.runfor))
+        return {
+            "mpub_msgs_per_s": mpub,
+            "pub_p50_ms": lat[len(lat) // 2] * 1e3,
+            "pub_p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
+        }
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--runfor", type=float, default=5.0, help="seconds per phase")
+    p.add_argument("--size", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=200, help="messages per MPUB")
+    p.add_argument("--writers", type=int, default=3, help="MPUB connections in all")
+    p.add_argument("--min-insync", type=int, default=2)
+    p.add_argument("--durability", default="fsync", choices=("fsync", "pagecache"))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    results: dict[str, list[dict[str, float]]] = {"unreplicated": [], "replicated": []}
+    for r in range(args.rounds):
+        order = ["unreplicated", "replicated"] if r % 2 == 0 else ["replicated", "unreplicated"]
+        for setup in order:
+            res = _run(setup, args)
+            results[setup].append(res)
+            print(
+                f"round {r + 1} {setup:12s} MPUB {res['mpub_msgs_per_s']:10,.0f} msgs/s  "
+                f"PUB p50 {res['pub_p50_ms']:.2f} ms p99 {res['pub_p99_ms']:.2f} ms",
+                flush=True,
+            )
+    med = {s: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for s, rs in results.items()}
+    u, rep = med["unreplicated"], med["replicated"]
+    print(
+        f"\nmedians over {args.rounds} rounds ({args.runfor:g}s phases, {args.size}-byte "
+        f"messages, {args.writers} MPUB connections of {args.batch_size}):"
+    )
+    print("| set-up | MPUB msgs/s | PUB p50 | PUB p99 |")
+    print("|---|---|---|---|")
+    for name, m in (("one node, unreplicated", u), ("three nodes, replicas=3", rep)):
+        print(
+            f"| {name} | {m['mpub_msgs_per_s']:,.0f} | {m['pub_p50_ms']:.2f} ms "
+            f"| {m['pub_p99_ms']:.2f} ms |"
+        )
+    ratio = rep["mpub_msgs_per_s"] / u["mpub_msgs_per_s"]
+    extra = rep["pub_p99_ms"] - u["pub_p99_ms"]
+    print(f"\nreplicated/unreplicated MPUB: {ratio:.2f}x; PUB p99 +{extra:.2f} ms")
+    if args.json:
+        print(json.dumps({"medians": med, "ratio": ratio, "p99_extra_ms": extra}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
