@@ -32,7 +32,7 @@ import urllib.request
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-import bench  # noqa: E402  (the load generators and server start-up)
+import bench
 
 
 def _free_port() -> int:

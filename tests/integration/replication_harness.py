@@ -54,6 +54,7 @@ class Etcd:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.url = f"http://{host}:{self.client_port}"
+        self.urls = [self.url]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -92,6 +93,70 @@ class Etcd:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=20)
+        self.log.close()
+
+
+class EtcdCluster:
+    """Three etcd members on 127.0.0.1 (a quorum of two survives one)."""
+
+    def __init__(self, directory: Path) -> None:
+        if not Path(ETCD).exists():
+            pytest.fail("etcd is not installed: scripts/bootstrap installs etcd-server (as root)")
+        self.names = ["a", "b", "c"]
+        self.client = {n: free_port() for n in self.names}
+        self.peer = {n: free_port() for n in self.names}
+        self.urls = [f"http://127.0.0.1:{self.client[n]}" for n in self.names]
+        self.url = self.urls[0]
+        initial = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.log = (directory / "etcd.log").open("ab")
+        for n in self.names:
+            self.procs[n] = subprocess.Popen(
+                [
+                    ETCD,
+                    f"--name={n}",
+                    f"--data-dir={directory / ('etcd-' + n)}",
+                    f"--listen-client-urls=http://127.0.0.1:{self.client[n]}",
+                    f"--advertise-client-urls=http://127.0.0.1:{self.client[n]}",
+                    f"--listen-peer-urls=http://127.0.0.1:{self.peer[n]}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{self.peer[n]}",
+                    f"--initial-cluster={initial}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,
+            )
+        wait_for(lambda: self.leader() is not None, "the etcd cluster to elect a leader", 30)
+
+    def _status(self, name: str) -> dict[str, Any] | None:
+        if self.procs[name].poll() is not None:
+            return None
+        conn = http.client.HTTPConnection("127.0.0.1", self.client[name], timeout=1)
+        try:
+            conn.request("POST", "/v3/maintenance/status", body=b"{}")
+            doc: dict[str, Any] = json.loads(conn.getresponse().read())
+            return doc
+        except (OSError, ValueError):
+            return None
+        finally:
+            conn.close()
+
+    def leader(self) -> str | None:
+        """The name of the member that leads (None while there is no leader)."""
+        for n in self.names:
+            st = self._status(n)
+            if st is not None and st.get("leader") and st["leader"] == st["header"]["member_id"]:
+                return n
+        return None
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(timeout=20)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(sig)
+                p.wait(timeout=20)
         self.log.close()
 
 
@@ -244,7 +309,7 @@ class Cluster:
     def __init__(
         self,
         directory: Path,
-        etcd: Etcd,
+        etcd: Etcd | EtcdCluster,
         size: int,
         *extra: str,
         network: Network | None = None,
@@ -261,7 +326,7 @@ class Cluster:
     def flags(self, node_id: int) -> list[str]:
         return [
             f"--node-id={node_id}",
-            f"--etcd-endpoints={self.etcd.url}",
+            *(f"--etcd-endpoints={url}" for url in self.etcd.urls),
             "--cluster-name=test",
             "--retention-time=1h",
             "--etcd-lease-ttl=2s",

@@ -27,6 +27,7 @@ from ..waiting import wait_for
 from .replication_harness import (
     Cluster,
     Etcd,
+    EtcdCluster,
     History,
     Network,
     Node,
@@ -164,6 +165,28 @@ def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
     assert "replicated-topics" in info["features"] and info["cluster"]["nodes"] == [1, 2, 3]
 
 
+def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster) -> None:
+    from .test_nsqadmin import AdminThread
+
+    replicate(cluster)
+    assert cluster.node(2).http("POST", f"/pub?topic={TOPIC}", b"x") == (200, b"OK")
+    addresses = [f"127.0.0.1:{n.proc.http_port}" for n in cluster.nodes]  # type: ignore[union-attr]
+    admin = AdminThread(nsqd_http_addresses=addresses)
+    try:
+        status, doc = admin.request("GET", f"/api/topics/{TOPIC}")
+        assert status == 200, doc
+        parts = doc["partitions"]
+        assert [p["partition"] for p in parts] == [1, 2, 3]
+        for p in parts:
+            assert p["leader"] == p["partition"] and p["node"] == addresses[p["partition"] - 1]
+            assert sorted(p["isr"]) == [1, 2, 3] and set(p["follower_lag"]) == {
+                str(n) for n in (1, 2, 3) if n != p["partition"]
+            }
+        assert parts[1]["committed"] == 1
+    finally:
+        admin.stop()
+
+
 # -- the data path ------------------------------------------------------------------------------
 
 
@@ -245,6 +268,39 @@ def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
 
 
 # -- faults ---------------------------------------------------------------------------------------
+
+
+def test_the_etcd_leader_killed_stalls_commits_briefly_and_loses_nothing(tmp_path: Path) -> None:
+    """A three-member etcd loses its leader (kill -9) under load: the others elect one, the
+    nodes move to a live endpoint, commits go on; nothing acknowledged is lost."""
+    etcd = EtcdCluster(tmp_path)
+    cluster = Cluster(tmp_path, etcd, 3)  # type: ignore[arg-type]
+    history = History()
+    producers: list[Producer] = []
+    try:
+        replicate(cluster)
+        producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
+        for p in producers:
+            p.start()
+        wait_for(lambda: len(history.ok) > 50, "acknowledged publishes")
+        leader = etcd.leader()
+        assert leader is not None
+        etcd.kill(leader)
+        before = len(history.ok)
+        wait_for(lambda: etcd.leader() not in (None, leader), "a new etcd leader", 20)
+        wait_for(lambda: len(history.ok) > before + 100, "commits to go on", 20)
+    finally:
+        for p in producers:
+            p.stopping.set()
+        for p in producers:
+            p.join(30)
+        try:
+            settle(cluster)
+            verdict = check(history, read_all(cluster))
+            assert verdict.lost == [] and verdict.unexpected == [] and verdict.inconsistent == []
+        finally:
+            cluster.stop()
+            etcd.stop()
 
 
 def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -> None:

@@ -360,6 +360,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "tls_cert": ("", ""),
     "tls_key": ("", ""),
     "channel_bound_policy": ("drop-oldest", "drop-oldest"),
+    "etcd_endpoints": ("127.0.0.1:2379", ["127.0.0.1:2379"]),
+    "cluster_name": ("prod-eu", "prod-eu"),
+    "replication_acks": ("leader", "leader"),
+    "replication_durability": ("pagecache", "pagecache"),
 }
 
 

@@ -125,6 +125,7 @@ class Cluster:
         stats, errors = await self.stats()
         nodes: list[dict[str, Any]] = []
         channels: dict[str, dict[str, Any]] = {}
+        partitions: dict[int, dict[str, Any]] = {}
         for node, s in stats.items():
             for t in s.get("topics") or []:
                 if t["topic_name"] != name:
@@ -138,6 +139,10 @@ class Cluster:
                 if "log" in t:
                     row["log"] = t["log"]
                 nodes.append(row)
+                # A replicated topic: each partition as the node leading it reports it.
+                for part in (t.get("replication") or {}).get("partitions") or []:
+                    if part.get("role") == "leader":
+                        partitions[part["partition"]] = {**part, "node": node}
                 for c in t.get("channels") or []:
                     agg = channels.setdefault(
                         c["channel_name"],
@@ -161,6 +166,7 @@ class Cluster:
             "paused": any(n["paused"] for n in nodes),
             "nodes": nodes,
             "channels": [channels[c] for c in sorted(channels)],
+            "partitions": [partitions[p] for p in sorted(partitions)],
             "errors": errors,
         }
 

@@ -92,7 +92,9 @@ async function render() {
         `<table id="channels"><tr><th>channel</th>${COLS.map(k => `<th>${k}</th>`).join("")}<th>clients</th></tr>` +
         d.channels.map(c => `<tr><td>${link(`topics/${t}/${c.channel}`, c.channel)}${c.paused ? ' <span class="paused">paused</span>' : ""}</td>${COLS.map(k => `<td>${c[k]}</td>`).join("")}<td>${c.clients}</td></tr>`).join("") + "</table>" +
         `<h2>nodes</h2><table id="nodes"><tr><th>node</th><th>depth</th><th>message_count</th><th>log offsets</th></tr>` +
-        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.depth}</td><td>${n.message_count}</td><td>${n.log ? `${n.log.earliest_offset}–${n.log.latest_offset}` : ""}</td></tr>`).join("") + "</table>";
+        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.depth}</td><td>${n.message_count}</td><td>${n.log ? `${n.log.earliest_offset}–${n.log.latest_offset}` : ""}</td></tr>`).join("") + "</table>" +
+        ((d.partitions || []).length ? `<h2>replicated partitions</h2><table id="partitions"><tr><th>partition (origin node id)</th><th>leader</th><th>epoch</th><th>in sync</th><th>replicas</th><th>committed offset</th><th>follower lag (records)</th></tr>` +
+          d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${p.committed}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td></tr>`).join("") + "</table>" : "");
       errorsEl.textContent = d.errors.join("; ");
     } else if (route[0] === "lookup") {
       const d = await api("lookup");
