@@ -44,93 +44,53 @@ def free_port() -> int:
 
 
 class Etcd:
-    """One etcd member on 127.0.0.1 (``scripts/bootstrap`` installs Debian's etcd-server)."""
+    """etcd on this machine: one member, or three (a quorum of two survives one), each on free
+    ports of ``host`` (``scripts/bootstrap`` installs Debian's etcd-server)."""
 
-    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, directory: Path, host: str = "127.0.0.1", members: int = 1) -> None:
         if not Path(ETCD).exists():
             pytest.fail("etcd is not installed: scripts/bootstrap installs etcd-server (as root)")
         self.directory = directory
         self.host = host
-        self.client_port = free_port()
-        self.peer_port = free_port()
-        self.url = f"http://{host}:{self.client_port}"
-        self.urls = [self.url]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.names = ["a", "b", "c"][:members]
+        self.client = {n: free_port() for n in self.names}
+        self.peer = {n: free_port() for n in self.names}
+        self.urls = [f"http://{host}:{self.client[n]}" for n in self.names]
+        self.url = self.urls[0]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.log = (directory / "etcd.log").open("ab")
         self.start()
 
     def start(self) -> None:
-        peer = f"http://{self.host}:{self.peer_port}"
-        self.log = (self.directory / "etcd.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                ETCD,
-                "--name=t",
-                f"--data-dir={self.directory / 'etcd'}",
-                f"--listen-client-urls={self.url}",
-                f"--advertise-client-urls={self.url}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=t={peer}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,
-        )
-
-        def healthy() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "etcd exited"
-            conn = http.client.HTTPConnection(self.host, self.client_port, timeout=1)
-            try:
-                conn.request("GET", "/health")
-                return b'"true"' in conn.getresponse().read()
-            except OSError:
-                return False
-            finally:
-                conn.close()
-
-        wait_for(healthy, "etcd to answer /health", timeout=30)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=20)
-        self.log.close()
-
-
-class EtcdCluster:
-    """Three etcd members on 127.0.0.1 (a quorum of two survives one)."""
-
-    def __init__(self, directory: Path) -> None:
-        if not Path(ETCD).exists():
-            pytest.fail("etcd is not installed: scripts/bootstrap installs etcd-server (as root)")
-        self.names = ["a", "b", "c"]
-        self.client = {n: free_port() for n in self.names}
-        self.peer = {n: free_port() for n in self.names}
-        self.urls = [f"http://127.0.0.1:{self.client[n]}" for n in self.names]
-        self.url = self.urls[0]
-        initial = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.log = (directory / "etcd.log").open("ab")
+        """Start every member that is not running (again on its data, after a kill)."""
+        initial = ",".join(f"{n}=http://{self.host}:{self.peer[n]}" for n in self.names)
         for n in self.names:
+            if n in self.procs and self.procs[n].poll() is None:
+                continue
+            client, peer = (
+                f"http://{self.host}:{self.client[n]}",
+                f"http://{self.host}:{self.peer[n]}",
+            )
             self.procs[n] = subprocess.Popen(
                 [
                     ETCD,
                     f"--name={n}",
-                    f"--data-dir={directory / ('etcd-' + n)}",
-                    f"--listen-client-urls=http://127.0.0.1:{self.client[n]}",
-                    f"--advertise-client-urls=http://127.0.0.1:{self.client[n]}",
-                    f"--listen-peer-urls=http://127.0.0.1:{self.peer[n]}",
-                    f"--initial-advertise-peer-urls=http://127.0.0.1:{self.peer[n]}",
+                    f"--data-dir={self.directory / ('etcd-' + n)}",
+                    f"--listen-client-urls={client}",
+                    f"--advertise-client-urls={client}",
+                    f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}",
                     f"--initial-cluster={initial}",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=self.log,
             )
-        wait_for(lambda: self.leader() is not None, "the etcd cluster to elect a leader", 30)
+        wait_for(lambda: self.leader() is not None, "etcd to elect a leader", 30)
 
     def _status(self, name: str) -> dict[str, Any] | None:
         if self.procs[name].poll() is not None:
             return None
-        conn = http.client.HTTPConnection("127.0.0.1", self.client[name], timeout=1)
+        conn = http.client.HTTPConnection(self.host, self.client[name], timeout=1)
         try:
             conn.request("POST", "/v3/maintenance/status", body=b"{}")
             doc: dict[str, Any] = json.loads(conn.getresponse().read())
@@ -157,7 +117,6 @@ class EtcdCluster:
             if p.poll() is None:
                 p.send_signal(sig)
                 p.wait(timeout=20)
-        self.log.close()
 
 
 class Node:
@@ -309,7 +268,7 @@ class Cluster:
     def __init__(
         self,
         directory: Path,
-        etcd: Etcd | EtcdCluster,
+        etcd: Etcd,
         size: int,
         *extra: str,
         network: Network | None = None,

@@ -8,6 +8,7 @@ state (``/topic/replication``), never on time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -27,7 +28,6 @@ from ..waiting import wait_for
 from .replication_harness import (
     Cluster,
     Etcd,
-    EtcdCluster,
     History,
     Network,
     Node,
@@ -273,34 +273,23 @@ def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
 def test_the_etcd_leader_killed_stalls_commits_briefly_and_loses_nothing(tmp_path: Path) -> None:
     """A three-member etcd loses its leader (kill -9) under load: the others elect one, the
     nodes move to a live endpoint, commits go on; nothing acknowledged is lost."""
-    etcd = EtcdCluster(tmp_path)
-    cluster = Cluster(tmp_path, etcd, 3)  # type: ignore[arg-type]
+    etcd = Etcd(tmp_path, members=3)
+    cluster = Cluster(tmp_path, etcd, 3)
     history = History()
-    producers: list[Producer] = []
     try:
         replicate(cluster)
-        producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
-        for p in producers:
-            p.start()
-        wait_for(lambda: len(history.ok) > 50, "acknowledged publishes")
-        leader = etcd.leader()
-        assert leader is not None
-        etcd.kill(leader)
-        before = len(history.ok)
-        wait_for(lambda: etcd.leader() not in (None, leader), "a new etcd leader", 20)
-        wait_for(lambda: len(history.ok) > before + 100, "commits to go on", 20)
+        with producing(cluster, history):
+            wait_for(lambda: len(history.ok) > 50, "acknowledged publishes")
+            leader = etcd.leader()
+            assert leader is not None
+            etcd.kill(leader)
+            before = len(history.ok)
+            wait_for(lambda: etcd.leader() not in (None, leader), "a new etcd leader", 20)
+            wait_for(lambda: len(history.ok) > before + 100, "commits to go on", 20)
+        verify(cluster, history)
     finally:
-        for p in producers:
-            p.stopping.set()
-        for p in producers:
-            p.join(30)
-        try:
-            settle(cluster)
-            verdict = check(history, read_all(cluster))
-            assert verdict.lost == [] and verdict.unexpected == [] and verdict.inconsistent == []
-        finally:
-            cluster.stop()
-            etcd.stop()
+        cluster.stop()
+        etcd.stop()
 
 
 def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -> None:
@@ -402,6 +391,30 @@ def read_all(cluster: Cluster) -> dict[tuple[int, str], list[tuple[int, bytes, b
     return reads
 
 
+@contextlib.contextmanager
+def producing(cluster: Cluster, history: History, tag: str = "p") -> Iterator[None]:
+    """Two producers publishing into ``history`` for the duration of the block."""
+    producers = [Producer(cluster, history, f"{tag}{i}") for i in range(2)]
+    for p in producers:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in producers:
+            p.stopping.set()
+        for p in producers:
+            p.join(30)
+
+
+def verify(cluster: Cluster, history: History) -> None:
+    """After the faults: every node back in sync, then the checker over every copy."""
+    settle(cluster)
+    verdict = check(history, read_all(cluster))
+    assert verdict.lost == [], f"{len(verdict.lost)} acknowledged lost: {verdict.lost[:10]}"
+    assert verdict.unexpected == []
+    assert verdict.inconsistent == []
+
+
 def settle(cluster: Cluster) -> None:
     """Every node back, leading its own partition with all three in sync, and every follower
     at the leader's committed end."""
@@ -426,11 +439,8 @@ def settle(cluster: Cluster) -> None:
 def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
     history = History()
     replicate(cluster)
-    producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
-    for p in producers:
-        p.start()
     rng = random.Random(fault)
-    try:
+    with producing(cluster, history):
         for cycle in range(cycles):
             victim: Node = rng.choice(cluster.nodes)
             want = 20 * (cycle + 1)
@@ -446,16 +456,12 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
             # was acknowledged before the fault.
             p = wait_leader(cluster, TOPIC, victim.node_id)
             assert p["node"] != victim.node_id
-
-            def served(acked: set[bytes] = acked) -> bool:
-                return acked <= _committed(cluster)
-
-            if not _within(served, 20):
-                missing = acked - _committed(cluster)
+            if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
+                missing = sorted(acked - _committed(cluster))
                 pytest.fail(
                     f"cycle {cycle}: {len(missing)} acknowledged records not readable after the "
-                    f"takeover of node {victim.node_id}'s partition: {sorted(missing)[:5]} "
-                    f"acked by {[history.acked_by.get(b) for b in sorted(missing)[:5]]}; "
+                    f"takeover of node {victim.node_id}'s partition: {missing[:5]} "
+                    f"acked by {[history.acked_by.get(b) for b in missing[:5]]}; "
                     f"partitions {[cluster.partition(TOPIC, o) for o in (1, 2, 3)]}"
                 )
             if fault == "kill":
@@ -465,18 +471,7 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
                 victim.proc.p.send_signal(signal.SIGCONT)
                 victim.paused = False
             wait_in_sync(cluster, TOPIC, victim.node_id)
-    finally:
-        for p in producers:
-            p.stopping.set()
-        for p in producers:
-            p.join(30)
-    settle(cluster)
-    verdict = check(history, read_all(cluster))
-    assert verdict.lost == [], (
-        f"{len(verdict.lost)} acknowledged messages lost: {verdict.lost[:10]}"
-    )
-    assert verdict.unexpected == []
-    assert verdict.inconsistent == []
+    verify(cluster, history)
     assert len(history.ok) > 20 * cycles
 
 
@@ -532,16 +527,10 @@ def test_power_loss_of_every_node(
         cycles = round((3 if durability == "fsync" else 1) * SCALE)
         cut = 0
         for cycle in range(cycles):
-            producers = [Producer(cluster, history, f"p{cycle}.{i}") for i in range(2)]
-            for p in producers:
-                p.start()
-            want = len(history.ok) + 300
-            wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-            cut += power_loss(cluster, ledger)
-            for p in producers:
-                p.stopping.set()
-            for p in producers:
-                p.join(30)
+            with producing(cluster, history, f"p{cycle}."):
+                want = len(history.ok) + 300
+                wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+                cut += power_loss(cluster, ledger)
             for n in cluster.nodes:
                 n.start()
             settle(cluster)
@@ -582,53 +571,42 @@ def test_a_partitioned_leader_loses_nothing_acknowledged(
         network=network,
     )
     history = History()
-    producers: list[Producer] = []
     try:
         replicate(cluster)
-        producers = [Producer(cluster, history, f"p{i}") for i in range(2)]
-        for p in producers:
-            p.start()
-        for cycle in range(round(3 * SCALE)):
-            victim = cluster.node(cycle % 3 + 1)
-            want = len(history.ok) + 30
-            wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-            acked = set(history.ok)
-            peers = [n.host for n in cluster.nodes if n is not victim]
-            network.cut(
-                victim,
-                {"followers": peers, "etcd": [network.etcd], "both": [*peers, network.etcd]}[cut],
-            )
-            if cut == "followers":
-                # No takeover (its lease lives); its followers leave its in-sync set.
-                wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
-            else:
-
-                def taken_over(victim: Node = victim) -> bool:
-                    return any(
-                        q["partition"] == victim.node_id and q["role"] == "leader"
-                        for n in cluster.nodes
-                        if n is not victim
-                        for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
+        with producing(cluster, history):
+            for cycle in range(round(3 * SCALE)):
+                victim = cluster.node(cycle % 3 + 1)
+                want = len(history.ok) + 30
+                wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+                acked = set(history.ok)
+                peers = [n.host for n in cluster.nodes if n is not victim]
+                cut_off = {"followers": peers, "etcd": [network.etcd]}.get(cut)
+                network.cut(victim, cut_off or [*peers, network.etcd])
+                if cut == "followers":
+                    # No takeover (its lease lives); its followers leave its in-sync set.
+                    wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
+                else:
+                    wait_for(
+                        lambda victim=victim: _led_elsewhere(cluster, victim),
+                        f"a takeover of node {victim.node_id}'s partition",
+                        20,
                     )
-
-                wait_for(taken_over, f"a takeover of node {victim.node_id}'s partition", 20)
-            if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
-                missing = acked - _committed(cluster)
-                pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
-            network.heal(victim)
-            wait_in_sync(cluster, TOPIC, victim.node_id)
+                if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
+                    missing = acked - _committed(cluster)
+                    pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
+                network.heal(victim)
+                wait_in_sync(cluster, TOPIC, victim.node_id)
+        verify(cluster, history)
     finally:
-        for p in producers:
-            p.stopping.set()
-        for p in producers:
-            p.join(30)
-        try:
-            if producers:
-                settle(cluster)
-                verdict = check(history, read_all(cluster))
-                assert verdict.lost == [], f"{len(verdict.lost)} lost: {verdict.lost[:5]}"
-                assert verdict.unexpected == []
-                assert verdict.inconsistent == []
-        finally:
-            cluster.stop()
-            etcd.stop()
+        cluster.stop()
+        etcd.stop()
+
+
+def _led_elsewhere(cluster: Cluster, victim: Node) -> bool:
+    """Some node other than ``victim`` leads ``victim``'s partition."""
+    return any(
+        q["partition"] == victim.node_id and q["role"] == "leader"
+        for n in cluster.nodes
+        if n is not victim
+        for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
+    )

@@ -51,6 +51,16 @@ PYNSQD_FLAGS = {
     "max-channel-bytes",
     "channel-bound-policy",
     "busy-poll",
+    # replicated topics (docs/replication.md)
+    "etcd-endpoints",
+    "cluster-name",
+    "etcd-lease-ttl",
+    "replicas",
+    "replication-min-insync",
+    "replication-acks",
+    "replication-durability",
+    "replication-timeout",
+    "replica-lag-max",
 }
 
 
