@@ -58,11 +58,11 @@ class Etcd:
         self.urls = [f"http://{host}:{self.client[n]}" for n in self.names]
         self.url = self.urls[0]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.log = (directory / "etcd.log").open("ab")
         self.start()
 
     def start(self) -> None:
         """Start every member that is not running (again on its data, after a kill)."""
+        self.log = (self.directory / "etcd.log").open("ab")
         initial = ",".join(f"{n}=http://{self.host}:{self.peer[n]}" for n in self.names)
         for n in self.names:
             if n in self.procs and self.procs[n].poll() is None:
@@ -117,6 +117,7 @@ class Etcd:
             if p.poll() is None:
                 p.send_signal(sig)
                 p.wait(timeout=20)
+        self.log.close()
 
 
 class Node:
