@@ -517,6 +517,9 @@ class TopicLog:
             start, first = self._position(seg, max(offset, seg.base))
             if start >= seg.size:
                 continue  # a gap after a damaged record: the next segment
+            if seg.next - first <= max_messages and seg.size - start <= max_bytes:
+                # The rest of the segment fits (a follower or reader near the end): no walk.
+                return LogRange(seg.path, start, seg.size, first, seg.next, seg.next - first)
             # The end: from the index entry at or before start + max_bytes, walk forward.
             limit = start + max_bytes
             end, nxt, count = start, first, 0
