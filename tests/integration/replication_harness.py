@@ -145,6 +145,17 @@ class Node:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.p.poll() is None and not self.paused
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets and answers nothing."""
+        assert self.proc is not None
+        self.proc.p.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.p.send_signal(signal.SIGCONT)
+        self.paused = False
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
         self.proc.p.send_signal(sig)

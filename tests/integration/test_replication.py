@@ -220,20 +220,29 @@ def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
     --replication-timeout, and no node shows it to readers until it commits."""
     replicate(cluster)
     n1 = cluster.node(1)
+    assert n1.http("POST", f"/channel/create?topic={TOPIC}&channel=c")[0] == 200
+
+    def channel_messages() -> int:
+        stats = n1.json("GET", f"/stats?format=json&topic={TOPIC}&channel=c")
+        return int(stats["topics"][0]["channels"][0]["message_count"])
+
     assert n1.http("POST", f"/pub?topic={TOPIC}", b"first")[0] == 200
+    wait_for(lambda: channel_messages() == 1, "the committed message in the channel")
     for n in (cluster.node(2), cluster.node(3)):
-        assert n.proc is not None
-        n.proc.p.send_signal(signal.SIGSTOP)
+        n.pause()
     try:
         status, body = n1.http("POST", f"/pub?topic={TOPIC}", b"second")
         assert status == 503 and b"replication timeout" in body
+        # Neither the log's readers nor the channel see it.
         assert [r[2] for r in cluster.read_partition(TOPIC, 1, n1)] == [b"first"]
+        assert channel_messages() == 1
     finally:
         for n in (cluster.node(2), cluster.node(3)):
-            assert n.proc is not None
-            n.proc.p.send_signal(signal.SIGCONT)
-    # Once the followers are back the record commits (an E_PUB_FAILED may still commit).
+            n.resume()
+    # Once the followers are back the record commits (an E_PUB_FAILED may still commit), and
+    # only then goes to the channel.
     wait_for(lambda: len(cluster.read_partition(TOPIC, 1, n1)) == 2, "the second record")
+    wait_for(lambda: channel_messages() == 2, "the channel to get it once committed")
 
 
 def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
@@ -446,12 +455,7 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
             want = 20 * (cycle + 1)
             wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
             acked = set(history.ok)
-            if fault == "kill":
-                victim.kill()
-            else:
-                assert victim.proc is not None
-                victim.proc.p.send_signal(signal.SIGSTOP)
-                victim.paused = True
+            victim.kill() if fault == "kill" else victim.pause()
             # A live in-sync follower takes the partition over and serves everything that
             # was acknowledged before the fault.
             p = wait_leader(cluster, TOPIC, victim.node_id)
@@ -464,12 +468,7 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
                     f"acked by {[history.acked_by.get(b) for b in missing[:5]]}; "
                     f"partitions {[cluster.partition(TOPIC, o) for o in (1, 2, 3)]}"
                 )
-            if fault == "kill":
-                victim.start()
-            else:
-                assert victim.proc is not None
-                victim.proc.p.send_signal(signal.SIGCONT)
-                victim.paused = False
+            victim.start() if fault == "kill" else victim.resume()
             wait_in_sync(cluster, TOPIC, victim.node_id)
     verify(cluster, history)
     assert len(history.ok) > 20 * cycles

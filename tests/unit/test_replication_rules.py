@@ -225,3 +225,31 @@ def test_restart_at_empties_the_log_and_goes_on_from_the_offset(tmp_path: Path) 
     again = TopicLog(str(tmp_path / "l"), segment_bytes=200, sync_every=1, logger=log)
     assert (again.earliest, again.latest) == (500, 501)
     assert [r.body for r in again.read_records(500, 10)] == [b"new"]
+
+
+def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path: Path) -> None:
+    """Found by the kill -9 test: a restarted origin listens before it has read etcd, took a
+    publish to its replicated topic as unreplicated, answered OK, and then truncated it away
+    when it learnt that another node led its partition."""
+    from pynsqd.cluster.replicator import PublishRefused, Replicator
+    from pynsqd.options import Options
+
+    class Host:
+        opts = Options(etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path))
+        topics: dict[str, object] = {}
+        data_path = str(tmp_path)
+        http_address = "127.0.0.1:4151"
+        tcp_address = "127.0.0.1:4150"
+
+        def topic_log(self, name: str) -> object | None:
+            return object() if name == "retained" else None
+
+        def open_replica_log(self, topic: str, origin: int) -> TopicLog:
+            raise AssertionError("not used")
+
+    replicator = Replicator(Host())  # type: ignore[arg-type]
+    with pytest.raises(PublishRefused, match="joining"):
+        replicator.gate("retained")
+    assert replicator.gate("plain") is False  # never replicated: no retention
+    replicator.ready = True
+    assert replicator.gate("retained") is False  # the state says: not replicated

@@ -157,6 +157,9 @@ class Replicator:
         self._pending: dict[str, list[Waiter]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closing = False
+        #: The cluster's state has been read once: until then no retained topic is known
+        #: unreplicated (``gate``).
+        self.ready = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -187,6 +190,7 @@ class Replicator:
             raise RuntimeError(f"--etcd-endpoints: {err}") from None
         await self._register()
         await self._refresh()
+        self.ready = True
         self._tasks.append(asyncio.create_task(self._keepalive_loop()))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         log.info(
@@ -553,6 +557,10 @@ class Replicator:
         """Before a publish to ``topic``: whether its OK must wait for the records to commit
         (``committed``/``wait``). Raises ``PublishRefused`` when another node leads this node's
         partition (it is catching up before it takes it back)."""
+        if not self.ready and self.host.topic_log(topic) is not None:
+            # Joining (the listeners open before etcd is read): a retained topic may be
+            # replicated, and an OK now would promise what no replica holds.
+            raise PublishRefused("this node is still joining the cluster")
         settings = self.state.settings.get(topic)
         if settings is None or not settings.replicated:
             return False
