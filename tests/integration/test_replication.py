@@ -245,6 +245,7 @@ def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
     wait_for(lambda: channel_messages() == 2, "the channel to get it once committed")
 
 
+@pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 def test_a_follower_offline_for_a_million_messages_catches_up_and_rejoins(
     cluster: Cluster,
 ) -> None:
@@ -499,16 +500,19 @@ def _within(cond: Callable[[], bool], timeout: float) -> bool:
 SCALE = float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
 
 
+@pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 def test_kill_9_of_a_leader_under_load_loses_nothing_acknowledged(cluster: Cluster) -> None:
     run_faults(cluster, round(20 * SCALE), "kill")
 
 
+@pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 def test_a_paused_leader_loses_nothing_acknowledged(cluster: Cluster) -> None:
     """Found a defect at 4 cycles (one run in three): a publish the origin took while
     leaderless was answered OK after a takeover had truncated it away."""
     run_faults(cluster, round(8 * SCALE), "pause")
 
 
+@pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 @pytest.mark.parametrize("durability", ["fsync", "pagecache"])
 def test_power_loss_of_every_node(
     tmp_path: Path, etcd: Etcd, monkeypatch: pytest.MonkeyPatch, durability: str
@@ -552,6 +556,7 @@ def network() -> Iterator[Network]:
     net.close()
 
 
+@pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 @pytest.mark.parametrize("cut", ["followers", "etcd", "both"])
 def test_a_partitioned_leader_loses_nothing_acknowledged(
     tmp_path: Path, network: Network, cut: str

@@ -415,7 +415,8 @@ class Replicator:
                 leader.mod_revision,
             )
             p.follow(int(info["node"]), str(info["http"]), leader.mod_revision)
-            self._start_fetch(p)
+        # Every tick: a fetch stopped by a take-back that failed, or one that died, starts again.
+        self._start_fetch(p)
         if p.is_origin and self.me in p.isr and p.leader_latest == p.log.latest:
             await self._take_back(p, leader)
 
@@ -663,7 +664,15 @@ class Replicator:
         if running is not None and running[0] == p.epoch and not running[1].done():
             return
         self._stop_fetch(key)
-        self._fetchers[key] = (p.epoch, asyncio.create_task(self._follow(p, p.epoch)))
+        self._fetchers[key] = (p.epoch, asyncio.create_task(self._follow_logged(p, p.epoch)))
+
+    async def _follow_logged(self, p: Partition, epoch: int) -> None:
+        try:
+            await self._follow(p, epoch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # logged; the next tick starts the fetch again
+            log.error("CLUSTER: partition %s: fetching stopped - %s", p.name, err)
 
     def _stop_fetch(self, key: tuple[str, int]) -> None:
         running = self._fetchers.pop(key, None)
