@@ -46,7 +46,10 @@ def _etcd(directory: str) -> tuple[subprocess.Popen[bytes], str]:
     url = f"http://127.0.0.1:{client}"
     proc = subprocess.Popen(
         [
-            shutil.which("etcd") or "/usr/bin/etcd",
+            shutil.which("etcd")
+            or os.path.join(
+                os.path.dirname(__file__), "..", ".venv", "opt", "etcd", "usr", "bin", "etcd"
+            ),
             "--name=b",
             f"--data-dir={directory}/etcd",
             f"--listen-client-urls={url}",

@@ -34,7 +34,10 @@ from pynsqd.protocol.log_record import decode_records
 from ..waiting import wait_for
 from .test_crash_safety import NSQD, Proc
 
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+#: Debian's etcd-server: installed (as root), or unpacked into .venv/opt/etcd by scripts/bootstrap.
+ETCD = shutil.which("etcd") or str(
+    Path(__file__).resolve().parents[2] / ".venv" / "opt" / "etcd" / "usr" / "bin" / "etcd"
+)
 
 
 def free_port() -> int:
