@@ -8,13 +8,21 @@ from collections.abc import Callable
 import pytest
 
 
+def until(cond: Callable[[], object], timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it is true; False after ``timeout`` seconds (a guard against a hang,
+    for a caller that reports the failure itself)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def wait_for(
     cond: Callable[[], object], what: str = "the condition", timeout: float = 20.0
 ) -> None:
     """Poll ``cond`` until it is true; fail naming ``what`` after ``timeout`` seconds (a guard
     against a hang, not a synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    if not until(cond, timeout):
+        pytest.fail(f"timed out waiting for {what}")

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 
 from ..conftest import ServerThread, http_request
-from ..waiting import wait_for
+from ..waiting import until, wait_for
 from .replication_harness import (
     Cluster,
     Etcd,
@@ -461,7 +461,7 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
             # was acknowledged before the fault.
             p = wait_leader(cluster, TOPIC, victim.node_id)
             assert p["node"] != victim.node_id
-            if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
+            if not until(lambda acked=acked: acked <= _committed(cluster), 20):
                 missing = sorted(acked - _committed(cluster))
                 pytest.fail(
                     f"cycle {cycle}: {len(missing)} acknowledged records not readable after the "
@@ -484,16 +484,6 @@ def _committed(cluster: Cluster) -> set[bytes]:
             node = cluster.node(q["node"])
             have.update(r[2] for r in cluster.read_partition(TOPIC, origin, node))
     return have
-
-
-def _within(cond: Callable[[], bool], timeout: float) -> bool:
-    """Whether ``cond`` comes true within ``timeout`` (polled; a guard, not a wait)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 #: ``scripts/replication-faults`` runs these with more cycles (100 kills, 50 pauses).
@@ -595,7 +585,7 @@ def test_a_partitioned_leader_loses_nothing_acknowledged(
                         f"a takeover of node {victim.node_id}'s partition",
                         20,
                     )
-                if not _within(lambda acked=acked: acked <= _committed(cluster), 20):
+                if not until(lambda acked=acked: acked <= _committed(cluster), 20):
                     missing = acked - _committed(cluster)
                     pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
                 network.heal(victim)

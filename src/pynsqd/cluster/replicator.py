@@ -7,7 +7,7 @@ Theory of operation (``docs/replication.md``; the rules themselves are ``cluster
   refused with one line. The previous incarnation of this node (same data directory and storage
   id) is replaced at once: its lease is revoked, which also drops the leaderships it held, so a
   restart fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease;
-  when it cannot, the node stops committing (its partitions' ``lease_ok``), and once etcd says the
+  when it cannot, the node stops committing (``lease_alive``), and once etcd says the
   lease is gone it takes a new one and registers again.
 - **The plan.** Every ``TICK`` seconds one range read of ``<K>/`` gives nodes, topics' settings
   and partitions; ``_reconcile`` brings each partition this node holds a copy of to what etcd
@@ -257,15 +257,12 @@ class Replicator:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as err:
                 log.warning("CLUSTER: lease keepalive failed - %s", err)
-                self._lease_check()
                 continue
             if ttl > 0:
                 self.lease_until = sent + ttl - 0.5
-                self._lease_check()
                 continue
             log.error("CLUSTER: lease %x expired; stepping down and registering again", self.lease)
             self.lease_until = 0.0
-            self._lease_check()
             for p in self.partitions.values():
                 if p.role is Role.LEADER:
                     p.step_down("the node's etcd lease expired")
@@ -274,10 +271,11 @@ class Replicator:
             except (EtcdError, RuntimeError) as err:
                 log.error("CLUSTER: failed to register again - %s", err)
 
-    def _lease_check(self) -> None:
-        ok = self.now() < self.lease_until
-        for p in self.partitions.values():
-            p.lease_ok = ok
+    @property
+    def lease_alive(self) -> bool:
+        """Whether the lease is known to live now (not as of the last keepalive: a process
+        resumed after a pause longer than the TTL must not act on what waited in its sockets)."""
+        return self.now() < self.lease_until
 
     async def _tick_loop(self) -> None:
         while True:
@@ -286,7 +284,6 @@ class Replicator:
                 await self._refresh()
             except EtcdError as err:
                 log.warning("CLUSTER: failed to read the cluster's state - %s", err)
-                self._lease_check()
             except Exception:
                 log.exception("CLUSTER: internal error")
 
@@ -307,7 +304,6 @@ class Replicator:
             except (ValueError, SettingsError) as err:
                 log.error("CLUSTER: ignoring unreadable key %s - %s", kv.key, err)
         self.state = state
-        self._lease_check()
         for topic, settings in state.settings.items():
             if settings.replicated and (topic, self.node_id) not in state.parts:
                 await self._create_own(topic, settings)
@@ -422,7 +418,7 @@ class Replicator:
 
     async def _campaign(self, p: Partition) -> None:
         base = f"{self.prefix}/parts/{p.topic}/{p.origin}"
-        if not p.lease_ok:
+        if not self.lease_alive:
             return
         value = json.dumps({"node": self.node_id, "http": self._http()}).encode()
         result = await self.etcd.txn(
@@ -494,9 +490,7 @@ class Replicator:
         return info is not None and info.get("storage") == member[1]
 
     def _advance(self, p: Partition) -> None:
-        # The lease as of now, not as of the last keepalive: a process resumed after a pause
-        # longer than the TTL must not commit on the requests that waited in its sockets.
-        p.lease_ok = self.now() < self.lease_until
+        p.lease_ok = self.lease_alive
         if not p.advance():
             return
         event = self._appended.get((p.topic, p.origin))

@@ -54,11 +54,6 @@ _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
 
 
-async def _answer(result: Any) -> Any:
-    """A publish's answer: "OK", or a coroutine waiting for a replicated commit."""
-    return await result if asyncio.iscoroutine(result) else result
-
-
 async def read_body(request: BaseRequest, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of the body, or None if it is longer (the rest is not read)."""
     buf = bytearray()
@@ -113,7 +108,7 @@ class API:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel_name
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> Any:
+    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> str:
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
@@ -122,10 +117,10 @@ class API:
             raise HTTPError(503, "EXITING")
         if bodies:
             replication = nsqd.replication
+            waits = False
             try:
-                if replication is not None and replication.gate(topic_name):
-                    topic.put_bodies(bodies, defer_ms)
-                    return self._wait_commit(topic_name, topic)
+                if replication is not None:
+                    waits = replication.gate(topic_name)
                 topic.put_bodies(bodies, defer_ms)
             except PublishRefused as err:
                 raise HTTPError(503, "NOT_LEADER", {"reason": str(err)}) from err
@@ -139,16 +134,18 @@ class API:
                     "QUEUE_FULL",
                     {"queue": err.where, "depth": err.depth, "max_depth": err.limit},
                 ) from err
+            if waits:
+                await self._wait_commit(topic_name, topic)
         return "OK"
 
-    def _wait_commit(self, topic_name: str, topic: Topic) -> Any:
+    async def _wait_commit(self, topic_name: str, topic: Topic) -> None:
         """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503
         PUB_FAILED with the reason after ``--replication-timeout`` (it may still commit)."""
         replication = self.nsqd.replication
         assert replication is not None and topic.log is not None
         end = topic.log.latest
         if replication.committed(topic_name, end):
-            return "OK"
+            return
         answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
 
         def done(why: str | None) -> None:
@@ -156,14 +153,9 @@ class API:
                 answer.set_result(why)
 
         replication.wait(topic_name, end, done)
-
-        async def wait() -> str:
-            why = await answer
-            if why is not None:
-                raise HTTPError(503, "PUB_FAILED", {"reason": why})
-            return "OK"
-
-        return wait()
+        why = await answer
+        if why is not None:
+            raise HTTPError(503, "PUB_FAILED", {"reason": why})
 
     # -- handlers, named after nsqd's ---------------------------------------------------
 
@@ -235,7 +227,7 @@ class API:
             defer_ms = int(text)
             if defer_ms < 0 or defer_ms > self.nsqd.opts.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
-        return await _answer(self._publish(topic_name, [body], defer_ms))
+        return await self._publish(topic_name, [body], defer_ms)
 
     async def mpub(self, request: BaseRequest, params: Params) -> Any:
         opts = self.nsqd.opts
@@ -265,7 +257,7 @@ class API:
                 if len(line) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        return await _answer(self._publish(topic_name, bodies))
+        return await self._publish(topic_name, bodies)
 
     async def stats(self, request: BaseRequest, params: Params) -> Any:
         params.checked()
