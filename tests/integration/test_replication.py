@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,6 +214,40 @@ def test_an_ok_means_every_in_sync_replica_has_it(cluster: Cluster) -> None:
     reads = {n.node_id: cluster.read_partition(TOPIC, 1, n) for n in cluster.nodes}
     assert [r[2] for r in reads[1]] == bodies
     assert reads[1] == reads[2] == reads[3]
+
+
+def test_a_real_client_publishes_and_consumes_a_replicated_topic(cluster: Cluster) -> None:
+    """gnsq (from PyPI) over TCP: its PUB and MPUB are answered once committed, its consumer
+    gets them through a channel, and a follower holds the same records."""
+    gevent = pytest.importorskip("gevent")
+    import gnsq
+
+    from .test_clients import gnsq_running, gnsq_wait
+
+    replicate(cluster)
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    addr = f"127.0.0.1:{n1.proc.port}"
+    bodies = [b"g%02d" % i for i in range(10)]
+    got: list[bytes] = []
+    producer = gnsq.Producer([addr])
+    consumer = gnsq.Consumer(TOPIC, "c", nsqd_tcp_addresses=[addr], max_in_flight=5)
+
+    @consumer.on_message.connect
+    def handler(consumer: Any, message: Any) -> None:
+        got.append(message.body)  # gnsq FINs on return
+
+    with gnsq_running(gevent, producer, consumer):
+        producer.start()
+        assert producer.publish(TOPIC, bodies[0]) == b"OK"
+        assert producer.multipublish(TOPIC, bodies[1:]) == b"OK"
+        consumer.start(block=False)
+        gnsq_wait(gevent, lambda: len(got), 10, "messages")
+    assert sorted(got) == bodies
+    wait_for(
+        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, cluster.node(2))] == bodies,
+        "the follower's committed copy",
+    )
 
 
 def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
