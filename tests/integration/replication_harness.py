@@ -61,11 +61,17 @@ class Etcd:
         self.urls = [f"http://{host}:{self.client[n]}" for n in self.names]
         self.url = self.urls[0]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.start()
+        self.log = (self.directory / "etcd.log").open("ab")
+        try:
+            self.start()
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
 
     def start(self) -> None:
-        """Start every member that is not running (again on its data, after a kill)."""
-        self.log = (self.directory / "etcd.log").open("ab")
+        """Start every member that is not running (again on its data, after a kill or a stop)."""
+        if self.log.closed:
+            self.log = (self.directory / "etcd.log").open("ab")
         initial = ",".join(f"{n}=http://{self.host}:{self.peer[n]}" for n in self.names)
         for n in self.names:
             if n in self.procs and self.procs[n].poll() is None:
@@ -221,7 +227,13 @@ class NsProc:
             ports.update((k, int(v)) for k, v in pattern.findall(text))
             return len(ports) == 2
 
-        wait_for(listening, "nsqd to listen in its namespace")
+        try:
+            wait_for(listening, "nsqd to listen in its namespace")
+        except BaseException:
+            self.p.kill()
+            self.p.wait(timeout=20)
+            self.log_file.close()
+            raise
         self.port, self.http_port = ports["TCP"], ports["HTTP"]
 
 
@@ -230,18 +242,33 @@ class Network:
     root): ``cut`` drops a node's traffic to and from chosen addresses with iptables inside its
     namespace (a silent partition), ``heal`` restores it. etcd listens on the bridge's
     ``ETCD`` address, the test itself reaches the nodes from the bridge's ``HARNESS`` address,
-    so cutting a node from etcd leaves the test able to watch it."""
+    so cutting a node from etcd leaves the test able to watch it.
+
+    Two things the kernel does that would make the network itself fail the tests: a bridge
+    whose address is not set takes the lowest address of its ports, so it changes as nodes join
+    and a node's cached ARP entry for etcd then points at an address the bridge no longer
+    answers (frames to it are "for another host" and dropped); so the bridge's address is set.
+    And a deleted namespace is torn down in the background, its veth pair lingering for
+    seconds to minutes; so each Network has names of its own, and ``close`` deletes each veth
+    pair itself (which is immediate) before the namespace."""
+
+    _made = 0
 
     def __init__(self) -> None:
         if os.geteuid() != 0 or shutil.which("iptables") is None:
             pytest.skip("network partitions need root and iptables (scripts/bootstrap as root)")
-        self.tag = f"{os.getpid() % 200 + 20}"
+        Network._made += 1
+        number = (os.getpid() * 7 + Network._made) % 230 + 20
+        self.tag = f"{number}"
         self.prefix = f"10.{self.tag}.77"
         self.bridge = f"brpq{self.tag}"
         self.harness = f"{self.prefix}.254"
         self.etcd = f"{self.prefix}.253"
+        #: Locally administered, fixed: the bridge keeps it whatever ports join.
+        self.address = f"02:70:71:{number:02x}:77:fe"
         self.namespaces: list[str] = []
-        _ip("link", "add", self.bridge, "type", "bridge")
+        self.veths: list[str] = []
+        _ip("link", "add", self.bridge, "address", self.address, "type", "bridge")
         _ip("addr", "add", f"{self.harness}/24", "dev", self.bridge)
         _ip("addr", "add", f"{self.etcd}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -252,6 +279,7 @@ class Network:
         _ip("netns", "add", ns)
         self.namespaces.append(ns)
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self.veths.append(veth)
         _ip("link", "set", veth, "master", self.bridge)
         _ip("link", "set", veth, "up")
         node.host = f"{self.prefix}.{node.node_id}"
@@ -259,6 +287,12 @@ class Network:
         _ip("-n", ns, "addr", "add", f"{node.host}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "link", "set", "lo", "up")
+
+    def bridge_address(self) -> str:
+        shown = subprocess.run(
+            ["ip", "-j", "link", "show", self.bridge], check=True, capture_output=True, text=True
+        )
+        return str(json.loads(shown.stdout)[0]["address"])
 
     def cut(self, node: Node, addresses: list[str]) -> None:
         for addr in addresses:
@@ -270,9 +304,11 @@ class Network:
         subprocess.run(["ip", "netns", "exec", node.netns, "iptables", "-F"], check=True)
 
     def close(self) -> None:
+        for veth in self.veths:
+            subprocess.run(["ip", "link", "del", veth], check=False, capture_output=True)
         for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], check=False)
-        subprocess.run(["ip", "link", "del", self.bridge], check=False)
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
 
 
 def _ip(*args: str) -> None:
@@ -292,10 +328,14 @@ class Cluster:
         self.etcd = etcd
         self.extra = extra
         self.nodes = [Node(self, i + 1) for i in range(size)]
-        for n in self.nodes:
-            if network is not None:
-                network.add(n)
-            n.start()
+        try:
+            for n in self.nodes:
+                if network is not None:
+                    network.add(n)
+                n.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def flags(self, node_id: int) -> list[str]:
         return [

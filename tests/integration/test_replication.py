@@ -591,44 +591,53 @@ def test_a_partitioned_leader_loses_nothing_acknowledged(
     lease but can commit nothing (they leave its in-sync set, fewer than min_insync remain); cut
     from etcd its lease lapses, a follower takes over, and it commits nothing more."""
     etcd = Etcd(tmp_path, host=network.etcd)
-    cluster = Cluster(
-        tmp_path,
-        etcd,
-        3,
-        "--replication-timeout=2s",
-        "--replica-lag-max=2s",
-        network=network,
-    )
-    history = History()
     try:
-        replicate(cluster)
-        with producing(cluster, history):
-            for cycle in range(round(3 * SCALE)):
-                victim = cluster.node(cycle % 3 + 1)
-                want = len(history.ok) + 30
-                wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-                acked = set(history.ok)
-                peers = [n.host for n in cluster.nodes if n is not victim]
-                cut_off = {"followers": peers, "etcd": [network.etcd]}.get(cut)
-                network.cut(victim, cut_off or [*peers, network.etcd])
-                if cut == "followers":
-                    # No takeover (its lease lives); its followers leave its in-sync set.
-                    wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
-                else:
-                    wait_for(
-                        lambda victim=victim: _led_elsewhere(cluster, victim),
-                        f"a takeover of node {victim.node_id}'s partition",
-                        20,
-                    )
-                if not until(lambda acked=acked: acked <= _committed(cluster), 20):
-                    missing = acked - _committed(cluster)
-                    pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
-                network.heal(victim)
-                wait_in_sync(cluster, TOPIC, victim.node_id)
-        verify(cluster, history)
+        cluster = Cluster(
+            tmp_path,
+            etcd,
+            3,
+            "--replication-timeout=2s",
+            "--replica-lag-max=2s",
+            network=network,
+        )
+        # The bridge kept its own address as the nodes joined (an address that changes strands
+        # a node's cached ARP entry for etcd: the partitions would not be the test's own).
+        assert network.bridge_address() == network.address
+        try:
+            _cut_each_node_in_turn(cluster, network, cut)
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
         etcd.stop()
+
+
+def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None:
+    history = History()
+    replicate(cluster)
+    with producing(cluster, history):
+        for cycle in range(round(3 * SCALE)):
+            victim = cluster.node(cycle % 3 + 1)
+            want = len(history.ok) + 30
+            wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+            acked = set(history.ok)
+            peers = [n.host for n in cluster.nodes if n is not victim]
+            cut_off = {"followers": peers, "etcd": [network.etcd]}.get(cut)
+            network.cut(victim, cut_off or [*peers, network.etcd])
+            if cut == "followers":
+                # No takeover (its lease lives); its followers leave its in-sync set.
+                wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
+            else:
+                wait_for(
+                    lambda victim=victim: _led_elsewhere(cluster, victim),
+                    f"a takeover of node {victim.node_id}'s partition",
+                    20,
+                )
+            if not until(lambda acked=acked: acked <= _committed(cluster), 20):
+                missing = acked - _committed(cluster)
+                pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
+            network.heal(victim)
+            wait_in_sync(cluster, TOPIC, victim.node_id)
+    verify(cluster, history)
 
 
 def _led_elsewhere(cluster: Cluster, victim: Node) -> bool:
