@@ -198,13 +198,14 @@ class API:
         replication = self.nsqd.replication
         if replication is None:
             return {}
+        member = replication.member
         return {
-            "node_id": replication.node_id,
+            "node_id": member.node_id,
             "cluster": {
                 "name": self.nsqd.opts.cluster_name,
-                "etcd_endpoints": replication.etcd.endpoints,
-                "storage_id": replication.storage,
-                "lease_ttl": replication.ttl,
+                "etcd_endpoints": member.etcd.endpoints,
+                "storage_id": member.storage,
+                "lease_ttl": member.ttl,
                 "nodes": sorted(replication.state.nodes),
             },
         }

@@ -1,0 +1,296 @@
+"""The leader's side of a replicated partition: taking the lead, the in-sync set, the group
+fsync, the followers' fetches, and the publishes that wait for their commit.
+
+Theory of operation (the rules are ``cluster/partition.py``'s, the model ``docs/replication.md``).
+
+- **Taking the lead.** A leaderless partition's in-sync member campaigns with a txn that creates
+  the leader key under its lease only while the in-sync set is the one it read; the origin takes
+  its partition back from a takeover leader the same way, once it is in sync and caught up. The
+  txn's revision is the new **epoch**.
+- **Leading.** Each tick the leader drops members that lag more than ``--replica-lag-max`` (or
+  left) from the in-sync set and adds back those caught up, by a txn guarded by its epoch: a
+  leader that was superseded finds out there and steps down.
+- **Group commit.** Appends kick one fsync at a time, off the event loop; appends meanwhile ride
+  the next one. The leader's acknowledgement is what its fsync covered.
+- **Fetches** (``serve_fetch``): the follower's epoch must be the leader's; its offset is its
+  acknowledgement (the HW may move); at the end of the log it waits (long-poll) for an append or
+  a new HW. A follower beyond the leader's end of its last epoch is told to truncate; one behind
+  the leader's retention is told to start again from the earliest offset.
+- **Publishing** (``committed``/``wait``): a publish's OK waits until the HW covers its records,
+  or fails after ``--replication-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+
+from ..core.topic import Topic
+from ..internal.httpapi import HTTPError
+from ..options import Options
+from ..storage.durable import fsync_close
+from ..storage.topiclog import TopicLog
+from .etcd import Compare, KeyValue, put_op
+from .membership import Membership
+from .partition import Member, Partition, Role, Waiter
+
+__all__ = ["Leading"]
+
+log = logging.getLogger("pynsqd")
+
+#: The longest a follower's fetch may wait at the end of the log (ms).
+MAX_WAIT_MS = 5000
+
+PartitionKey = tuple[str, int]
+
+
+class Leading:
+    """What this node does for the partitions it leads (and the publishes to its own)."""
+
+    def __init__(
+        self,
+        member: Membership,
+        partitions: dict[PartitionKey, Partition],
+        topics: Mapping[str, Topic],
+        opts: Options,
+        live: Callable[[Member], bool],
+    ) -> None:
+        self.member = member
+        self.partitions = partitions
+        self.topics = topics
+        self.opts = opts
+        self.live = live
+        self._syncing: set[PartitionKey] = set()
+        self._sync_again: set[PartitionKey] = set()
+        #: Set on an append or a new HW: the followers' waiting fetches answer.
+        self._appended: dict[PartitionKey, asyncio.Event] = {}
+        #: Publishes to a replicated topic whose partition is not placed yet, by topic.
+        self._pending: dict[str, list[Waiter]] = {}
+
+    def watch(self, p: Partition) -> None:
+        """A partition this node now holds: its appends wake fetches and kick the fsync; the
+        publishes that waited for its placement wait for its HW."""
+        key = (p.topic, p.origin)
+        self._appended[key] = asyncio.Event()
+        p.log.on_append = lambda: self._on_append(key)
+        if p.is_origin:
+            p.waiters.extend(self._pending.pop(p.topic, []))
+
+    # -- taking the lead ------------------------------------------------------------------
+
+    def _value(self) -> bytes:
+        return json.dumps({"node": self.member.node_id, "http": self.member.http}).encode()
+
+    async def campaign(self, p: Partition) -> None:
+        keys = self.member.keys
+        if not self.member.lease_alive:
+            return
+        result = await self.member.etcd.txn(
+            [
+                Compare(keys.part(p.topic, p.origin, "leader"), "CREATE", "EQUAL", 0),
+                Compare(keys.part(p.topic, p.origin, "isr"), "MOD", "EQUAL", p.isr_revision),
+            ],
+            [put_op(keys.part(p.topic, p.origin, "leader"), self._value(), self.member.lease)],
+        )
+        if result.succeeded:
+            self._became_leader(p, result.revision)
+
+    async def take_back(self, p: Partition, leader: KeyValue) -> bool:
+        """The origin, caught up and in sync with a takeover leader (which never appends),
+        leads its partition again: offsets go on from the same end."""
+        keys = self.member.keys
+        result = await self.member.etcd.txn(
+            [
+                Compare(leader.key, "MOD", "EQUAL", leader.mod_revision),
+                Compare(keys.part(p.topic, p.origin, "isr"), "MOD", "EQUAL", p.isr_revision),
+            ],
+            [put_op(leader.key, self._value(), self.member.lease)],
+        )
+        if result.succeeded:
+            self._became_leader(p, result.revision)
+        return result.succeeded
+
+    def _became_leader(self, p: Partition, epoch: int) -> None:
+        p.become_leader(epoch, self.member.now())
+        p.leader_http = self.member.http
+        log.info(
+            "CLUSTER: partition %s: leader at epoch %d, offsets %d-%d, in sync %s",
+            p.name,
+            epoch,
+            p.log.earliest,
+            p.log.latest,
+            [m[0] for m in p.isr],
+        )
+        self.kick_sync(p)
+        self.advance(p)
+
+    async def lead(self, p: Partition) -> None:
+        """A tick of a partition this node leads: the in-sync set, the fsync, the HW."""
+        new = p.isr_change(self.member.now(), self.opts.replica_lag_max, self.live)
+        if new is not None:
+            result = await self.member.etcd.txn(
+                [
+                    Compare(
+                        self.member.keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch
+                    )
+                ],
+                [
+                    put_op(
+                        self.member.keys.part(p.topic, p.origin, "isr"),
+                        json.dumps({"isr": [list(m) for m in new]}).encode(),
+                    )
+                ],
+            )
+            if not result.succeeded:
+                p.step_down("superseded while changing the in-sync set")
+                return
+            log.info(
+                "CLUSTER: partition %s: in sync %s -> %s",
+                p.name,
+                [m[0] for m in p.isr],
+                [m[0] for m in new],
+            )
+            p.isr, p.isr_revision = new, result.revision
+        self.kick_sync(p)
+        self.advance(p)
+
+    def advance(self, p: Partition) -> None:
+        p.lease_ok = self.member.lease_alive
+        if not p.advance():
+            return
+        event = self._appended.get((p.topic, p.origin))
+        if event is not None:
+            event.set()  # the followers' waiting fetches answer with the new HW
+        if p.is_origin:
+            topic = self.topics.get(p.topic)
+            if topic is not None and topic.log is p.log:
+                topic.schedule_drain()
+
+    # -- the group fsync ------------------------------------------------------------------
+
+    def _on_append(self, key: PartitionKey) -> None:
+        event = self._appended.get(key)
+        if event is not None:
+            event.set()
+        p = self.partitions.get(key)
+        if p is not None and p.role is Role.LEADER:
+            self.kick_sync(p)
+            if p.settings.durability == "pagecache":
+                self.advance(p)
+
+    def kick_sync(self, p: Partition) -> None:
+        key = (p.topic, p.origin)
+        if p.settings.durability != "fsync" or p.log.synced >= p.log.latest:
+            return
+        if key in self._syncing:
+            self._sync_again.add(key)
+            return
+        self._syncing.add(key)
+        asyncio.get_running_loop().create_task(self._sync(p))
+
+    async def _sync(self, p: Partition) -> None:
+        key = (p.topic, p.origin)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._sync_again.discard(key)
+                job = p.log.fsync_fd()
+                if job is None:
+                    break
+                fd, end = job
+                try:
+                    await loop.run_in_executor(None, fsync_close, fd)
+                except OSError as err:
+                    log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err)
+                    break
+                p.log.synced_to(end)
+                if p.role is Role.LEADER:
+                    self.advance(p)
+                if key not in self._sync_again:
+                    break
+        finally:
+            self._syncing.discard(key)
+
+    # -- the followers' fetches -----------------------------------------------------------
+
+    async def serve_fetch(
+        self, topic: str, origin: int, params: Callable[[str], str | None]
+    ) -> tuple[TopicLog, dict[str, str]]:
+        """A follower's ``GET /topic/log``: checks its epoch, records its acknowledgement,
+        waits up to ``wait_ms`` at the end of the log. Raises ``HTTPError``."""
+        p = self.partitions.get((topic, origin))
+        if p is None or p.role is not Role.LEADER:
+            raise HTTPError(409, "NOT_LEADER", {"epoch": p.epoch if p else 0})
+        try:
+            replica = int(params("replica") or "")
+            epoch = int(params("epoch") or "")
+            offset = int(params("offset") or "")
+            last_epoch = int(params("last_epoch") or "0")
+            wait_ms = min(int(params("wait_ms") or "0"), MAX_WAIT_MS)
+        except ValueError:
+            raise HTTPError(400, "INVALID_ARG_REPLICA") from None
+        storage = params("storage") or ""
+        if epoch != p.epoch:
+            if epoch > p.epoch:
+                p.step_down(f"a follower knows a later epoch ({epoch})")
+            raise HTTPError(409, "EPOCH_MISMATCH", {"epoch": p.epoch})
+        end = p.end_for(last_epoch)
+        if offset > end:
+            raise HTTPError(409, "TRUNCATE", {"truncate_to": end, "epoch": p.epoch})
+        if offset < p.log.earliest:
+            # Retention here removed what the follower needs next: it starts again from here.
+            raise HTTPError(409, "RESET", {"start": p.log.earliest, "epoch": p.epoch})
+        p.fetched((replica, storage), offset, self.member.now())
+        self.advance(p)
+        if offset >= p.log.latest and wait_ms:
+            event = self._appended[(topic, origin)]
+            event.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_ms / 1000):
+                    await event.wait()
+        headers = {
+            "X-Nsq-High-Watermark": str(p.hw),
+            "X-Nsq-Epoch": str(p.epoch),
+            "X-Nsq-Epochs": json.dumps(p.history.entries),
+        }
+        return p.log, headers
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def committed(self, topic: str, end: int) -> bool:
+        """Whether a publish to this node's partition ending at ``end`` may be answered now."""
+        p = self.partitions.get((topic, self.member.node_id))
+        if p is None:
+            return False
+        return p.hw >= end or (p.settings.acks == "leader" and p.role is Role.LEADER)
+
+    def wait(self, topic: str, end: int, done: Callable[[str | None], None]) -> None:
+        """Call ``done(None)`` once offsets below ``end`` are committed, ``done(reason)`` when
+        they could not be in ``--replication-timeout`` (they may still be)."""
+        own = (topic, self.member.node_id)
+        p = self.partitions.get(own)
+        # Waiting for the partition to be placed (its first publish), else for the HW.
+        queue = p.waiters if p is not None else self._pending.setdefault(topic, [])
+        settled = False
+
+        def settle(why: str | None) -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                handle.cancel()
+                done(why)
+
+        def timed_out() -> None:
+            part = self.partitions.get(own)
+            for q in (queue, part.waiters if part is not None else []):
+                if waiter in q:
+                    q.remove(waiter)
+            hw = part.hw if part is not None else 0
+            settle(f"replication timeout (committed below {hw}, this publish ends at {end})")
+
+        handle = asyncio.get_running_loop().call_later(self.opts.replication_timeout, timed_out)
+        waiter = Waiter(end, settle)
+        queue.append(waiter)

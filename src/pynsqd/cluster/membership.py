@@ -1,0 +1,228 @@
+"""This node in the cluster: its lease, its registration, its storage id, and the key layout.
+
+Theory of operation. At start the node takes a lease (``--etcd-lease-ttl``) and registers
+``<K>/nodes/<node-id>`` under it with a create-only txn: a second node with the same id is
+refused with one line. The previous incarnation of this node (same data directory and storage id)
+is replaced at once: its lease is revoked, which also drops the leaderships it held, so a restart
+fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease; when it
+cannot, the node stops committing (``lease_alive`` is judged when it is used), and once etcd says
+the lease is gone it steps down (``on_expired``), takes a new lease and registers again.
+
+Keys under ``<K> = /pynsqd/<cluster-name>`` (declared here once, read by ``ClusterState.parse``):
+``nodes/<id>`` (lease), ``topics/<topic>`` (settings), ``parts/<topic>/<origin>/{assignment,isr,
+leader}`` (leader: lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..options import Options
+from ..storage.atomic import write_atomic
+from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op, range_op
+from .partition import Member
+from .settings import ReplicationSettings, SettingsError
+
+__all__ = ["ClusterState", "Keys", "Membership", "rendezvous"]
+
+log = logging.getLogger("pynsqd")
+
+#: The file naming this data directory's storage: a node back with an empty disk is new.
+STORAGE_ID_FILE = "cluster.id"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The cluster's key layout in etcd."""
+
+    prefix: str
+
+    def node(self, node_id: int) -> str:
+        return f"{self.prefix}/nodes/{node_id}"
+
+    def topic(self, topic: str) -> str:
+        return f"{self.prefix}/topics/{topic}"
+
+    def part(self, topic: str, origin: int, what: str) -> str:
+        """``what``: assignment, isr or leader."""
+        return f"{self.prefix}/parts/{topic}/{origin}/{what}"
+
+
+@dataclass
+class ClusterState:
+    """One read of the cluster's keys."""
+
+    nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    settings: dict[str, ReplicationSettings] = field(default_factory=dict)
+    parts: dict[tuple[str, int], dict[str, KeyValue]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, keys: Keys, kvs: list[KeyValue]) -> ClusterState:
+        state = cls()
+        for kv in kvs:
+            parts = kv.key[len(keys.prefix) + 1 :].split("/")
+            try:
+                if parts[0] == "nodes" and len(parts) == 2:
+                    state.nodes[int(parts[1])] = kv.json()
+                elif parts[0] == "topics" and len(parts) == 2:
+                    state.settings[parts[1]] = ReplicationSettings.decode(kv.value)
+                elif parts[0] == "parts" and len(parts) == 4:
+                    state.parts.setdefault((parts[1], int(parts[2])), {})[parts[3]] = kv
+            except (ValueError, SettingsError) as err:
+                log.error("CLUSTER: ignoring unreadable key %s - %s", kv.key, err)
+        return state
+
+    def live(self, member: Member) -> bool:
+        """A registered node with that storage (a node back with an empty disk is not)."""
+        info = self.nodes.get(member[0])
+        return info is not None and info.get("storage") == member[1]
+
+
+def rendezvous(topic: str, origin: int, nodes: list[int], count: int) -> list[int]:
+    """The origin, then the ``count - 1`` other live nodes with the highest hash for it."""
+
+    def weight(n: int) -> bytes:
+        return hashlib.sha256(f"{topic}/{origin}/{n}".encode()).digest()
+
+    others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
+    return [origin, *others[: count - 1]]
+
+
+def storage_id(data_path: str) -> str:
+    path = os.path.join(data_path, STORAGE_ID_FILE)
+    try:
+        with open(path) as f:
+            value = f.read().strip()
+        if value:
+            return value
+    except FileNotFoundError:
+        pass
+    value = secrets.token_hex(8)
+    write_atomic(path, value.encode())
+    return value
+
+
+class Membership:
+    """The lease and registration of this node (``node_id``, ``storage``), and how the others
+    reach it (``http``)."""
+
+    def __init__(
+        self,
+        opts: Options,
+        data_path: str,
+        http_address: str,
+        tcp_address: str,
+        *,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opts = opts
+        self.node_id = opts.node_id
+        self.keys = Keys(f"/pynsqd/{opts.cluster_name}")
+        self.etcd = EtcdClient(opts.etcd_endpoints)
+        self.ttl = int(opts.etcd_lease_ttl)
+        self.now = now
+        self.data_path = data_path
+        self.storage = storage_id(data_path)
+        self.me: Member = (self.node_id, self.storage)
+        self.http = _advertised(opts, http_address)
+        self.tcp = tcp_address
+        self.lease = 0
+        #: Until when the lease is known to live (monotonic): commits stop after it.
+        self.lease_until = 0.0
+
+    @property
+    def lease_alive(self) -> bool:
+        """Whether the lease is known to live now (not as of the last keepalive: a process
+        resumed after a pause longer than the TTL must not act on what waited in its sockets)."""
+        return self.now() < self.lease_until
+
+    def _info(self) -> bytes:
+        return json.dumps(
+            {
+                "id": self.node_id,
+                "storage": self.storage,
+                "http": self.http,
+                "tcp": self.tcp,
+                "data_path": os.path.abspath(self.data_path),
+            }
+        ).encode()
+
+    async def register(self) -> None:
+        """Take a lease and register under it. Raises ``RuntimeError`` (a duplicate node id)
+        or ``EtcdError``."""
+        key = self.keys.node(self.node_id)
+        self.lease = await self.etcd.grant(self.ttl)
+        self.lease_until = self.now() + self.ttl - 0.5
+        result = await self.etcd.txn(
+            [Compare(key, "CREATE", "EQUAL", 0)],
+            [put_op(key, self._info(), self.lease)],
+            [range_op(key)],
+        )
+        if result.succeeded:
+            return
+        held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+        other = json.loads(held.value) if held is not None else {}
+        if held is not None and other.get("storage") == self.storage:
+            # This node's previous life (killed): its lease goes now, with its leaderships.
+            await self.etcd.revoke(held.lease)
+            again = await self.etcd.txn(
+                [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self._info(), self.lease)]
+            )
+            if again.succeeded:
+                log.info("CLUSTER: node %d replaced its previous registration", self.node_id)
+                return
+        await self.etcd.revoke(self.lease)
+        raise RuntimeError(
+            f"--node-id={self.node_id} is already in cluster {self.opts.cluster_name!r} "
+            f"(node at {other.get('http', '?')}, data path {other.get('data_path', '?')}); "
+            "every node needs its own --node-id"
+        )
+
+    async def keepalive_loop(self, on_expired: Callable[[], None]) -> None:
+        """Refresh the lease every TTL/3; ``on_expired`` (step down) when etcd says it is gone,
+        then register again."""
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            sent = self.now()
+            try:
+                ttl = await self.etcd.keepalive(self.lease)
+            except EtcdError as err:
+                log.warning("CLUSTER: lease keepalive failed - %s", err)
+                continue
+            if ttl > 0:
+                self.lease_until = sent + ttl - 0.5
+                continue
+            log.error("CLUSTER: lease %x expired; stepping down and registering again", self.lease)
+            self.lease_until = 0.0
+            on_expired()
+            try:
+                await self.register()
+            except (EtcdError, RuntimeError) as err:
+                log.error("CLUSTER: failed to register again - %s", err)
+
+    async def leave(self) -> None:
+        """Give up the lease (the leaderships under it go with it) and close the client."""
+        if self.lease:
+            try:
+                await self.etcd.revoke(self.lease)
+            except EtcdError as err:
+                log.warning("CLUSTER: could not give up the lease - %s", err)
+        await self.etcd.close()
+
+
+def _advertised(opts: Options, http_address: str) -> str:
+    """The HTTP address the other nodes fetch from."""
+    port = opts.broadcast_http_port or int(http_address.rpartition(":")[2] or 0)
+    host = http_address.rpartition(":")[0]
+    if host in ("", "0.0.0.0", "[::]"):
+        host = opts.broadcast_address
+    return f"{host}:{port}"
