@@ -23,6 +23,7 @@ import pytest
 
 from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
+from pynsqd.protocol.log_record import decode_records
 
 from ..conftest import ServerThread, http_request
 from ..waiting import until, wait_for
@@ -214,6 +215,61 @@ def test_an_ok_means_every_in_sync_replica_has_it(cluster: Cluster) -> None:
     reads = {n.node_id: cluster.read_partition(TOPIC, 1, n) for n in cluster.nodes}
     assert [r[2] for r in reads[1]] == bodies
     assert reads[1] == reads[2] == reads[3]
+
+
+def test_the_fetch_stream_answers_hostile_input_with_one_clear_refusal(cluster: Cluster) -> None:
+    """``GET /topic/replicate`` (the followers' websocket): without an upgrade, with a bad
+    partition, with a malformed fetch, at another epoch: an nsqd-style refusal each, never a
+    traceback; a well-formed fetch at the leader's epoch gets the records verbatim. A fetch
+    that claims a later epoch does not unseat the leader (it did: only etcd says who leads)."""
+    import aiohttp
+
+    from pynsqd.cluster.fetch import FetchAnswer, FetchRequest
+
+    replicate(cluster)
+    n1 = cluster.node(1)
+    conn = Connection(f"127.0.0.1:{n1.proc.port}").connect()  # type: ignore[union-attr]
+    conn.mpub(TOPIC, [b"a", b"b", b"c"])
+    conn.close()
+    epoch = wait_leader(cluster, TOPIC, 1)["epoch"]
+    assert n1.http("GET", f"/topic/replicate?topic={TOPIC}&partition=1") == (
+        400,
+        b'{"message":"WEBSOCKET_REQUIRED"}',
+    )
+    status, body = n1.http("GET", f"/topic/replicate?topic={TOPIC}&partition=x")
+    assert (status, b"INVALID_ARG_PARTITION" in body) == (400, True)
+
+    async def talk() -> list[FetchAnswer | str]:
+        url = f"http://{n1.host}:{n1.proc.http_port}/topic/replicate"  # type: ignore[union-attr]
+        got: list[FetchAnswer | str] = []
+        async with aiohttp.ClientSession() as session:
+            query = {"topic": TOPIC, "partition": "1"}
+            async with session.ws_connect(url, params=query) as ws:
+                for epoch_asked in (epoch + 1000, epoch):
+                    req = FetchRequest(0, epoch_asked, 0, 99, "test", 0, 1 << 20)
+                    await ws.send_bytes(req.encode())
+                    got.append(FetchAnswer.decode((await ws.receive()).data))
+                await ws.send_bytes(b"not a fetch")
+                got.append(FetchAnswer.decode((await ws.receive()).data))
+                got.append((await ws.receive()).type.name)
+        return got
+
+    import asyncio
+
+    stale, ok, bad, closed = asyncio.run(talk())
+    assert isinstance(stale, FetchAnswer) and (stale.status, stale.message) == (
+        409,
+        "EPOCH_MISMATCH",
+    )
+    assert isinstance(ok, FetchAnswer) and ok.status == 200
+    assert [r.body for r in decode_records(ok.records)] == [b"a", b"b", b"c"]
+    assert isinstance(bad, FetchAnswer) and (bad.status, bad.message) == (400, "INVALID_ARG_FETCH")
+    assert closed in ("CLOSE", "CLOSED", "CLOSING")
+    # An unknown replica's fetch is not an acknowledgement the HW counts on: the partition
+    # still leads at the same epoch, with its in-sync set unchanged.
+    p = wait_leader(cluster, TOPIC, 1)
+    assert p["epoch"] == epoch and sorted(p["isr"]) == [1, 2, 3]
+    assert "Traceback" not in n1.log.read_text()
 
 
 def test_a_real_client_publishes_and_consumes_a_replicated_topic(cluster: Cluster) -> None:

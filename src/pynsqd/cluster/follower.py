@@ -1,28 +1,30 @@
 """The follower's side of a replicated partition: one fetch task per partition, pulling the
 leader's records into this node's copy.
 
-Theory of operation. A fetch is ``GET /topic/log`` on the leader with ``replica``, ``storage``,
-``epoch`` and ``last_epoch``; the offset asked for is this replica's acknowledgement of all
-before it. The answer's records are checked (every header and CRC, in one pass) and appended
-verbatim (``TopicLog.append_raw``: offsets, IDs and timestamps as the leader wrote them), fsynced
-when the topic's durability is fsync, and the next fetch is sent at once. The leader's answer also
-carries its HW, which becomes this copy's committed offset, and its epoch history, which this copy
-keeps (``storage/epochs.py``). A ``409 TRUNCATE`` cuts this copy back to where the leader's
-history says its last epoch ended; ``409 RESET`` starts it again at the leader's earliest offset
-(retention there removed what this copy needs next). The task runs while the partition follows
-the same epoch; the replicator starts it again (idempotently) on every tick.
+Theory of operation. Each partition this node follows has one fetch stream open to its leader
+(a websocket on ``GET /topic/replicate``; ``cluster/fetch.py`` is the format): one request at a
+time, with this replica's id, storage, epoch and last epoch; the offset asked for is this
+replica's acknowledgement of all before it. The answer's records are checked (every header
+and CRC, in one pass) and appended verbatim (``TopicLog.append_raw``: offsets, IDs and timestamps
+as the leader wrote them), fsynced when the topic's durability is fsync, and the next fetch is
+sent at once. The leader's answer also carries its HW, which becomes this copy's committed
+offset, and its epoch history, which this copy keeps (``storage/epochs.py``). ``TRUNCATE`` cuts
+this copy back to where the leader's history says its last epoch ended; ``RESET`` starts it again
+at the leader's earliest offset (retention there removed what this copy needs next). The task
+runs while the partition follows the same epoch; the replicator starts it again (idempotently)
+on every tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 import aiohttp
 
 from ..storage.durable import fsync_close
+from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
 from .partition import Partition, Role
 
@@ -35,6 +37,8 @@ FETCH_WAIT_MS = 500
 FETCH_MAX_BYTES = 4 << 20
 #: After a refusal (not or no longer the leader), the next try waits about one tick.
 RETRY_AFTER = 0.25
+#: A fetch not answered this long after its wait is over: the leader is gone or paused.
+ANSWER_GRACE = 5.0
 
 PartitionKey = tuple[str, int]
 
@@ -90,75 +94,88 @@ class Following:
         return self._session
 
     async def _follow(self, p: Partition, epoch: int) -> None:
-        """Fetch from the leader of ``epoch`` until it is no longer the leader."""
-        tlog = p.log
-        loop = asyncio.get_running_loop()
+        """Fetch from the leader of ``epoch`` until it is no longer the leader: one stream,
+        opened again after a failure."""
         failures = 0
-        while p.role is Role.FOLLOWER and p.epoch == epoch and not self._closing:
-            query = {
-                "topic": p.topic,
-                "partition": str(p.origin),
-                "offset": str(tlog.latest),
-                "replica": str(self.member.node_id),
-                "storage": self.member.storage,
-                "epoch": str(epoch),
-                "last_epoch": str(p.history.last_epoch),
-                "wait_ms": str(FETCH_WAIT_MS),
-                "max_bytes": str(FETCH_MAX_BYTES),
-            }
+        while self._following(p, epoch):
+            url = f"http://{p.leader_http}/topic/replicate"
+            query = {"topic": p.topic, "partition": str(p.origin)}
             try:
-                async with self._get_session().get(
-                    f"http://{p.leader_http}/topic/log", params=query
-                ) as resp:
-                    body = await resp.read()
-                    headers = resp.headers
-                    status = resp.status
-            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                async with self._get_session().ws_connect(
+                    url, params=query, max_msg_size=FETCH_MAX_BYTES + (1 << 20), autoping=True
+                ) as ws:
+                    failures = 0
+                    await self._fetch_loop(p, epoch, ws)
+                    return
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning(
                         "CLUSTER: partition %s: fetch from %s failed - %s",
                         p.name,
                         p.leader_http,
-                        err,
+                        err or type(err).__name__,
                     )
                 await asyncio.sleep(min(0.05 * failures, 0.5))
-                continue
-            failures = 0
-            if status == 409:
-                doc = json.loads(body or b"{}")
-                if doc.get("message") == "TRUNCATE":
-                    to = int(doc["truncate_to"])
-                    tlog.truncate(to)
-                    p.history.truncate(to)
+
+    def _following(self, p: Partition, epoch: int) -> bool:
+        return p.role is Role.FOLLOWER and p.epoch == epoch and not self._closing
+
+    async def _fetch_loop(
+        self, p: Partition, epoch: int, ws: aiohttp.ClientWebSocketResponse
+    ) -> None:
+        """One fetch at a time on the stream. Raises on a broken stream (opened again)."""
+        tlog = p.log
+        loop = asyncio.get_running_loop()
+        while self._following(p, epoch):
+            req = FetchRequest(
+                offset=tlog.latest,
+                epoch=epoch,
+                last_epoch=p.history.last_epoch,
+                replica=self.member.node_id,
+                storage=self.member.storage,
+                wait_ms=FETCH_WAIT_MS,
+                max_bytes=FETCH_MAX_BYTES,
+            )
+            await ws.send_bytes(req.encode())
+            async with asyncio.timeout(FETCH_WAIT_MS / 1000 + ANSWER_GRACE):
+                msg = await ws.receive()
+            if msg.type is not aiohttp.WSMsgType.BINARY:
+                raise ConnectionError(f"the leader closed the stream ({msg.type.name})")
+            answer = FetchAnswer.decode(msg.data)
+            if answer.status == 409:
+                if answer.message == "TRUNCATE":
+                    tlog.truncate(answer.truncate_to)
+                    p.history.truncate(answer.truncate_to)
                     continue
-                if doc.get("message") == "RESET":
-                    start = int(doc["start"])
+                if answer.message == "RESET":
                     log.warning(
                         "CLUSTER: partition %s: %s no longer has offset %d; copying from %d",
                         p.name,
                         p.leader_http,
                         tlog.latest,
-                        start,
+                        answer.start,
                     )
-                    tlog.restart_at(start)
+                    tlog.restart_at(answer.start)
                     p.history.truncate(-1)
                     continue
                 await asyncio.sleep(RETRY_AFTER)  # not (or no longer) the leader: the plan decides
                 continue
-            if status != 200:
+            if answer.status != 200:
                 log.warning(
-                    "CLUSTER: partition %s: fetch answered %d %s", p.name, status, body[:200]
+                    "CLUSTER: partition %s: fetch answered %d %s",
+                    p.name,
+                    answer.status,
+                    answer.message,
                 )
                 await asyncio.sleep(0.5)
                 continue
-            if p.role is not Role.FOLLOWER or p.epoch != epoch:
+            if not self._following(p, epoch):
                 return
             try:
-                if body:
-                    tlog.append_raw(body)
-                entries = [(int(e), int(s)) for e, s in json.loads(headers["X-Nsq-Epochs"])]
-                p.history.copy_from(entries, tlog.latest)
+                if answer.records:
+                    tlog.append_raw(answer.records)
+                p.history.copy_from(answer.epochs, tlog.latest)
             except ValueError as err:
                 log.error(
                     "CLUSTER: partition %s: records from %s refused - %s",
@@ -173,7 +190,7 @@ class Following:
                 if job is not None:
                     await loop.run_in_executor(None, fsync_close, job[0])
                     tlog.synced_to(job[1])
-            p.leader_latest = int(headers.get("X-Nsq-Latest", "-1"))
-            p.hw = max(p.hw, min(int(headers.get("X-Nsq-High-Watermark", "0")), tlog.latest))
+            p.leader_latest = answer.latest
+            p.hw = max(p.hw, min(answer.hw, tlog.latest))
             tlog.committed = p.hw
             tlog.handed = tlog.latest

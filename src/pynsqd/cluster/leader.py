@@ -12,10 +12,11 @@ Theory of operation (the rules are ``cluster/partition.py``'s, the model ``docs/
   leader that was superseded finds out there and steps down.
 - **Group commit.** Appends kick one fsync at a time, off the event loop; appends meanwhile ride
   the next one. The leader's acknowledgement is what its fsync covered.
-- **Fetches** (``serve_fetch``): the follower's epoch must be the leader's; its offset is its
-  acknowledgement (the HW may move); at the end of the log it waits (long-poll) for an append or
-  a new HW. A follower beyond the leader's end of its last epoch is told to truncate; one behind
-  the leader's retention is told to start again from the earliest offset.
+- **Fetches** (``fetch``; the wire format is ``cluster/fetch.py``): the follower's epoch must
+  be the leader's; its offset is its acknowledgement (the HW may move); at the end of the log it
+  waits (long-poll) for an append or a new HW. A follower beyond the leader's end of its last
+  epoch is told to truncate; one behind the leader's retention is told to start again from the
+  earliest offset.
 - **Publishing** (``committed``/``wait``): a publish's OK waits until the HW covers its records,
   or fails after ``--replication-timeout``.
 """
@@ -29,11 +30,11 @@ import logging
 from collections.abc import Callable, Mapping
 
 from ..core.topic import Topic
-from ..internal.httpapi import HTTPError
 from ..options import Options
 from ..storage.durable import fsync_close
-from ..storage.topiclog import TopicLog
+from ..storage.topiclog import OffsetOutOfRange, TopicLog
 from .etcd import Compare, KeyValue, put_op
+from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
 from .partition import Member, Partition, Role, Waiter
 
@@ -43,6 +44,8 @@ log = logging.getLogger("pynsqd")
 
 #: The longest a follower's fetch may wait at the end of the log (ms).
 MAX_WAIT_MS = 5000
+#: The most one fetch answer carries (a follower asks for less).
+MAX_FETCH_BYTES = 16 << 20
 
 PartitionKey = tuple[str, int]
 
@@ -188,75 +191,78 @@ class Leading:
         if key in self._syncing:
             self._sync_again.add(key)
             return
-        self._syncing.add(key)
-        asyncio.get_running_loop().create_task(self._sync(p))
+        self._start_sync(p)
 
-    async def _sync(self, p: Partition) -> None:
+    def _start_sync(self, p: Partition) -> None:
+        """Submit the fsync now, from the append itself: before the followers' fetches are
+        answered, not after (a task would start it one turn of the loop later)."""
+        job = p.log.fsync_fd()
+        if job is None:
+            return
         key = (p.topic, p.origin)
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                self._sync_again.discard(key)
-                job = p.log.fsync_fd()
-                if job is None:
-                    break
-                fd, end = job
-                try:
-                    await loop.run_in_executor(None, fsync_close, fd)
-                except OSError as err:
-                    log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err)
-                    break
-                p.log.synced_to(end)
-                if p.role is Role.LEADER:
-                    self.advance(p)
-                if key not in self._sync_again:
-                    break
-        finally:
-            self._syncing.discard(key)
+        self._syncing.add(key)
+        self._sync_again.discard(key)
+        fd, end = job
+        done = asyncio.get_running_loop().run_in_executor(None, fsync_close, fd)
+        done.add_done_callback(lambda f: self._synced(p, end, f))
+
+    def _synced(self, p: Partition, end: int, done: asyncio.Future[None]) -> None:
+        key = (p.topic, p.origin)
+        self._syncing.discard(key)
+        err = None if done.cancelled() else done.exception()
+        if done.cancelled() or err is not None:
+            # Not synced: the next append or tick tries again; nothing commits past it.
+            log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err or "cancelled")
+            return
+        p.log.synced_to(end)
+        if p.role is Role.LEADER:
+            self.advance(p)
+        if key in self._sync_again:
+            self._start_sync(p)
 
     # -- the followers' fetches -----------------------------------------------------------
 
-    async def serve_fetch(
-        self, topic: str, origin: int, params: Callable[[str], str | None]
-    ) -> tuple[TopicLog, dict[str, str]]:
-        """A follower's ``GET /topic/log``: checks its epoch, records its acknowledgement,
-        waits up to ``wait_ms`` at the end of the log. Raises ``HTTPError``."""
+    async def fetch(self, topic: str, origin: int, req: FetchRequest) -> FetchAnswer:
+        """A follower's fetch: checks its epoch, records its acknowledgement, waits up to
+        ``wait_ms`` at the end of the log, answers with the records from its offset."""
         p = self.partitions.get((topic, origin))
         if p is None or p.role is not Role.LEADER:
-            raise HTTPError(409, "NOT_LEADER", {"epoch": p.epoch if p else 0})
-        try:
-            replica = int(params("replica") or "")
-            epoch = int(params("epoch") or "")
-            offset = int(params("offset") or "")
-            last_epoch = int(params("last_epoch") or "0")
-            wait_ms = min(int(params("wait_ms") or "0"), MAX_WAIT_MS)
-        except ValueError:
-            raise HTTPError(400, "INVALID_ARG_REPLICA") from None
-        storage = params("storage") or ""
-        if epoch != p.epoch:
-            if epoch > p.epoch:
-                p.step_down(f"a follower knows a later epoch ({epoch})")
-            raise HTTPError(409, "EPOCH_MISMATCH", {"epoch": p.epoch})
-        end = p.end_for(last_epoch)
-        if offset > end:
-            raise HTTPError(409, "TRUNCATE", {"truncate_to": end, "epoch": p.epoch})
-        if offset < p.log.earliest:
+            return FetchAnswer.refuse(409, "NOT_LEADER", epoch=p.epoch if p else 0)
+        if req.epoch != p.epoch:
+            # Even a later epoch is only a claim: etcd says who leads (the next tick reads it),
+            # so a stray or hostile fetch cannot unseat a leader.
+            return FetchAnswer.refuse(409, "EPOCH_MISMATCH", epoch=p.epoch)
+        end = p.end_for(req.last_epoch)
+        if req.offset > end:
+            return FetchAnswer.refuse(409, "TRUNCATE", epoch=p.epoch, truncate_to=end)
+        if req.offset < p.log.earliest:
             # Retention here removed what the follower needs next: it starts again from here.
-            raise HTTPError(409, "RESET", {"start": p.log.earliest, "epoch": p.epoch})
-        p.fetched((replica, storage), offset, self.member.now())
+            return FetchAnswer.refuse(409, "RESET", epoch=p.epoch, start=p.log.earliest)
+        p.fetched((req.replica, req.storage), req.offset, self.member.now())
         self.advance(p)
-        if offset >= p.log.latest and wait_ms:
+        wait_ms = min(req.wait_ms, MAX_WAIT_MS)
+        if req.offset >= p.log.latest and wait_ms:
             event = self._appended[(topic, origin)]
             event.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_ms / 1000):
                     await event.wait()
-        headers = {
-            "X-Nsq-High-Watermark": str(p.hw),
-            "X-Nsq-Epoch": str(p.epoch),
-            "X-Nsq-Epochs": json.dumps(p.history.entries),
-        }
-        return p.log, headers
+            if p.role is not Role.LEADER or p.epoch != req.epoch:
+                return FetchAnswer.refuse(409, "NOT_LEADER", epoch=p.epoch)
+        try:
+            records = _read(p.log, req.offset, min(req.max_bytes, MAX_FETCH_BYTES))
+        except (OSError, OffsetOutOfRange) as err:
+            log.error("CLUSTER: partition %s: reading for a follower failed - %s", p.name, err)
+            return FetchAnswer.refuse(500, "INTERNAL_ERROR", epoch=p.epoch)
+        return FetchAnswer(
+            200,
+            epoch=p.epoch,
+            hw=p.hw,
+            latest=p.log.latest,
+            earliest=p.log.earliest,
+            epochs=list(p.history.entries),
+            records=records,
+        )
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -294,3 +300,20 @@ class Leading:
         handle = asyncio.get_running_loop().call_later(self.opts.replication_timeout, timed_out)
         waiter = Waiter(end, settle)
         queue.append(waiter)
+
+
+def _read(tlog: TopicLog, offset: int, max_bytes: int) -> bytes:
+    """The records from ``offset`` to the end of the log, whole, at most ``max_bytes`` (at
+    least one record), as the log holds them. They were just written: the page cache has them."""
+    parts: list[bytes] = []
+    nxt = offset
+    while nxt < tlog.latest and max_bytes > 0:
+        rng = tlog.read_range(nxt, tlog.latest - nxt, max_bytes)
+        if rng is None or (parts and rng.end - rng.start > max_bytes):
+            break
+        with open(rng.path, "rb", buffering=0) as f:
+            f.seek(rng.start)
+            parts.append(f.read(rng.end - rng.start))
+        max_bytes -= rng.end - rng.start
+        nxt = rng.next
+    return b"".join(parts)

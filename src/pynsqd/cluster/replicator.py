@@ -8,7 +8,7 @@ wait for their commit), ``follower.py`` (the fetch tasks) and this file, **the p
 ``_reconcile`` brings each partition this node holds a copy of to what etcd says: leader,
 follower (a fetch task at the leader's epoch), or candidate (a leaderless partition whose
 in-sync set holds this node: it campaigns after a delay by rank, the origin first). It is also
-what the server and the HTTP API see (``gate``, ``committed``, ``wait``, ``serve_fetch``,
+what the server and the HTTP API see (``gate``, ``committed``, ``wait``, ``fetch``,
 ``describe``).
 
 **Publishing.** ``gate`` gives the protocol the origin partition of a replicated topic: a
@@ -31,6 +31,7 @@ from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .etcd import Compare, EtcdError, KeyValue, delete_op, put_op
+from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
 from .leader import Leading
 from .membership import ClusterState, Membership, rendezvous
@@ -298,11 +299,9 @@ class Replicator:
         they could not be in ``--replication-timeout`` (they may still be)."""
         self.leading.wait(topic, end, done)
 
-    async def serve_fetch(
-        self, topic: str, origin: int, params: Callable[[str], str | None]
-    ) -> tuple[TopicLog, dict[str, str]]:
-        """A follower's ``GET /topic/log`` (``Leading.serve_fetch``). Raises ``HTTPError``."""
-        return await self.leading.serve_fetch(topic, origin, params)
+    async def fetch(self, topic: str, origin: int, req: FetchRequest) -> FetchAnswer:
+        """A follower's fetch (``Leading.fetch``)."""
+        return await self.leading.fetch(topic, origin, req)
 
     def read_log(self, topic: str, origin: int) -> TopicLog | None:
         """A partition's log for plain readers (``partition=`` on ``/topic/log``)."""

@@ -35,7 +35,7 @@ import resource
 from typing import Any
 
 from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
+from aiohttp.web_response import StreamResponse
 
 from ..core.replay import Conflict, Replayed
 from ..internal.gotext import format_duration, parse_duration
@@ -140,15 +140,7 @@ class ReplayAPI:
     # -- handlers -------------------------------------------------------------------------
 
     async def _authorize(self, request: BaseRequest, params: Params, topic: str) -> None:
-        secret = request.headers.get(SECRET_HEADER) or params.get("secret") or ""
-        peer = request.transport.get_extra_info("peername") if request.transport else None
-        remote_ip = peer[0] if isinstance(peer, tuple) else ""
-        tls = request.transport is not None and (
-            request.transport.get_extra_info("sslcontext") is not None
-        )
-        error = await self.nsqd.authorize_log_read(topic, secret, remote_ip, tls)
-        if error is not None:
-            raise HTTPError(403 if error == "UNAUTHORIZED" else 401, error)
+        await authorize_log_read(self.nsqd, request, params, topic)
 
     def _partition_log(self, name: str, params: Params) -> TopicLog:
         """``partition=<origin node id>``: this node's copy of that node's partition of a
@@ -176,19 +168,8 @@ class ReplayAPI:
     async def read(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
         await self._authorize(request, params, name)
-        extra: dict[str, str] = {}
-        replication = self.nsqd.replication
-        if params.get("replica") is not None:
-            # A follower of a replicated partition fetching from its leader: everything the
-            # leader has, committed or not (cluster/replicator.py).
-            if replication is None:
-                raise HTTPError(400, "NOT_REPLICATED")
-            origin = _uint(params, "partition", self.nsqd.opts.node_id)
-            topic_log, extra = await replication.serve_fetch(name, origin, params.get)
-            limit = topic_log.latest
-        else:
-            topic_log = self._partition_log(name, params)
-            limit = topic_log.visible  # a replicated partition: what is committed
+        topic_log = self._partition_log(name, params)
+        limit = topic_log.visible  # a replicated partition: what is committed
         offset = _uint(params, "offset")
         max_messages = _uint(params, "max_messages", DEFAULT_MAX_MESSAGES, low=1)
         max_bytes = min(_uint(params, "max_bytes", DEFAULT_MAX_BYTES, low=1), MAX_BYTES)
@@ -211,8 +192,6 @@ class ReplayAPI:
                     break
         except OffsetOutOfRange as err:
             raise self._out_of_range(err) from err
-        if extra:
-            return self._replica_answer(name, ranges, nxt, topic_log, limit, extra)
         # Open the (at most MAX_SEGMENTS_PER_READ) files before the first await: retention may
         # remove a segment meanwhile, and an open file stays readable. Each is closed as soon as
         # its part of the body is written.
@@ -242,7 +221,6 @@ class ReplayAPI:
         resp.headers["X-Nsq-Count"] = str(sum(r.count for r in ranges))
         resp.headers["X-Nsq-Earliest"] = str(topic_log.earliest)
         resp.headers["X-Nsq-Latest"] = str(limit)
-        resp.headers.update(extra)
         self.read_fds += len(files)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):
@@ -280,38 +258,6 @@ class ReplayAPI:
             for fd, _ in files:
                 os.close(fd)
         return resp
-
-    def _replica_answer(
-        self,
-        name: str,
-        ranges: list[LogRange],
-        nxt: int,
-        topic_log: TopicLog,
-        limit: int,
-        extra: dict[str, str],
-    ) -> Response:
-        """A follower's fetch: its records read at once (at most ``max_bytes``, just written,
-        so in the page cache) into one response, without the streaming reader's machinery."""
-        parts = []
-        try:
-            for rng in ranges:
-                with open(rng.path, "rb", buffering=0) as f:
-                    f.seek(rng.start)
-                    parts.append(f.read(rng.end - rng.start))
-        except OSError as err:
-            log.error("TOPIC(%s): failed to read its log for a follower - %s", name, err)
-            raise HTTPError(500, "INTERNAL_ERROR") from err
-        headers = {
-            "X-Nsq-First-Offset": str(ranges[0].first if ranges else nxt),
-            "X-Nsq-Next-Offset": str(nxt),
-            "X-Nsq-Count": str(sum(r.count for r in ranges)),
-            "X-Nsq-Earliest": str(topic_log.earliest),
-            "X-Nsq-Latest": str(limit),
-            **extra,
-        }
-        return Response(
-            body=b"".join(parts), headers=headers, content_type="application/octet-stream"
-        )
 
     async def retention(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)
@@ -382,3 +328,19 @@ class ReplayAPI:
 
 
 __all__ = ["ReplayAPI"]
+
+
+async def authorize_log_read(
+    nsqd: NSQDHost, request: BaseRequest, params: Params, topic: str
+) -> None:
+    """A log read's authorization (``--auth-http-address``): the secret from the header or
+    ``secret=``. Raises ``HTTPError`` 401/403."""
+    secret = request.headers.get(SECRET_HEADER) or params.get("secret") or ""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    remote_ip = peer[0] if isinstance(peer, tuple) else ""
+    tls = request.transport is not None and (
+        request.transport.get_extra_info("sslcontext") is not None
+    )
+    error = await nsqd.authorize_log_read(topic, secret, remote_ip, tls)
+    if error is not None:
+        raise HTTPError(403 if error == "UNAUTHORIZED" else 401, error)

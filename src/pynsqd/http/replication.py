@@ -7,26 +7,41 @@
   ``POST /topic/retention``): a 400 names what is missing.
 - ``GET /topic/replication?topic=T``: the settings and the partitions of T this node holds a copy
   of: role, leader, epoch, in-sync set, committed offset and each follower's lag.
+- ``GET /topic/replicate?topic=T&partition=N`` (a websocket): a follower's fetches from the
+  partition's leader, one message each way per fetch (``cluster/fetch.py`` is the format,
+  ``cluster/leader.py`` the answer). Log reads are authorized as ``/topic/log``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
+from aiohttp import WSMsgType
 from aiohttp.web_request import BaseRequest
+from aiohttp.web_ws import WebSocketResponse
 
 from ..cluster.etcd import EtcdError
+from ..cluster.fetch import MAX_REQUEST_BYTES, FetchAnswer, FetchRequest
 from ..cluster.replicator import Replicator
 from ..cluster.settings import SettingsError
 from ..internal.httpapi import HTTPError, Params
 from ..internal.names import is_valid_name
 from .host import NSQDHost
+from .replay import authorize_log_read
+
+log = logging.getLogger("pynsqd")
+
+#: The largest partition id (node id) a fetch may name.
+MAX_NODE_ID = 1023
 
 
 class ReplicationAPI:
     def __init__(self, nsqd: NSQDHost) -> None:
         self.nsqd = nsqd
+        #: The followers' open fetch streams: closed when nsqd stops.
+        self.streams: set[WebSocketResponse] = set()
 
     def _topic(self, params: Params) -> tuple[str, Replicator]:
         name = params.checked().get("topic")
@@ -71,3 +86,41 @@ class ReplicationAPI:
         except EtcdError as err:
             raise HTTPError(503, "ETCD_UNAVAILABLE", {"reason": str(err)}) from err
         return self._describe(name, replication)
+
+    async def replicate(self, request: BaseRequest, params: Params) -> Any:
+        """A follower's fetch stream: one ``FetchRequest`` in, one ``FetchAnswer`` out, until
+        either side closes. Errors before the stream opens are ordinary HTTP answers."""
+        name, replication = self._topic(params)
+        text = params.get("partition") or ""
+        if not text.isdigit() or int(text) > MAX_NODE_ID:
+            raise HTTPError(400, "INVALID_ARG_PARTITION")
+        origin = int(text)
+        await authorize_log_read(self.nsqd, request, params, name)
+        ws = WebSocketResponse(max_msg_size=MAX_REQUEST_BYTES, autoping=True)
+        if not ws.can_prepare(request).ok:
+            raise HTTPError(400, "WEBSOCKET_REQUIRED")
+        await ws.prepare(request)
+        self.streams.add(ws)
+        try:
+            async for msg in ws:
+                if msg.type is not WSMsgType.BINARY:
+                    break
+                try:
+                    req = FetchRequest.decode(msg.data)
+                except ValueError as err:
+                    await ws.send_bytes(FetchAnswer.refuse(400, "INVALID_ARG_FETCH").encode())
+                    log.warning("CLUSTER: fetch stream for %s/%d refused - %s", name, origin, err)
+                    break
+                answer = await replication.fetch(name, origin, req)
+                await ws.send_bytes(answer.encode())
+        except ConnectionError:
+            pass  # the follower went: it reconnects, here or to the next leader
+        finally:
+            self.streams.discard(ws)
+            await ws.close()
+        return ws
+
+    async def close(self) -> None:
+        """nsqd stops: its followers' streams end now (they fetch from the next leader)."""
+        for ws in list(self.streams):
+            await ws.close()

@@ -77,9 +77,10 @@ class HTTPService(Router):
         add("GET", "/topic/log", "v1", replay.read)
         add("POST", "/topic/retention", "v1", replay.retention)
         add("POST", "/channel/rewind", "v1", replay.rewind)
-        replication = ReplicationAPI(nsqd)
+        replication = self.replication_api = ReplicationAPI(nsqd)
         add("GET", "/topic/replication", "v1", replication.get)
         add("POST", "/topic/replication", "v1", replication.set)
+        add("GET", "/topic/replicate", "v1", replication.replicate)
         lifecycle = LifecycleAPI(nsqd)
         add("GET", "/topic/config", "v1", lifecycle.get_topic)
         add("POST", "/topic/config", "v1", lifecycle.set_topic)
@@ -124,6 +125,7 @@ class HTTPService(Router):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._statsd_task
             self._statsd_task = None
+        await self.replication_api.close()
         if self._web is not None:
             await self._web.shutdown(1.0)
         if self._server is not None:
@@ -134,12 +136,6 @@ class HTTPService(Router):
             self._https_server = None
 
     # -- requests -------------------------------------------------------------------------
-
-    def log_level(self, request: BaseRequest) -> int:
-        """A follower's fetches (several a second per replicated partition) log at DEBUG."""
-        if "replica=" in request.query_string and request.path == "/topic/log":
-            return logging.DEBUG
-        return logging.INFO
 
     def gate(self, request: BaseRequest) -> StreamResponse | None:
         if self.nsqd.opts.tls_required == "true" and not request.secure:

@@ -6,11 +6,16 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
 #: objects allocated (minus freed) between collections of the youngest generation (Python: 700)
 GC_THRESHOLD = 20_000
+#: How long a thread waits for the GIL before the running one is asked to drop it (Python: 5 ms).
+#: The event loop holds it almost always; the threads that want it finished an fsync or a read
+#: off the loop and only hand back a result, which a replicated publish's OK waits for.
+SWITCH_INTERVAL = 0.0005
 
 
 class Service(Protocol):
@@ -48,6 +53,7 @@ async def _serve(
     # (messages, frames, commands), so the youngest generation is collected less often.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
