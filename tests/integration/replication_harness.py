@@ -446,8 +446,10 @@ class History:
     ok: set[bytes] = field(default_factory=set)
     failed: set[bytes] = field(default_factory=set)
     invoked: set[bytes] = field(default_factory=set)
-    #: Which node answered each acknowledged body, and when (monotonic): for failure reports.
+    #: Which node answered each acknowledged body, and when (monotonic).
     acked_by: dict[bytes, tuple[int, float]] = field(default_factory=dict)
+    #: When each body's publish was sent (monotonic).
+    sent_at: dict[bytes, float] = field(default_factory=dict)
 
 
 @dataclass
