@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import threading
@@ -615,6 +616,39 @@ def _committed(cluster: Cluster) -> set[bytes]:
 
 #: ``scripts/replication-faults`` runs these with more cycles (100 kills, 50 pauses).
 SCALE = float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
+
+
+def test_a_node_back_with_an_empty_disk_is_a_new_member_and_loses_nothing(
+    cluster: Cluster,
+) -> None:
+    """The lost disk: a node killed under load comes back at once with an empty data
+    directory. Its old registration is its own (same host and data path), so it replaces it
+    instead of being refused as a duplicate until the lease lapses; it is a new member (a new
+    storage id), not the one that was in sync: an in-sync follower takes its partition over,
+    it copies every partition it holds, joins their in-sync sets, takes its own partition back,
+    and nothing acknowledged is lost anywhere."""
+    history = History()
+    replicate(cluster)
+    victim = cluster.node(2)
+    with producing(cluster, history):
+        wait_for(lambda: len(history.ok) > 100, "acknowledged publishes")
+        old_storage = victim.json("GET", "/info")["cluster"]["storage_id"]
+        victim.kill()
+        acked = set(history.ok)
+        shutil.rmtree(victim.data)
+        victim.data.mkdir()
+        victim.start()
+        wait_for(lambda: "joined" in victim.log.read_text().rpartition("INFO: nsqd v")[2], "join")
+        assert "new data directory" in victim.log.read_text().rpartition("INFO: nsqd v")[2]
+        assert victim.json("GET", "/info")["cluster"]["storage_id"] != old_storage
+        assert wait_leader(cluster, TOPIC, 2)["node"] != 2
+        assert until(lambda: acked <= _committed(cluster), 20), "acknowledged, not readable"
+        # Its topics went with the disk: the operator (or the first publish) creates it again.
+        assert victim.http("POST", f"/topic/create?topic={TOPIC}")[0] == 200
+        wait_in_sync(cluster, TOPIC, 2)
+        want = len(history.ok) + 50
+        wait_for(lambda: len(history.ok) > want, "publishes after the node is back")
+    verify(cluster, history)
 
 
 @pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE

@@ -253,3 +253,45 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
     assert replicator.gate("plain") is False  # never replicated: no retention
     replicator.ready = True
     assert replicator.gate("retained") is False  # the state says: not replicated
+
+
+def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A replicated topic's first publishes come before its partition is placed (they wait
+    for it): they were handed to channels at once, uncommitted. And a node back with an empty
+    disk re-creates the topic while its partition lives on elsewhere: its publishes went into
+    a log about to be truncated to the leader's."""
+    from pynsqd.cluster.etcd import KeyValue
+    from pynsqd.cluster.replicator import PublishRefused, Replicator
+    from pynsqd.cluster.settings import ReplicationSettings
+    from pynsqd.options import Options
+
+    tlog = TopicLog(
+        str(tmp_path / "l"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    tlog.append([Message(b"%016d" % 1, b"before replication", 1)])
+
+    class Host:
+        opts = Options(etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1)
+        topics: dict[str, object] = {}
+        data_path = str(tmp_path)
+        http_address = "127.0.0.1:4151"
+        tcp_address = "127.0.0.1:4150"
+
+        def topic_log(self, name: str) -> TopicLog | None:
+            return tlog
+
+        def open_replica_log(self, topic: str, origin: int) -> TopicLog:
+            raise AssertionError("not used")
+
+    replicator = Replicator(Host())  # type: ignore[arg-type]
+    replicator.ready = True
+    replicator.state.settings["t"] = ReplicationSettings(3, 2, "all", "fsync")
+    assert tlog.visible == 1
+    assert replicator.gate("t") is True  # waits for its placement, then for its commit
+    tlog.append([Message(b"%016d" % 2, b"first replicated", 1)])
+    assert tlog.visible == 1  # not handed to channels before it commits
+    replicator.state.parts[("t", 1)] = {"assignment": KeyValue("k", b"{}", 1, 1, 1, 0)}
+    with pytest.raises(PublishRefused, match="elsewhere"):
+        replicator.gate("t")

@@ -171,8 +171,9 @@ class Membership:
             return
         held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
         other = json.loads(held.value) if held is not None else {}
-        if held is not None and other.get("storage") == self.storage:
-            # This node's previous life (killed): its lease goes now, with its leaderships.
+        if held is not None and self._previous_life(other):
+            # This node's previous life (killed, perhaps with its disk): its lease goes now,
+            # with its leaderships.
             await self.etcd.revoke(held.lease)
             again = await self.etcd.txn(
                 [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self._info(), self.lease)]
@@ -186,6 +187,26 @@ class Membership:
             f"(node at {other.get('http', '?')}, data path {other.get('data_path', '?')}); "
             "every node needs its own --node-id"
         )
+
+    def _previous_life(self, other: dict[str, Any]) -> bool:
+        """Whether a registration of this node id is this node's own, from before a restart:
+        the same storage, or the same host and data path with a new storage (the disk was lost
+        or replaced; two live processes on one host cannot share a data path: it is locked)."""
+        if other.get("storage") == self.storage:
+            return True
+        host = str(other.get("http", "")).rpartition(":")[0]
+        same_place = host == self.http.rpartition(":")[0] and other.get(
+            "data_path"
+        ) == os.path.abspath(self.data_path)
+        if same_place:
+            log.warning(
+                "CLUSTER: node %d is back with a new data directory (storage %s, was %s): "
+                "it joins as a new member and copies its partitions again",
+                self.node_id,
+                self.storage,
+                other.get("storage"),
+            )
+        return same_place
 
     async def keepalive_loop(self, on_expired: Callable[[], None]) -> None:
         """Refresh the lease every TTL/3; ``on_expired`` (step down) when etcd says it is gone,

@@ -284,7 +284,19 @@ class Replicator:
         if settings is None or not settings.replicated:
             return False
         p = self.partitions.get((topic, self.node_id))
-        if p is not None and not p.writable:
+        if p is None:
+            if (topic, self.node_id) in self.state.parts:
+                # The partition lives on elsewhere (this node lost its disk, or the topic):
+                # this log is about to be cut back to the leader's.
+                raise PublishRefused(
+                    f"this node's partition of {topic} is held elsewhere; it is copying it back"
+                )
+            # The topic's first replicated publish: it waits for its partition's placement,
+            # and nothing from here on is handed to channels before it commits.
+            tlog = self.host.topic_log(topic)
+            if tlog is not None and tlog.committed is None:
+                tlog.committed = tlog.latest
+        elif not p.writable:
             raise PublishRefused(
                 f"node {p.leader} serves this node's partition of {topic} while it catches up"
             )
