@@ -307,6 +307,29 @@ def test_settings_changed_under_load_answer_and_lose_nothing(cluster: Cluster) -
         assert "Traceback" not in node.log.read_text()
 
 
+def test_a_record_larger_than_a_fetch_is_replicated(tmp_path: Path, etcd: Etcd) -> None:
+    """A fetch answers at least one whole record: with ``--max-msg-size`` above a fetch's
+    4 MiB, a 6 MB message still reaches the followers (the follower's stream refused the
+    answer as too large, and the publish failed after the timeout)."""
+    cluster = Cluster(tmp_path, etcd, 3, f"--max-msg-size={8 << 20}")
+    try:
+        replicate(cluster)
+        body = bytes(range(256)) * (6_000_000 // 256)
+        conn = Connection(f"127.0.0.1:{cluster.node(1).proc.port}").connect()  # type: ignore[union-attr]
+        conn.pub(TOPIC, body)  # raises on E_PUB_FAILED
+        conn.close()
+        n2 = cluster.node(2)
+
+        def learned() -> bool:  # a follower learns the committed offset with its next fetch
+            doc = n2.json("GET", f"/topic/replication?topic={TOPIC}")
+            return any(q["partition"] == 1 and q["committed"] == 1 for q in doc["partitions"])
+
+        wait_for(learned, "node 2 to learn the committed offset")
+        assert [r[2] for r in cluster.read_partition(TOPIC, 1, n2)] == [body]
+    finally:
+        cluster.stop()
+
+
 def test_a_real_client_publishes_and_consumes_a_replicated_topic(cluster: Cluster) -> None:
     """gnsq (from PyPI) over TCP: its PUB and MPUB are answered once committed, its consumer
     gets them through a channel, and a follower holds the same records."""

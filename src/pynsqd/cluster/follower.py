@@ -23,6 +23,7 @@ import logging
 
 import aiohttp
 
+from ..log import LOGGER_NAME
 from ..storage.durable import fsync_close
 from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
@@ -30,7 +31,7 @@ from .partition import Partition, Role
 
 __all__ = ["Following"]
 
-log = logging.getLogger("pynsqd")
+log = logging.getLogger(LOGGER_NAME)
 
 #: How long a follower's fetch waits at the end of the leader's log for new records (ms).
 FETCH_WAIT_MS = 500
@@ -101,8 +102,10 @@ class Following:
             url = f"http://{p.leader_http}/topic/replicate"
             query = {"topic": p.topic, "partition": str(p.origin)}
             try:
+                # An answer holds at least one record, which may be larger than max_bytes.
+                largest = FETCH_MAX_BYTES + self.member.opts.max_msg_size + (1 << 16)
                 async with self._get_session().ws_connect(
-                    url, params=query, max_msg_size=FETCH_MAX_BYTES + (1 << 20), autoping=True
+                    url, params=query, max_msg_size=largest, autoping=True
                 ) as ws:
                     failures = 0
                     await self._fetch_loop(p, epoch, ws)

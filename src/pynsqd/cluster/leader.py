@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from ..core.topic import Topic
+from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.durable import fsync_close
 from ..storage.topiclog import OffsetOutOfRange, TopicLog
@@ -40,7 +41,7 @@ from .partition import Member, Partition, Role, Waiter
 
 __all__ = ["Leading"]
 
-log = logging.getLogger("pynsqd")
+log = logging.getLogger(LOGGER_NAME)
 
 #: The longest a follower's fetch may wait at the end of the log (ms).
 MAX_WAIT_MS = 5000

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.atomic import write_atomic
 from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op, range_op
@@ -34,7 +35,7 @@ from .settings import ReplicationSettings, SettingsError
 
 __all__ = ["ClusterState", "Keys", "Membership", "rendezvous"]
 
-log = logging.getLogger("pynsqd")
+log = logging.getLogger(LOGGER_NAME)
 
 #: The file naming this data directory's storage: a node back with an empty disk is new.
 STORAGE_ID_FILE = "cluster.id"

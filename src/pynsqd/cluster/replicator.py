@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..core.topic import Topic
+from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
@@ -40,7 +41,7 @@ from .settings import ReplicationSettings
 
 __all__ = ["PublishRefused", "ReplicaHost", "Replicator"]
 
-log = logging.getLogger("pynsqd")
+log = logging.getLogger(LOGGER_NAME)
 
 #: Seconds between two reads of the cluster's state in etcd.
 TICK = 0.25

@@ -28,10 +28,11 @@ from ..cluster.replicator import Replicator
 from ..cluster.settings import SettingsError
 from ..internal.httpapi import HTTPError, Params
 from ..internal.names import is_valid_name
+from ..log import LOGGER_NAME
 from .host import NSQDHost
 from .replay import authorize_log_read
 
-log = logging.getLogger("pynsqd")
+log = logging.getLogger(LOGGER_NAME)
 
 #: The largest partition id (node id) a fetch may name.
 MAX_NODE_ID = 1023
