@@ -40,6 +40,8 @@ FETCH_MAX_BYTES = 4 << 20
 RETRY_AFTER = 0.25
 #: A fetch not answered this long after its wait is over: the leader is gone or paused.
 ANSWER_GRACE = 5.0
+#: Seconds a closing stream waits for the leader's close (a paused leader answers none).
+CLOSE_TIMEOUT = 1.0
 
 PartitionKey = tuple[str, int]
 
@@ -105,7 +107,11 @@ class Following:
                 # An answer holds at least one record, which may be larger than max_bytes.
                 largest = FETCH_MAX_BYTES + self.member.opts.max_msg_size + (1 << 16)
                 async with self._get_session().ws_connect(
-                    url, params=query, max_msg_size=largest, autoping=True
+                    url,
+                    params=query,
+                    max_msg_size=largest,
+                    autoping=True,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT),
                 ) as ws:
                     failures = 0
                     await self._fetch_loop(p, epoch, ws)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -36,6 +37,8 @@ log = logging.getLogger(LOGGER_NAME)
 
 #: The largest partition id (node id) a fetch may name.
 MAX_NODE_ID = 1023
+#: Seconds a closing stream waits for the other side's close.
+CLOSE_TIMEOUT = 1.0
 
 
 class ReplicationAPI:
@@ -97,7 +100,11 @@ class ReplicationAPI:
             raise HTTPError(400, "INVALID_ARG_PARTITION")
         origin = int(text)
         await authorize_log_read(self.nsqd, request, params, name)
-        ws = WebSocketResponse(max_msg_size=MAX_REQUEST_BYTES, autoping=True)
+        # No compression (the records go as stored); a close waits a second at most for the
+        # follower's answer (a paused follower must not hold up a stopping nsqd).
+        ws = WebSocketResponse(
+            max_msg_size=MAX_REQUEST_BYTES, autoping=True, compress=False, timeout=CLOSE_TIMEOUT
+        )
         if not ws.can_prepare(request).ok:
             raise HTTPError(400, "WEBSOCKET_REQUIRED")
         await ws.prepare(request)
@@ -123,5 +130,4 @@ class ReplicationAPI:
 
     async def close(self) -> None:
         """nsqd stops: its followers' streams end now (they fetch from the next leader)."""
-        for ws in list(self.streams):
-            await ws.close()
+        await asyncio.gather(*(ws.close() for ws in list(self.streams)))
