@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
@@ -446,10 +445,13 @@ class History:
     ok: set[bytes] = field(default_factory=set)
     failed: set[bytes] = field(default_factory=set)
     invoked: set[bytes] = field(default_factory=set)
-    #: Which node answered each acknowledged body, and when (monotonic).
-    acked_by: dict[bytes, tuple[int, float]] = field(default_factory=dict)
-    #: When each body's publish was sent (monotonic).
-    sent_at: dict[bytes, float] = field(default_factory=dict)
+    #: The fault phase the test is in (it sets it; 0: none): publishes and OKs are tagged with
+    #: it, so the order of a fault and an OK is read from the history, not from a clock.
+    phase: int = 0
+    #: Which node answered each acknowledged body, and in which phase.
+    acked_by: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    #: The phase each body's publish was sent in.
+    sent_in: dict[bytes, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -505,7 +507,3 @@ def wait_leader(cluster: Cluster, topic: str, origin: int, timeout: float = 20) 
 
     wait_for(led, f"a leader of partition {topic}/{origin}", timeout=timeout)
     return found
-
-
-def now() -> float:
-    return time.monotonic()

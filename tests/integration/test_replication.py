@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -522,8 +521,8 @@ class Producer(threading.Thread):
                     self.seq += len(batch)
                     with self.lock:
                         self.history.invoked.update(batch)
-                        sent = time.monotonic()
-                        self.history.sent_at.update((b, sent) for b in batch)
+                        sent = self.history.phase
+                        self.history.sent_in.update((b, sent) for b in batch)
                     try:
                         if len(batch) == 1:
                             conn.pub(TOPIC, batch[0])
@@ -535,7 +534,7 @@ class Producer(threading.Thread):
                         break
                     with self.lock:
                         self.history.ok.update(batch)
-                        at = (node.node_id, time.monotonic())
+                        at = (node.node_id, self.history.phase)
                         self.history.acked_by.update((b, at) for b in batch)
             finally:
                 conn.close()
@@ -782,18 +781,18 @@ def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None
                     20,
                 )
             # From here until the heal the victim is superseded (or below min_insync): a
-            # publish sent to it now may be appended there, never answered OK before the heal
-            # (the history says who answered each OK, and when it was sent).
-            cut_from = time.monotonic()
+            # publish sent to it in this phase may be appended there, never answered OK in it
+            # (the history tags each publish and each OK with the phase it happened in).
+            cut_phase = history.phase = cycle + 1
             if not until(lambda acked=acked: acked <= _committed(cluster), 20):
                 missing = acked - _committed(cluster)
                 pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
-            healed_at = time.monotonic()
+            history.phase = 0
             network.heal(victim)
             stale = [
                 b
-                for b, (node, at) in list(history.acked_by.items())
-                if node == victim.node_id and history.sent_at[b] > cut_from and at < healed_at
+                for b, (node, phase) in list(history.acked_by.items())
+                if node == victim.node_id and history.sent_in[b] == phase == cut_phase
             ]
             assert stale == [], f"cycle {cycle}: node {victim.node_id} answered OK while cut off"
             wait_in_sync(cluster, TOPIC, victim.node_id)

@@ -35,7 +35,7 @@ def test_an_answer_round_trips_with_its_records_verbatim() -> None:
 
 
 def test_a_refusal_round_trips() -> None:
-    answer = FetchAnswer.refuse(409, "TRUNCATE", epoch=4, truncate_to=17)
+    answer = FetchAnswer(409, "TRUNCATE", epoch=4, truncate_to=17)
     assert FetchAnswer.decode(answer.encode()) == answer
 
 

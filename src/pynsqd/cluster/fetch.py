@@ -18,10 +18,10 @@ Request: JSON ``{"offset", "epoch", "last_epoch", "replica", "storage", "wait_ms
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["FetchAnswer", "FetchRequest"]
 
@@ -41,36 +41,24 @@ class FetchRequest:
     max_bytes: int
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "offset": self.offset,
-                "epoch": self.epoch,
-                "last_epoch": self.last_epoch,
-                "replica": self.replica,
-                "storage": self.storage,
-                "wait_ms": self.wait_ms,
-                "max_bytes": self.max_bytes,
-            }
-        ).encode()
+        return json.dumps(dataclasses.asdict(self)).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> FetchRequest:
         """Raises ``ValueError`` naming what is wrong."""
+        names = [f.name for f in dataclasses.fields(cls)]
         try:
             doc = json.loads(data)
-            ints = {
-                k: doc[k]
-                for k in ("offset", "epoch", "last_epoch", "replica", "wait_ms", "max_bytes")
-            }
-            storage = doc["storage"]
+            values = {k: doc[k] for k in names}
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"unreadable fetch request ({err})") from None
-        for k, v in ints.items():
-            if type(v) is not int or v < 0:
+        for k, v in values.items():
+            if k == "storage":
+                if not isinstance(v, str):
+                    raise ValueError("fetch request: storage must be a string")
+            elif type(v) is not int or v < 0:
                 raise ValueError(f"fetch request: {k} must be a non-negative integer")
-        if not isinstance(storage, str):
-            raise ValueError("fetch request: storage must be a string")
-        return cls(storage=storage, **ints)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -85,10 +73,6 @@ class FetchAnswer:
     truncate_to: int = 0
     start: int = 0
     records: bytes = b""
-
-    @classmethod
-    def refuse(cls, status: int, message: str, **extra: Any) -> FetchAnswer:
-        return cls(status, message, **extra)
 
     def encode(self) -> bytes:
         header = json.dumps(

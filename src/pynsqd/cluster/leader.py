@@ -36,7 +36,7 @@ from ..storage.durable import fsync_close
 from ..storage.topiclog import OffsetOutOfRange, TopicLog
 from .etcd import Compare, KeyValue, put_op
 from .fetch import FetchAnswer, FetchRequest
-from .membership import Membership
+from .membership import Membership, encode_isr
 from .partition import Member, Partition, Role, Waiter
 
 __all__ = ["Leading"]
@@ -135,18 +135,10 @@ class Leading:
         """A tick of a partition this node leads: the in-sync set, the fsync, the HW."""
         new = p.isr_change(self.member.now(), self.opts.replica_lag_max, self.live)
         if new is not None:
+            keys = self.member.keys
             result = await self.member.etcd.txn(
-                [
-                    Compare(
-                        self.member.keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch
-                    )
-                ],
-                [
-                    put_op(
-                        self.member.keys.part(p.topic, p.origin, "isr"),
-                        json.dumps({"isr": [list(m) for m in new]}).encode(),
-                    )
-                ],
+                [Compare(keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch)],
+                [put_op(keys.part(p.topic, p.origin, "isr"), encode_isr(new))],
             )
             if not result.succeeded:
                 p.step_down("superseded while changing the in-sync set")
@@ -228,17 +220,17 @@ class Leading:
         ``wait_ms`` at the end of the log, answers with the records from its offset."""
         p = self.partitions.get((topic, origin))
         if p is None or p.role is not Role.LEADER:
-            return FetchAnswer.refuse(409, "NOT_LEADER", epoch=p.epoch if p else 0)
+            return FetchAnswer(409, "NOT_LEADER", epoch=p.epoch if p else 0)
         if req.epoch != p.epoch:
             # Even a later epoch is only a claim: etcd says who leads (the next tick reads it),
             # so a stray or hostile fetch cannot unseat a leader.
-            return FetchAnswer.refuse(409, "EPOCH_MISMATCH", epoch=p.epoch)
+            return FetchAnswer(409, "EPOCH_MISMATCH", epoch=p.epoch)
         end = p.end_for(req.last_epoch)
         if req.offset > end:
-            return FetchAnswer.refuse(409, "TRUNCATE", epoch=p.epoch, truncate_to=end)
+            return FetchAnswer(409, "TRUNCATE", epoch=p.epoch, truncate_to=end)
         if req.offset < p.log.earliest:
             # Retention here removed what the follower needs next: it starts again from here.
-            return FetchAnswer.refuse(409, "RESET", epoch=p.epoch, start=p.log.earliest)
+            return FetchAnswer(409, "RESET", epoch=p.epoch, start=p.log.earliest)
         p.fetched((req.replica, req.storage), req.offset, self.member.now())
         self.advance(p)
         wait_ms = min(req.wait_ms, MAX_WAIT_MS)
@@ -249,12 +241,12 @@ class Leading:
                 async with asyncio.timeout(wait_ms / 1000):
                     await event.wait()
             if p.role is not Role.LEADER or p.epoch != req.epoch:
-                return FetchAnswer.refuse(409, "NOT_LEADER", epoch=p.epoch)
+                return FetchAnswer(409, "NOT_LEADER", epoch=p.epoch)
         try:
             records = _read(p.log, req.offset, min(req.max_bytes, MAX_FETCH_BYTES))
         except (OSError, OffsetOutOfRange) as err:
             log.error("CLUSTER: partition %s: reading for a follower failed - %s", p.name, err)
-            return FetchAnswer.refuse(500, "INTERNAL_ERROR", epoch=p.epoch)
+            return FetchAnswer(500, "INTERNAL_ERROR", epoch=p.epoch)
         return FetchAnswer(
             200,
             epoch=p.epoch,

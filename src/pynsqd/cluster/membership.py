@@ -33,7 +33,7 @@ from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op, range_op
 from .partition import Member
 from .settings import ReplicationSettings, SettingsError
 
-__all__ = ["ClusterState", "Keys", "Membership", "rendezvous"]
+__all__ = ["ClusterState", "Keys", "Membership", "decode_isr", "encode_isr", "rendezvous"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -86,6 +86,16 @@ class ClusterState:
         """A registered node with that storage (a node back with an empty disk is not)."""
         info = self.nodes.get(member[0])
         return info is not None and info.get("storage") == member[1]
+
+
+def encode_isr(members: list[Member]) -> bytes:
+    """The value of ``parts/<topic>/<origin>/isr``: (node id, storage id) pairs."""
+    return json.dumps({"isr": [list(m) for m in members]}).encode()
+
+
+def decode_isr(kv: KeyValue) -> list[Member]:
+    """Raises ``ValueError`` (``ClusterState.parse``'s callers log it)."""
+    return [(int(n), str(s)) for n, s in kv.json().get("isr", [])]
 
 
 def rendezvous(topic: str, origin: int, nodes: list[int], count: int) -> list[int]:

@@ -35,7 +35,7 @@ from .etcd import Compare, EtcdError, KeyValue, delete_op, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
 from .leader import Leading
-from .membership import ClusterState, Membership, rendezvous
+from .membership import ClusterState, Membership, decode_isr, encode_isr, rendezvous
 from .partition import Partition, Role
 from .settings import ReplicationSettings
 
@@ -182,7 +182,7 @@ class Replicator:
                 put_op(assignment, json.dumps({"replicas": replicas}).encode()),
                 put_op(
                     keys.part(topic, self.node_id, "isr"),
-                    json.dumps({"isr": [list(self.member.me)]}).encode(),
+                    encode_isr([self.member.me]),
                 ),
             ],
         )
@@ -226,7 +226,7 @@ class Replicator:
             return
         isr_kv = keys.get("isr")
         if isr_kv is not None:
-            p.isr = [(int(n), str(s)) for n, s in isr_kv.json().get("isr", [])]
+            p.isr = decode_isr(isr_kv)
             p.isr_revision = isr_kv.mod_revision
         key = (topic, origin)
         me = self.member.me

@@ -145,13 +145,11 @@ class ReplayAPI:
     def _partition_log(self, name: str, params: Params) -> TopicLog:
         """``partition=<origin node id>``: this node's copy of that node's partition of a
         replicated topic; without it (or this node's own id), the topic's own log."""
-        text = params.get("partition")
-        if text is None or text == str(self.nsqd.opts.node_id):
+        origin = partition_id(params)
+        if origin is None or origin == self.nsqd.opts.node_id:
             return self._log(name)
-        if not _UINT.fullmatch(text) or int(text) >= 1024:
-            raise HTTPError(400, "INVALID_ARG_PARTITION")
         replication = self.nsqd.replication
-        topic_log = replication.read_log(name, int(text)) if replication is not None else None
+        topic_log = replication.read_log(name, origin) if replication is not None else None
         if topic_log is None:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
         return topic_log
@@ -344,3 +342,14 @@ async def authorize_log_read(
     error = await nsqd.authorize_log_read(topic, secret, remote_ip, tls)
     if error is not None:
         raise HTTPError(403 if error == "UNAUTHORIZED" else 401, error)
+
+
+def partition_id(params: Params) -> int | None:
+    """``partition=``: a node id, 0-1023 (``--node-id``'s range); None when absent. Raises
+    ``HTTPError`` 400 ``INVALID_ARG_PARTITION``."""
+    text = params.get("partition")
+    if text is None:
+        return None
+    if not _UINT.fullmatch(text) or int(text) >= 1024:
+        raise HTTPError(400, "INVALID_ARG_PARTITION")
+    return int(text)

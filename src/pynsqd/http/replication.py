@@ -31,12 +31,10 @@ from ..internal.httpapi import HTTPError, Params
 from ..internal.names import is_valid_name
 from ..log import LOGGER_NAME
 from .host import NSQDHost
-from .replay import authorize_log_read
+from .replay import authorize_log_read, partition_id
 
 log = logging.getLogger(LOGGER_NAME)
 
-#: The largest partition id (node id) a fetch may name.
-MAX_NODE_ID = 1023
 #: Seconds a closing stream waits for the other side's close.
 CLOSE_TIMEOUT = 1.0
 
@@ -95,10 +93,9 @@ class ReplicationAPI:
         """A follower's fetch stream: one ``FetchRequest`` in, one ``FetchAnswer`` out, until
         either side closes. Errors before the stream opens are ordinary HTTP answers."""
         name, replication = self._topic(params)
-        text = params.get("partition") or ""
-        if not text.isdigit() or int(text) > MAX_NODE_ID:
+        origin = partition_id(params)
+        if origin is None:
             raise HTTPError(400, "INVALID_ARG_PARTITION")
-        origin = int(text)
         await authorize_log_read(self.nsqd, request, params, name)
         # No compression (the records go as stored); a close waits a second at most for the
         # follower's answer (a paused follower must not hold up a stopping nsqd).
@@ -116,7 +113,7 @@ class ReplicationAPI:
                 try:
                     req = FetchRequest.decode(msg.data)
                 except ValueError as err:
-                    await ws.send_bytes(FetchAnswer.refuse(400, "INVALID_ARG_FETCH").encode())
+                    await ws.send_bytes(FetchAnswer(400, "INVALID_ARG_FETCH").encode())
                     log.warning("CLUSTER: fetch stream for %s/%d refused - %s", name, origin, err)
                     break
                 answer = await replication.fetch(name, origin, req)
