@@ -15,8 +15,11 @@ Each round runs both set-ups, alternating which goes first, each on fresh server
 Reported per set-up (medians over the rounds): aggregate MPUB messages/s and single-PUB round
 trip p50/p99 (one client, PUB then wait for OK), and the ratios. All processes share this
 machine's cores, which is the point of the ratio: three nodes and etcd on two cores.
+``--go-nsqd PATH`` adds Go's nsqd (one node, its defaults) to every round, and the MPUB ratios
+against it.
 
-    .venv/bin/python bench/replication_bench.py --rounds 5 --runfor 5
+    .venv/bin/python bench/replication_bench.py --rounds 5 --runfor 5 \
+        --go-nsqd "$(../shared/tools/nsq-go)/nsqd"
 """
 
 from __future__ import annotations
@@ -96,7 +99,15 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
     topic = "rep_bench"
     durability = setup.partition(" ")[2]
     try:
-        if setup == "unreplicated":
+        if setup == "go nsqd":
+            args_go = argparse.Namespace(mode="logread", nsqd_binary=args.go_nsqd, nsqd_args="")
+            proc, tcp, http, data = bench._start_nsqd(args_go)
+            assert http is not None
+            procs.append(proc)
+            dirs.append(data)
+            tcps = [tcp]
+            _http(http, "POST", f"/topic/create?topic={topic}")
+        elif setup == "unreplicated":
             proc, tcp, http, data = _node("--retention-time=1h")
             procs.append(proc)
             dirs.append(data)
@@ -163,11 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", type=int, default=3, help="MPUB connections in all")
     p.add_argument("--min-insync", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--go-nsqd", default="", help="also run Go's nsqd (unreplicated) in each round: its path"
+    )
     args = p.parse_args(argv)
     setups = ["unreplicated", "replicated fsync", "replicated pagecache"]
+    if args.go_nsqd:
+        setups.append("go nsqd")
     results: dict[str, list[dict[str, float]]] = {s: [] for s in setups}
     for r in range(args.rounds):
-        order = setups[r % 3 :] + setups[: r % 3]
+        order = setups[r % len(setups) :] + setups[: r % len(setups)]
         for setup in order:
             res = _run(setup, args)
             results[setup].append(res)
@@ -188,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "unreplicated": "one node, unreplicated",
         "replicated fsync": "three nodes, replicas=3, durability=fsync",
         "replicated pagecache": "three nodes, replicas=3, durability=pagecache",
+        "go nsqd": "Go nsqd 1.3.0, one node (no retention, no replication)",
     }
     summary: dict[str, dict[str, float]] = {}
     for setup in setups:
@@ -199,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {names[setup]} | {m['mpub_msgs_per_s']:,.0f} | {ratio:.2f}x "
             f"| {m['pub_p50_ms']:.2f} ms | {m['pub_p99_ms']:.2f} ms | +{extra:.2f} ms |"
         )
+    if args.go_nsqd:
+        go = med["go nsqd"]["mpub_msgs_per_s"]
+        print("\nagainst Go nsqd in the same run (MPUB msgs/s ratio):")
+        for setup in setups[:-1]:
+            print(f"  {names[setup]}: {med[setup]['mpub_msgs_per_s'] / go:.2f}x")
     if args.json:
         print(json.dumps({"medians": med, "summary": summary}))
     return 0
