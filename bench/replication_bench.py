@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[setup] = {"ratio": ratio, "p99_extra_ms": extra}
         print(
             f"| {names[setup]} | {m['mpub_msgs_per_s']:,.0f} | {ratio:.2f}x "
-            f"| {m['pub_p50_ms']:.2f} ms | {m['pub_p99_ms']:.2f} ms | +{extra:.2f} ms |"
+            f"| {m['pub_p50_ms']:.2f} ms | {m['pub_p99_ms']:.2f} ms | {extra:+.2f} ms |"
         )
     if args.go_nsqd:
         go = med["go nsqd"]["mpub_msgs_per_s"]
