@@ -29,14 +29,15 @@ class NsqDataSource(DataSource):
 
     def _mode(self) -> str:
         """``mode``: ``log`` (a replayable topic, read by offset on the executors), ``channel``
-        (a channel, through the driver) or ``auto`` (log when every nsqd in
-        ``nsqdHttpAddresses`` has the topic retained)."""
+        (a channel, through the driver) or ``auto`` (log when every nsqd found, in
+        ``nsqdHttpAddresses`` and through ``nsqlookupdHttpAddresses``, has the topic
+        retained)."""
         mode = str(self.options.get("mode") or "auto").strip().lower()
         if mode not in ("auto", "log", "channel"):
             raise NsqOptionError(f"option 'mode' must be auto, log or channel, got {mode!r}")
         if mode == "auto":
-            has_http = bool(self.options.get("nsqdHttpAddresses"))
-            mode = "log" if has_http and retained_everywhere(self.options) else "channel"
+            self._why_not_log = retained_everywhere(self.options)
+            mode = "log" if self._why_not_log is None else "channel"
         return mode
 
     def schema(self) -> StructType:
@@ -49,11 +50,13 @@ class NsqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self._mode() != "log":
+            why = getattr(self, "_why_not_log", None) or "option 'mode' is 'channel'"
             raise NsqOptionError(
                 "batch reads (spark.read) need a replayable topic: a channel cannot be read "
-                "twice. Give the topic retention (nsqd --retention-time, or POST "
-                "/topic/retention) and set option 'mode' to 'log' with 'nsqdHttpAddresses'; "
-                "for a channel use spark.readStream"
+                f"twice ({why}). Give the topic retention on every node (nsqd "
+                "--retention-time, or POST /topic/retention) and name the nodes with "
+                "'nsqdHttpAddresses' or 'nsqlookupdHttpAddresses'; for a channel use "
+                "spark.readStream"
             )
         return NsqLogBatchReader(LogOptions.parse(self.options))
 

@@ -16,7 +16,9 @@ nsqlookupd) is ``pynsqd.client``'s: this module keeps only the Spark side.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -32,6 +34,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from pynsqd.client import (
     LogOffsetOutOfRange,
+    NodeHTTPError,
     NsqError,
     NsqLookupError,
     lookup_http_addresses,
@@ -56,20 +59,45 @@ class NsqDataLoss(RuntimeError):
 # -- talking to a node (pynsqd.client's cluster side) ----------------------------------------
 
 
+class NsqLogIdentityError(RuntimeError):
+    """Two nsqd processes answer with one storage id (a copied data directory): their logs
+    differ, so the query cannot key its offsets by it."""
+
+
+class NsqReadError(RuntimeError):
+    """A planned range could not be read within ``readRetryTimeoutMs``."""
+
+
+@dataclass(frozen=True)
+class NodeLog:
+    """One node's log of the topic, as a survey found it. ``key`` is its identity, which the
+    query's offsets are keyed by: the node's storage id (``storage/identity.py``), whatever
+    address reached it; from a node too old to say, the address."""
+
+    key: str
+    address: str
+    earliest: int
+    latest: int
+    instance: str = ""
+
+
 def node_offsets(node: str, opts: LogOptions, timestamp_ms: int | None = None) -> dict[str, Any]:
     """``/topic/offsets`` of one node; raises NsqError with the node's own error text."""
     return topic_offsets(node, opts.topic, opts.http, timestamp_ms)
 
 
-def discover(opts: LogOptions) -> list[str]:
-    """The nodes to read: the given ones and those nsqlookupd lists for the topic (a lookupd
-    that does not answer is logged; the others still count)."""
+def discover(opts: LogOptions, *, strict: bool = False) -> list[str]:
+    """The addresses to ask: the given ones and those nsqlookupd lists for the topic. A lookupd
+    that does not answer is logged, unless ``strict`` and no address was given: then nothing
+    could be known, which is an error rather than "no data"."""
     nodes = list(opts.nodes)
     if not opts.lookupd:
         return nodes
     try:
         found = lookup_http_addresses(opts.lookupd, opts.topic, opts.http.timeout)
     except NsqLookupError as e:
+        if strict and not nodes:
+            raise NsqLookupError(f"option 'nsqlookupdHttpAddresses': {e}") from None
         log.warning("nsq log source: %s", e)
         return nodes
     for node in found.values():
@@ -78,54 +106,141 @@ def discover(opts: LogOptions) -> list[str]:
     return nodes
 
 
-def _latest(node: str, opts: LogOptions) -> int | None:
-    """A node's latest offset, or None while it cannot be asked (it is down, restarting)."""
-    try:
-        return int(node_offsets(node, opts)["latest"])
-    except (NsqError, ConnectionError, ValueError, KeyError) as e:
-        log.warning("nsq log source: %s", e)
-        return None
+def survey(
+    opts: LogOptions, addresses: Iterable[str], *, strict: bool = False
+) -> dict[str, NodeLog]:
+    """Each address's log of the topic, by identity: two addresses reaching one process count
+    once (the first), two processes answering with one storage id are refused. A node that
+    cannot be asked (down, restarting) is logged and left out, unless ``strict``."""
+    found: dict[str, NodeLog] = {}
+    for address in dict.fromkeys(addresses):
+        try:
+            doc = node_offsets(address, opts)
+            here = NodeLog(
+                str(doc.get("storage_id") or address),
+                address,
+                int(doc["earliest"]),
+                int(doc["latest"]),
+                str(doc.get("instance") or ""),
+            )
+        except (NsqError, ConnectionError, ValueError, KeyError) as e:
+            if strict:
+                raise
+            log.warning("nsq log source: %s", e)
+            continue
+        seen = found.get(here.key)
+        if seen is None:
+            found[here.key] = here
+        elif seen.instance != here.instance:
+            raise NsqLogIdentityError(
+                f"nsq log source: nsqd {seen.address} and {here.address} both answer with "
+                f"storage id {here.key} but are different processes (a copied data "
+                f"directory?): give each node its own --data-path"
+            )
+    return found
 
 
-def retained_everywhere(options: Mapping[str, str]) -> bool:
-    """For ``mode=auto``: every node in ``nsqdHttpAddresses`` has the topic with retention."""
+def _rekey(offsets: Mapping[str, int], logs: Mapping[str, NodeLog]) -> dict[str, int]:
+    """Offsets keyed by address (given by the user, or a checkpoint written before the query
+    keyed them by identity) keyed by the identity of the node at that address, where known."""
+    by_address = {n.address: n.key for n in logs.values()}
+    out: dict[str, int] = {}
+    for k, v in offsets.items():
+        key = k if k in logs else by_address.get(k, k)
+        out[key] = max(v, out.get(key, v))
+    return out
+
+
+def retained_everywhere(options: Mapping[str, str]) -> str | None:
+    """For ``mode=auto``: None when every node found (``nsqdHttpAddresses``, and those
+    nsqlookupd names) has the topic with retention; else why not."""
     try:
         opts = LogOptions.parse(options)
-        nodes = discover(opts)
-        return bool(nodes) and all(node_offsets(n, opts) for n in nodes)
-    except (NsqOptionError, NsqError, ConnectionError, ValueError):
-        return False
+        nodes = discover(opts, strict=True)
+        if not nodes:
+            return f"no nsqd has topic {opts.topic!r}"
+        survey(opts, nodes, strict=True)
+        return None
+    except (NsqOptionError, NsqError, ConnectionError, ValueError, NsqLogIdentityError) as e:
+        return str(e)
+
+
+def _retrying(address: str, key: str, opts: LogOptions, what: str) -> Iterator[float]:
+    """Yields before each try of a read (the time waited so far); raises NsqReadError once
+    ``readRetryTimeoutMs`` is spent. The caller breaks out when a try succeeds."""
+    began = time.monotonic()
+    wait = opts.read_retry_backoff_ms / 1000
+    tries = 0
+    while True:
+        yield time.monotonic() - began
+        tries += 1
+        spent = time.monotonic() - began
+        if spent + wait > opts.read_retry_timeout_ms / 1000:
+            raise NsqReadError(
+                f"nsq log source: nsqd {address} (storage {key}) topic {opts.topic}: {what} "
+                f"unreadable after {tries} tries in {spent:.1f}s (option readRetryTimeoutMs)"
+            )
+        time.sleep(wait)
+        wait = min(wait * 2, 2.0)
 
 
 def fetch(
-    node: str, opts: LogOptions, start: int, end: int
+    node: str, opts: LogOptions, start: int, end: int, key: str = ""
 ) -> Iterator[tuple[int, int, bytes, int, bytes]]:
     """Records ``[start, end)`` of one node: (offset, timestamp ns, id, attempts, body).
-    Records pruned before ``start`` was read raise ``NsqDataLoss`` (or, without
-    ``failOnDataLoss``, are skipped and logged)."""
+    A node that does not answer (restarting) is tried again for ``readRetryTimeoutMs``; one
+    that answers with another log than ``key`` is an error. Records pruned before ``start``
+    was read raise ``NsqDataLoss`` (or, without ``failOnDataLoss``, are skipped and logged)."""
     offset = start
     while offset < end:
-        try:
-            chunk = read_log(
-                node,
-                opts.topic,
-                offset,
-                opts.http,
-                max_messages=end - offset,
-                max_bytes=_READ_BYTES,
-            )
-        except LogOffsetOutOfRange as e:
-            if e.earliest <= offset:
-                raise
-            message = (
-                f"nsq log source: nsqd {node} topic {opts.topic}: offsets {offset}-"
-                f"{min(e.earliest, end) - 1} were removed by retention before they were read"
-            )
-            if opts.fail_on_data_loss:
-                raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
-            log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
-            offset = e.earliest
+        what = f"offsets {offset}-{end - 1}"
+        last: Exception | None = None
+        for waited in _retrying(node, key or node, opts, what):
+            if last is not None:
+                log.warning(
+                    "nsq log source: nsqd %s topic %s: %s: retrying (%.1fs so far) - %s",
+                    node,
+                    opts.topic,
+                    what,
+                    waited,
+                    last,
+                )
+            try:
+                chunk = read_log(
+                    node,
+                    opts.topic,
+                    offset,
+                    opts.http,
+                    max_messages=end - offset,
+                    max_bytes=_READ_BYTES,
+                )
+                break
+            except ConnectionError as e:
+                last = e
+            except NodeHTTPError as e:
+                if e.status < 500:
+                    raise
+                last = e
+            except LogOffsetOutOfRange as e:
+                if e.earliest <= offset:
+                    raise
+                message = (
+                    f"nsq log source: nsqd {node} topic {opts.topic}: offsets {offset}-"
+                    f"{min(e.earliest, end) - 1} were removed by retention before they were read"
+                )
+                if opts.fail_on_data_loss:
+                    raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
+                log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
+                offset = e.earliest
+                chunk = None
+                break
+        if chunk is None:
             continue
+        if key and chunk.storage_id and chunk.storage_id != key:
+            raise NsqLogIdentityError(
+                f"nsq log source: nsqd {node} topic {opts.topic}: the node there now has "
+                f"storage id {chunk.storage_id}, the range was planned on {key}"
+            )
         if chunk.first > offset:  # a gap the node skipped (records lost to damage, or pruned)
             log.warning(
                 "nsq log source: nsqd %s topic %s: offsets %d-%d are not in the log; skipped",
@@ -147,22 +262,30 @@ def fetch(
 
 
 class LogPartition(InputPartition):
-    """One task: records ``[start, end)`` of one node."""
+    """One task: records ``[start, end)`` of one node's log (``key``), read at ``node``."""
 
-    def __init__(self, node: str, start: int, end: int) -> None:
-        super().__init__((node, start, end))
-        self.node, self.start, self.end = node, start, end
+    def __init__(self, node: str, start: int, end: int, key: str = "") -> None:
+        super().__init__((key or node, node, start, end))
+        self.node, self.start, self.end, self.key = node, start, end, key or node
 
 
-def split(start: Mapping[str, int], end: Mapping[str, int], tasks: int) -> list[LogPartition]:
-    """Each node's range in up to ``tasks / nodes`` (at least one) equal parts."""
-    nodes = [n for n in end if end[n] > start.get(n, 0)]
+def split(
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    tasks: int,
+    where: Mapping[str, str] | None = None,
+) -> list[LogPartition]:
+    """Each log's range in up to ``tasks / logs`` (at least one) equal parts; ``where`` says
+    which address reads each log (by default the key is the address)."""
+    where = where or {}
+    keys = [n for n in end if end[n] > start.get(n, 0)]
     per = max(1, tasks // max(1, len(end)))
     out: list[LogPartition] = []
-    for n in nodes:
-        lo, hi = start.get(n, 0), end[n]
+    for k in keys:
+        lo, hi = start.get(k, 0), end[k]
         step = -(-(hi - lo) // per)
-        out += [LogPartition(n, a, min(a + step, hi)) for a in range(lo, hi, step)]
+        node = where.get(k, k)
+        out += [LogPartition(node, a, min(a + step, hi), k) for a in range(lo, hi, step)]
     return out
 
 
@@ -189,7 +312,7 @@ def read_partition(p: LogPartition, opts: LogOptions) -> Iterator[Any]:
             v.clear()
         return out
 
-    for offset, ts, msg_id, attempts, body in fetch(p.node, opts, p.start, p.end):
+    for offset, ts, msg_id, attempts, body in fetch(p.node, opts, p.start, p.end, p.key):
         cols["body"].append(body)
         cols["id"].append(msg_id.decode("ascii", "replace"))
         cols["ts"].append(ts // 1000)
@@ -201,38 +324,52 @@ def read_partition(p: LogPartition, opts: LogOptions) -> Iterator[Any]:
         yield batch()
 
 
-def resolve_start(opts: LogOptions) -> dict[str, int]:
-    """Where a new query (or a batch read) starts on each node."""
+def resolve_start(opts: LogOptions) -> tuple[dict[str, int], dict[str, NodeLog]]:
+    """Where a new query (or a batch read) starts in each log, and the logs found. Every node
+    must answer: a query cannot start without knowing where."""
+    logs = survey(opts, discover(opts, strict=True), strict=True)
+    given = opts.starting if isinstance(opts.starting, dict) else {}
+    wanted = _rekey(given, logs)
     out: dict[str, int] = {}
-    for node in discover(opts):
+    for key, n in logs.items():
         if opts.starting_timestamp_ms is not None:
-            out[node] = int(node_offsets(node, opts, opts.starting_timestamp_ms)["offset"])
+            at = node_offsets(n.address, opts, opts.starting_timestamp_ms)
+            out[key] = int(at["offset"])
             continue
-        doc = node_offsets(node, opts)
-        want = opts.starting if isinstance(opts.starting, str) else opts.starting.get(node, -2)
+        want = opts.starting if isinstance(opts.starting, str) else wanted.get(key, -2)
         if want in ("earliest", -2):
-            out[node] = int(doc["earliest"])
+            out[key] = n.earliest
         elif want in ("latest", -1):
-            out[node] = int(doc["latest"])
+            out[key] = n.latest
         else:
-            out[node] = int(want)
-    return out
+            out[key] = int(want)
+    return out, logs
 
 
 class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: LogOptions) -> None:
         self.opts = opts
-        # Trigger.AvailableNow: each node's latest offset when the query started; batches
+        # Trigger.AvailableNow: each log's latest offset when the query started; batches
         # (still bounded by maxOffsetsPerTrigger) never go past it, so the query ends.
         self._target: dict[str, int] | None = None
+        #: Where each log (by identity) was last found.
+        self._where: dict[str, str] = {}
+
+    def _survey(self, start: Mapping[str, int] | None = None) -> dict[str, NodeLog]:
+        """The logs found now: through the given nodes and nsqlookupd, and where the logs the
+        query already reads were last found (a node lookupd no longer lists)."""
+        known = [self._where[k] for k in start or {} if k in self._where]
+        logs = survey(self.opts, discover(self.opts) + known)
+        self._where.update({k: n.address for k, n in logs.items()})
+        return logs
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {
-            n: v for n in discover(self.opts) if (v := _latest(n, self.opts)) is not None
-        }
+        self._target = {k: n.latest for k, n in self._survey().items()}
 
     def initialOffset(self) -> dict[str, int]:
-        return resolve_start(self.opts)
+        start, logs = resolve_start(self.opts)
+        self._where.update({k: n.address for k, n in logs.items()})
+        return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         cap = self.opts.max_offsets_per_trigger
@@ -241,46 +378,48 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        latest: dict[str, int] = {}
-        for n in discover(self.opts) + [n for n in (start or {}) if n not in self.opts.nodes]:
-            value = _latest(n, self.opts)
-            if value is not None:
-                latest[n] = value
-            elif start is not None and n in start:
-                latest[n] = start[n]  # down for now: no progress on it, the others go on
+        logs = self._survey(start)
+        latest = {k: n.latest for k, n in logs.items()}
         if start is None:
             return latest
+        # A checkpoint written when the offsets were keyed by address: by identity from now.
+        start = _rekey(start, logs)
         # Never behind where the query is (a node that lost its log does not move it back); a
-        # node that appeared since (through nsqlookupd) is read from its earliest offset.
-        end = {n: max(latest[n], start.get(n, latest[n])) for n in latest}
-        end.update({n: start[n] for n in start if n not in end})
+        # log that is down for now makes no progress while the others go on; one that
+        # appeared since (through nsqlookupd) is read from its earliest offset.
+        end = {k: max(v, start.get(k, v)) for k, v in latest.items()}
+        end.update({k: start[k] for k in start if k not in end})
         if self._target is not None:  # AvailableNow: nothing past what was there at the start
             end = {
-                n: max(start.get(n, 0), min(v, self._target.get(n, start.get(n, 0))))
-                for n, v in end.items()
+                k: max(start.get(k, 0), min(v, self._target.get(k, start.get(k, 0))))
+                for k, v in end.items()
             }
         if not isinstance(limit, ReadMaxRows):
             return end
-        # maxOffsetsPerTrigger: at most this many records per batch, shared by the nodes that
+        # maxOffsetsPerTrigger: at most this many records per batch, shared by the logs that
         # are behind.
-        behind = [n for n in end if n in start and end[n] > start[n]]
+        behind = [k for k in end if k in start and end[k] > start[k]]
         share = max(1, max(1, limit.max_rows) // max(1, len(behind)))
-        for n in behind:
-            end[n] = min(end[n], start[n] + share)
+        for k in behind:
+            end[k] = min(end[k], start[k] + share)
         return end
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        """Each node's latest offset, shown as the source's ``latestOffset`` in the query's
-        progress: beside ``endOffset`` it says how far behind the query is, per node."""
-        latest = {n: _latest(n, self.opts) for n in discover(self.opts)}
-        return {n: v for n, v in latest.items() if v is not None} or None
+        """Each log's latest offset, shown as the source's ``latestOffset`` in the query's
+        progress: beside ``endOffset`` it says how far behind the query is, per log."""
+        return {k: n.latest for k, n in self._survey().items()} or None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        start = dict(start)
-        for n in end:
-            if n not in start:  # a node new to the query: from its earliest offset
-                start[n] = min(end[n], int(node_offsets(n, self.opts)["earliest"]))
-        return list(split(start, end, self.opts.min_partitions))
+        start = _rekey(start, {})
+        missing = [k for k in end if k not in self._where]
+        if missing:  # a driver restarted from its checkpoint: where are they now?
+            self._survey()
+        start = {k: v for k, v in start.items() if k in end}
+        for k in end:
+            if k not in start:  # a log new to the query: from its earliest offset
+                n = self._survey().get(k)
+                start[k] = min(end[k], n.earliest if n is not None else end[k])
+        return list(split(start, end, self.opts.min_partitions, self._where))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         # An empty range plans no partitions, and Spark then runs one task with
@@ -297,14 +436,16 @@ class NsqLogBatchReader(DataSourceReader):
 
     def __init__(self, opts: LogOptions) -> None:
         self.opts = opts
-        start = resolve_start(opts)
+        start, logs = resolve_start(opts)
         if opts.ending == "latest":
-            end = {n: int(node_offsets(n, opts)["latest"]) for n in start}
+            end = {k: n.latest for k, n in logs.items()}
         elif isinstance(opts.ending, dict):
-            end = {n: opts.ending.get(n, start[n]) for n in start}
+            ending = _rekey(opts.ending, logs)
+            end = {k: ending.get(k, start[k]) for k in start}
         else:
             raise NsqOptionError("option 'endingOffsets' cannot be 'earliest'")
-        self._parts = split(start, end, opts.min_partitions)
+        where = {k: n.address for k, n in logs.items()}
+        self._parts = split(start, end, opts.min_partitions, where)
 
     def partitions(self) -> list[InputPartition]:
         return list(self._parts)

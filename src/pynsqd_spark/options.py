@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -261,7 +262,10 @@ LOG_OPTIONS = (
     "maxOffsetsPerTrigger",
     "minPartitions",
     "failOnDataLoss",
+    "readRetryTimeoutMs",
+    "readRetryBackoffMs",
     "authSecret",
+    "authSecretEnv",
     "timeoutMs",
     "tls",
     "tlsVerify",
@@ -283,8 +287,29 @@ class LogOptions:
     min_partitions: int
     fail_on_data_loss: bool
     #: How to talk to each node's HTTP port (TLS: the addresses are nsqd's --https-address;
-    #: the auth secret; the timeout).
-    http: ClientOptions
+    #: the auth secret unless it comes from ``authSecretEnv``; the timeout).
+    client: ClientOptions
+    #: ``authSecretEnv``: the variable holding the secret, read where it is used (on each
+    #: executor too), so the secret never travels inside the options.
+    auth_secret_env: str | None = None
+    #: How long a read of a planned range keeps trying a node that does not answer (it may be
+    #: restarting) before the task fails; the first wait between tries (doubling, at most 2 s).
+    read_retry_timeout_ms: int = 60_000
+    read_retry_backoff_ms: int = 100
+
+    @property
+    def http(self) -> ClientOptions:
+        """The client options with the auth secret, from ``authSecretEnv`` when given."""
+        env = self.auth_secret_env
+        if env is None:
+            return self.client
+        secret = os.environ.get(env)
+        if secret is None:
+            raise NsqOptionError(
+                f"option 'authSecretEnv': environment variable {env!r} is not set here (on "
+                f"the executors, set it with spark.executorEnv.{env})"
+            )
+        return dataclasses.replace(self.client, auth_secret=secret)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogOptions:
@@ -326,7 +351,10 @@ class LogOptions:
             max_offsets_per_trigger=o.integer("maxOffsetsPerTrigger", 0),
             min_partitions=o.integer("minPartitions", len(nodes), 1),
             fail_on_data_loss=o.boolean("failOnDataLoss", True),
-            http=ClientOptions(
+            auth_secret_env=None if o.get("authSecret") else o.get("authSecretEnv"),
+            read_retry_timeout_ms=o.integer("readRetryTimeoutMs", 60_000),
+            read_retry_backoff_ms=o.integer("readRetryBackoffMs", 100, 1),
+            client=ClientOptions(
                 timeout=o.integer("timeoutMs", 30000, 1) / 1000,
                 tls=tls,
                 tls_verify=o.boolean("tlsVerify", True),

@@ -100,12 +100,14 @@ class Publisher:
             if self.opts.lookupd_addresses:
                 timeout = self.opts.client.connect_timeout
                 try:
-                    found = lookup_producers(self.opts.lookupd_addresses, topic, timeout)
-                    found += [
-                        n
-                        for n in lookup_nodes(self.opts.lookupd_addresses, timeout)
-                        if n not in found
-                    ]
+                    # Sorted, so that every task sees one list whenever it asks, and task i
+                    # starts on node i modulo their number: an even spread.
+                    found = sorted(
+                        {
+                            *lookup_producers(self.opts.lookupd_addresses, topic, timeout),
+                            *lookup_nodes(self.opts.lookupd_addresses, timeout),
+                        }
+                    )
                 except NsqLookupError as e:
                     if not nodes:
                         raise NsqSinkError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import struct
 from collections.abc import Callable
@@ -124,8 +125,10 @@ def test_info(nsqd: ServerThread) -> None:
         "features",
         "retention_time",
         "retention_bytes",
+        "storage_id",
     ]
     assert info["features"] == ["replayable-topics"]
+    assert re.fullmatch(r"[0-9a-f]{16}", info["storage_id"])
     assert info["retention_time"] == 0 and info["retention_bytes"] == 0
     assert info["version"] == "1.3.0"
     assert info["http_port"] == nsqd.http_port and info["tcp_port"] == nsqd.tcp_port

@@ -20,6 +20,9 @@ import pytest
 from pynsqd.client.connection import Connection
 
 BIN = Path(sys.executable).parent
+#: Set in the environment the test's Spark starts with (its executors inherit it), for
+#: ``authSecretEnv``: the secret the tests' auth server grants.
+TEST_SECRET_ENV = "PYNSQD_SPARK_TEST_SECRET"
 
 
 class NsqdProcess:
@@ -131,6 +134,13 @@ class LookupdProcess:
         self.tcp_address = tcp.group(1)
         self.http_address = http.group(1)
 
+    def nodes(self) -> list[str]:
+        """Every registered nsqd's TCP address, in the order ``/nodes`` lists them."""
+        url = f"http://{self.http_address}/nodes"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            data = json.loads(resp.read())
+        return [f"{p['broadcast_address']}:{p['tcp_port']}" for p in data["producers"]]
+
     def producers(self, topic: str) -> list[str]:
         url = f"http://{self.http_address}/lookup?topic={topic}"
         try:
@@ -200,6 +210,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ[TEST_SECRET_ENV] = "s3cret"
     from pyspark.sql import SparkSession
 
     from pynsqd_spark import register

@@ -22,6 +22,11 @@ from .conftest import NsqdProcess
 from .test_client import free_port
 
 
+def storage_id(node: NsqdProcess) -> str:
+    with urllib.request.urlopen(f"http://{node.http_address}/info", timeout=5) as r:
+        return str(json.loads(r.read())["storage_id"])
+
+
 def retained(start_nsqd: Callable[..., NsqdProcess], *args: str) -> NsqdProcess:
     return start_nsqd("--retention-time=1h", *args)
 
@@ -104,7 +109,8 @@ def test_streaming_is_exactly_once_across_a_restart(
             lags = [source_metrics(p["sources"][0]) for p in query.recentProgress]
             first = next(m for m in lags if m)
             assert first["maxOffsetsBehindLatest"] == first["minOffsetsBehindLatest"] == behind
-            assert first["perNode"] == {node.http_address: behind}
+            # Per log, by its identity (the node's storage id), not by the address.
+            assert first["perNode"] == {storage_id(node): behind}
             assert source_metrics(last)["maxOffsetsBehindLatest"] == 0
         finally:
             query.stop()

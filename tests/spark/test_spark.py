@@ -15,6 +15,8 @@ import pytest
 
 from pynsqd.client.connection import Connection
 from pynsqd_spark import source_metrics
+from pynsqd_spark.options import SinkOptions
+from pynsqd_spark.sink import Publisher
 
 from ..waiting import wait_for
 from .conftest import HAVE_LOOKUPD, NsqdProcess
@@ -199,13 +201,13 @@ def test_two_nsqd_nodes_behind_nsqlookupd(
     a.wait_drained("multi", "c")
     b.wait_drained("multi", "c")
     # The sink finds the nodes through nsqlookupd too, and spreads the tasks over them.
-    spark.range(1000, numPartitions=2).selectExpr("cast(id as string) as body").write.format(
+    spark.range(1000, numPartitions=4).selectExpr("cast(id as string) as body").write.format(
         "nsq"
     ).mode("append").option("topic", "back").option(
         "nsqlookupdHttpAddresses", lookupd.http_address
     ).save()
     counts = [(n.topic_stats("back") or {}).get("message_count", 0) for n in (a, b)]
-    assert sum(counts) == 1000
+    assert counts == [500, 500]
 
 
 @pytest.mark.skipif(not HAVE_LOOKUPD, reason="no nsqlookupd console script")
@@ -350,3 +352,35 @@ def test_sink_bad_rows(spark: Any, nsqd_proc: NsqdProcess) -> None:
         one_part.selectExpr("'x' as body").write.format("nsq").mode("append").option(
             "nsqdTcpAddresses", dead
         ).option("topic", "t").option("maxRetries", "1").option("retryBackoffMs", "1").save()
+
+
+@pytest.mark.skipif(not HAVE_LOOKUPD, reason="no nsqlookupd console script")
+def test_sink_tasks_spread_evenly_whatever_lookupd_answered_when_each_started(
+    start_nsqd: Callable[..., NsqdProcess], request: Any
+) -> None:
+    """Task i starts on the i-th node of one sorted list. Each task used to index nsqlookupd's
+    answer as it stood when the task started, topic holders first: tasks 0 and 2 before the
+    topic existed and 1 and 3 after it appeared on the other node all went to one node."""
+    lookupd = request.getfixturevalue("lookupd")
+    flags = (f"--lookupd-tcp-address={lookupd.tcp_address}", "--broadcast-address=127.0.0.1")
+    a, b = start_nsqd(*flags), start_nsqd(*flags)
+    wait_for(lambda: len(lookupd.nodes()) == 2, "both nsqd registered", 20)
+    opts = SinkOptions.parse({"topic": "s", "nsqlookupdHttpAddresses": lookupd.http_address}, False)
+
+    def first_node(pid: int) -> str:
+        pub = Publisher(opts, start_index=pid)
+        try:
+            pub._connection("s")  # the node the task starts on (connecting creates no topic)
+            return pub.used[0]
+        finally:
+            pub.close()
+
+    # Before the topic exists the list is lookupd's /nodes; then it appears on the node that is
+    # not first there, which the old list put first.
+    early = {pid: first_node(pid) for pid in (0, 2)}
+    later = next(n for n in (a, b) if n.tcp_address != lookupd.nodes()[0])
+    later.publish("s", [b"seed"])
+    wait_for(lambda: lookupd.producers("s") == [later.tcp_address], "the topic registered", 20)
+    late = {pid: first_node(pid) for pid in (1, 3)}
+    used = [{**early, **late}[pid] for pid in range(4)]
+    assert sorted(used) == sorted([a.tcp_address, b.tcp_address] * 2), used

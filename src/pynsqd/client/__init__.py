@@ -14,6 +14,7 @@ from .aio import AsyncConnection
 from .cluster import (
     LogChunk,
     LogOffsetOutOfRange,
+    NodeHTTPError,
     channel_depth,
     lookup_http_addresses,
     lookup_nodes,
@@ -31,6 +32,7 @@ __all__ = [
     "Connection",
     "LogChunk",
     "LogOffsetOutOfRange",
+    "NodeHTTPError",
     "NsqConnectionError",
     "NsqError",
     "NsqLookupError",

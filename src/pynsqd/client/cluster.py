@@ -74,6 +74,8 @@ class LogChunk:
     earliest: int
     latest: int
     records: list[LogRecord]
+    #: Which log answered (the node's storage id; empty from a node too old to say).
+    storage_id: str = ""
 
 
 def _url(address: str, path: str, query: dict[str, str], *, tls: bool = False) -> str:
@@ -275,4 +277,5 @@ def read_log(
         earliest=int(headers.get("x-nsq-earliest", 0)),
         latest=int(headers.get("x-nsq-latest", 0)),
         records=records,
+        storage_id=headers.get("x-nsq-storage-id", ""),
     )

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 
 from ..log import LOGGER_NAME
 from ..options import Options
-from ..storage.atomic import write_atomic
+from ..storage.identity import storage_id
 from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op, range_op
 from .partition import Member
 from .settings import ReplicationSettings, SettingsError
@@ -36,10 +35,6 @@ from .settings import ReplicationSettings, SettingsError
 __all__ = ["ClusterState", "Keys", "Membership", "decode_isr", "encode_isr", "rendezvous"]
 
 log = logging.getLogger(LOGGER_NAME)
-
-#: The file naming this data directory's storage: a node back with an empty disk is new.
-STORAGE_ID_FILE = "cluster.id"
-
 
 @dataclass(frozen=True)
 class Keys:
@@ -106,20 +101,6 @@ def rendezvous(topic: str, origin: int, nodes: list[int], count: int) -> list[in
 
     others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
     return [origin, *others[: count - 1]]
-
-
-def storage_id(data_path: str) -> str:
-    path = os.path.join(data_path, STORAGE_ID_FILE)
-    try:
-        with open(path) as f:
-            value = f.read().strip()
-        if value:
-            return value
-    except FileNotFoundError:
-        pass
-    value = secrets.token_hex(8)
-    write_atomic(path, value.encode())
-    return value
 
 
 class Membership:

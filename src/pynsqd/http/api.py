@@ -190,6 +190,8 @@ class API:
             + (["replicated-topics"] if nsqd.replication is not None else []),
             "retention_time": round(opts.retention_time * 1e9),
             "retention_bytes": opts.retention_bytes,
+            # Which data directory this is, whatever address reached it (storage/identity.py).
+            "storage_id": nsqd.storage_id,
             **self._cluster_info(),
         }
 

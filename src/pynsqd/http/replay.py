@@ -1,16 +1,18 @@
 """Replayable topics on the HTTP port (pynsqd; nsqd has none of these endpoints).
 
 - ``GET /topic/offsets?topic=T[&timestamp=<unix ms>]``: earliest and latest (next to be written)
-  offsets, log size and segments, retention; with ``timestamp``, ``offset`` is the first offset
-  published at or after it.
+  offsets, log size and segments, retention, and which log it is (``storage_id``: the data
+  directory's, whatever address reached it; ``instance``: this process's); with ``timestamp``,
+  ``offset`` is the first offset published at or after it.
 - ``GET /topic/log?topic=T&offset=N[&max_messages=M][&max_bytes=B]``: the records from N on,
   as stored (``storage/topiclog.py`` documents the framing), streamed with a Content-Length; the
-  ``X-Nsq-*`` headers give the first offset, the next offset to ask for, the count, earliest and
-  latest. At ``latest`` the body is empty: the reader is caught up. One answer covers at most
-  ``MAX_SEGMENTS_PER_READ`` segment files (each held open only until its part is sent), all
-  answers together at most a quarter of the open-file limit (``503 TOO_MANY_LOG_READERS``
-  when none is left), and a reader that takes no part of the body for ``WRITE_TIMEOUT`` is
-  disconnected, so a stalled reader never pins files or the space of pruned segments.
+  ``X-Nsq-*`` headers give the first offset, the next offset to ask for, the count, earliest,
+  latest and the storage id. At ``latest`` the body is empty: the reader is caught up. One
+  answer covers at most ``MAX_SEGMENTS_PER_READ`` segment files (each held open only until its
+  part is sent), all answers together at most a quarter of the open-file limit (``503
+  TOO_MANY_LOG_READERS`` when none is left), and a reader that takes no part of the body for
+  ``WRITE_TIMEOUT`` is disconnected, so a stalled reader never pins files or the space of
+  pruned segments.
 - ``POST /topic/retention?topic=T[&time=24h][&bytes=N]``: the topic's own retention (kept across
   restarts); both 0 stops its log and removes it.
 - ``POST /channel/rewind?topic=T&channel=C&offset=N`` (or ``&timestamp=<unix ms>``): every
@@ -135,6 +137,9 @@ class ReplayAPI:
             "segments": topic_log.segment_count,
             "retention_time": format_duration(topic_log.retention_time),
             "retention_bytes": topic_log.retention_bytes,
+            # Which log this is, whatever address reached it (``storage/identity.py``).
+            "storage_id": self.nsqd.storage_id,
+            "instance": self.nsqd.instance,
         }
 
     # -- handlers -------------------------------------------------------------------------
@@ -219,6 +224,7 @@ class ReplayAPI:
         resp.headers["X-Nsq-Count"] = str(sum(r.count for r in ranges))
         resp.headers["X-Nsq-Earliest"] = str(topic_log.earliest)
         resp.headers["X-Nsq-Latest"] = str(limit)
+        resp.headers["X-Nsq-Storage-Id"] = self.nsqd.storage_id
         self.read_fds += len(files)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):

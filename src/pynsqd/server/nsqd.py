@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import ssl
 import time
@@ -29,6 +30,7 @@ from ..options import Options
 from ..protocol.identify import ProtocolConfig
 from ..storage.atomic import remove_leftovers
 from ..storage.diskqueue import DiskQueue
+from ..storage.identity import storage_id
 from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (
     METADATA_FILE,
@@ -93,6 +95,10 @@ class NSQD:
         self.http_address = ""
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
+        #: The data directory's identity (``storage/identity.py``), read by start(); and this
+        #: process's: two processes answering with one storage id share a copied directory.
+        self.storage_id = ""
+        self.instance = secrets.token_hex(8)
         self._disk_backends: dict[str, DiskBackend] = {}
         self.retention = Retention(
             opts,
@@ -459,6 +465,7 @@ class NSQD:
         self._dir_lock.lock()  # raises DirLockError
         try:
             check_writable(self.data_path)  # raises DirLockError
+            self.storage_id = storage_id(self.data_path)
             self._remove_leftovers()
             self._load_settings()
             self.load_metadata()
