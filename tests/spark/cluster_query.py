@@ -1,0 +1,102 @@
+"""A Spark driver of its own (client mode) for the standalone-cluster tests: each job runs
+in this process so that the test can kill it (and the test process keeps its local Spark).
+
+    python cluster_query.py MASTER_URL JOB ARGS...
+
+- ``batch LOOKUPD TOPIC OUT``: a log-mode batch read through nsqlookupd into Parquet at OUT;
+- ``log LOOKUPD TOPIC OUT CHECKPOINT`` and ``channel LOOKUPD TOPIC OUT CHECKPOINT``: a stream
+  (Trigger.AvailableNow, small batches) into Parquet, from the log or from channel ``spark``;
+- ``sink LOOKUPD TOPIC ROWS``: ``df.write`` of ROWS bodies over 4 tasks into TOPIC.
+
+Exits 0 once the job is done."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from pyspark.sql import SparkSession
+
+from pynsqd_spark import register
+
+#: Records per micro-batch of the streams: many batches, so the faults land mid-query.
+PER_TRIGGER = "4000"
+
+
+def main() -> int:
+    master, job, *args = sys.argv[1:]
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(f"pynsqd-cluster-{job}")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.executor.memory", "512m")
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.pyspark.python", sys.executable)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    lookupd, topic = args[0], args[1]
+    if job == "batch":
+        (
+            spark.read.format("nsq")
+            .option("mode", "log")
+            .option("topic", topic)
+            .option("nsqlookupdHttpAddresses", lookupd)
+            .option("minPartitions", "4")
+            .load()
+            .select("nsqd_address", "offset", "body")
+            .write.mode("overwrite")
+            .parquet(args[2])
+        )
+    elif job in ("log", "channel"):
+        reader = (
+            spark.readStream.format("nsq")
+            .option("topic", topic)
+            .option("nsqlookupdHttpAddresses", lookupd)
+        )
+        if job == "log":
+            reader = reader.option("mode", "log").option("maxOffsetsPerTrigger", PER_TRIGGER)
+        else:
+            reader = (
+                reader.option("mode", "channel")
+                .option("channel", "spark")
+                .option("maxMessagesPerBatch", PER_TRIGGER)
+            )
+        query = (
+            reader.load()
+            .select("body")
+            .writeStream.format("parquet")
+            .option("path", args[2])
+            .option("checkpointLocation", args[3])
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    elif job == "sink":
+        (
+            spark.range(int(args[2]), numPartitions=4)
+            .selectExpr("cast(id as string) as body")
+            .write.format("nsq")
+            .mode("append")
+            .option("topic", topic)
+            .option("nsqlookupdHttpAddresses", lookupd)
+            .save()
+        )
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
