@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/spark_bench.py [--rows 500000] [--size 200] [--mode all|source|sink]
 
-Starts its own pynsqd (default flags, temporary data dir) unless --nsqd-tcp-address is given,
-and one SparkSession ``local[2]`` (as on the 2-core CI machine).
+Starts its own pynsqd (default flags, temporary data dir) and one SparkSession: ``local[2]`` (as
+on the 2-core CI machine), or with ``--master standalone`` a Spark standalone cluster of two
+one-core workers (executors in their own JVMs, as users run it), or ``--master both``: each in
+turn in one run, each with a fresh nsqd.
 
 Both are measured after a warm-up run of each (Python workers started, JVM JIT warm).
 
@@ -344,41 +346,37 @@ def bench_sink(
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=600_000)
-    ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=100_000, help="source maxMessagesPerBatch")
-    ap.add_argument("--mode", choices=["all", "source", "sink", "log"], default="all")
-    ap.add_argument("--nodes", type=int, default=1, help="log source: also run on this many nsqd")
-    ap.add_argument(
-        "--partitions",
-        default="1,2,4",
-        help="log source: tasks per batch to try (minPartitions), comma-separated",
-    )
-    ap.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--detail", action="store_true", help="print each source micro-batch's timings")
-    args = ap.parse_args()
-    global DETAIL
-    DETAIL = args.detail
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-    work = Path(tempfile.mkdtemp(prefix="nsq-spark-bench-"))
+def run_on(master: str, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Every benchmark of ``--mode`` on one Spark: ``local[2]``, or a standalone cluster of two
+    one-core workers started here (``tests/spark/standalone.py``) with the driver in this
+    process, in client mode. Each gets its own nsqd."""
     (work / "nsqd").mkdir()
     # Retention on: the log-mode source reads the topic's log (the channel source is unaffected).
     flags = ["--retention-time=1h", *args.nsqd_args.split()]
     proc, address, http = start_nsqd(work / "nsqd", flags)
     others: list[subprocess.Popen[bytes]] = []
+    cluster = None
     from pyspark.sql import SparkSession
 
     from pynsqd_spark import register
 
+    builder = SparkSession.builder.master(master)
+    if master == "standalone":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.spark.standalone import StandaloneCluster
+
+        cluster = StandaloneCluster(work / "spark", worker_memory="2g").start()
+        builder = (
+            SparkSession.builder.master(cluster.master_url)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.executor.memory", "1g")
+            .config("spark.executor.cores", "1")
+            .config("spark.cores.max", "2")
+            .config("spark.pyspark.python", sys.executable)
+        )
     spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
@@ -433,7 +431,50 @@ def main() -> None:
         for p in [proc, *others]:
             p.terminate()
             p.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
+        if cluster is not None:
+            cluster.stop()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=600_000)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=100_000, help="source maxMessagesPerBatch")
+    ap.add_argument("--mode", choices=["all", "source", "sink", "log"], default="all")
+    ap.add_argument("--nodes", type=int, default=1, help="log source: also run on this many nsqd")
+    ap.add_argument(
+        "--partitions",
+        default="1,2,4",
+        help="log source: tasks per batch to try (minPartitions), comma-separated",
+    )
+    ap.add_argument("--nsqd-args", default="", help="extra flags for the nsqd we start")
+    ap.add_argument(
+        "--master",
+        choices=["local[2]", "standalone", "both"],
+        default="local[2]",
+        help="Spark: local[2], a standalone cluster of two one-core workers started here, or "
+        "both in one run",
+    )
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--detail", action="store_true", help="print each source micro-batch's timings")
+    args = ap.parse_args()
+    global DETAIL
+    DETAIL = args.detail
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    base = Path(tempfile.mkdtemp(prefix="nsq-spark-bench-"))
+    masters = ["local[2]", "standalone"] if args.master == "both" else [args.master]
+    results: list[dict[str, Any]] = []
+    try:
+        for master in masters:
+            work = base / master.replace("[", "").replace("]", "")
+            work.mkdir()
+            results += [{"master": master, **r} for r in run_on(master, args, work)]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     for r in results:
         if args.json:
             print(json.dumps(r))
