@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import LongType, StructField, StructType
 
 from pynsqd.client import (
+    LogChunk,
     LogOffsetOutOfRange,
     NodeHTTPError,
     NsqError,
@@ -70,20 +71,26 @@ class NsqReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeLog:
-    """One node's log of the topic, as a survey found it. ``key`` is its identity, which the
-    query's offsets are keyed by: the node's storage id (``storage/identity.py``), whatever
-    address reached it; from a node too old to say, the address."""
+    """One log of the topic, as a survey found it. ``key`` is its identity, which the query's
+    offsets are keyed by: a node's storage id (``storage/identity.py``), whatever address
+    reached it (from a node too old to say, the address); for a replicated topic, the
+    partition (``<cluster>/<origin node id>``), which ``replicas`` serve (in-sync copies,
+    the leader first), each read with ``partition=``."""
 
     key: str
     address: str
     earliest: int
     latest: int
     instance: str = ""
+    partition: int | None = None
+    replicas: tuple[str, ...] = ()
 
 
-def node_offsets(node: str, opts: LogOptions, timestamp_ms: int | None = None) -> dict[str, Any]:
+def node_offsets(
+    node: str, opts: LogOptions, timestamp_ms: int | None = None, partition: int | None = None
+) -> dict[str, Any]:
     """``/topic/offsets`` of one node; raises NsqError with the node's own error text."""
-    return topic_offsets(node, opts.topic, opts.http, timestamp_ms)
+    return topic_offsets(node, opts.topic, opts.http, timestamp_ms, partition=partition)
 
 
 def discover(opts: LogOptions, *, strict: bool = False) -> list[str]:
@@ -109,13 +116,28 @@ def discover(opts: LogOptions, *, strict: bool = False) -> list[str]:
 def survey(
     opts: LogOptions, addresses: Iterable[str], *, strict: bool = False
 ) -> dict[str, NodeLog]:
-    """Each address's log of the topic, by identity: two addresses reaching one process count
-    once (the first), two processes answering with one storage id are refused. A node that
+    """Each log of the topic the addresses serve, by identity: two addresses reaching one
+    process count once (the first), two processes answering with one storage id are refused;
+    a replicated topic's partitions, each with the copies that can serve it. A node that
     cannot be asked (down, restarting) is logged and left out, unless ``strict``."""
     found: dict[str, NodeLog] = {}
-    for address in dict.fromkeys(addresses):
+    copies: dict[str, list[tuple[str, int, dict[str, Any]]]] = {}
+    todo = list(dict.fromkeys(addresses))
+    for address in todo:
         try:
             doc = node_offsets(address, opts)
+            held = doc.get("partitions")
+            if isinstance(held, list) and doc.get("cluster") is not None:
+                # The cluster's other nodes hold copies too: asked as well (one given node
+                # is enough to find them all; one that is down is logged and passed over).
+                nodes = doc.get("nodes")
+                if isinstance(nodes, dict):
+                    todo += [a for a in nodes.values() if isinstance(a, str) and a not in todo]
+                # Its own log is its own partition: keyed, like every copy, by partition.
+                for q in held:
+                    key = f"{doc['cluster']}/{int(q['partition'])}"
+                    copies.setdefault(key, []).append((address, int(doc["node_id"]), q))
+                continue
             here = NodeLog(
                 str(doc.get("storage_id") or address),
                 address,
@@ -123,7 +145,7 @@ def survey(
                 int(doc["latest"]),
                 str(doc.get("instance") or ""),
             )
-        except (NsqError, ConnectionError, ValueError, KeyError) as e:
+        except (NsqError, ConnectionError, ValueError, KeyError, TypeError) as e:
             if strict:
                 raise
             log.warning("nsq log source: %s", e)
@@ -137,7 +159,28 @@ def survey(
                 f"storage id {here.key} but are different processes (a copied data "
                 f"directory?): give each node its own --data-path"
             )
+    for key, entries in copies.items():
+        found[key] = _partition(key, entries)
     return found
+
+
+def _partition(key: str, entries: list[tuple[str, int, dict[str, Any]]]) -> NodeLog:
+    """A replicated partition from the copies found: readable up to the highest committed
+    offset (the leader's), from the copies its leader counts in sync (all found, when the
+    leader is not among them: it is down, or being replaced), the leader first."""
+    leaders = [e for e in entries if e[2].get("role") == "leader"]
+    leader = max(leaders, key=lambda e: int(e[2].get("epoch", 0))) if leaders else None
+    isr = {int(n) for n in leader[2].get("isr", [])} if leader is not None else None
+    usable = [e for e in entries if isr is None or e[1] in isr] or entries
+    usable.sort(key=lambda e: (e is not leader, -int(e[2]["committed"])))
+    return NodeLog(
+        key,
+        usable[0][0],
+        max(int(e[2]["earliest"]) for e in usable),
+        max(int(e[2]["committed"]) for e in usable),
+        partition=int(usable[0][2]["partition"]),
+        replicas=tuple(dict.fromkeys(e[0] for e in usable)),
+    )
 
 
 def _rekey(offsets: Mapping[str, int], logs: Mapping[str, NodeLog]) -> dict[str, int]:
@@ -185,58 +228,87 @@ def _retrying(address: str, key: str, opts: LogOptions, what: str) -> Iterator[f
 
 
 def fetch(
-    node: str, opts: LogOptions, start: int, end: int, key: str = ""
+    node: str,
+    opts: LogOptions,
+    start: int,
+    end: int,
+    key: str = "",
+    replicas: tuple[str, ...] = (),
+    partition: int | None = None,
 ) -> Iterator[tuple[int, int, bytes, int, bytes]]:
-    """Records ``[start, end)`` of one node: (offset, timestamp ns, id, attempts, body).
-    A node that does not answer (restarting) is tried again for ``readRetryTimeoutMs``; one
-    that answers with another log than ``key`` is an error. Records pruned before ``start``
-    was read raise ``NsqDataLoss`` (or, without ``failOnDataLoss``, are skipped and logged)."""
+    """Records ``[start, end)`` of one log: (offset, timestamp ns, id, attempts, body), read
+    at ``node`` or, for a replicated partition, at the first of ``replicas`` that has them
+    committed. A node that does not answer (restarting) is tried again, after the other
+    copies, for ``readRetryTimeoutMs``; one that answers with another log than ``key`` is an
+    error. Records pruned before ``start`` was read raise ``NsqDataLoss`` (or, without
+    ``failOnDataLoss``, are skipped and logged)."""
+    candidates = list(dict.fromkeys([node, *replicas]))
     offset = start
     while offset < end:
         what = f"offsets {offset}-{end - 1}"
-        last: Exception | None = None
+        chunk: LogChunk | None = None
+        errors: list[str] = []
         for waited in _retrying(node, key or node, opts, what):
-            if last is not None:
+            if errors:
                 log.warning(
                     "nsq log source: nsqd %s topic %s: %s: retrying (%.1fs so far) - %s",
                     node,
                     opts.topic,
                     what,
                     waited,
-                    last,
+                    "; ".join(errors),
                 )
-            try:
-                chunk = read_log(
-                    node,
-                    opts.topic,
-                    offset,
-                    opts.http,
-                    max_messages=end - offset,
-                    max_bytes=_READ_BYTES,
-                )
+            errors = []
+            for i, address in enumerate(candidates):
+                last = i == len(candidates) - 1
+                try:
+                    got = read_log(
+                        address,
+                        opts.topic,
+                        offset,
+                        opts.http,
+                        max_messages=end - offset,
+                        max_bytes=_READ_BYTES,
+                        partition=partition,
+                    )
+                except ConnectionError as e:
+                    errors.append(str(e))
+                    continue
+                except NodeHTTPError as e:
+                    if e.status < 500 and partition is None:
+                        raise
+                    errors.append(str(e))  # a copy that lost the partition: another has it
+                    continue
+                except LogOffsetOutOfRange as e:
+                    if e.earliest <= offset:
+                        if not last:
+                            errors.append(str(e))
+                            continue
+                        raise
+                    if not last:  # pruned here: another copy may still have them
+                        errors.append(str(e))
+                        continue
+                    message = (
+                        f"nsq log source: nsqd {address} topic {opts.topic}: offsets {offset}-"
+                        f"{min(e.earliest, end) - 1} were removed by retention before they "
+                        f"were read"
+                    )
+                    if opts.fail_on_data_loss:
+                        raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
+                    log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
+                    offset = e.earliest
+                    break
+                if partition is not None and got.next <= offset:
+                    # This copy has not learnt yet that the range is committed: another may.
+                    errors.append(f"nsqd {address} has committed less than offset {offset + 1}")
+                    continue
+                chunk = got
                 break
-            except ConnectionError as e:
-                last = e
-            except NodeHTTPError as e:
-                if e.status < 500:
-                    raise
-                last = e
-            except LogOffsetOutOfRange as e:
-                if e.earliest <= offset:
-                    raise
-                message = (
-                    f"nsq log source: nsqd {node} topic {opts.topic}: offsets {offset}-"
-                    f"{min(e.earliest, end) - 1} were removed by retention before they were read"
-                )
-                if opts.fail_on_data_loss:
-                    raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
-                log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
-                offset = e.earliest
-                chunk = None
+            if chunk is not None or not errors:
                 break
         if chunk is None:
-            continue
-        if key and chunk.storage_id and chunk.storage_id != key:
+            continue  # records skipped (failOnDataLoss=false): from the new offset
+        if partition is None and key and chunk.storage_id and chunk.storage_id != key:
             raise NsqLogIdentityError(
                 f"nsq log source: nsqd {node} topic {opts.topic}: the node there now has "
                 f"storage id {chunk.storage_id}, the range was planned on {key}"
@@ -262,30 +334,47 @@ def fetch(
 
 
 class LogPartition(InputPartition):
-    """One task: records ``[start, end)`` of one node's log (``key``), read at ``node``."""
+    """One task: records ``[start, end)`` of one log (``key``), read at ``node`` (or, for a
+    replicated partition, at another of ``replicas`` if it cannot be)."""
 
-    def __init__(self, node: str, start: int, end: int, key: str = "") -> None:
+    def __init__(
+        self,
+        node: str,
+        start: int,
+        end: int,
+        key: str = "",
+        replicas: tuple[str, ...] = (),
+        partition: int | None = None,
+    ) -> None:
         super().__init__((key or node, node, start, end))
         self.node, self.start, self.end, self.key = node, start, end, key or node
+        self.replicas, self.partition = replicas, partition
 
 
 def split(
     start: Mapping[str, int],
     end: Mapping[str, int],
     tasks: int,
-    where: Mapping[str, str] | None = None,
+    logs: Mapping[str, NodeLog] | None = None,
 ) -> list[LogPartition]:
-    """Each log's range in up to ``tasks / logs`` (at least one) equal parts; ``where`` says
-    which address reads each log (by default the key is the address)."""
-    where = where or {}
+    """Each log's range in up to ``tasks / logs`` (at least one) equal parts; ``logs`` says
+    where each is read (by default the key is the address). A replicated partition's parts
+    start on its copies in turn, spreading the reads."""
+    logs = logs or {}
     keys = [n for n in end if end[n] > start.get(n, 0)]
     per = max(1, tasks // max(1, len(end)))
     out: list[LogPartition] = []
     for k in keys:
         lo, hi = start.get(k, 0), end[k]
         step = -(-(hi - lo) // per)
-        node = where.get(k, k)
-        out += [LogPartition(node, a, min(a + step, hi), k) for a in range(lo, hi, step)]
+        n = logs.get(k)
+        for i, a in enumerate(range(lo, hi, step)):
+            if n is None:
+                out.append(LogPartition(k, a, min(a + step, hi), k))
+                continue
+            copies = n.replicas or (n.address,)
+            first = copies[i % len(copies)]
+            out.append(LogPartition(first, a, min(a + step, hi), k, copies, n.partition))
     return out
 
 
@@ -312,7 +401,8 @@ def read_partition(p: LogPartition, opts: LogOptions) -> Iterator[Any]:
             v.clear()
         return out
 
-    for offset, ts, msg_id, attempts, body in fetch(p.node, opts, p.start, p.end, p.key):
+    rows = fetch(p.node, opts, p.start, p.end, p.key, p.replicas, p.partition)
+    for offset, ts, msg_id, attempts, body in rows:
         cols["body"].append(body)
         cols["id"].append(msg_id.decode("ascii", "replace"))
         cols["ts"].append(ts // 1000)
@@ -333,7 +423,7 @@ def resolve_start(opts: LogOptions) -> tuple[dict[str, int], dict[str, NodeLog]]
     out: dict[str, int] = {}
     for key, n in logs.items():
         if opts.starting_timestamp_ms is not None:
-            at = node_offsets(n.address, opts, opts.starting_timestamp_ms)
+            at = node_offsets(n.address, opts, opts.starting_timestamp_ms, n.partition)
             out[key] = int(at["offset"])
             continue
         want = opts.starting if isinstance(opts.starting, str) else wanted.get(key, -2)
@@ -352,23 +442,27 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Trigger.AvailableNow: each log's latest offset when the query started; batches
         # (still bounded by maxOffsetsPerTrigger) never go past it, so the query ends.
         self._target: dict[str, int] | None = None
-        #: Where each log (by identity) was last found.
-        self._where: dict[str, str] = {}
+        #: Each log (by identity) as last found: where to read it.
+        self._logs: dict[str, NodeLog] = {}
 
     def _survey(self, start: Mapping[str, int] | None = None) -> dict[str, NodeLog]:
         """The logs found now: through the given nodes and nsqlookupd, and where the logs the
         query already reads were last found (a node lookupd no longer lists)."""
-        known = [self._where[k] for k in start or {} if k in self._where]
+        known = [a for k in start or {} if k in self._logs for a in self._addresses(k)]
         logs = survey(self.opts, discover(self.opts) + known)
-        self._where.update({k: n.address for k, n in logs.items()})
+        self._logs.update(logs)
         return logs
+
+    def _addresses(self, key: str) -> tuple[str, ...]:
+        n = self._logs[key]
+        return n.replicas or (n.address,)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {k: n.latest for k, n in self._survey().items()}
 
     def initialOffset(self) -> dict[str, int]:
         start, logs = resolve_start(self.opts)
-        self._where.update({k: n.address for k, n in logs.items()})
+        self._logs.update(logs)
         return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -411,7 +505,7 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         start = _rekey(start, {})
-        missing = [k for k in end if k not in self._where]
+        missing = [k for k in end if k not in self._logs]
         if missing:  # a driver restarted from its checkpoint: where are they now?
             self._survey()
         start = {k: v for k, v in start.items() if k in end}
@@ -419,7 +513,7 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if k not in start:  # a log new to the query: from its earliest offset
                 n = self._survey().get(k)
                 start[k] = min(end[k], n.earliest if n is not None else end[k])
-        return list(split(start, end, self.opts.min_partitions, self._where))
+        return list(split(start, end, self.opts.min_partitions, self._logs))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         # An empty range plans no partitions, and Spark then runs one task with
@@ -444,8 +538,7 @@ class NsqLogBatchReader(DataSourceReader):
             end = {k: ending.get(k, start[k]) for k in start}
         else:
             raise NsqOptionError("option 'endingOffsets' cannot be 'earliest'")
-        where = {k: n.address for k, n in logs.items()}
-        self._parts = split(start, end, opts.min_partitions, where)
+        self._parts = split(start, end, opts.min_partitions, logs)
 
     def partitions(self) -> list[InputPartition]:
         return list(self._parts)

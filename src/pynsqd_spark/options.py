@@ -386,7 +386,9 @@ def _offsets_option(
             f"option {name!r} must be 'earliest', 'latest' or JSON {{\"host:port\": offset}}"
             f" (-2 earliest, -1 latest), got {v!r}"
         ) from None
-    stray = sorted(set(doc) - set(nodes))
+    # Nodes are named by address; a log may also be named by its storage id, a replicated
+    # topic's partition by ``<cluster>/<origin>``.
+    stray = sorted(k for k in set(doc) - set(nodes) if ":" in k and "/" not in k)
     if stray and nodes:
         raise NsqOptionError(f"option {name!r} names nodes not in 'nsqdHttpAddresses': {stray}")
     return {str(k): int(n) for k, n in doc.items()}

@@ -228,7 +228,12 @@ def _node_get(node: str, path: str, query: dict[str, str], opts: ClientOptions) 
 
 
 def topic_offsets(
-    node: str, topic: str, opts: ClientOptions, timestamp_ms: int | None = None
+    node: str,
+    topic: str,
+    opts: ClientOptions,
+    timestamp_ms: int | None = None,
+    *,
+    partition: int | None = None,
 ) -> dict[str, Any]:
     """``GET /topic/offsets`` of a replayable topic on one node (``earliest``, ``latest``;
     with ``timestamp_ms``, ``offset``: the first published at or after it). Raises
@@ -236,6 +241,8 @@ def topic_offsets(
     query = {"topic": topic}
     if timestamp_ms is not None:
         query["timestamp"] = str(timestamp_ms)
+    if partition is not None:
+        query["partition"] = str(partition)
     status, _, body = _node_get(node, "/topic/offsets", query, opts)
     if status != 200:
         raise NodeHTTPError(node, status, body.decode(errors="replace"))
@@ -253,6 +260,7 @@ def read_log(
     *,
     max_messages: int = 10_000,
     max_bytes: int = 16 << 20,
+    partition: int | None = None,
 ) -> LogChunk:
     """One ``GET /topic/log`` from ``offset``: its records, each checksum checked. Raises
     LogOffsetOutOfRange, NodeHTTPError, NsqError (a damaged record), ConnectionError."""
@@ -262,6 +270,8 @@ def read_log(
         "max_messages": str(max_messages),
         "max_bytes": str(max_bytes),
     }
+    if partition is not None:  # a replicated topic: this node's copy of that partition
+        query["partition"] = str(partition)
     status, headers, body = _node_get(node, "/topic/log", query, opts)
     if status == 400 and b"OFFSET_OUT_OF_RANGE" in body:
         doc = jsonbound.loads(body)

@@ -36,6 +36,7 @@ __all__ = ["ClusterState", "Keys", "Membership", "decode_isr", "encode_isr", "re
 
 log = logging.getLogger(LOGGER_NAME)
 
+
 @dataclass(frozen=True)
 class Keys:
     """The cluster's key layout in etcd."""

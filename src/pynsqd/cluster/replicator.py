@@ -335,6 +335,14 @@ class Replicator:
     def settings_for(self, topic: str) -> ReplicationSettings | None:
         return self.state.settings.get(topic)
 
+    def node_addresses(self) -> dict[str, str]:
+        """Every registered node's HTTP address, by node id (as etcd holds them)."""
+        return {
+            str(n): str(info["http"])
+            for n, info in sorted(self.state.nodes.items())
+            if isinstance(info.get("http"), str)
+        }
+
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds."""
         out = []
@@ -355,6 +363,7 @@ class Replicator:
                     "isr": [m[0] for m in p.isr],
                     "replicas": p.replicas,
                     "committed": p.hw,
+                    "earliest": p.log.earliest,
                     "latest": p.log.latest,
                     "follower_lag": lags,
                 }

@@ -3,7 +3,10 @@
 - ``GET /topic/offsets?topic=T[&timestamp=<unix ms>]``: earliest and latest (next to be written)
   offsets, log size and segments, retention, and which log it is (``storage_id``: the data
   directory's, whatever address reached it; ``instance``: this process's); with ``timestamp``,
-  ``offset`` is the first offset published at or after it.
+  ``offset`` is the first offset published at or after it. For a replicated topic also
+  ``cluster``, ``node_id``, ``partitions`` (those this node holds, each with its role,
+  leader, in-sync set, earliest, committed and latest offsets) and ``nodes`` (every live
+  node's HTTP address by id: where the other copies are).
 - ``GET /topic/log?topic=T&offset=N[&max_messages=M][&max_bytes=B]``: the records from N on,
   as stored (``storage/topiclog.py`` documents the framing), streamed with a Content-Length; the
   ``X-Nsq-*`` headers give the first offset, the next offset to ask for, the count, earliest,
@@ -166,6 +169,15 @@ class ReplayAPI:
         doc = self._describe(name, topic_log)
         if params.get("timestamp") is not None:
             doc["offset"] = topic_log.offset_for_time(_uint(params, "timestamp") * 1_000_000)
+        replication = self.nsqd.replication
+        held = replication.describe(name) if replication is not None else []
+        if replication is not None and held and partition_id(params) is None:
+            # A replicated topic: which partitions this node holds, and how far each is
+            # committed (a reader keys them by partition and reads any in-sync copy).
+            doc["cluster"] = self.nsqd.opts.cluster_name
+            doc["node_id"] = self.nsqd.opts.node_id
+            doc["partitions"] = held
+            doc["nodes"] = replication.node_addresses()
         return doc
 
     async def read(self, request: BaseRequest, params: Params) -> Any:

@@ -1,0 +1,127 @@
+"""Log mode on a replicated topic (real Spark local[2], real etcd, three pynsqd nodes): offsets
+keyed by partition, not by node; each range read from any in-sync copy; a leader killed
+mid-query changes nothing the query writes (exactly-once into a file sink)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.client.connection import Connection
+from pynsqd_spark.log_source import fetch
+from pynsqd_spark.options import LogOptions
+
+from ..integration.replication_harness import Cluster, Etcd, wait_leader
+from ..integration.test_replication import replicate, wait_in_sync
+
+TOPIC = "orders"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    etcd = Etcd(tmp_path)
+    try:
+        c = Cluster(tmp_path, etcd, 3)
+        try:
+            replicate(c, TOPIC)
+            yield c
+        finally:
+            c.stop()
+    finally:
+        etcd.stop()
+
+
+def publish(cluster: Cluster, prefix: str, count: int) -> list[bytes]:
+    """``count`` bodies to each live node (its own partition), each MPUB acknowledged (acks=all:
+    on every in-sync copy)."""
+    out = []
+    for n in cluster.live():
+        assert n.proc is not None
+        bodies = [b"%s-%d-%05d" % (prefix.encode(), n.node_id, i) for i in range(count)]
+        with Connection(f"127.0.0.1:{n.proc.port}").connect() as c:
+            for i in range(0, count, 500):
+                c.mpub(TOPIC, bodies[i : i + 500])
+        out += bodies
+    return out
+
+
+def http_addresses(cluster: Cluster) -> str:
+    return ",".join(f"127.0.0.1:{n.proc.http_port}" for n in cluster.live() if n.proc)
+
+
+def test_partitions_are_read_once_from_any_copy(spark: Any, cluster: Cluster) -> None:
+    """Three nodes each hold all three partitions: given one node, a batch read finds the
+    others through it and reads each partition once (keyed ``test/<origin>``), its tasks
+    spread over the copies."""
+    want = publish(cluster, "a", 1000)
+    one = cluster.node(2)
+    assert one.proc is not None
+    df = (
+        spark.read.format("nsq")
+        .option("mode", "log")
+        .option("topic", TOPIC)
+        .option("nsqdHttpAddresses", f"127.0.0.1:{one.proc.http_port}")
+        .option("minPartitions", "9")
+        .load()
+    )
+    rows = df.select("body", "nsqd_address").collect()
+    assert sorted(r.body for r in rows) == sorted(want)
+    assert len({r.nsqd_address for r in rows}) == 3  # reads spread over the copies
+
+
+def test_a_range_is_read_from_another_copy_when_the_leader_is_gone(cluster: Cluster) -> None:
+    want = publish(cluster, "b", 700)
+    leader = cluster.node(1)
+    assert leader.proc is not None
+    first = f"127.0.0.1:{leader.proc.http_port}"
+    copies = tuple(f"127.0.0.1:{n.proc.http_port}" for n in cluster.nodes if n.proc)
+    leader.kill()
+    opts = LogOptions.parse({"topic": TOPIC, "nsqdHttpAddresses": first})
+    got = [r[4] for r in fetch(first, opts, 0, 700, "test/1", copies, 1)]
+    assert got == [b for b in want if b.startswith(b"b-1-")]
+
+
+def test_a_stream_goes_on_across_a_leader_kill_exactly_once(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    want = publish(cluster, "c", 900)
+    addresses = http_addresses(cluster)  # node 1 comes back elsewhere: its copies are found
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = (
+        spark.readStream.format("nsq")
+        .option("mode", "log")
+        .option("topic", TOPIC)
+        .option("nsqdHttpAddresses", addresses)
+        .option("maxOffsetsPerTrigger", "600")
+        .load()
+    )
+    query = (
+        df.select("offset", "body")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        ends = json.loads(query.lastProgress["sources"][0]["endOffset"])
+        assert sorted(ends) == ["test/1", "test/2", "test/3"]  # keyed by partition
+        want += publish(cluster, "d", 500)
+        cluster.node(1).kill()  # the leader of partition 1, with 500 records not yet read
+        assert wait_leader(cluster, TOPIC, 1)["node"] != 1
+        query.processAllAvailable()
+        assert query.exception() is None
+        cluster.node(1).start()
+        wait_in_sync(cluster, TOPIC, 1)
+        want += publish(cluster, "e", 300)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    got = [r.body for r in spark.read.parquet(str(out)).collect()]
+    twice = [b for b, k in Counter(got).items() if k > 1]
+    assert twice == [] and sorted(got) == sorted(want), f"{len(set(want) - set(got))} missing"
