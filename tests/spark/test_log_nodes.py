@@ -224,20 +224,20 @@ def test_a_read_rides_out_a_node_restarting_and_gives_up_naming_the_range(
         f"--http-address=127.0.0.1:{http}",
     )
     node = NsqdProcess(tmp_path / "n", *fixed)
-    node.publish("t", [b"k%04d" % i for i in range(3000)])
-    key = storage_id(node)
-    node.proc.kill()
-    node.proc.wait()
-    node.stop()
-    opts = LogOptions.parse({"topic": "t", "nsqdHttpAddresses": node.http_address})
     watcher = _Waiting()
     logger = logging.getLogger("pynsqd_spark.log")
     logger.addHandler(watcher)
-    got: list[int] = []
-    reader = threading.Thread(
-        target=lambda: got.extend(r[0] for r in fetch(node.http_address, opts, 0, 3000, key))
-    )
     try:
+        node.publish("t", [b"k%04d" % i for i in range(3000)])
+        key = storage_id(node)
+        node.proc.kill()
+        node.proc.wait()
+        node.stop()
+        opts = LogOptions.parse({"topic": "t", "nsqdHttpAddresses": node.http_address})
+        got: list[int] = []
+        reader = threading.Thread(
+            target=lambda: got.extend(r[0] for r in fetch(node.http_address, opts, 0, 3000, key))
+        )
         reader.start()
         assert watcher.retrying.wait(30), "the reader never saw the node down"
         node = NsqdProcess(tmp_path / "n", *fixed)
