@@ -38,7 +38,7 @@ from .replication_harness import (
     power_loss,
     wait_leader,
 )
-from .test_crash_safety import NSQD
+from .test_crash_safety import NSQD, fill, tmpfs
 
 TOPIC = "orders"
 
@@ -807,3 +807,54 @@ def _led_elsewhere(cluster: Cluster, victim: Node) -> bool:
         if n is not victim
         for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
     )
+
+
+def test_a_follower_on_a_full_disk_leaves_the_in_sync_set_and_rejoins(tmp_path: Path) -> None:
+    """Node 3's disk fills: its appends of partition 1 fail, it leaves partition 1's in-sync
+    set, which goes on committing on nodes 1 and 2 (min_insync 2); it says so in one line per
+    outage, not a line per fetch, and no traceback. With space back it catches up and rejoins,
+    byte-identical, and nothing acknowledged is lost."""
+    etcd = Etcd(tmp_path)
+    try:
+        with tmpfs(tmp_path / "node3", "size=24m") as disk:
+            cluster = Cluster(tmp_path, etcd, 3, "--replica-lag-max=2s")
+            try:
+                replicate(cluster, min_insync=2)
+                leader = cluster.node(1)
+                assert leader.proc is not None
+                conn = Connection(f"127.0.0.1:{leader.proc.port}").connect()
+                acked: list[bytes] = []
+
+                def publish(n: int) -> None:
+                    for _ in range(n):
+                        batch = [b"f%06d" % (len(acked) + i) + b"x" * 500 for i in range(100)]
+                        conn.mpub(TOPIC, batch)
+                        acked.extend(batch)
+
+                publish(20)
+                filler = fill(disk)
+                publish(100)  # acknowledged while node 3 cannot append them
+                wait_in_sync(cluster, TOPIC, 1, size=2)
+                publish(20)
+                third = cluster.node(3).log.read_text()
+                assert "Traceback" not in third
+                assert third.count("appending at offset") == 1, "one line, not one per fetch"
+                assert "fetch from" not in third, "the stream was torn down and opened again"
+                filler.unlink()
+                wait_in_sync(cluster, TOPIC, 1)
+                assert "appending again" in cluster.node(3).log.read_text()
+                publish(20)
+                conn.close()
+                p = cluster.partition(TOPIC, 1)
+                assert p is not None and p["committed"] == len(acked)
+                wait_for(
+                    lambda: (
+                        len({partition_digest(cluster, TOPIC, 1, n) for n in cluster.nodes}) == 1
+                    ),
+                    "every copy of partition 1 byte-identical",
+                )
+                assert [r[2] for r in cluster.read_partition(TOPIC, 1, cluster.node(3))] == acked
+            finally:
+                cluster.stop()
+    finally:
+        etcd.stop()

@@ -38,6 +38,8 @@ FETCH_WAIT_MS = 500
 FETCH_MAX_BYTES = 4 << 20
 #: After a refusal (not or no longer the leader), the next try waits about one tick.
 RETRY_AFTER = 0.25
+#: After a failed append (a full disk), the same fetch again after this, doubling up to 2 s.
+APPEND_RETRY = 0.1
 #: A fetch not answered this long after its wait is over: the leader is gone or paused.
 ANSWER_GRACE = 5.0
 #: Seconds a closing stream waits for the leader's close (a paused leader answers none).
@@ -136,6 +138,8 @@ class Following:
         """One fetch at a time on the stream. Raises on a broken stream (opened again)."""
         tlog = p.log
         loop = asyncio.get_running_loop()
+        #: Appends failed in a row (a full disk): one line when it starts, one when it ends.
+        failed = 0
         while self._following(p, epoch):
             req = FetchRequest(
                 offset=tlog.latest,
@@ -194,6 +198,29 @@ class Following:
                 )
                 await asyncio.sleep(0.5)
                 continue
+            except OSError as err:
+                # Nothing of the batch was kept (append_raw takes a short write back): the same
+                # fetch again, backing off, while this copy falls behind and leaves the in-sync
+                # set; the stream stays open.
+                if not failed:
+                    log.error(
+                        "CLUSTER: partition %s: appending at offset %d failed - %s; retrying "
+                        "(this copy falls out of the in-sync set until it can append)",
+                        p.name,
+                        tlog.latest,
+                        err,
+                    )
+                failed += 1
+                await asyncio.sleep(min(APPEND_RETRY * 2 ** min(failed - 1, 5), 2.0))
+                continue
+            if failed and answer.records:
+                log.info(
+                    "CLUSTER: partition %s: appending again at offset %d after %d failed tries",
+                    p.name,
+                    tlog.latest,
+                    failed,
+                )
+                failed = 0
             if p.settings.durability == "fsync":
                 job = tlog.fsync_fd()
                 if job is not None:
