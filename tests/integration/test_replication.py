@@ -858,3 +858,37 @@ def test_a_follower_on_a_full_disk_leaves_the_in_sync_set_and_rejoins(tmp_path: 
                 cluster.stop()
     finally:
         etcd.stop()
+
+
+def test_every_in_sync_member_down_keeps_the_partition_offline_until_one_returns(
+    cluster: Cluster,
+) -> None:
+    """min_insync=1: with nodes 2 and 3 down, node 1 commits alone (its in-sync set is {1}),
+    then dies too. Nodes 2 and 3 come back without what node 1 acknowledged: they must not
+    lead partition 1 (an unclean election would lose those records); it stays offline, saying
+    so, until node 1 returns, and then every acknowledged record is there."""
+    replicate(cluster, min_insync=1)
+    one, two, three = cluster.nodes
+    two.kill()
+    three.kill()
+    wait_for(
+        lambda: (cluster.partition(TOPIC, 1) or {}).get("isr") == [1], "partition 1 in sync {1}"
+    )
+    assert one.proc is not None
+    with Connection(f"127.0.0.1:{one.proc.port}").connect() as conn:
+        alone = [b"alone%d" % i for i in range(200)]
+        conn.mpub(TOPIC, alone)  # acknowledged: committed on the in-sync set, node 1 alone
+    one.kill()
+    two.start()
+    three.start()
+    wait_for(lambda: "partition orders/1: offline" in two.log.read_text(), "node 2 says so")
+    assert cluster.partition(TOPIC, 1) is None  # nobody leads it
+    one.start()
+    p = wait_leader(cluster, TOPIC, 1)
+    assert p["node"] == 1
+    assert [r[2] for r in cluster.read_partition(TOPIC, 1, one)] == alone
+    wait_in_sync(cluster, TOPIC, 1)
+    wait_for(
+        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == alone,
+        "node 2's copy",
+    )

@@ -93,6 +93,8 @@ class Replicator:
         )
         self.following = Following(self.member)
         self._leaderless_since: dict[tuple[str, int], float] = {}
+        #: Leaderless partitions with no live in-sync member (said once per outage).
+        self._offline: set[tuple[str, int]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         #: The cluster's state has been read once: until then no retained topic is known
         #: unreplicated (``gate``).
@@ -241,8 +243,19 @@ class Replicator:
                 rank = 0 if p.is_origin else 1 + p.isr.index(me)
                 if self.now() - since >= rank * RANK_DELAY:
                     await self.leading.campaign(p)
+            elif key not in self._offline and not any(self.state.live(m) for m in p.isr):
+                # No unclean election: a copy outside the in-sync set may lack what was
+                # acknowledged. The partition waits for one of them to come back.
+                self._offline.add(key)
+                log.warning(
+                    "CLUSTER: partition %s: offline - no member of its in-sync set %s is alive; "
+                    "it waits for one (this copy, not in it, may lack acknowledged records)",
+                    p.name,
+                    [m[0] for m in p.isr],
+                )
             return
         self._leaderless_since.pop(key, None)
+        self._offline.discard(key)
         info = leader.json()
         mine = int(info.get("node", -1)) == self.node_id
         if mine and leader.mod_revision == p.epoch and p.role is Role.LEADER:
