@@ -165,6 +165,14 @@ def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
     info = n.json("GET", "/info")
     assert info["node_id"] == 1 and info["cluster"]["name"] == "test"
     assert "replicated-topics" in info["features"] and info["cluster"]["nodes"] == [1, 2, 3]
+    # Its partitions are placed: their number of copies is fixed (turning replication off, or
+    # moving copies, is not built): refused with the reason, the settings as they were.
+    for replicas in (1, 2):
+        status, body = n.http("POST", f"/topic/replication?topic=t&replicas={replicas}")
+        assert status == 400 and b"REPLICAS_FIXED" in body and b"from 3" in body, body
+    doc = n.json("GET", "/topic/replication?topic=t")
+    assert (doc["replicas"], doc["min_insync"]) == (3, 2)
+    assert n.http("POST", "/topic/replication?topic=t&replicas=3&min_insync=3")[0] == 200
 
 
 def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster) -> None:

@@ -37,7 +37,7 @@ from .follower import Following
 from .leader import Leading
 from .membership import ClusterState, Membership, decode_isr, encode_isr, rendezvous
 from .partition import Partition, Role
-from .settings import ReplicationSettings
+from .settings import ReplicationSettings, SettingsError
 
 __all__ = ["PublishRefused", "ReplicaHost", "Replicator"]
 
@@ -341,6 +341,16 @@ class Replicator:
         EtcdError."""
         base = self.state.settings.get(topic, self.defaults)
         settings = ReplicationSettings.parse(get, base)
+        placed = any(name == topic for name, _ in self.state.parts)
+        if placed and base.replicated and settings.replicas != base.replicas:
+            # Copies are placed when a partition is made; adding, moving or dropping them
+            # (turning replication off) is not built: refused rather than half-done.
+            raise SettingsError(
+                "REPLICAS_FIXED",
+                f"topic {topic}'s partitions are placed with {base.replicas} copies: replicas "
+                f"cannot change from {base.replicas} to {settings.replicas} (min_insync, acks "
+                f"and durability can)",
+            )
         await self.member.etcd.put(self.member.keys.topic(topic), settings.encode())
         await self._refresh()
         return settings
