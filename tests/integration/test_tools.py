@@ -3,15 +3,25 @@ directly and through a real nsqlookupd."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from queue import Queue
+from typing import IO
 
 import pytest
 
+from pynsqd.client import Connection
+
 from ..conftest import ServerThread
+from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
+from .replication_harness import free_port
+from .test_crash_safety import Proc
 
 BIN = Path(sys.executable).parent
 
@@ -173,3 +183,139 @@ def test_nsq_to_file_writes_gzip_files_and_fins_after_sync(
     assert [f.name for f in work.iterdir()] == []  # every file moved out of the work dir
     lines = b"".join(gzip.decompress(f.read_bytes()) for f in files).splitlines()
     assert sorted(lines) == sorted(b"line %d" % i for i in range(500))
+
+
+class Lines:
+    """A child's output, line by line, read on a thread (so a test waits on what it printed)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.lines: Queue[bytes] = Queue()
+        self.seen: list[bytes] = []
+        self.stream = stream
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """After the child exited: the rest read, the pipe closed."""
+        self.thread.join(10)
+        self.stream.close()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self.lines.put(line)
+
+    def take(self, n: int, timeout: float = 30) -> list[bytes]:
+        got = [self.lines.get(timeout=timeout) for _ in range(n)]
+        self.seen += got
+        return got
+
+    def until(self, text: bytes, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.seen):
+            self.seen.append(self.lines.get(timeout=max(0.01, deadline - time.monotonic())))
+
+
+def _tool_command(name: str) -> list[str]:
+    path = BIN / name
+    return [str(path)] if path.exists() else [sys.executable, "-m", f"pynsqd.tools.{name}"]
+
+
+def test_nsq_tail_waits_for_the_topic_and_rides_out_a_node_restart(tmp_path: Path) -> None:
+    """Like go-nsq's consumer: a topic nobody has yet is waited for (it exited: "no nsqd has
+    topic"), a node killed and restarted is connected again (it exited: "connection closed"),
+    and a node that comes back at new ports is found through nsqlookupd."""
+    lookupd = LookupdThread()
+    host, port = lookupd.tcp_address
+    flags = (f"--lookupd-tcp-address={host}:{port}", "--broadcast-address=127.0.0.1")
+    (tmp_path / "data").mkdir()
+    node = Proc(tmp_path / "data", tmp_path / "nsqd.log", *flags)
+    tail = subprocess.Popen(
+        [
+            *_tool_command("nsq_tail"),
+            "--topic=late",
+            "--channel=c",
+            f"--lookupd-http-address={lookupd.http_url.removeprefix('http://')}",
+            "--lookupd-poll-interval=100ms",
+            "--n=20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert tail.stdout is not None and tail.stderr is not None
+    out, err = Lines(tail.stdout), Lines(tail.stderr)
+    try:
+        err.until(b"no nsqd has topic late yet")
+        with Connection(f"127.0.0.1:{node.port}").connect() as c:
+            c.mpub("late", [b"a%d" % i for i in range(10)])
+        assert sorted(out.take(10)) == sorted(b"a%d\n" % i for i in range(10))
+        node.p.kill()
+        node.p.wait()
+        node.log_file.close()
+        err.until(b"connection closed")
+        node = Proc(tmp_path / "data", tmp_path / "nsqd.log", *flags)  # at new ports
+        with Connection(f"127.0.0.1:{node.port}").connect() as c:
+            c.mpub("late", [b"b%d" % i for i in range(10)])
+        assert sorted(out.take(10)) == sorted(b"b%d\n" % i for i in range(10))
+        assert tail.wait(30) == 0
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+        tail.wait()
+        out.close()
+        err.close()
+        node.p.kill()
+        node.p.wait()
+        node.log_file.close()
+        lookupd.stop()
+
+
+def test_nsq_to_file_rides_out_a_node_restart_and_loses_nothing(tmp_path: Path) -> None:
+    """A node restarted under ``nsq_to_file`` (given directly, on fixed ports): it connects
+    again and goes on (it exited, rc 1); every message is in the files once it is FIN'd (a
+    message written but not FIN'd before the kill comes again: at-least-once)."""
+    tcp, http_port = free_port(), free_port()
+    fixed = (f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http_port}")
+    (tmp_path / "data").mkdir()
+    node = Proc(tmp_path / "data", tmp_path / "nsqd.log", *fixed, "--mem-queue-size=0")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            *_tool_command("nsq_to_file"),
+            "--topic=t",
+            f"--nsqd-tcp-address=127.0.0.1:{tcp}",
+            f"--output-dir={out}",
+            "--sync-interval=50ms",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    want = [b"m%04d" % i for i in range(600)]
+
+    def written() -> set[bytes]:
+        return {line for f in out.glob("*.log") for line in f.read_bytes().splitlines()}
+
+    assert proc.stderr is not None
+    err = Lines(proc.stderr)
+    try:
+        with Connection(f"127.0.0.1:{tcp}").connect() as c:
+            c.mpub("t", want[:300])
+        wait_for(lambda: written() >= set(want[:300]), "the first 300 written")
+        node.p.kill()  # kill -9: on disk (--mem-queue-size=0), what was not FIN'd comes again
+        node.p.wait()
+        node.log_file.close()
+        err.until(b"connection closed")
+        node = Proc(tmp_path / "data", tmp_path / "nsqd.log", *fixed, "--mem-queue-size=0")
+        err.until(b"connected to nsqd again")
+        with Connection(f"127.0.0.1:{tcp}").connect() as c:
+            c.mpub("t", want[300:])
+        wait_for(lambda: written() >= set(want), "all 600 written")
+        assert proc.poll() is None  # it went on
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        err.close()
+        node.p.kill()
+        node.p.wait()
+        node.log_file.close()
+    assert proc.returncode == 0
+    assert written() == set(want)

@@ -2,7 +2,9 @@
 
 It subscribes to an ``#ephemeral`` channel of its own (unless ``--channel`` is given) on every
 ``--nsqd-tcp-address``, or on every node ``--lookupd-http-address`` lists for the topic, and
-writes each message body followed by a newline; ``--n`` stops after that many messages.
+writes each message body followed by a newline; ``--n`` stops after that many messages. Like
+go-nsq's consumer it rides out a node restarting, picks up nodes that appear, and waits for a
+topic nobody has yet (``tools/consumer.py``).
 """
 
 from __future__ import annotations
@@ -10,18 +12,12 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import dataclass
-from queue import Queue
+from queue import Empty
 
-from ..client import (
-    ClientOptions,
-    Connection,
-    NsqConnectionError,
-    NsqError,
-    NsqLookupError,
-    lookup_producers,
-)
+from ..client import ClientOptions, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
 from .common import parse
+from .consumer import Subscription
 
 PROGRAM = "nsq_tail"
 
@@ -42,6 +38,9 @@ class TailOptions:
         kind="list",
         flag="lookupd-http-address",
     )
+    lookupd_poll_interval: float = opt(
+        60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,56 +55,38 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     channel = opts.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
-    client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
-    try:
-        nodes = list(opts.nsqd_tcp_addresses)
-        if opts.lookupd_http_addresses:
-            nodes += lookup_producers(opts.lookupd_http_addresses, opts.topic)
-        conns = [Connection(node, client).connect() for node in dict.fromkeys(nodes)]
-    except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
-        return 1
-    if not conns:
-        print(f"{PROGRAM}: no nsqd has topic {opts.topic}", file=sys.stderr)
-        return 1
-    rdy = max(1, opts.max_in_flight // len(conns))
-    out: Queue[tuple[Connection, bytes, bytes] | str] = Queue()
-
-    def on_messages(
-        conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
-    ) -> None:
-        for msg_id, body in zip(ids, bodies, strict=True):
-            out.put((conn, msg_id, body))
-
-    def on_close(conn: Connection) -> None:
-        out.put(f"{conn.address}: connection closed ({conn.close_reason})")
-
-    try:
-        for conn in conns:
-            conn.subscribe(opts.topic, channel, on_messages, on_close=on_close, rdy=rdy)
-    except (NsqError, NsqConnectionError) as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
-        return 1
+    sub = Subscription(
+        PROGRAM,
+        opts.topic,
+        channel,
+        opts.nsqd_tcp_addresses,
+        opts.lookupd_http_addresses,
+        ClientOptions(user_agent=f"{PROGRAM}/pynsqd"),
+        opts.max_in_flight,
+        opts.lookupd_poll_interval,
+    )
     shown = 0
     stdout = sys.stdout.buffer
     try:
+        sub.start()
         while not opts.n or shown < opts.n:
-            item = out.get()
-            if isinstance(item, str):
-                print(f"{PROGRAM}: {item}", file=sys.stderr)
-                return 1
-            conn, msg_id, body = item
+            try:
+                conn, msg_id, body = sub.incoming.get(timeout=0.5)
+            except Empty:
+                continue
             if opts.print_topic:
                 stdout.write(opts.topic.encode() + b" | ")
             stdout.write(body + b"\n")
             stdout.flush()
-            conn.fin(msg_id)
+            sub.finish(conn, msg_id)
             shown += 1
+    except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
     except (KeyboardInterrupt, BrokenPipeError):
         pass
     finally:
-        for conn in conns:
-            conn.close()
+        sub.stop()
     return 0
 
 

@@ -19,19 +19,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from queue import Empty, Queue
+from queue import Empty
 from typing import BinaryIO
 
-from ..client import (
-    ClientOptions,
-    Connection,
-    NsqConnectionError,
-    NsqError,
-    NsqLookupError,
-    lookup_producers,
-)
+from ..client import ClientOptions, Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
 from .common import parse
+from .consumer import Subscription
 
 PROGRAM = "nsq_to_file"
 
@@ -70,6 +64,9 @@ class ToFileOptions:
         "lookupd HTTP address (may be given multiple times)",
         kind="list",
         flag="lookupd-http-address",
+    )
+    lookupd_poll_interval: float = opt(
+        60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
     )
 
 
@@ -161,63 +158,44 @@ class TopicFile:
             os.replace(self.path, os.path.join(self.opts.output_dir, self.name))
 
 
-def _consume(
-    opts: ToFileOptions, topic: str, conns: list[Connection], stop: threading.Event
-) -> None:
-    """One topic: messages from every node into its file; FIN after each sync."""
-    incoming: Queue[tuple[Connection, bytes, bytes] | str] = Queue()
-    rdy = max(1, opts.max_in_flight // len(conns))
-
-    def on_messages(
-        conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
-    ) -> None:
-        for msg_id, body in zip(ids, bodies, strict=True):
-            incoming.put((conn, msg_id, body))
-
-    def on_close(conn: Connection) -> None:
-        if not stop.is_set():
-            incoming.put(f"{conn.address}: connection closed ({conn.close_reason})")
-
-    for conn in conns:
-        conn.subscribe(topic, opts.channel, on_messages, on_close=on_close, rdy=rdy)
-    out = TopicFile(opts, topic)
+def _consume(opts: ToFileOptions, sub: Subscription, stop: threading.Event) -> None:
+    """One topic: messages from every node into its file; FIN after each sync (a message
+    whose connection closed before is delivered again: at-least-once, as Go's)."""
+    out = TopicFile(opts, sub.topic)
     pending: list[tuple[Connection, bytes]] = []
     next_sync = time.monotonic() + opts.sync_interval
+    batch = max(1, opts.max_in_flight // max(1, len(sub.nsqd_addresses) or 1))
 
     def sync_and_finish() -> None:
         out.sync()
         for conn, msg_id in pending:
-            conn.fin(msg_id)
+            sub.finish(conn, msg_id)
         pending.clear()
 
     try:
         while not stop.is_set():
             try:
-                item = incoming.get(timeout=0.2)
+                conn, msg_id, body = sub.incoming.get(timeout=0.2)
             except Empty:
-                item = None
-            if isinstance(item, str):
-                print(f"{PROGRAM}: {item}", file=sys.stderr)
-                stop.set()
-                break
-            if item is not None:
-                conn, msg_id, body = item
+                conn = None
+            if conn is not None:
                 before = out.name
                 out.write(body)
                 if out.name != before and pending:  # rotated: the old file is synced and closed
                     for c, i in pending:
-                        c.fin(i)
+                        sub.finish(c, i)
                     pending.clear()
                 pending.append((conn, msg_id))
-            # Sync when due, or when RDY is about used up (nothing more would come).
-            if pending and (time.monotonic() >= next_sync or len(pending) >= rdy):
+            # Sync when due, when RDY may be about used up (nothing more would come), or when
+            # the queue is drained.
+            due = time.monotonic() >= next_sync or len(pending) >= batch
+            if pending and (due or sub.incoming.empty()):
                 sync_and_finish()
                 next_sync = time.monotonic() + opts.sync_interval
         sync_and_finish()
     finally:
         out.close()
-        for conn in conns:
-            conn.close()
+        sub.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,22 +222,29 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     workers = []
+    subs: list[Subscription] = []
     try:
         for topic in opts.topics:
-            nodes = list(opts.nsqd_tcp_addresses)
-            if opts.lookupd_http_addresses:
-                nodes += lookup_producers(opts.lookupd_http_addresses, topic)
-            if not nodes:
-                print(f"{PROGRAM}: no nsqd has topic {topic}", file=sys.stderr)
-                return 1
-            client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
-            conns = [Connection(n, client).connect() for n in dict.fromkeys(nodes)]
-            t = threading.Thread(target=_consume, args=(opts, topic, conns, stop))
+            sub = Subscription(
+                PROGRAM,
+                topic,
+                opts.channel,
+                opts.nsqd_tcp_addresses,
+                opts.lookupd_http_addresses,
+                ClientOptions(user_agent=f"{PROGRAM}/pynsqd"),
+                opts.max_in_flight,
+                opts.lookupd_poll_interval,
+            )
+            subs.append(sub)
+            sub.start()
+            t = threading.Thread(target=_consume, args=(opts, sub, stop))
             t.start()
             workers.append(t)
     except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         stop.set()
+        for sub in subs:
+            sub.stop()
         return 1
     finally:
         while any(t.is_alive() for t in workers):

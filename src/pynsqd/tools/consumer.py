@@ -1,0 +1,166 @@
+"""The tools' consumer (``nsq_tail``, ``nsq_to_file``), as go-nsq's Consumer behaves.
+
+Theory of operation. A ``Subscription`` holds one connection per nsqd that has the topic: the
+``--nsqd-tcp-address`` nodes (a first connection that fails is fatal, as go-nsq's
+ConnectToNSQD) and those ``--lookupd-http-address`` lists, asked at start and every
+``--lookupd-poll-interval`` (a topic nobody has yet is waited for; a lookupd that does not
+answer is logged, and asked again at the next poll). A connection that closes is logged
+("connection closed") and opened again with backoff (1 s doubling to 15 s) for as long as its
+node is wanted; a node that appears in lookupd's answer is connected at once. Messages arrive
+on ``incoming`` with the connection that delivered them; ``finish`` FINs one (on a connection
+that has closed since, nsqd requeued it: it comes again). Lines go to stderr in nsqd's terms,
+prefixed with the program's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from queue import Queue
+
+from ..client import (
+    ClientOptions,
+    Connection,
+    NsqConnectionError,
+    NsqError,
+    NsqLookupError,
+    lookup_producers,
+)
+
+#: The first wait before connecting to a node again, and the longest.
+RECONNECT_FIRST = 1.0
+RECONNECT_MAX = 15.0
+
+
+class Subscription:
+    """``topic``/``channel`` on every node that has it, kept connected (module docstring)."""
+
+    def __init__(
+        self,
+        program: str,
+        topic: str,
+        channel: str,
+        nsqd_addresses: list[str],
+        lookupd_addresses: list[str],
+        client: ClientOptions,
+        max_in_flight: int,
+        poll_interval: float,
+    ) -> None:
+        self.program, self.topic, self.channel = program, topic, channel
+        self.nsqd_addresses = list(dict.fromkeys(nsqd_addresses))
+        self.lookupd_addresses = lookupd_addresses
+        self.client = client
+        self.max_in_flight = max_in_flight
+        self.poll_interval = poll_interval
+        self.incoming: Queue[tuple[Connection, bytes, bytes]] = Queue()
+        self._lock = threading.Lock()
+        self._conns: dict[str, Connection] = {}
+        self._found: list[str] = []  # from lookupd's last answer
+        self._retry_at: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{program}-nodes", daemon=True)
+        self._waiting_said = False
+
+    def say(self, line: str) -> None:
+        print(f"{self.program}: {line}", file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        """Connect to the given nodes (raises NsqError/NsqConnectionError/ValueError, the
+        tool's one line), ask lookupd, and keep the set of connections up from a thread."""
+        for address in self.nsqd_addresses:
+            self._connect(address)
+        self._poll_lookupd()
+        self._thread.start()
+
+    def finish(self, conn: Connection, msg_id: bytes) -> None:
+        # On a connection that closed since, nsqd requeued the message: it comes again.
+        with contextlib.suppress(NsqError, NsqConnectionError, OSError):
+            conn.fin(msg_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for conn in conns:
+            conn.close()
+
+    # -- the connections ----------------------------------------------------------------
+
+    def _wanted(self) -> list[str]:
+        return list(dict.fromkeys([*self.nsqd_addresses, *self._found]))
+
+    def _connect(self, address: str) -> None:
+        rdy = max(1, self.max_in_flight // max(1, len(self._wanted()), len(self._conns) + 1))
+        conn = Connection(address, self.client).connect()
+        try:
+            conn.subscribe(
+                self.topic, self.channel, self._on_messages, on_close=self._on_close, rdy=rdy
+            )
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            self._conns[address] = conn
+        self._backoff.pop(address, None)
+
+    def _on_messages(
+        self, conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
+    ) -> None:
+        for msg_id, body in zip(ids, bodies, strict=True):
+            self.incoming.put((conn, msg_id, body))
+
+    def _on_close(self, conn: Connection) -> None:
+        with self._lock:
+            if self._conns.get(conn.address) is conn:
+                del self._conns[conn.address]
+        if self._stop.is_set():
+            return
+        wait = self._backoff.get(conn.address, RECONNECT_FIRST)
+        self._backoff[conn.address] = min(wait * 2, RECONNECT_MAX)
+        self._retry_at[conn.address] = time.monotonic() + wait
+        self.say(
+            f"{conn.address}: connection closed ({conn.close_reason}); connecting again in "
+            f"{wait:g}s"
+        )
+
+    def _poll_lookupd(self) -> None:
+        if not self.lookupd_addresses:
+            return
+        try:
+            self._found = lookup_producers(self.lookupd_addresses, self.topic, 5.0)
+        except NsqLookupError as err:
+            self.say(f"{err}; asking again in {self.poll_interval:g}s")
+            return
+        if not self._found and not self._conns and not self._waiting_said:
+            self._waiting_said = True
+            self.say(
+                f"no nsqd has topic {self.topic} yet; asking nsqlookupd again every "
+                f"{self.poll_interval:g}s"
+            )
+
+    def _run(self) -> None:
+        next_poll = time.monotonic() + self.poll_interval
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            if self.lookupd_addresses and now >= next_poll:
+                self._poll_lookupd()
+                next_poll = now + self.poll_interval
+            for address in self._wanted():
+                if address in self._conns or now < self._retry_at.get(address, 0.0):
+                    continue
+                try:
+                    self._connect(address)
+                    if address in self._retry_at:
+                        self.say(f"{address}: connected to nsqd again")
+                        del self._retry_at[address]
+                except (NsqError, NsqConnectionError, OSError, ValueError) as err:
+                    wait = self._backoff.get(address, RECONNECT_FIRST)
+                    self._backoff[address] = min(wait * 2, RECONNECT_MAX)
+                    self._retry_at[address] = now + wait
+                    self.say(f"{address}: error connecting to nsqd - {err}; again in {wait:g}s")
