@@ -41,6 +41,31 @@ def log_reader(spark: Any, node: NsqdProcess, topic: str = "t", stream: bool = F
     )
 
 
+def to_parquet(df: Any, out: Path, checkpoint: Path) -> Any:
+    """A log-mode stream's offsets and bodies into Parquet at ``out`` (the exactly-once file
+    sink the tests read back), started."""
+    return (
+        df.select("offset", "body")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def log_stream(spark: Any, addresses: str, topic: str = "t", **options: str) -> Any:
+    """``readStream`` in log mode over ``addresses`` (nsqd HTTP), loaded."""
+    reader = (
+        spark.readStream.format("nsq")
+        .option("mode", "log")
+        .option("topic", topic)
+        .option("nsqdHttpAddresses", addresses)
+    )
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
 def test_batch_read_of_an_offset_range(spark: Any, start_nsqd: Callable[..., NsqdProcess]) -> None:
     node = retained(start_nsqd)
     node.publish("t", [b"m%03d" % i for i in range(100)])
@@ -91,14 +116,8 @@ def test_streaming_is_exactly_once_across_a_restart(
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def run(behind: int) -> None:
-        df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "70").load()
-        query = (
-            df.select("offset", "body")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
+        df = log_stream(spark, node.http_address, maxOffsetsPerTrigger="70")
+        query = to_parquet(df, out, checkpoint)
         try:
             query.processAllAvailable()
             sizes = [p["numInputRows"] for p in query.recentProgress]

@@ -20,7 +20,7 @@ from tests.integration.secure_client import AuthServer
 
 from .conftest import TEST_SECRET_ENV, LookupdProcess, NsqdProcess
 from .test_client import free_port
-from .test_log_mode import storage_id
+from .test_log_mode import log_stream, storage_id, to_parquet
 
 
 def read(spark: Any, **options: str) -> Any:
@@ -70,20 +70,7 @@ def test_a_node_at_a_new_address_goes_on_where_the_query_was(
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def run(address: str) -> None:
-        df = (
-            spark.readStream.format("nsq")
-            .option("mode", "log")
-            .option("topic", "t")
-            .option("nsqdHttpAddresses", address)
-            .load()
-        )
-        query = (
-            df.select("offset", "body")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
+        query = to_parquet(log_stream(spark, address), out, checkpoint)
         try:
             query.processAllAvailable()
         finally:

@@ -18,6 +18,7 @@ from pynsqd_spark.options import LogOptions
 
 from ..integration.replication_harness import Cluster, Etcd, wait_leader
 from ..integration.test_replication import replicate, wait_in_sync
+from .test_log_mode import log_stream, to_parquet
 
 TOPIC = "orders"
 
@@ -92,21 +93,8 @@ def test_a_stream_goes_on_across_a_leader_kill_exactly_once(
     want = publish(cluster, "c", 900)
     addresses = http_addresses(cluster)  # node 1 comes back elsewhere: its copies are found
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    df = (
-        spark.readStream.format("nsq")
-        .option("mode", "log")
-        .option("topic", TOPIC)
-        .option("nsqdHttpAddresses", addresses)
-        .option("maxOffsetsPerTrigger", "600")
-        .load()
-    )
-    query = (
-        df.select("offset", "body")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+    df = log_stream(spark, addresses, TOPIC, maxOffsetsPerTrigger="600")
+    query = to_parquet(df, out, checkpoint)
     try:
         query.processAllAvailable()
         ends = json.loads(query.lastProgress["sources"][0]["endOffset"])
