@@ -4,6 +4,7 @@ directly and through a real nsqlookupd."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -319,3 +320,45 @@ def test_nsq_to_file_rides_out_a_node_restart_and_loses_nothing(tmp_path: Path) 
         node.log_file.close()
     assert proc.returncode == 0
     assert written() == set(want)
+
+
+def test_nsq_to_file_names_its_files_as_gos(nsqd: ServerThread, tmp_path: Path) -> None:
+    """Go's nsq_to_file 1.3.0 (checked by running it): without gzip or a work directory the
+    file is ``<topic>.<host>.<datetime>.log``, appended to by the next run; with ``--gzip`` each
+    run writes the next revision (``-000000``, ``-000001``). Ours always added ``-000000``."""
+    host = socket.gethostname()
+    stamp = time.strftime("%Y-%m-%d_%H")
+
+    def run(topic: str, *extra: str) -> None:
+        proc = subprocess.Popen(
+            [
+                *_tool_command("nsq_to_file"),
+                f"--topic={topic}",
+                f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}",
+                f"--output-dir={tmp_path}",
+                "--sync-interval=50ms",
+                *extra,
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+
+            def drained() -> bool:
+                t = nsqd.call(lambda: nsqd.nsqd.topics.get(topic))
+                ch = t.channels.get("nsq_to_file") if t else None
+                return ch is not None and nsqd.call(lambda: (ch.depth, len(ch.in_flight))) == (0, 0)
+
+            wait_for(drained, "every message written and FIN'd")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+
+    for body in (b"first", b"second"):
+        with nsqd.connect() as c:
+            c.pub("plain", body)
+            c.pub("zipped", body)
+        run("plain")
+        run("zipped", "--gzip")
+    assert (tmp_path / f"plain.{host}.{stamp}.log").read_bytes() == b"first\nsecond\n"
+    zipped = sorted(p.name for p in tmp_path.glob("zipped.*"))
+    assert zipped == [f"zipped.{host}-00000{i}.{stamp}.log.gz" for i in (0, 1)]

@@ -93,14 +93,24 @@ class TopicFile:
             .replace("<HOST>", host)
             .replace("<PID>", str(os.getpid()))
             .replace("<DATETIME>", self.datetime)
-            .replace("<REV>", f"-{rev:06d}")  # as Go's: always, from -000000
+            # As Go's: none when the file is appended to, else -000000 on, past existing files.
+            .replace("<REV>", "" if rev < 0 else f"-{rev:06d}")
         )
         return name + (".gz" if self.opts.gzip else "")
 
+    @property
+    def _appends(self) -> bool:
+        """Go's nsq_to_file appends to an existing file (same name: no revision) unless it
+        gzips (a gzip stream is not appended to) or moves files from a work directory."""
+        return not self.opts.gzip and self.work_dir == self.opts.output_dir
+
     def _open(self) -> None:
+        previous = self.datetime
         self.datetime = time.strftime(self.opts.datetime_format)
-        rev = 0
-        while True:
+        # Appending: to the file of this hour (say); a rotation within it (by size or
+        # interval) starts the next revision.
+        rev = 0 if not self._appends else (1 if self.datetime == previous else -1)
+        while rev >= 0:
             name = self._filename(rev)
             taken = os.path.exists(os.path.join(self.opts.output_dir, name)) or os.path.exists(
                 os.path.join(self.work_dir, name)
@@ -108,9 +118,10 @@ class TopicFile:
             if not taken:
                 break
             rev += 1
+        name = self._filename(rev)
         self.name = name
         self.path = os.path.join(self.work_dir, name)
-        self.raw = open(self.path, "xb")  # noqa: SIM115 - closed at rotation
+        self.raw = open(self.path, "ab" if rev < 0 else "xb")  # noqa: SIM115 - closed at rotation
         self.out = (
             gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=self.opts.gzip_level)
             if self.opts.gzip
@@ -151,8 +162,8 @@ class TopicFile:
         os.fsync(self.raw.fileno())
         self.raw.close()
         self.out = self.raw = None
-        if empty and self.opts.skip_empty_files:
-            os.unlink(self.path)
+        if empty and self.opts.skip_empty_files and os.path.getsize(self.path) == 0:
+            os.unlink(self.path)  # (appended to: only if the earlier runs left nothing either)
             return
         if self.work_dir != self.opts.output_dir:
             os.replace(self.path, os.path.join(self.opts.output_dir, self.name))
