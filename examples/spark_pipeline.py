@@ -104,16 +104,23 @@ def main() -> None:
     ap.add_argument(
         "--channel-mode", action="store_true", help="read a channel instead of the topic's log"
     )
-    ap.add_argument("--out", help="output directory (default: a temporary directory)")
+    ap.add_argument(
+        "--out",
+        help="output directory, new or empty (default: a temporary directory, removed at exit)",
+    )
     args = ap.parse_args()
+    if args.out and os.path.isdir(args.out) and os.listdir(args.out):
+        ap.error(f"--out {args.out} is not empty: give a new or empty directory")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     work = Path(tempfile.mkdtemp(prefix="nsq-pipeline-"))
+    # The work directory (nsqd's data, the checkpoint, the default output) goes at exit;
+    # registered first, so that it runs after nsqd was stopped.
+    atexit.register(shutil.rmtree, work, True)
     out = Path(args.out) if args.out else work / "out"
-    shutil.rmtree(out, ignore_errors=True)
     proc = None
     address, http = args.nsqd_tcp_address, args.nsqd_http_address
     if not address:
