@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from pynsqd.protocol import encode
 from pynsqd.server import upgrade
@@ -278,8 +280,35 @@ def test_bad_certificate_files_fail_start(tmp_path: Path) -> None:
     async def start() -> None:
         await NSQD(opts).start()
 
-    with pytest.raises(TLSConfigError, match="failed to load TLS config"):
+    # The flag and the file it names, not a bare "[Errno 2] No such file or directory".
+    nope = re.escape(str(tmp_path / "nope.pem"))
+    with pytest.raises(TLSConfigError, match=rf"failed to load TLS config - --tls-cert={nope}: "):
         asyncio.run(start())
+    certs_dir = tmp_path / "c"
+    certs_dir.mkdir()
+    ca = trustme.CA()
+    cert, key = certs_dir / "cert.pem", certs_dir / "key.pem"
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    opts = make_options(
+        tmp_path,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        tls_client_auth_policy="require-verify",
+        tls_root_ca_file=str(tmp_path / "no-ca.pem"),
+    )
+    with pytest.raises(TLSConfigError, match=r"--tls-root-ca-file=\S*no-ca\.pem: "):
+        asyncio.run(start())
+
+
+def test_a_client_tls_file_that_cannot_be_read_is_named() -> None:
+    from pynsqd.client import ClientOptions
+
+    with pytest.raises(OSError, match=r"TLS CA file /no/such/ca\.pem: No such file"):
+        ClientOptions(tls=True, tls_ca_file="/no/such/ca.pem").ssl_context()
+    with pytest.raises(OSError, match=r"TLS certificate file /no/cert\.pem: No such file"):
+        ClientOptions(tls=True, tls_cert_file="/no/cert.pem", tls_key_file="/no/k").ssl_context()
 
 
 def test_tls_required_without_cert_is_refused() -> None:

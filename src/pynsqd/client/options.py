@@ -33,6 +33,18 @@ class ClientOptions:
     auth_secret: str | None = None
 
     def ssl_context(self) -> ssl.SSLContext:
+        """Raises OSError naming a file that cannot be read (ssl's own errors do not)."""
+        for what, path in (
+            ("TLS CA file", self.tls_ca_file),
+            ("TLS certificate file", self.tls_cert_file),
+            ("TLS key file", self.tls_key_file),
+        ):
+            if path:
+                try:
+                    with open(path, "rb"):
+                        pass
+                except OSError as err:
+                    raise OSError(err.errno, f"{what} {path}: {err.strerror}") from err
         ctx = ssl.create_default_context(cafile=self.tls_ca_file)
         if not self.tls_verify:
             ctx.check_hostname = False

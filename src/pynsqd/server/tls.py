@@ -43,6 +43,20 @@ def server_context(opts: Options) -> ssl.SSLContext | None:
     if not opts.tls_cert and not opts.tls_key:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # A file that cannot be read is named with its flag (ssl's errors name neither).
+    for flag, path in (
+        ("--tls-cert", opts.tls_cert),
+        ("--tls-key", opts.tls_key),
+        ("--tls-root-ca-file", opts.tls_root_ca_file),
+    ):
+        if path:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as err:
+                raise TLSConfigError(
+                    f"failed to load TLS config - {flag}={path}: {err.strerror or err}"
+                ) from err
     try:
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
         with warnings.catch_warnings():
