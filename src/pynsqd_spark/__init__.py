@@ -17,14 +17,47 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["NsqDataSource", "register", "source_metrics"]
+__all__ = ["NsqDataSource", "check_workers_python", "register", "source_metrics"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``nsq`` data source with a SparkSession."""
+    """Register the ``nsq`` data source with a SparkSession. In local mode it first checks
+    that Spark's Python workers can import this package (one line saying what to set, rather
+    than each task's long ModuleNotFoundError)."""
     from .datasource import NsqDataSource
 
+    sc = spark.sparkContext
+    if str(sc.master).startswith("local"):
+        check_workers_python(str(sc.pythonExec or "python3"))
     spark.dataSource.register(NsqDataSource)
+
+
+def check_workers_python(python: str) -> None:
+    """Raises RuntimeError when ``python`` (the workers' interpreter) cannot import
+    pynsqd_spark: PYSPARK_PYTHON names another interpreter, or is not set."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    found = shutil.which(python)
+    if found is not None and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return
+    try:
+        ok = found is not None and (
+            subprocess.run(
+                [found, "-c", "import pynsqd_spark"], capture_output=True, timeout=60
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"Spark's Python workers run {python!r}, which cannot import pynsqd_spark: set "
+            f"PYSPARK_PYTHON (or spark.pyspark.python) to the interpreter it is installed in, "
+            f"e.g. {sys.executable}, before the SparkSession starts"
+        )
 
 
 def __getattr__(name: str) -> Any:

@@ -382,3 +382,25 @@ def test_unknown_source_options_are_refused_with_the_valid_ones() -> None:
     assert "unknown option(s) 'bogusoption', 'startingoffsets' for mode 'channel'" in message
     assert "maxMessagesPerBatch" in message and "nsqdTcpAddresses" in message
     SourceOptions.parse({**base, "mode": "channel", "MAXMESSAGESPERBATCH": "5"})  # any case
+
+
+def test_a_workers_python_without_the_package_is_one_line() -> None:
+    """A Python that cannot import pynsqd_spark (PYSPARK_PYTHON unset, so Spark runs the
+    system's python3): register() says what to set in one line; each task failed with a
+    40-line ModuleNotFoundError."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    from pynsqd_spark import check_workers_python
+
+    check_workers_python(sys.executable)  # this one has it
+    other = shutil.which("python3", path="/usr/bin:/bin")
+    if other is None or subprocess.run([other, "-c", "import pynsqd_spark"]).returncode == 0:
+        pytest.skip("no interpreter without pynsqd_spark on this machine")
+    with pytest.raises(RuntimeError, match=r"cannot import pynsqd_spark: set PYSPARK_PYTHON"):
+        check_workers_python(other)
+    with pytest.raises(RuntimeError, match=r"'no-such-python'"):
+        check_workers_python("no-such-python")
