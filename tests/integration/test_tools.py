@@ -22,6 +22,7 @@ from ..conftest import ServerThread
 from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
 from .replication_harness import free_port
+from .secure_client import Certs
 from .test_crash_safety import Proc
 
 BIN = Path(sys.executable).parent
@@ -362,3 +363,29 @@ def test_nsq_to_file_names_its_files_as_gos(nsqd: ServerThread, tmp_path: Path) 
     assert (tmp_path / f"plain.{host}.{stamp}.log").read_bytes() == b"first\nsecond\n"
     zipped = sorted(p.name for p in tmp_path.glob("zipped.*"))
     assert zipped == [f"zipped.{host}-00000{i}.{stamp}.log.gz" for i in (0, 1)]
+
+
+def test_the_tools_reach_a_tls_only_nsqd_through_go_nsq_config_keys(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    """``--producer-opt``/``--consumer-opt`` take go-nsq's config keys, as Go's tools do: an
+    nsqd with ``--tls-required`` is reached with ``tls_v1`` and ``tls_root_ca_file`` (the
+    tools could not reach it at all); a key the tools cannot honour is refused by name."""
+    certs = Certs(tmp_path)
+    server = make_nsqd(**certs.server_options(tls_required="true"))
+    addr = f"--nsqd-tcp-address=127.0.0.1:{server.tcp_port}"
+    tls = ("tls_v1,true", f"tls_root_ca_file,{certs.ca_file}")
+    res = tool("to_nsq", "--topic=s", addr, *(f"--producer-opt={o}" for o in tls), stdin=b"1\n2\n")
+    assert res.returncode == 0, res.stderr
+    res = tool(
+        "nsq_tail", "--topic=s", "--channel=c", addr, "--n=2", *(f"--consumer-opt={o}" for o in tls)
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"1\n2\n"
+    plain = tool("to_nsq", "--topic=s", addr, stdin=b"3\n")
+    assert plain.returncode == 1  # nsqd requires TLS
+    res = tool("nsq_tail", "--topic=s", addr, "--consumer-opt=snappy,true")
+    assert res.returncode == 1
+    assert res.stderr == (
+        b"nsq_tail: --consumer-opt: go-nsq config 'snappy' is not supported by this tool\n"
+    )

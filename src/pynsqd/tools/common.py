@@ -1,11 +1,16 @@
-"""What the tools share: Go-style flags from an options table, and their exit on bad input."""
+"""What the tools share: Go-style flags from an options table, their exit on bad input, and
+go-nsq's config keys (``--consumer-opt``, ``--producer-opt``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from ..client import ClientOptions
 from ..internal.flags import HelpRequested, UsageError, parse_command_line
+from ..internal.gotext import parse_duration
 from ..internal.version import version_string
 
 
@@ -28,3 +33,60 @@ def parse(program: str, options: type[Any], argv: list[str] | None) -> Any:
         print(f"{program}: {e.message}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
     return opts
+
+
+# -- go-nsq's config keys (--consumer-opt / --producer-opt) ----------------------------------
+
+_BOOL = {"true": True, "1": True, "false": False, "0": False}
+
+
+def _flag(value: str) -> bool:
+    if value.lower() not in _BOOL:
+        raise ValueError(f"{value!r} is not true or false")
+    return _BOOL[value.lower()]
+
+
+def _ms(value: str) -> int:
+    return round(parse_duration(value) * 1000)
+
+
+#: go-nsq Config keys the tools honour: how each sets ClientOptions (or the tool's own
+#: ``max_in_flight``). Others are refused by name (snappy and deflate are not built into the
+#: tools' client; go-nsq's backoff, sampling and buffering keys have no effect here).
+_GO_KEYS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "tls_v1": lambda v: {"tls": _flag(v)},
+    "tls_root_ca_file": lambda v: {"tls": True, "tls_ca_file": v},
+    "tls_insecure_skip_verify": lambda v: {"tls_verify": not _flag(v)},
+    "tls_cert": lambda v: {"tls_cert_file": v},
+    "tls_key": lambda v: {"tls_key_file": v},
+    "auth_secret": lambda v: {"auth_secret": v},
+    "client_id": lambda v: {"client_id": v},
+    "user_agent": lambda v: {"user_agent": v},
+    "heartbeat_interval": lambda v: {"heartbeat_interval_ms": _ms(v)},
+    "msg_timeout": lambda v: {"msg_timeout_ms": _ms(v)},
+    "dial_timeout": lambda v: {"connect_timeout": parse_duration(v)},
+    "read_timeout": lambda v: {"timeout": parse_duration(v)},
+    "write_timeout": lambda v: {"timeout": parse_duration(v)},
+    "max_in_flight": lambda v: {"max_in_flight": int(v)},
+}
+
+
+def go_config(flag: str, values: list[str], client: ClientOptions) -> tuple[ClientOptions, int]:
+    """``--consumer-opt``/``--producer-opt`` values (go-nsq's ``key,value``) applied to
+    ``client``; also the ``max_in_flight`` given (0: none). Raises ValueError naming the flag
+    and the key (the tool's one line)."""
+    changes: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition(",")
+        key = key.strip().lower()
+        if not sep:
+            raise ValueError(f"--{flag}={item}: expected key,value (go-nsq's config)")
+        setter = _GO_KEYS.get(key)
+        if setter is None:
+            raise ValueError(f"--{flag}: go-nsq config {key!r} is not supported by this tool")
+        try:
+            changes.update(setter(value.strip()))
+        except ValueError as err:
+            raise ValueError(f"--{flag}={item}: {err}") from None
+    max_in_flight = int(changes.pop("max_in_flight", 0))
+    return dataclasses.replace(client, **changes), max_in_flight

@@ -16,7 +16,7 @@ from queue import Empty
 
 from ..client import ClientOptions, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import parse
+from .common import go_config, parse
 from .consumer import Subscription
 
 PROGRAM = "nsq_tail"
@@ -29,6 +29,12 @@ class TailOptions:
     n: int = opt(0, "total messages to show (will wait if starved)")
     print_topic: bool = opt(False, "print topic name where message was received")
     max_in_flight: int = opt(200, "max number of messages to allow in flight")
+    consumer_opts: list[str] = opt(
+        [],
+        "option to passthrough to nsq.Consumer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        kind="list",
+        flag="consumer-opt",
+    )
     nsqd_tcp_addresses: list[str] = opt(
         [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
     )
@@ -55,14 +61,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     channel = opts.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
+    try:
+        client, max_in_flight = go_config(
+            "consumer-opt", opts.consumer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
+        )
+    except ValueError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
     sub = Subscription(
         PROGRAM,
         opts.topic,
         channel,
         opts.nsqd_tcp_addresses,
         opts.lookupd_http_addresses,
-        ClientOptions(user_agent=f"{PROGRAM}/pynsqd"),
-        opts.max_in_flight,
+        client,
+        max_in_flight or opts.max_in_flight,
         opts.lookupd_poll_interval,
     )
     shown = 0

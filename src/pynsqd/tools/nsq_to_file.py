@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import parse
+from .common import go_config, parse
 from .consumer import Subscription
 
 PROGRAM = "nsq_to_file"
@@ -56,6 +56,12 @@ class ToFileOptions:
     rotate_interval: float = opt(0.0, "rotate the file every duration", kind="duration")
     sync_interval: float = opt(30.0, "sync file to disk every duration", kind="duration")
     max_in_flight: int = opt(200, "max number of messages to allow in flight")
+    consumer_opts: list[str] = opt(
+        [],
+        "option to passthrough to nsq.Consumer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        kind="list",
+        flag="consumer-opt",
+    )
     nsqd_tcp_addresses: list[str] = opt(
         [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
     )
@@ -229,6 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             print(f"{PROGRAM}: cannot create {d} - {err.strerror}", file=sys.stderr)
             return 1
+    try:
+        client, max_in_flight = go_config(
+            "consumer-opt", opts.consumer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
+        )
+    except ValueError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
+    opts.max_in_flight = max_in_flight or opts.max_in_flight
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 opts.channel,
                 opts.nsqd_tcp_addresses,
                 opts.lookupd_http_addresses,
-                ClientOptions(user_agent=f"{PROGRAM}/pynsqd"),
+                client,
                 opts.max_in_flight,
                 opts.lookupd_poll_interval,
             )

@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
 from ..internal.optiontable import opt
-from .common import parse
+from .common import go_config, parse
 
 PROGRAM = "to_nsq"
 
@@ -25,6 +25,12 @@ class ToNsqOptions:
     topic: str = opt("", "NSQ topic to publish to")
     delimiter: str = opt("\n", "character to split input from stdin")
     rate: int = opt(0, "Throttle messages per second")
+    producer_opts: list[str] = opt(
+        [],
+        "option to passthrough to nsq.Producer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        kind="list",
+        flag="producer-opt",
+    )
     nsqd_tcp_addresses: list[str] = opt(
         [],
         "destination nsqd TCP address (may be given multiple times)",
@@ -44,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if not opts.nsqd_tcp_addresses:
         print(f"{PROGRAM}: --nsqd-tcp-address required", file=sys.stderr)
         return 1
-    client = ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
     try:
+        client, _ = go_config(
+            "producer-opt", opts.producer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
+        )
         conns = [Connection(a, client).connect() for a in opts.nsqd_tcp_addresses]
     except (NsqError, NsqConnectionError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
