@@ -3,6 +3,8 @@ directly and through a real nsqlookupd."""
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import socket
 import subprocess
@@ -389,3 +391,53 @@ def test_the_tools_reach_a_tls_only_nsqd_through_go_nsq_config_keys(
     assert res.stderr == (
         b"nsq_tail: --consumer-opt: go-nsq config 'snappy' is not supported by this tool\n"
     )
+
+
+def test_nsq_log_prints_a_retained_topic_from_an_offset_or_a_time_and_follows_it(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd(retention_time=3600.0)
+    http = f"--nsqd-http-address=127.0.0.1:{server.http_port}"
+    with server.connect() as c:
+        c.mpub("t", [b"alpha", b"beta", b"\xff\xfe"])
+    res = tool("nsq_log", "--topic=t", http, "--format=json")
+    assert res.returncode == 0, res.stderr
+    docs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [d["offset"] for d in docs] == [0, 1, 2]
+    assert [d.get("body") for d in docs] == ["alpha", "beta", None]
+    assert base64.b64decode(docs[2]["body_base64"]) == b"\xff\xfe"  # not UTF-8: as base64
+    assert all(len(d["id"]) == 16 and d["attempts"] == 0 for d in docs)
+    res = tool("nsq_log", "--topic=t", http, "--offset=1", "--n=1")
+    assert res.stdout == b"beta\n"
+    assert tool("nsq_log", "--topic=t", http, "--offset=latest").stdout == b""
+    since = docs[0]["timestamp"] // 1_000_000 + 1  # ms after the batch: nothing yet
+    assert tool("nsq_log", "--topic=t", http, f"--since={since}").stdout == b""
+    # --follow: what is appended after it started, as it arrives.
+    follow = subprocess.Popen(
+        [*_tool_command("nsq_log"), "--topic=t", http, "--offset=3", "--follow", "--n=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert follow.stdout is not None
+    lines = Lines(follow.stdout)
+    try:
+        with server.connect() as c:
+            c.pub("t", b"gamma")
+            c.pub("t", b"delta")
+        assert lines.take(2) == [b"gamma\n", b"delta\n"]
+        assert follow.wait(30) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        follow.wait()
+        lines.close()
+        assert follow.stderr is not None
+        follow.stderr.close()
+    # A topic without retention: one line, naming what nsqd said.
+    (tmp_path / "plain").mkdir()
+    server2 = make_nsqd(data_path=str(tmp_path / "plain"))
+    with server2.connect() as c:
+        c.pub("plain", b"x")
+    res = tool("nsq_log", "--topic=plain", f"--nsqd-http-address=127.0.0.1:{server2.http_port}")
+    assert res.returncode == 1 and res.stderr.count(b"\n") == 1
+    assert b"TOPIC_NOT_RETAINED" in res.stderr, res.stderr

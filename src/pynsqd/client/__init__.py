@@ -6,10 +6,12 @@
   tools and the tests use it;
 - ``aio.py``: the same over asyncio streams;
 - ``cluster.py``: the cluster's HTTP side: nsqlookupd, a channel's depth, a replayable
-  topic's offsets and log (checked records).
+  topic's offsets and log (checked records): ``read_log`` returns a ``LogChunk`` of
+  ``LogRecord`` (offset, timestamp in ns, id, attempts, defer_ms, body), each CRC checked.
 
 It speaks to pynsqd and Go nsqd alike."""
 
+from ..protocol.log_record import LogRecord
 from .aio import AsyncConnection
 from .cluster import (
     LogChunk,
@@ -32,6 +34,7 @@ __all__ = [
     "Connection",
     "LogChunk",
     "LogOffsetOutOfRange",
+    "LogRecord",
     "NodeHTTPError",
     "NsqConnectionError",
     "NsqError",

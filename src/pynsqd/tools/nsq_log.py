@@ -1,0 +1,127 @@
+"""``nsq_log``: print a retained topic's log (pynsqd only; Go's NSQ has no log to read).
+
+It reads ``GET /topic/log`` of one node (``--nsqd-http-address``) from ``--offset`` (a number,
+``earliest`` or ``latest``) or ``--since`` (unix ms: the first record published then or after),
+checks every record's CRC (``pynsqd.client.read_log``), and prints each as a line (the body) or
+as JSON (``--format=json``: offset, timestamp in ns, id, attempts, and the body as text, or as
+``body_base64`` when it is not UTF-8). ``--follow`` keeps reading as records are appended, like
+``tail -f``; ``--n`` stops after that many. ``--partition`` reads a replicated topic's copy of
+another node's partition; ``--auth-secret`` and the TLS flags reach a guarded node.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+from ..client import (
+    ClientOptions,
+    LogOffsetOutOfRange,
+    LogRecord,
+    NsqError,
+    read_log,
+    topic_offsets,
+)
+from ..internal.optiontable import opt
+from .common import parse
+
+PROGRAM = "nsq_log"
+#: How often ``--follow`` asks again at the end of the log.
+FOLLOW_POLL = 0.2
+
+
+@dataclass
+class LogOptions:
+    nsqd_http_address: str = opt("", "nsqd HTTP address (its --https-address with --tls)")
+    topic: str = opt("", "NSQ topic (with retention)")
+    offset: str = opt("earliest", "where to start: an offset, earliest or latest")
+    since: int = opt(0, "start at the first record published at or after this unix time (ms)")
+    partition: int = opt(-1, "a replicated topic: this node's copy of that node's partition")
+    format: str = opt("lines", "lines (each body) or json (offset, timestamp, id, attempts, body)")
+    follow: bool = opt(False, "keep reading as records are appended (like tail -f)")
+    n: int = opt(0, "stop after this many records (0: all)")
+    auth_secret: str = opt("", "the auth secret, when nsqd has --auth-http-address")
+    tls: bool = opt(False, "HTTPS (give the node's --https-address)")
+    tls_root_ca_file: str = opt("", "CA file to verify the node's certificate")
+
+
+def as_json(r: LogRecord) -> str:
+    doc: dict[str, object] = {
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "id": r.id.decode("ascii", "replace"),
+        "attempts": r.attempts,
+    }
+    try:
+        doc["body"] = r.body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body_base64"] = base64.b64encode(r.body).decode("ascii")
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(PROGRAM, LogOptions, argv)
+    if not opts.topic or not opts.nsqd_http_address:
+        print(f"{PROGRAM}: --topic and --nsqd-http-address are required", file=sys.stderr)
+        return 1
+    if opts.format not in ("lines", "json"):
+        print(f"{PROGRAM}: --format must be lines or json, got {opts.format!r}", file=sys.stderr)
+        return 1
+    client = ClientOptions(
+        tls=opts.tls,
+        tls_ca_file=opts.tls_root_ca_file or None,
+        auth_secret=opts.auth_secret or None,
+        user_agent=f"{PROGRAM}/pynsqd",
+    )
+    node, partition = opts.nsqd_http_address, opts.partition if opts.partition >= 0 else None
+    out = sys.stdout
+    shown = 0
+    try:
+        doc = topic_offsets(node, opts.topic, client, opts.since or None, partition=partition)
+        if opts.since:
+            offset = int(doc["offset"])
+        elif opts.offset in ("earliest", "latest"):
+            offset = int(doc[opts.offset])
+        else:
+            offset = int(opts.offset)
+        while not opts.n or shown < opts.n:
+            try:
+                chunk = read_log(node, opts.topic, offset, client, partition=partition)
+            except LogOffsetOutOfRange as err:
+                if offset >= err.earliest:
+                    raise
+                print(
+                    f"{PROGRAM}: offsets {offset}-{err.earliest - 1} were removed by retention; "
+                    f"going on from {err.earliest}",
+                    file=sys.stderr,
+                )
+                offset = err.earliest
+                continue
+            for r in chunk.records:
+                out.write(
+                    (as_json(r) if opts.format == "json" else r.body.decode(errors="replace"))
+                    + "\n"
+                )
+                shown += 1
+                if opts.n and shown >= opts.n:
+                    break
+            out.flush()
+            if chunk.next > offset:
+                offset = chunk.next
+            elif opts.follow:
+                time.sleep(FOLLOW_POLL)
+            else:
+                break
+    except (NsqError, ConnectionError, ValueError, KeyError) as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
