@@ -303,12 +303,16 @@ def fetch(
                     errors.append(f"nsqd {address} has committed less than offset {offset + 1}")
                     continue
                 chunk = got
+                if i:  # the copies that failed go last for the next chunks (a paused one
+                    # would cost a timeout each time)
+                    candidates = candidates[i:] + candidates[:i]
                 break
             if chunk is not None or not errors:
                 break
         if chunk is None:
             continue  # records skipped (failOnDataLoss=false): from the new offset
-        if partition is None and key and chunk.storage_id and chunk.storage_id != key:
+        planned = partition is None and key and key != node  # on a storage id: check it
+        if planned and chunk.storage_id and chunk.storage_id != key:
             raise NsqLogIdentityError(
                 f"nsq log source: nsqd {node} topic {opts.topic}: the node there now has "
                 f"storage id {chunk.storage_id}, the range was planned on {key}"
@@ -504,10 +508,12 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {k: n.latest for k, n in self._survey().items()} or None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        start = _rekey(start, {})
-        missing = [k for k in end if k not in self._logs]
+        missing = [k for k in [*start, *end] if k not in self._logs]
         if missing:  # a driver restarted from its checkpoint: where are they now?
             self._survey()
+        # A batch planned before the offsets were keyed by identity: by identity now (the
+        # same node, so the same range).
+        start, end = _rekey(start, self._logs), _rekey(end, self._logs)
         start = {k: v for k, v in start.items() if k in end}
         for k in end:
             if k not in start:  # a log new to the query: from its earliest offset

@@ -256,3 +256,31 @@ def urllib_post(node: NsqdProcess, path: str, body: bytes) -> Any:
 
     req = urllib.request.Request(f"http://{node.http_address}{path}", data=body, method="POST")
     return urllib.request.urlopen(req, timeout=5)
+
+
+def test_offsets_keyed_by_address_are_taken_over_by_the_nodes_identity(
+    start_nsqd: Callable[..., NsqdProcess],
+) -> None:
+    """A checkpoint written before the offsets were keyed by identity holds ``{address:
+    offset}``: the next batch goes on from there under the node's storage id (not from the
+    earliest offset again), and a batch replayed from such a checkpoint reads its range."""
+    from pynsqd_spark.log_source import LogPartition, NsqLogStreamReader
+
+    node = start_nsqd("--retention-time=1h")
+    node.publish("t", [b"r%03d" % i for i in range(100)])
+    reader = NsqLogStreamReader(
+        LogOptions.parse({"topic": "t", "nsqdHttpAddresses": node.http_address})
+    )
+    old = {node.http_address: 40}
+    end = reader.latestOffset(old)
+    key = storage_id(node)
+    assert end == {key: 100}
+    (part,) = reader.partitions(old, end)
+    assert isinstance(part, LogPartition)
+    assert (part.key, part.start, part.end) == (key, 40, 100)
+    # A replay of a batch whose both ends were keyed by address.
+    (part,) = NsqLogStreamReader(reader.opts).partitions(old, {node.http_address: 60})
+    assert isinstance(part, LogPartition)
+    assert (part.key, part.start, part.end) == (key, 40, 60)
+    got = [r[4] for r in fetch(part.node, reader.opts, part.start, part.end, part.key)]
+    assert got == [b"r%03d" % i for i in range(40, 60)]
