@@ -6,6 +6,7 @@ import ssl
 from dataclasses import dataclass
 
 from .. import __version__
+from ..internal.checks import unreadable
 
 __all__ = ["ClientOptions"]
 
@@ -39,12 +40,9 @@ class ClientOptions:
             ("TLS certificate file", self.tls_cert_file),
             ("TLS key file", self.tls_key_file),
         ):
-            if path:
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as err:
-                    raise OSError(err.errno, f"{what} {path}: {err.strerror}") from err
+            why = unreadable(path) if path else None
+            if why is not None:
+                raise OSError(f"{what} {path}: {why}")
         ctx = ssl.create_default_context(cafile=self.tls_ca_file)
         if not self.tls_verify:
             ctx.check_hostname = False

@@ -30,6 +30,16 @@ def parse_go_bool(text: str) -> bool:
     raise ValueError("not a boolean (true or false)")
 
 
+def unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be read (``No such file or directory``...), or None: for errors that
+    name the file (ssl's certificate loaders name none)."""
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
+
+
 def go_float_text(value: float) -> str:
     """A float as Go's ``%v`` prints it: 1.0 → ``1``, 0.99 → ``0.99``."""
     text = repr(value)

@@ -12,6 +12,7 @@ import ssl
 import warnings
 from typing import Any
 
+from ..internal.checks import unreadable
 from ..options import Options
 
 _MIN_VERSIONS = {
@@ -49,14 +50,9 @@ def server_context(opts: Options) -> ssl.SSLContext | None:
         ("--tls-key", opts.tls_key),
         ("--tls-root-ca-file", opts.tls_root_ca_file),
     ):
-        if path:
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as err:
-                raise TLSConfigError(
-                    f"failed to load TLS config - {flag}={path}: {err.strerror or err}"
-                ) from err
+        why = unreadable(path) if path else None
+        if why is not None:
+            raise TLSConfigError(f"failed to load TLS config - {flag}={path}: {why}")
     try:
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
         with warnings.catch_warnings():

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import ClientOptions
+from ..internal.checks import parse_go_bool
 from ..internal.flags import HelpRequested, UsageError, parse_command_line
 from ..internal.gotext import parse_duration
 from ..internal.version import version_string
@@ -37,14 +38,6 @@ def parse(program: str, options: type[Any], argv: list[str] | None) -> Any:
 
 # -- go-nsq's config keys (--consumer-opt / --producer-opt) ----------------------------------
 
-_BOOL = {"true": True, "1": True, "false": False, "0": False}
-
-
-def _flag(value: str) -> bool:
-    if value.lower() not in _BOOL:
-        raise ValueError(f"{value!r} is not true or false")
-    return _BOOL[value.lower()]
-
 
 def _ms(value: str) -> int:
     return round(parse_duration(value) * 1000)
@@ -54,9 +47,9 @@ def _ms(value: str) -> int:
 #: ``max_in_flight``). Others are refused by name (snappy and deflate are not built into the
 #: tools' client; go-nsq's backoff, sampling and buffering keys have no effect here).
 _GO_KEYS: dict[str, Callable[[str], dict[str, Any]]] = {
-    "tls_v1": lambda v: {"tls": _flag(v)},
+    "tls_v1": lambda v: {"tls": parse_go_bool(v)},
     "tls_root_ca_file": lambda v: {"tls": True, "tls_ca_file": v},
-    "tls_insecure_skip_verify": lambda v: {"tls_verify": not _flag(v)},
+    "tls_insecure_skip_verify": lambda v: {"tls_verify": not parse_go_bool(v)},
     "tls_cert": lambda v: {"tls_cert_file": v},
     "tls_key": lambda v: {"tls_key_file": v},
     "auth_secret": lambda v: {"auth_secret": v},
@@ -69,6 +62,16 @@ _GO_KEYS: dict[str, Callable[[str], dict[str, Any]]] = {
     "write_timeout": lambda v: {"timeout": parse_duration(v)},
     "max_in_flight": lambda v: {"max_in_flight": int(v)},
 }
+
+
+def go_client(program: str, flag: str, values: list[str]) -> tuple[ClientOptions, int]:
+    """The tool's client options with ``--consumer-opt``/``--producer-opt`` applied, and the
+    ``max_in_flight`` given (0: none); a bad one is the tool's one line and exit 1."""
+    try:
+        return go_config(flag, values, ClientOptions(user_agent=f"{program}/pynsqd"))
+    except ValueError as err:
+        print(f"{program}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def go_config(flag: str, values: list[str], client: ClientOptions) -> tuple[ClientOptions, int]:

@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from queue import Empty
 
-from ..client import ClientOptions, NsqConnectionError, NsqError, NsqLookupError
+from ..client import NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import go_config, parse
+from .common import go_client, parse
 from .consumer import Subscription
 
 PROGRAM = "nsq_tail"
@@ -61,13 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     channel = opts.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
-    try:
-        client, max_in_flight = go_config(
-            "consumer-opt", opts.consumer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
-        )
-    except ValueError as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
-        return 1
+    client, max_in_flight = go_client(PROGRAM, "consumer-opt", opts.consumer_opts)
     sub = Subscription(
         PROGRAM,
         opts.topic,

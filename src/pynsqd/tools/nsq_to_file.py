@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from queue import Empty
 from typing import BinaryIO
 
-from ..client import ClientOptions, Connection, NsqConnectionError, NsqError, NsqLookupError
+from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import go_config, parse
+from .common import go_client, parse
 from .consumer import Subscription
 
 PROGRAM = "nsq_to_file"
@@ -235,13 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             print(f"{PROGRAM}: cannot create {d} - {err.strerror}", file=sys.stderr)
             return 1
-    try:
-        client, max_in_flight = go_config(
-            "consumer-opt", opts.consumer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
-        )
-    except ValueError as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
-        return 1
+    client, max_in_flight = go_client(PROGRAM, "consumer-opt", opts.consumer_opts)
     opts.max_in_flight = max_in_flight or opts.max_in_flight
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
