@@ -441,3 +441,62 @@ def test_nsq_log_prints_a_retained_topic_from_an_offset_or_a_time_and_follows_it
     res = tool("nsq_log", "--topic=plain", f"--nsqd-http-address=127.0.0.1:{server2.http_port}")
     assert res.returncode == 1 and res.stderr.count(b"\n") == 1
     assert b"TOPIC_NOT_RETAINED" in res.stderr, res.stderr
+
+
+def test_nsq_to_nsq_copies_filters_and_spreads_fin_after_the_destinations_ok(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    """Go's nsq_to_nsq: messages of one nsqd's topic published to others (``--mode
+    round-robin`` takes them in turn), JSON filtered by field and value and cut to the
+    whitelisted fields; a source message is FIN'd only after the destination's OK."""
+    dirs = [tmp_path / n for n in ("src", "d1", "d2")]
+    for d in dirs:
+        d.mkdir()
+    src, d1, d2 = (make_nsqd(data_path=str(d)) for d in dirs)
+    docs = [{"kind": "x" if i % 2 else "y", "n": i, "secret": "s"} for i in range(40)]
+    with src.connect() as c:
+        c.mpub("events", [json.dumps(d).encode() for d in docs] + [b"not json"])
+    proc = subprocess.Popen(
+        [
+            *_tool_command("nsq_to_nsq"),
+            "--topic=events",
+            f"--nsqd-tcp-address=127.0.0.1:{src.tcp_port}",
+            f"--destination-nsqd-tcp-address=127.0.0.1:{d1.tcp_port}",
+            f"--destination-nsqd-tcp-address=127.0.0.1:{d2.tcp_port}",
+            "--destination-topic=xs",
+            "--mode=round-robin",
+            "--require-json-field=kind",
+            "--require-json-value=x",
+            "--whitelist-json-field=kind",
+            "--whitelist-json-field=n",
+            "--status-every=10",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def count(server: ServerThread) -> int:
+        return int(server.call(lambda: getattr(server.nsqd.topics.get("xs"), "message_count", 0)))
+
+    def drained() -> bool:
+        t = src.call(lambda: src.nsqd.topics.get("events"))
+        ch = t.channels.get("nsq_to_nsq") if t else None
+        return ch is not None and src.call(lambda: (ch.depth, len(ch.in_flight))) == (0, 0)
+
+    try:
+        wait_for(drained, "every source message FIN'd")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert count(d1) == count(d2) == 10  # 20 of kind x, in turn
+    got = []
+    for server in (d1, d2):
+        with server.connect() as c:
+            c.sub("xs", "check", rdy=20)
+            for _ in range(10):
+                frame = c.read_message()
+                got.append(json.loads(frame.body))
+    assert sorted(d["n"] for d in got) == [d["n"] for d in docs if d["kind"] == "x"]
+    assert all(set(d) == {"kind", "n"} for d in got)  # only the whitelisted fields
+    assert b"10 published" in err

@@ -80,6 +80,10 @@ class Subscription:
         with contextlib.suppress(NsqError, NsqConnectionError, OSError):
             conn.fin(msg_id)
 
+    def requeue(self, conn: Connection, msg_id: bytes, delay_ms: int) -> None:
+        with contextlib.suppress(NsqError, NsqConnectionError, OSError):
+            conn.req(msg_id, delay_ms)  # (a closed connection: nsqd requeued it already)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
