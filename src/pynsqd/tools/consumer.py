@@ -18,6 +18,7 @@ import contextlib
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from queue import Queue
 
 from ..client import (
@@ -28,6 +29,64 @@ from ..client import (
     NsqLookupError,
     lookup_producers,
 )
+from ..internal.optiontable import opt
+from .common import go_client
+
+
+@dataclass
+class ConsumerOptions:
+    """The flags every consuming tool has (Go's share them too)."""
+
+    max_in_flight: int = opt(200, "max number of messages to allow in flight")
+    consumer_opts: list[str] = opt(
+        [],
+        "option to passthrough to nsq.Consumer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        kind="list",
+        flag="consumer-opt",
+    )
+    nsqd_tcp_addresses: list[str] = opt(
+        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
+    )
+    lookupd_http_addresses: list[str] = opt(
+        [],
+        "lookupd HTTP address (may be given multiple times)",
+        kind="list",
+        flag="lookupd-http-address",
+    )
+    lookupd_poll_interval: float = opt(
+        60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
+    )
+
+
+def subscriptions(
+    program: str, opts: ConsumerOptions, topics: list[str], channel: str
+) -> list[Subscription]:
+    """One Subscription per topic from the consumer flags; a bad combination is the tool's
+    one line and exit 1."""
+    if not topics:
+        print(f"{program}: --topic is required", file=sys.stderr)
+        raise SystemExit(1)
+    if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
+        print(
+            f"{program}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    client, max_in_flight = go_client(program, "consumer-opt", opts.consumer_opts)
+    return [
+        Subscription(
+            program,
+            topic,
+            channel,
+            opts.nsqd_tcp_addresses,
+            opts.lookupd_http_addresses,
+            client,
+            max_in_flight or opts.max_in_flight,
+            opts.lookupd_poll_interval,
+        )
+        for topic in topics
+    ]
+
 
 #: The first wait before connecting to a node again, and the longest.
 RECONNECT_FIRST = 1.0

@@ -16,62 +16,24 @@ from queue import Empty
 
 from ..client import NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import go_client, parse
-from .consumer import Subscription
+from .common import parse
+from .consumer import ConsumerOptions, subscriptions
 
 PROGRAM = "nsq_tail"
 
 
 @dataclass
-class TailOptions:
+class TailOptions(ConsumerOptions):
     topic: str = opt("", "NSQ topic")
     channel: str = opt("", "NSQ channel")
     n: int = opt(0, "total messages to show (will wait if starved)")
     print_topic: bool = opt(False, "print topic name where message was received")
-    max_in_flight: int = opt(200, "max number of messages to allow in flight")
-    consumer_opts: list[str] = opt(
-        [],
-        "option to passthrough to nsq.Consumer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
-        kind="list",
-        flag="consumer-opt",
-    )
-    nsqd_tcp_addresses: list[str] = opt(
-        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
-    )
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
-    )
-    lookupd_poll_interval: float = opt(
-        60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(PROGRAM, TailOptions, argv)
-    if not opts.topic:
-        print(f"{PROGRAM}: --topic is required", file=sys.stderr)
-        return 1
-    if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
-        print(
-            f"{PROGRAM}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",
-            file=sys.stderr,
-        )
-        return 1
     channel = opts.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
-    client, max_in_flight = go_client(PROGRAM, "consumer-opt", opts.consumer_opts)
-    sub = Subscription(
-        PROGRAM,
-        opts.topic,
-        channel,
-        opts.nsqd_tcp_addresses,
-        opts.lookupd_http_addresses,
-        client,
-        max_in_flight or opts.max_in_flight,
-        opts.lookupd_poll_interval,
-    )
+    (sub,) = subscriptions(PROGRAM, opts, [opts.topic] if opts.topic else [], channel)
     shown = 0
     stdout = sys.stdout.buffer
     try:

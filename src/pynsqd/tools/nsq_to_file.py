@@ -24,14 +24,14 @@ from typing import BinaryIO
 
 from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
-from .common import go_client, parse
-from .consumer import Subscription
+from .common import parse
+from .consumer import ConsumerOptions, Subscription, subscriptions
 
 PROGRAM = "nsq_to_file"
 
 
 @dataclass
-class ToFileOptions:
+class ToFileOptions(ConsumerOptions):
     topics: list[str] = opt(
         [], "nsq topic (may be given multiple times)", kind="list", flag="topic"
     )
@@ -55,25 +55,6 @@ class ToFileOptions:
     rotate_size: int = opt(0, "rotate the file when it grows bigger than `rotate-size` bytes")
     rotate_interval: float = opt(0.0, "rotate the file every duration", kind="duration")
     sync_interval: float = opt(30.0, "sync file to disk every duration", kind="duration")
-    max_in_flight: int = opt(200, "max number of messages to allow in flight")
-    consumer_opts: list[str] = opt(
-        [],
-        "option to passthrough to nsq.Consumer (may be given multiple times, http://godoc.org/github.com/nsqio/go-nsq#Config)",
-        kind="list",
-        flag="consumer-opt",
-    )
-    nsqd_tcp_addresses: list[str] = opt(
-        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
-    )
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
-    )
-    lookupd_poll_interval: float = opt(
-        60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
-    )
 
 
 class TopicFile:
@@ -217,15 +198,7 @@ def _consume(opts: ToFileOptions, sub: Subscription, stop: threading.Event) -> N
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(PROGRAM, ToFileOptions, argv)
-    if not opts.topics:
-        print(f"{PROGRAM}: --topic is required", file=sys.stderr)
-        return 1
-    if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
-        print(
-            f"{PROGRAM}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",
-            file=sys.stderr,
-        )
-        return 1
+    subs = subscriptions(PROGRAM, opts, opts.topics, opts.channel)
     if not 1 <= opts.gzip_level <= 9:
         print(f"{PROGRAM}: invalid --gzip-level", file=sys.stderr)
         return 1
@@ -235,26 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             print(f"{PROGRAM}: cannot create {d} - {err.strerror}", file=sys.stderr)
             return 1
-    client, max_in_flight = go_client(PROGRAM, "consumer-opt", opts.consumer_opts)
-    opts.max_in_flight = max_in_flight or opts.max_in_flight
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     workers = []
-    subs: list[Subscription] = []
     try:
-        for topic in opts.topics:
-            sub = Subscription(
-                PROGRAM,
-                topic,
-                opts.channel,
-                opts.nsqd_tcp_addresses,
-                opts.lookupd_http_addresses,
-                client,
-                opts.max_in_flight,
-                opts.lookupd_poll_interval,
-            )
-            subs.append(sub)
+        for sub in subs:
             sub.start()
             t = threading.Thread(target=_consume, args=(opts, sub, stop))
             t.start()

@@ -24,14 +24,14 @@ from queue import Empty
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import opt
 from .common import go_client, parse
-from .consumer import Subscription
+from .consumer import ConsumerOptions, subscriptions
 
 PROGRAM = "nsq_to_nsq"
 MODES = ("round-robin", "hostpool", "epsilon-greedy")
 
 
 @dataclass
-class ToNsqOptions:
+class ToNsqOptions(ConsumerOptions):
     topics: list[str] = opt(
         [], "nsq topic (may be given multiple times)", kind="list", flag="topic"
     )
@@ -49,7 +49,6 @@ class ToNsqOptions:
         "hostpool",
         "the upstream request mode options: round-robin, hostpool (default), epsilon-greedy",
     )
-    max_in_flight: int = opt(200, "max number of messages to allow in flight")
     require_json_field: str = opt(
         "", "for JSON messages: only pass messages that contain this field"
     )
@@ -65,26 +64,11 @@ class ToNsqOptions:
     status_every: int = opt(
         250, "the # of requests between logging status (per destination), 0 disables"
     )
-    consumer_opts: list[str] = opt(
-        [],
-        "option to passthrough to nsq.Consumer (may be given multiple times, see http://godoc.org/github.com/nsqio/go-nsq#Config)",
-        kind="list",
-        flag="consumer-opt",
-    )
     producer_opts: list[str] = opt(
         [],
         "option to passthrough to nsq.Producer (may be given multiple times, see http://godoc.org/github.com/nsqio/go-nsq#Config)",
         kind="list",
         flag="producer-opt",
-    )
-    nsqd_tcp_addresses: list[str] = opt(
-        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
-    )
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
     )
 
 
@@ -158,17 +142,9 @@ class Destinations:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(PROGRAM, ToNsqOptions, argv)
-    if not opts.topics:
-        print(f"{PROGRAM}: --topic is required", file=sys.stderr)
-        return 1
+    subs = subscriptions(PROGRAM, opts, opts.topics, opts.channel)
     if not opts.destination_nsqd_tcp_addresses:
         print(f"{PROGRAM}: --destination-nsqd-tcp-address required", file=sys.stderr)
-        return 1
-    if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
-        print(
-            f"{PROGRAM}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",
-            file=sys.stderr,
-        )
         return 1
     if opts.mode not in MODES:
         print(f"{PROGRAM}: --mode must be one of {', '.join(MODES)}", file=sys.stderr)
@@ -176,24 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if opts.require_json_value and not opts.require_json_field:
         print(f"{PROGRAM}: --require-json-value requires --require-json-field", file=sys.stderr)
         return 1
-    consumer, max_in_flight = go_client(PROGRAM, "consumer-opt", opts.consumer_opts)
     producer, _ = go_client(PROGRAM, "producer-opt", opts.producer_opts)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    subs = [
-        Subscription(
-            PROGRAM,
-            topic,
-            opts.channel,
-            opts.nsqd_tcp_addresses,
-            opts.lookupd_http_addresses,
-            consumer,
-            max_in_flight or opts.max_in_flight,
-            60.0,
-        )
-        for topic in opts.topics
-    ]
     dest = Destinations(opts, producer)
     try:
         for sub in subs:
