@@ -330,7 +330,7 @@ def test_nsq_to_file_names_its_files_as_gos(nsqd: ServerThread, tmp_path: Path) 
     file is ``<topic>.<host>.<datetime>.log``, appended to by the next run; with ``--gzip`` each
     run writes the next revision (``-000000``, ``-000001``). Ours always added ``-000000``."""
     host = socket.gethostname()
-    stamp = time.strftime("%Y-%m-%d_%H")
+    stamp = "HOUR"  # --datetime-format without a field: the names do not depend on the clock
 
     def run(topic: str, *extra: str) -> None:
         proc = subprocess.Popen(
@@ -340,6 +340,7 @@ def test_nsq_to_file_names_its_files_as_gos(nsqd: ServerThread, tmp_path: Path) 
                 f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}",
                 f"--output-dir={tmp_path}",
                 "--sync-interval=50ms",
+                f"--datetime-format={stamp}",
                 *extra,
             ],
             stderr=subprocess.DEVNULL,

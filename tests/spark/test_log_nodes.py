@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from pynsqd_spark.log_source import NsqReadError, fetch
 from pynsqd_spark.options import LogOptions
 from tests.integration.secure_client import AuthServer
 
+from ..waiting import wait_for
 from .conftest import TEST_SECRET_ENV, LookupdProcess, NsqdProcess
 from .test_client import free_port
 from .test_log_mode import log_stream, storage_id, to_parquet
@@ -31,10 +31,7 @@ def read(spark: Any, **options: str) -> Any:
 
 
 def registered(lookupd: LookupdProcess, topic: str, count: int) -> None:
-    deadline = time.monotonic() + 20
-    while len(lookupd.producers(topic)) < count:
-        assert time.monotonic() < deadline, f"{count} nsqd registered {topic}"
-        time.sleep(0.05)
+    wait_for(lambda: len(lookupd.producers(topic)) >= count, f"{count} nsqd registered {topic}")
 
 
 def test_a_node_reached_by_two_names_is_read_once(

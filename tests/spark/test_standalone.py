@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ..waiting import wait_for
+from ..waiting import until, wait_for
 from .conftest import LookupdProcess, NsqdProcess, java_missing
 from .standalone import StandaloneCluster
 from .test_client import free_port
@@ -193,10 +192,13 @@ def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
         wait_for(planned_on_a, "a batch planned with a range on node a", 120)
         a.kill()
         retrying = f"nsqd {a.proc.http_address} topic flow"
-        until = time.monotonic() + 20
-        while time.monotonic() < until and not retried:
-            retried = retrying in cluster.executor_logs() and "retrying" in cluster.executor_logs()
-            time.sleep(0.1)
+        retried = until(
+            lambda retrying=retrying: any(
+                retrying in line and "retrying" in line
+                for line in cluster.executor_logs().splitlines()
+            ),
+            20,
+        )
         a.start()
         if retried:
             break
