@@ -698,8 +698,8 @@ def test_a_paused_leader_loses_nothing_acknowledged(cluster: Cluster) -> None:
 def test_power_loss_of_every_node(
     tmp_path: Path, etcd: Etcd, monkeypatch: pytest.MonkeyPatch, durability: str
 ) -> None:
-    """Every node loses power at once (kill -9, then each segment cut to what its last fsync
-    covered). With durability=fsync nothing acknowledged is lost; with pagecache the harness
+    """Every node loses power at once (kill -9, then each segment zeroed after what its last
+    fsync covered). With durability=fsync nothing acknowledged is lost; with pagecache the harness
     shows it losing acknowledged messages, which is what that setting documents (and proves the
     fault bites)."""
     ledger = tmp_path / "fsync.ledger"

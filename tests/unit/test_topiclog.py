@@ -317,3 +317,106 @@ def test_retention_settings_round_trip_and_bad_files_are_errors(tmp_path: Path) 
     (d / "retention.json").write_text("{nope")
     with pytest.raises(ValueError, match=r"retention\.json"):
         read_retention(str(d))
+
+
+# -- preallocated segments (replicated partitions: ``TopicLog.preallocate``) ----------------
+
+
+def prealloc_log(path: Path, segment_bytes: int = 1 << 20) -> TopicLog:
+    tl = open_log(path, segment_bytes=segment_bytes)
+    tl.preallocate = 64 * 1024
+    return tl
+
+
+def crash(tl: TopicLog) -> None:
+    """The process dies: nothing is closed, synced or truncated."""
+    os.close(tl._fd)
+    tl._fd = -1
+    tl._closed = True
+
+
+def test_a_preallocated_segment_holds_zeros_ahead_and_reopens_at_its_records_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tl = prealloc_log(tmp_path / "t.log")
+    fill(tl, 10)
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    logical = tl.segments[-1].size
+    assert seg.stat().st_size >= logical + 32 * 1024  # zeros written ahead of the records
+    assert seg.read_bytes()[logical:] == bytes(seg.stat().st_size - logical)
+    crash(tl)
+    with caplog.at_level(logging.WARNING):
+        tl = open_log(tmp_path / "t.log")
+    assert caplog.text == ""  # a zero tail is where the records end, not damage
+    assert (tl.latest, seg.stat().st_size) == (10, logical)
+    tl.append([msg(10)])
+    assert read_all(tl) == list(range(11))
+
+
+def test_a_preallocated_segment_with_a_torn_record_before_its_zeros_is_cut_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tl = prealloc_log(tmp_path / "t.log")
+    fill(tl, 10)
+    end = tl.segments[-1].size
+    crash(tl)
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    with open(seg, "r+b") as f:  # a page of an unsynced record reached the disk, not the rest
+        f.seek(end + 4096)
+        f.write(b"\x01" * 100)
+    with caplog.at_level(logging.WARNING):
+        tl = open_log(tmp_path / "t.log")
+    assert "dropped the torn tail" in caplog.text
+    assert tl.latest == 10 and read_all(tl) == list(range(10))
+
+
+@pytest.mark.parametrize("index", ["written", "missing"])
+def test_a_closed_segment_still_preallocated_after_a_crash_mid_roll_is_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, index: str
+) -> None:
+    tl = prealloc_log(tmp_path / "t.log", segment_bytes=8192)
+    fill(tl, 400, size=50)
+    assert tl.segment_count > 2
+    first = tmp_path / "t.log" / f"{0:020d}.log"
+    size = first.stat().st_size
+    assert size == tl.segments[0].size  # a roll cuts the zeros off the closed segment
+    crash(tl)
+    with open(first, "ab") as f:  # ... unless the process died before that reached the disk
+        f.write(bytes(20_000))
+    if index == "missing":
+        (tmp_path / "t.log" / f"{0:020d}.index").unlink()
+    with caplog.at_level(logging.WARNING):
+        tl = open_log(tmp_path / "t.log", segment_bytes=8192)
+    assert caplog.text == ""
+    assert (tl.earliest, tl.latest) == (0, 400)
+    assert read_all(tl) == list(range(400))
+    assert first.stat().st_size == size
+
+
+def test_a_preallocated_log_truncates_fails_and_appends_raw_like_any_other(
+    tmp_path: Path,
+) -> None:
+    src = open_log(tmp_path / "src.log")
+    fill(src, 30)
+    rng = src.read_range(0, 30, 1 << 20)
+    assert rng is not None
+    raw = Path(rng.path).read_bytes()[rng.start : rng.end]
+    tl = prealloc_log(tmp_path / "t.log")
+    assert tl.append_raw(raw) == 30
+    tl.truncate(12)
+    assert read_all(tl) == list(range(12))
+    tl.append([msg(12), msg(13)])
+    errors: list[OSError | None] = []
+    tl.on_write = errors.append
+    os.close(tl._fd)  # the next write fails (ENOSPC on a full disk)
+    tl._fd = os.open(tl.segments[-1].path, os.O_RDONLY)
+    with pytest.raises(OSError):
+        tl.append([msg(14)])
+    assert tl.latest == 14 and isinstance(errors[-1], OSError)
+    os.close(tl._fd)
+    tl._fd = os.open(tl.segments[-1].path, os.O_WRONLY)
+    tl.append([msg(14)])
+    crash(tl)
+    tl = open_log(tmp_path / "t.log")
+    assert read_all(tl) == list(range(15))
+    assert [r.body for r in tl.read_records(10, 5)] == [b"m%06d" % i for i in (10, 11, 12, 13, 14)]

@@ -98,12 +98,23 @@ class LogRange:
 class _Segment:
     """One segment file: its offsets ``[base, next)``, size, and sparse index."""
 
-    __slots__ = ("base", "idx_off", "idx_pos", "idx_ts", "last_ts", "next", "path", "size")
+    __slots__ = (
+        "allocated",
+        "base",
+        "idx_off",
+        "idx_pos",
+        "idx_ts",
+        "last_ts",
+        "next",
+        "path",
+        "size",
+    )
 
     def __init__(self, directory: str, base: int) -> None:
         self.base = base
         self.next = base
-        self.size = 0
+        self.size = 0  # the end of the records; the file may hold zeros after it
+        self.allocated = 0  # the file's size: the records and the zeros written ahead
         self.last_ts = 0
         self.path = os.path.join(directory, f"{base:020d}.log")
         self.idx_off = array("q")
@@ -166,6 +177,9 @@ class TopicLog:
         self.committed: int | None = None
         #: The end of what the last fsync covered (``fsync_end``).
         self.synced = 0
+        #: Bytes of zeros kept written ahead of the records (0: none; replicated partitions
+        #: set it, ``cluster/partition.py``): their fdatasyncs then change no file size.
+        self.preallocate = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -231,18 +245,15 @@ class TopicLog:
             offset += 1
         data = b"".join(parts)
         try:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                raise OSError(28, f"short write ({written} of {len(data)} bytes)")
+            self._write(seg, data)
         except OSError as err:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, seg.size)
             if self.on_write is not None:
                 self.on_write(err)
             raise
         for e in entries:
             seg.add_index(*e)
         seg.size = pos
+        self._written(seg)
         seg.next = offset
         if ts > seg.last_ts:
             seg.last_ts = ts
@@ -301,22 +312,49 @@ class TopicLog:
             return 0
         pos = base + end
         count = expect - self.latest
-        raw = bytes(data)
-        try:
-            written = os.write(self._fd, raw)
-            if written != len(raw):
-                raise OSError(28, f"short write ({written} of {len(raw)} bytes)")
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, seg.size)
-            raise
+        self._write(seg, bytes(data))
         for e in entries:
             seg.add_index(*e)
         seg.size = pos
+        self._written(seg)
         seg.next = expect
         seg.last_ts = max(seg.last_ts, ts)
         self._unsynced += count
         return count
+
+    def _write(self, seg: _Segment, data: bytes) -> None:
+        """Write ``data`` at the end of ``seg``'s records; a failed or short write is cut
+        back off (zeros ahead stay zeros). Raises OSError."""
+        try:
+            written = os.pwrite(self._fd, data, seg.size)
+            if written != len(data):
+                raise OSError(28, f"short write ({written} of {len(data)} bytes)")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, seg.size)
+                seg.allocated = seg.size
+                durable.note_end(self._fd, seg.size)
+            raise
+
+    def _written(self, seg: _Segment) -> None:
+        """After the records reached ``seg.size``: keep ``preallocate`` bytes of zeros ahead
+        of them, so that the fdatasync of the next batches changes no file size (on ext4 a size
+        change is a journal commit per sync; an overwrite of written blocks is not). A zero
+        write that fails (a full disk) is left: the records' own write reports the disk."""
+        end = seg.size
+        if end > seg.allocated:
+            seg.allocated = end
+        ahead = self.preallocate
+        if ahead and seg.allocated - end < ahead // 2 and end < self.segment_bytes:
+            target = end + ahead
+            try:
+                os.pwrite(self._fd, bytes(target - seg.allocated), seg.allocated)
+                seg.allocated = target
+            except OSError:
+                with contextlib.suppress(OSError):
+                    seg.allocated = os.fstat(self._fd).st_size
+        if durable.LEDGER:
+            durable.note_end(self._fd, end)
 
     def truncate(self, offset: int) -> int:
         """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
@@ -334,7 +372,7 @@ class TopicLog:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(seg.index_path)
             last = self.segments[-1]
-            self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            self._fd = os.open(last.path, os.O_WRONLY | os.O_CLOEXEC)
         seg = self.segments[-1]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(seg.index_path)  # rebuilt from the records at the next close or open
@@ -343,8 +381,9 @@ class TopicLog:
         else:
             pos, keep = self._position(seg, offset)
         os.ftruncate(self._fd, pos)
+        seg.size = seg.allocated = pos
+        durable.note_end(self._fd, pos)
         durable.fsync(self._fd)
-        seg.size = pos
         seg.next = keep if offset > seg.base else seg.base
         i = bisect.bisect_left(seg.idx_pos, pos)
         del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
@@ -376,7 +415,7 @@ class TopicLog:
                     os.unlink(path)
         seg = _Segment(self.directory, offset)
         self.segments = [seg]
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         durable.fsync(self._fd)
         self.handed = self.synced = offset
         if self.committed is not None:
@@ -440,6 +479,11 @@ class TopicLog:
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
+        if old.allocated > old.size:  # a closed segment ends at its records
+            os.ftruncate(self._fd, old.size)
+            old.allocated = old.size
+            durable.note_end(self._fd, old.size)
+            self._unsynced = self._unsynced or 1  # the sync below carries the new size
         self.sync()
         os.close(self._fd)
         self._fd = -1
@@ -451,7 +495,7 @@ class TopicLog:
             )
         seg = _Segment(self.directory, old.next)
         self.segments.append(seg)
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
         self.prune()
         return seg
@@ -669,7 +713,7 @@ class TopicLog:
         if not self.segments:
             self.segments.append(_Segment(self.directory, 0))
         seg = self.segments[-1]
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         for i, s in enumerate(self.segments[:-1]):
             if s.next < self.segments[i + 1].base:
                 self.log.warning(
@@ -684,7 +728,7 @@ class TopicLog:
         try:
             with open(seg.index_path, "rb") as f:
                 data = f.read()
-            seg.size = os.path.getsize(seg.path)
+            seg.size = seg.allocated = os.path.getsize(seg.path)
         except OSError:
             return False
         if not data or len(data) % _INDEX.size:
@@ -743,7 +787,13 @@ class TopicLog:
                 pos += 16 + length
                 seg.next = offset + 1
                 seg.last_ts = max(seg.last_ts, ts)
-        seg.size = pos
+        seg.size = seg.allocated = pos
+        if problem and _zeros_from(seg.path, pos):
+            # Zeros written ahead of the records (``preallocate``): where they end, not damage.
+            with open(seg.path, "r+b") as f:
+                f.truncate(pos)
+                durable.fsync(f.fileno())
+            problem = ""
         if not problem:
             if not truncate:
                 self.log.info("TOPICLOG(%s): rebuilt the index of segment %d", self.name, seg.base)
@@ -813,6 +863,16 @@ class TopicLog:
 # -- a topic's own retention (POST /topic/retention) ------------------------------------------
 
 RETENTION_FILE = "retention.json"
+
+
+def _zeros_from(path: str, pos: int) -> bool:
+    """Whether every byte of the file from ``pos`` on is zero."""
+    with open(path, "rb") as f:
+        f.seek(pos)
+        while chunk := f.read(_READ_CHUNK):
+            if chunk.count(0) != len(chunk):
+                return False
+    return True
 
 
 def read_retention(directory: str) -> tuple[float, int] | None:
