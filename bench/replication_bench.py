@@ -94,6 +94,18 @@ def _http(addr: tuple[str, int], method: str, path: str) -> Any:
 
 
 def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
+    """One set-up on fresh servers; a set-up ending in " @baseline" runs its nodes on the
+    sources at ``--baseline-src`` (PYTHONPATH), for an A/B of a change in one run."""
+    if setup.endswith(" @baseline"):
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = args.baseline_src
+        try:
+            return _run(setup.removesuffix(" @baseline"), args)
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
     procs: list[subprocess.Popen[bytes]] = []
     dirs: list[str] = []
     topic = "rep_bench"
@@ -177,8 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--go-nsqd", default="", help="also run Go's nsqd (unreplicated) in each round: its path"
     )
+    p.add_argument(
+        "--setups",
+        default="unreplicated,replicated fsync,replicated pagecache",
+        help="comma-separated set-ups to run (the first is the ratios' base)",
+    )
+    p.add_argument(
+        "--baseline-src",
+        default="",
+        help="also run each replicated set-up on these sources (a src/ directory): A/B",
+    )
     args = p.parse_args(argv)
-    setups = ["unreplicated", "replicated fsync", "replicated pagecache"]
+    setups = args.setups.split(",")
+    if args.baseline_src:
+        setups += [f"{s} @baseline" for s in setups if s.startswith("replicated")]
     if args.go_nsqd:
         setups.append("go nsqd")
     results: dict[str, list[dict[str, float]]] = {s: [] for s in setups}
@@ -193,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     med = {s: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for s, rs in results.items()}
-    u = med["unreplicated"]
+    u = med[setups[0]]
     print(
         f"\nmedians over {args.rounds} rounds ({args.runfor:g}s phases, {args.size}-byte "
         f"messages, {args.writers} MPUB connections of {args.batch_size}):"
@@ -212,15 +236,18 @@ def main(argv: list[str] | None = None) -> int:
         ratio = m["mpub_msgs_per_s"] / u["mpub_msgs_per_s"]
         extra = m["pub_p99_ms"] - u["pub_p99_ms"]
         summary[setup] = {"ratio": ratio, "p99_extra_ms": extra}
+        name = names.get(setup.removesuffix(" @baseline"), setup)
+        if setup.endswith(" @baseline"):
+            name += " (baseline sources)"
         print(
-            f"| {names[setup]} | {m['mpub_msgs_per_s']:,.0f} | {ratio:.2f}x "
+            f"| {name} | {m['mpub_msgs_per_s']:,.0f} | {ratio:.2f}x "
             f"| {m['pub_p50_ms']:.2f} ms | {m['pub_p99_ms']:.2f} ms | {extra:+.2f} ms |"
         )
     if args.go_nsqd:
         go = med["go nsqd"]["mpub_msgs_per_s"]
         print("\nagainst Go nsqd in the same run (MPUB msgs/s ratio):")
         for setup in setups[:-1]:
-            print(f"  {names[setup]}: {med[setup]['mpub_msgs_per_s'] / go:.2f}x")
+            print(f"  {names.get(setup, setup)}: {med[setup]['mpub_msgs_per_s'] / go:.2f}x")
     if args.json:
         print(json.dumps({"medians": med, "summary": summary}))
     return 0

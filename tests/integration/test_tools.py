@@ -4,6 +4,7 @@ directly and through a real nsqlookupd."""
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import signal
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from queue import Queue
@@ -96,6 +98,19 @@ def test_nsq_tail_finds_the_nodes_through_nsqlookupd(
             ["--topic=t", "--nsqd-tcp-address=127.0.0.1:1"],
             1,
             b"nsq_tail: cannot connect",
+        ),
+        ("nsq_to_http", ["--topic=t", "--nsqd-tcp-address=h:1"], 1, b"nsq_to_http: --get or"),
+        (
+            "nsq_to_http",
+            ["--topic=t", "--nsqd-tcp-address=h:1", "--get=http://h/x"],
+            1,
+            b"nsq_to_http: --get=http://h/x: the URL needs a %s",
+        ),
+        (
+            "nsq_to_http",
+            ["--topic=t", "--nsqd-tcp-address=h:1", "--post=http://h/", "--header=bad"],
+            1,
+            b"nsq_to_http: --header=bad: expected Name: value",
         ),
     ],
 )
@@ -501,3 +516,131 @@ def test_nsq_to_nsq_copies_filters_and_spreads_fin_after_the_destinations_ok(
     assert sorted(d["n"] for d in got) == [d["n"] for d in docs if d["kind"] == "x"]
     assert all(set(d) == {"kind", "n"} for d in got)  # only the whitelisted fields
     assert b"10 published" in err
+
+
+class Endpoint(http.server.BaseHTTPRequestHandler):
+    """A real HTTP server's handler for nsq_to_http: records each request; the server's
+    ``fail`` first requests are answered 500."""
+
+    server: Recorder
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        with self.server.lock:
+            self.server.seen.append((self.command, self.path, dict(self.headers), body))
+            failing = self.server.fail > 0
+            self.server.fail -= failing
+        self.send_response(500 if failing else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Recorder(http.server.ThreadingHTTPServer):
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__(("127.0.0.1", 0), Endpoint)
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.fail = fail
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def ok_bodies(self) -> list[bytes]:
+        return [b for *_, b in self.seen]
+
+
+def _to_http(server: ServerThread, topic: str, *args: str) -> tuple[int, bytes]:
+    """nsq_to_http on ``topic`` until every message is FIN'd, then SIGTERM: (rc, stderr)."""
+    proc = subprocess.Popen(
+        [
+            *_tool_command("nsq_to_http"),
+            f"--topic={topic}",
+            f"--nsqd-tcp-address=127.0.0.1:{server.tcp_port}",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def drained() -> bool:
+        t = server.call(lambda: server.nsqd.topics.get(topic))
+        ch = t.channels.get("nsq_to_http") if t else None
+        return ch is not None and server.call(
+            lambda: (ch.depth, len(ch.in_flight), len(ch.deferred), ch.message_count)
+        ) == (0, 0, 0, t.message_count)
+
+    try:
+        wait_for(drained, "every message FIN'd")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_nsq_to_http_posts_in_turn_and_fins_only_after_a_2xx(nsqd: ServerThread) -> None:
+    """Go's nsq_to_http: each message one POST (``--mode round-robin`` over the URLs) with
+    ``--content-type`` and every ``--header``; a 500 requeues the message, which comes again
+    and is FIN'd only once a server answered 2xx."""
+    first, second = Recorder(fail=3), Recorder()
+    bodies = [b"event-%02d" % i for i in range(30)]
+    with nsqd.connect() as c:
+        c.mpub("hooks", bodies)
+    try:
+        rc, err = _to_http(
+            nsqd,
+            "hooks",
+            f"--post={first.url}/in?k=v",
+            f"--post={second.url}/in",
+            "--mode=round-robin",
+            "--content-type=application/x-test",
+            "--header=X-Token: abc",
+            "--n=4",
+            "--status-every=10",
+        )
+        assert rc == 0, err
+        answered_ok = first.ok_bodies()[3:] + second.ok_bodies()
+        assert sorted(answered_ok) == bodies  # each once, after its retries
+        assert len(first.seen) >= 3 + 10 and len(second.seen) >= 10  # spread in turn
+        method, path, headers, _ = first.seen[-1]
+        assert (method, path) == ("POST", "/in?k=v")
+        assert headers["Content-Type"] == "application/x-test"
+        assert headers["X-Token"] == "abc"
+        assert b"got status code 500; requeued" in err
+        assert b"finished 10 requests - 99th:" in err
+    finally:
+        first.close()
+        second.close()
+
+
+def test_nsq_to_http_gets_with_the_body_escaped_and_sample_zero_sends_nothing(
+    nsqd: ServerThread,
+) -> None:
+    server = Recorder()
+    with nsqd.connect() as c:
+        c.mpub("gets", [b"a b&c=d", "é/%+".encode()])
+        c.mpub("none", [b"x"] * 5)
+    try:
+        rc, err = _to_http(nsqd, "gets", f"--get={server.url}/hit?data=%s")
+        assert rc == 0, err
+        got = sorted(
+            urllib.parse.parse_qs(urllib.parse.urlsplit(p).query)["data"][0]
+            for _, p, _, _ in server.seen
+        )
+        assert got == sorted(["a b&c=d", "é/%+"])
+        rc, err = _to_http(nsqd, "none", f"--get={server.url}/hit?data=%s", "--sample=0")
+        assert rc == 0, err
+        assert len(server.seen) == 2  # the five were FIN'd unsent
+    finally:
+        server.close()

@@ -141,6 +141,8 @@ def _convert_flag(flag: _Flag, text: str) -> Any:
         return parse_go_bool(text)
     if kind == "int":
         return parse_go_int(text)
+    if kind == "float":
+        return parsego_float_text(text)
     if kind == "duration":
         return parse_duration(text)
     if kind == "floatlist":
@@ -279,6 +281,12 @@ def _coerce_config(f: Field[Any], raw: Any) -> Any:
         if isinstance(raw, list) and all(isinstance(v, str) for v in raw):
             return list(raw)
         raise ValueError("not a list of strings")
+    if kind == "float":
+        if isinstance(raw, str):
+            return parsego_float_text(raw)
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        raise ValueError("not a number")
     if kind == "floatlist":
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list):
@@ -376,7 +384,13 @@ def resolve(
 
 # -- -h ----------------------------------------------------------------------------------------
 
-_TYPE_NAMES = {"str": "string", "int": "int", "duration": "duration", "list": "value"}
+_TYPE_NAMES = {
+    "str": "string",
+    "int": "int",
+    "float": "float",
+    "duration": "duration",
+    "list": "value",
+}
 
 
 def usage(options: type[Any], program: str) -> str:
@@ -395,6 +409,8 @@ def usage(options: type[Any], program: str) -> str:
             default = "true" if value else None
         elif kind == "int":
             default = str(value) if value else None
+        elif kind == "float":
+            default = f"{value:g}" if value else None
         elif kind in ("list", "floatlist"):
             default = None
         elif f.metadata.get("implicit") is not None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, field, fields
 from typing import Any, Literal
 
-Kind = Literal["str", "int", "bool", "duration", "list", "floatlist", "deprecated_bool"]
+Kind = Literal["str", "int", "float", "bool", "duration", "list", "floatlist", "deprecated_bool"]
 
 
 def opt(
@@ -78,6 +78,8 @@ def option_kind(f: Field[Any]) -> Kind:
         return "bool"
     if isinstance(default, int):
         return "int"
+    if isinstance(default, float):
+        return "float"
     return "str"
 
 
