@@ -322,3 +322,86 @@ def test_lookup_tombstone_and_notifications(cluster: Any) -> None:
         server.stop()
         hook.shutdown()
         hook.server_close()
+
+
+def test_config_endpoint_answers_the_allowed_cidr_only(cluster: Any) -> None:
+    """Go's ``/config/<option>``: GET any option by its config-file name; PUT
+    ``nsqlookupd_http_addresses`` changes where the pages look; a request from outside
+    ``--allow-config-from-cidr`` is 403."""
+    lookupd = cluster[0]
+    addr = lookupd.http_url.removeprefix("http://")
+    server = AdminThread(lookupd_http_addresses=["127.0.0.1:1"])
+    try:
+        assert server.request("GET", "/config/nsqlookupd_http_addresses") == (200, ["127.0.0.1:1"])
+        assert server.request("GET", "/config/bogus")[0] == 400
+        status, _ = server.request("PUT", "/config/nsqlookupd_http_addresses", [addr])
+        assert status == 200
+        status, topics = server.request("GET", "/api/topics")
+        assert status == 200 and "orders" in json.dumps(topics)  # the new lookupd's
+        assert server.request("PUT", "/config/nsqlookupd_http_addresses", "x")[0] == 400
+        assert server.request("PUT", "/config/http_address", "x")[0] == 400
+        assert server.request("PUT", "/config/log_level", "debug")[0] == 400  # JSON "debug"
+        assert server.call(lambda: server.opts.log_level) == "info"
+    finally:
+        server.stop()
+    server = AdminThread(lookupd_http_addresses=[addr], allow_config_from_cidr="10.0.0.0/8")
+    try:
+        assert server.request("GET", "/config/nsqlookupd_http_addresses") == (
+            403,
+            {"message": "FORBIDDEN"},
+        )
+    finally:
+        server.stop()
+
+
+def test_a_config_file_and_https_nodes(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Any
+) -> None:
+    """``--config`` (Go nsqadmin's TOML keys) and ``--http-client-tls-root-ca-file``: the
+    pages read an nsqd given as ``https://`` with the CA that signed it."""
+    from pynsqd.nsqadmin.cli import parse_options
+
+    from .secure_client import Certs
+
+    certs = Certs(tmp_path)
+    node = make_nsqd(**certs.server_options(https_address="127.0.0.1:0"))
+    with node.connect() as p:
+        p.mpub("secure", [b"x"] * 4)
+    config = tmp_path / "nsqadmin.cfg"
+    config.write_text(
+        f'nsqd_http_addresses = ["https://{node.nsqd.https_address}"]\n'
+        f'http_client_tls_root_ca_file = "{certs.ca_file}"\n'
+        'admin_users = ["ops"]\n'
+    )
+    opts, warnings = parse_options([f"--config={config}", "--http-address=127.0.0.1:0"])
+    assert warnings == []
+    assert opts.admin_users == ["ops"]
+    server = AdminThread(**{f: getattr(opts, f) for f in vars(opts)})
+    try:
+        status, topics = server.request("GET", "/api/topics/secure")
+        assert status == 200, topics
+        assert topics["depth"] == 4
+    finally:
+        server.stop()
+    bad = AdminThread(nsqd_http_addresses=[f"https://{node.nsqd.https_address}"])
+    try:  # without the CA the node is an error on the page, not a failure
+        status, topics = bad.request("GET", "/api/topics")
+        assert status == 200 and "CERTIFICATE_VERIFY_FAILED" in json.dumps(topics)
+    finally:
+        bad.stop()
+
+
+def test_the_command_line_checks_the_new_flags(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pynsqd.nsqadmin.cli import main
+
+    base = ["--nsqd-http-address=a:1"]
+    assert main([*base, f"--http-client-tls-root-ca-file={tmp_path}/none.pem"]) == 1
+    assert capsys.readouterr().err == (
+        f"nsqadmin: --http-client-tls-root-ca-file={tmp_path}/none.pem: No such file or directory\n"
+    )
+    assert main([*base, "--allow-config-from-cidr=10.0.0.0/99"]) == 1
+    assert capsys.readouterr().err.startswith("nsqadmin: --allow-config-from-cidr: ")
+    assert main([*base, f"--config={tmp_path}/none.cfg"]) == 1
+    assert "failed to load config file" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from typing import IO
 
 import pytest
 
-from pynsqd.client import Connection
+from pynsqd.client import Connection, lookup_topics
 
 from ..conftest import ServerThread
 from ..waiting import wait_for
@@ -644,3 +644,128 @@ def test_nsq_to_http_gets_with_the_body_escaped_and_sample_zero_sends_nothing(
         assert len(server.seen) == 2  # the five were FIN'd unsent
     finally:
         server.close()
+
+
+def test_nsq_to_file_topic_pattern_finds_topics_through_nsqlookupd_as_they_appear(
+    tmp_path: Path,
+) -> None:
+    """Go's ``--topic-pattern``: without ``--topic``, every topic nsqlookupd knows that matches
+    is written, including one created after the start (found at the next
+    ``--topic-refresh``); others are not. ``--log-prefix`` and ``--log-level`` shape the lines."""
+    lookupd = LookupdThread()
+    host, port = lookupd.tcp_address
+    flags = (f"--lookupd-tcp-address={host}:{port}", "--broadcast-address=127.0.0.1")
+    (tmp_path / "data").mkdir()
+    node = Proc(tmp_path / "data", tmp_path / "nsqd.log", *flags)
+    out = tmp_path / "out"
+    with Connection(f"127.0.0.1:{node.port}").connect() as c:
+        c.pub("app.a", b"a1")
+        c.pub("other", b"o1")
+    wait_for(lambda: {"app.a", "other"} <= set(lookupd_topics(lookupd)), "lookupd has both")
+    proc = subprocess.Popen(
+        [
+            *_tool_command("nsq_to_file"),
+            r"--topic-pattern=^app\.",
+            f"--lookupd-http-address={lookupd.http_url.removeprefix('http://')}",
+            "--topic-refresh=100ms",
+            "--lookupd-poll-interval=100ms",
+            f"--output-dir={out}",
+            "--sync-interval=50ms",
+            "--log-prefix=[tofile] ",
+            "--log-level=info",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def lines(topic: str) -> set[bytes]:
+        return {x for f in out.glob(f"{topic}.*.log") for x in f.read_bytes().splitlines()}
+
+    assert proc.stderr is not None
+    err = Lines(proc.stderr)
+    try:
+        err.until(b"[tofile] consuming topic app.a")
+        wait_for(lambda: lines("app.a") == {b"a1"}, "app.a written")
+        with Connection(f"127.0.0.1:{node.port}").connect() as c:
+            c.mpub("app.b", [b"b1", b"b2"])
+        err.until(b"[tofile] consuming topic app.b")
+        wait_for(lambda: lines("app.b") == {b"b1", b"b2"}, "app.b, created later, written")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        err.close()
+        node.p.kill()
+        node.p.wait()
+        node.log_file.close()
+        lookupd.stop()
+    assert proc.returncode == 0
+    assert not list(out.glob("other.*"))
+    res = tool("nsq_to_file", "--topic-pattern=(", "--lookupd-http-address=127.0.0.1:1")
+    assert res.returncode == 1 and res.stderr.startswith(b"nsq_to_file: --topic-pattern: ")
+    res = tool("nsq_to_file", "--topic-pattern=x", "--nsqd-tcp-address=127.0.0.1:1")
+    assert res.stderr == (
+        b"nsq_to_file: --lookupd-http-address must be specified when no --topic specified\n"
+    )
+
+
+def lookupd_topics(lookupd: LookupdThread) -> list[str]:
+    return lookup_topics([lookupd.http_url])
+
+
+def test_the_tools_accept_every_flag_of_gos(tmp_path: Path) -> None:
+    """Each tool's ``--help`` lists every flag Go NSQ 1.3.0's lists (taken from the binaries'
+    ``--help``), so existing command lines and unit files work."""
+    missing = {}
+    for name, flags in GO_FLAGS.items():
+        res = tool(name, "--help")
+        ours = {
+            line.split()[0].lstrip("-")
+            for line in res.stdout.decode().splitlines() + res.stderr.decode().splitlines()
+            if line.startswith("  -")
+        }
+        gone = sorted(set(flags.split()) - ours)
+        if gone:
+            missing[name] = gone
+    assert missing == {}
+
+
+#: Go NSQ 1.3.0's flags per program (``<program> --help``).
+GO_FLAGS = {
+    "to_nsq": "delimiter nsqd-tcp-address producer-opt rate topic",
+    "nsq_tail": "channel consumer-opt lookupd-http-address max-in-flight n nsqd-tcp-address "
+    "print-topic topic version",
+    "nsq_stat": "channel count http-client-connect-timeout http-client-request-timeout "
+    "interval lookupd-http-address nsqd-http-address topic version",
+    "nsq_to_file": "channel consumer-opt datetime-format filename-format gzip gzip-level "
+    "host-identifier http-client-connect-timeout http-client-request-timeout log-level "
+    "log-prefix lookupd-http-address max-in-flight nsqd-tcp-address output-dir "
+    "rotate-interval rotate-size skip-empty-files sync-interval topic topic-pattern "
+    "topic-refresh version work-dir",
+    "nsq_to_nsq": "channel consumer-opt destination-nsqd-tcp-address destination-topic "
+    "lookupd-http-address max-in-flight mode nsqd-tcp-address producer-opt "
+    "require-json-field require-json-value status-every topic version whitelist-json-field",
+    "nsq_to_http": "channel consumer-opt content-type get header http-client-connect-timeout "
+    "http-client-request-timeout lookupd-http-address max-in-flight mode n nsqd-tcp-address "
+    "post sample status-every topic version",
+    "nsqd": "auth-http-address broadcast-address broadcast-http-port broadcast-tcp-port "
+    "config data-path deflate e2e-processing-latency-percentile "
+    "e2e-processing-latency-window-time http-address http-client-connect-timeout "
+    "http-client-request-timeout https-address log-level log-prefix lookupd-tcp-address "
+    "max-body-size max-bytes-per-file max-channel-consumers max-deflate-level "
+    "max-heartbeat-interval max-msg-size max-msg-timeout max-output-buffer-size "
+    "max-output-buffer-timeout max-rdy-count max-req-timeout mem-queue-size "
+    "min-output-buffer-timeout msg-timeout node-id output-buffer-timeout "
+    "queue-scan-selection-count queue-scan-worker-pool-max snappy statsd-address "
+    "statsd-exclude-ephemeral statsd-interval statsd-mem-stats statsd-prefix "
+    "statsd-udp-packet-size sync-every sync-timeout tcp-address tls-cert "
+    "tls-client-auth-policy tls-key tls-min-version tls-required tls-root-ca-file verbose "
+    "version worker-id",
+    "nsqlookupd": "broadcast-address config http-address inactive-producer-timeout log-level "
+    "log-prefix tcp-address tombstone-lifetime verbose version",
+    "nsqadmin": "acl-http-header admin-user allow-config-from-cidr base-path config "
+    "dev-static-dir graphite-url http-address http-client-connect-timeout "
+    "http-client-request-timeout http-client-tls-cert http-client-tls-insecure-skip-verify "
+    "http-client-tls-key http-client-tls-root-ca-file log-level log-prefix "
+    "lookupd-http-address notification-http-endpoint nsqd-http-address proxy-graphite "
+    "statsd-counter-format statsd-gauge-format statsd-interval statsd-prefix verbose version",
+}

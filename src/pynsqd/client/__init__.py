@@ -21,6 +21,7 @@ from .cluster import (
     lookup_http_addresses,
     lookup_nodes,
     lookup_producers,
+    lookup_topics,
     read_log,
     topic_offsets,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
+    "lookup_topics",
     "parse_address",
     "read_log",
     "topic_offsets",

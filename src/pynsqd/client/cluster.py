@@ -178,6 +178,31 @@ def lookup_producers(
     return _addresses(found, "tcp_port")
 
 
+def lookup_topics(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
+    """Every topic the lookupds know (``/topics``), in order of first mention. Raises
+    NsqLookupError when none answered."""
+    found: list[str] = []
+    errors: list[str] = []
+    opts = ClientOptions(timeout=timeout)
+    answered = False
+    for lookupd in lookupd_addresses:
+        url = _url(lookupd, "/topics", {})
+        try:
+            status, body = _get_json(url, opts)
+        except (OSError, ValueError) as e:
+            errors.append(f"{url}: {e}")
+            continue
+        if status != 200 or not isinstance(body, dict):
+            errors.append(f"{url}: HTTP {status} {body}")
+            continue
+        answered = True
+        topics = body.get("topics", (body.get("data") or {}).get("topics"))
+        found += [t for t in topics or [] if isinstance(t, str) and t not in found]
+    if not answered:
+        raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
+    return found
+
+
 def lookup_nodes(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
     """``host:port`` TCP addresses of every nsqd registered with the lookupds (``/nodes``)."""
     return _addresses(_query_all(lookupd_addresses, "/nodes", {}, timeout), "tcp_port")

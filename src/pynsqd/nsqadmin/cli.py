@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import sys
+from typing import Any
 
 from ..internal import process
-from ..internal.flags import HelpRequested, UsageError, parse_command_line
+from ..internal.checks import unreadable
+from ..internal.flags import HelpRequested, UsageError, load_config, parse_command_line
 from ..internal.version import version_string
 from ..log import configure_logging
 from .options import AdminOptions
@@ -14,25 +17,52 @@ from .options import AdminOptions
 PROGRAM = "nsqadmin"
 
 
-def parse_options(argv: list[str]) -> AdminOptions:
+def parse_options(argv: list[str]) -> tuple[AdminOptions, list[str]]:
+    """Flags > ``--config`` file (TOML, Go nsqadmin's keys) > defaults; and the warnings to
+    log. Raises UsageError."""
     command_line = parse_command_line(argv, AdminOptions, PROGRAM)
-    opts = AdminOptions()
-    for name, value in command_line.values.items():
-        setattr(opts, name, value)
     if command_line.version:
         print(version_string(PROGRAM))
         raise SystemExit(0)
+    warnings = list(command_line.warnings)
+    config: dict[str, Any] = {}
+    if command_line.values.get("config"):
+        config, more = load_config(command_line.values["config"], AdminOptions)
+        warnings += more
+    opts = AdminOptions()
+    for name, value in {**config, **command_line.values}.items():
+        setattr(opts, name, value)
     if bool(opts.lookupd_http_addresses) == bool(opts.nsqd_http_addresses):
         raise UsageError(
             "use --lookupd-http-address or --nsqd-http-address (one of them, not both)", 1
         )
-    return opts
+    for flag, path in (
+        ("--http-client-tls-root-ca-file", opts.http_client_tls_root_ca_file),
+        ("--http-client-tls-cert", opts.http_client_tls_cert),
+        ("--http-client-tls-key", opts.http_client_tls_key),
+    ):
+        why = unreadable(path) if path else None
+        if why:
+            raise UsageError(f"{flag}={path}: {why}", 1)
+    if opts.http_client_tls_key and not opts.http_client_tls_cert:
+        raise UsageError("--http-client-tls-key needs --http-client-tls-cert", 1)
+    if opts.allow_config_from_cidr:
+        try:
+            ipaddress.ip_network(opts.allow_config_from_cidr, strict=False)
+        except ValueError as err:
+            raise UsageError(f"--allow-config-from-cidr: {err}", 1) from None
+    if opts.graphite_url:
+        warnings.append(
+            "--graphite-url: the charts are drawn from nsqd's own samples; Graphite is not "
+            "read (--graphite-url, --proxy-graphite and --statsd-* are accepted and unused)"
+        )
+    return opts, warnings
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        opts = parse_options(args)
+        opts, warnings = parse_options(args)
     except HelpRequested as e:
         sys.stdout.write(e.message)
         return 0
@@ -41,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     configure_logging(opts.log_level, opts.log_prefix)
     log = logging.getLogger("pynsqd.nsqadmin")
+    for warning in warnings:
+        log.warning("%s", warning)
     log.info("%s", version_string(PROGRAM))
     from .server import AdminService
 

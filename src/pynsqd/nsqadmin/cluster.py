@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import urllib.parse
 from typing import Any
 
@@ -24,6 +25,29 @@ COUNTERS = (
 )
 
 
+def _url(address: str, path: str) -> str:
+    """An address as given (``https://host:port`` for a TLS node) or ``host:port`` (http)."""
+    return f"{address.rstrip('/')}{path}" if "://" in address else f"http://{address}{path}"
+
+
+def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
+    """The HTTP client's TLS for https:// addresses (``--http-client-tls-*``); True: the
+    system's defaults. Raises OSError/ssl.SSLError naming the file."""
+    if not (
+        opts.http_client_tls_root_ca_file
+        or opts.http_client_tls_cert
+        or opts.http_client_tls_insecure_skip_verify
+    ):
+        return True
+    ctx = ssl.create_default_context(cafile=opts.http_client_tls_root_ca_file or None)
+    if opts.http_client_tls_insecure_skip_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if opts.http_client_tls_cert:
+        ctx.load_cert_chain(opts.http_client_tls_cert, opts.http_client_tls_key or None)
+    return ctx
+
+
 class Cluster:
     def __init__(self, opts: AdminOptions) -> None:
         self.opts = opts
@@ -32,9 +56,15 @@ class Cluster:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=self.opts.http_client_request_timeout)
+            opts = self.opts
+            timeout = aiohttp.ClientTimeout(
+                total=opts.http_client_request_timeout,
+                sock_connect=opts.http_client_connect_timeout,
+            )
             self._session = aiohttp.ClientSession(
-                timeout=timeout, headers={"Accept": "application/vnd.nsq; version=1.0"}
+                timeout=timeout,
+                headers={"Accept": "application/vnd.nsq; version=1.0"},
+                connector=aiohttp.TCPConnector(ssl=client_tls(opts)),
             )
         return self._session
 
@@ -43,7 +73,7 @@ class Cluster:
             await self._session.close()
 
     async def _get(self, address: str, path: str) -> Any:
-        async with self.session.get(f"http://{address}{path}") as r:
+        async with self.session.get(_url(address, path)) as r:
             if r.status != 200:
                 raise RuntimeError(f"{address}{path}: HTTP {r.status} {await r.text()}")
             doc = await r.json(content_type=None)
@@ -51,7 +81,7 @@ class Cluster:
 
     async def _post(self, address: str, path: str) -> str | None:
         try:
-            async with self.session.post(f"http://{address}{path}") as r:
+            async with self.session.post(_url(address, path)) as r:
                 if r.status != 200:
                     return f"{address}: HTTP {r.status} {(await r.text()).strip()}"
         except (aiohttp.ClientError, TimeoutError) as e:

@@ -21,6 +21,7 @@ class AdminOptions:
         "lookupd HTTP address (may be given multiple times)",
         kind="list",
         flag="lookupd-http-address",
+        cfg="nsqlookupd_http_addresses",
     )
     nsqd_http_addresses: list[str] = opt(
         [], "nsqd HTTP address (may be given multiple times)", kind="list", flag="nsqd-http-address"
@@ -29,13 +30,53 @@ class AdminOptions:
         "X-Forwarded-User", "HTTP header to check for authenticated admin users"
     )
     admin_users: list[str] = opt(
-        [], "admin user (may be given multiple times)", kind="list", flag="admin-user"
+        [],
+        "admin user (may be given multiple times)",
+        kind="list",
+        flag="admin-user",
+        cfg="admin_users",
     )
     notification_http_endpoint: str = opt(
         "",
         "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
     )
+    http_client_connect_timeout: float = opt(2.0, "timeout for HTTP connect", kind="duration")
     http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
+    http_client_tls_insecure_skip_verify: bool = opt(
+        False, "configure the HTTP client to skip verification of TLS certificates"
+    )
+    http_client_tls_root_ca_file: str = opt("", "path to CA file for the HTTP client")
+    http_client_tls_cert: str = opt("", "path to certificate file for the HTTP client")
+    http_client_tls_key: str = opt("", "path to key file for the HTTP client")
+    allow_config_from_cidr: str = opt(
+        "127.0.0.1/8", "A CIDR from which to allow HTTP requests to the /config endpoint"
+    )
+    config: str = opt("", "path to config file", kind="str")
+    dev_static_dir: str = opt("", "(development use only)")
+    graphite_url: str = opt("", "graphite HTTP address")
+    proxy_graphite: bool = opt(False, "proxy HTTP requests to graphite")
+    statsd_counter_format: str = opt(
+        "stats.counters.%s.count",
+        "The counter stats key formatting applied by the implementation of statsd. If no "
+        "formatting is desired, set this to an empty string.",
+    )
+    statsd_gauge_format: str = opt(
+        "stats.gauges.%s",
+        "The gauge stats key formatting applied by the implementation of statsd. If no "
+        "formatting is desired, set this to an empty string.",
+    )
+    statsd_interval: float = opt(
+        60.0,
+        "time interval nsqd is configured to push to statsd (must match nsqd)",
+        kind="duration",
+    )
+    statsd_prefix: str = opt(
+        "nsq.%s",
+        "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)",
+    )
+    verbose: bool = opt(
+        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
+    )
     log_level: str = opt(
         "info",
         "set log verbosity: debug, info, warn, error, or fatal",

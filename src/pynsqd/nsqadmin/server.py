@@ -9,8 +9,10 @@ of the request names none of them (the reverse proxy in front sets it)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import os
 from importlib import resources
 from typing import Any
 
@@ -21,7 +23,9 @@ from aiohttp.web_response import Response
 from ..internal.httpapi import HTTPError, Params
 from ..internal.listener import format_address, listen
 from ..internal.names import is_valid_name
+from ..internal.optiontable import config_key, option_fields
 from ..internal.router import Methods, Router
+from ..log import LOGGER_NAME, parse_log_level
 from .cluster import Cluster
 from .options import AdminOptions
 
@@ -30,6 +34,35 @@ log = logging.getLogger("pynsqd.nsqadmin")
 PAGES = ("", "nodes", "topics", "counter", "lookup")
 ACTIONS = ("pause", "unpause", "empty")
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
+#: The largest ``PUT /config/<option>`` body (Go's).
+CONFIG_BODY_MAX = 1024 * 1024
+
+
+def _config_fields() -> dict[str, str]:
+    """Config-file name -> option field."""
+    return {config_key(f): f.name for f in option_fields(AdminOptions)}
+
+
+def set_config(opts: AdminOptions, name: str, body: bytes) -> None:
+    """``PUT /config/<name>``: the options Go's nsqadmin lets change at run time."""
+    if name == "nsqlookupd_http_addresses":
+        try:
+            value = json.loads(body)
+        except ValueError:
+            raise HTTPError(400, "INVALID_VALUE") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise HTTPError(400, "INVALID_VALUE")
+        opts.lookupd_http_addresses = value
+    elif name == "log_level":
+        level = body.decode(errors="replace").strip().lower()
+        try:
+            levelno = parse_log_level(level)
+        except ValueError:
+            raise HTTPError(400, "INVALID_VALUE") from None
+        opts.log_level = level
+        logging.getLogger(LOGGER_NAME).setLevel(levelno)
+    else:
+        raise HTTPError(400, "INVALID_OPTION")
 
 
 class AdminService(Router):
@@ -72,6 +105,8 @@ class AdminService(Router):
             return {"GET": ("raw", self._page)}
         if parts[0] == "static" and len(parts) == 2:
             return {"GET": ("raw", self._static)}
+        if parts[0] == "config" and len(parts) == 2:
+            return {"GET": ("v1", self._config), "PUT": ("v1", self._config)}
         return None
 
     def _names(self, request: BaseRequest) -> tuple[str, str]:
@@ -179,10 +214,48 @@ class AdminService(Router):
             raise HTTPError(502, "; ".join(errors))
         return None
 
+    async def _config(self, request: BaseRequest, params: Params) -> Any:
+        """Go nsqadmin's ``/config/<option>``, from ``--allow-config-from-cidr`` only: GET
+        any option by its config-file name; PUT ``nsqlookupd_http_addresses`` (a JSON list)
+        or ``log_level`` (the level's name) changes it while nsqadmin runs."""
+        name = request.path.rsplit("/", 1)[1]
+        if not self._config_allowed(request.remote or ""):
+            raise HTTPError(403, "FORBIDDEN")
+        if request.method == "PUT":
+            body = await request.content.read(CONFIG_BODY_MAX + 1)
+            if not body or len(body) > CONFIG_BODY_MAX:
+                raise HTTPError(413, "INVALID_VALUE")
+            set_config(self.opts, name, body)
+            log.info("config %s set to %s", name, getattr(self.opts, _config_fields()[name]))
+        field = _config_fields().get(name)
+        if field is None:
+            raise HTTPError(400, "INVALID_OPTION")
+        return getattr(self.opts, field)
+
+    def _config_allowed(self, remote: str) -> bool:
+        cidr = self.opts.allow_config_from_cidr
+        if not cidr:
+            return True
+        try:
+            return ipaddress.ip_address(remote) in ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            return False
+
     # -- pages -----------------------------------------------------------------------------
 
+    def _static_file(self, name: str) -> bytes:
+        """A file of the web app: from ``--dev-static-dir`` when given (editing the app
+        without reinstalling), else the package's. Raises FileNotFoundError."""
+        if self.opts.dev_static_dir:
+            with open(os.path.join(self.opts.dev_static_dir, name), "rb") as f:
+                return f.read()
+        try:
+            return resources.files(__package__).joinpath(f"static/{name}").read_bytes()
+        except IsADirectoryError:
+            raise FileNotFoundError(name) from None
+
     async def _page(self, request: BaseRequest, params: Params) -> Response:
-        html = resources.files(__package__).joinpath("static/index.html").read_text()
+        html = self._static_file("index.html").decode()
         html = html.replace("{{BASE}}", self.base)
         return Response(status=200, body=html.encode(), content_type="text/html")
 
@@ -192,7 +265,7 @@ class AdminService(Router):
         if suffix not in _STATIC_TYPES or "/" in name or name.startswith("."):
             raise HTTPError(404, "NOT_FOUND")
         try:
-            data = resources.files(__package__).joinpath(f"static/{name}").read_bytes()
+            data = self._static_file(name)
         except (FileNotFoundError, IsADirectoryError):
             raise HTTPError(404, "NOT_FOUND") from None
         return Response(status=200, body=data, content_type=_STATIC_TYPES[suffix])

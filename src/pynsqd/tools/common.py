@@ -36,6 +36,28 @@ def parse(program: str, options: type[Any], argv: list[str] | None) -> Any:
     return opts
 
 
+# -- the tools' log lines --------------------------------------------------------------------
+
+#: Go's log levels (``--log-level``), lowest first.
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+
+class ToolLog:
+    """A tool's lines on stderr: ``prefix`` first (``<program>: `` unless ``--log-prefix``),
+    those below ``--log-level`` left out."""
+
+    def __init__(self, program: str, prefix: str | None = None, level: str = "info") -> None:
+        level = level.lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"--log-level={level}: must be one of {', '.join(LOG_LEVELS)}")
+        self.prefix = f"{program}: " if prefix is None else prefix
+        self.threshold = LOG_LEVELS.index(level)
+
+    def say(self, line: str, level: str = "info") -> None:
+        if LOG_LEVELS.index(level) >= self.threshold:
+            print(f"{self.prefix}{line}", file=sys.stderr, flush=True)
+
+
 # -- go-nsq's config keys (--consumer-opt / --producer-opt) ----------------------------------
 
 

@@ -30,7 +30,7 @@ from ..client import (
     lookup_producers,
 )
 from ..internal.optiontable import opt
-from .common import go_client
+from .common import ToolLog, go_client
 
 
 @dataclass
@@ -59,11 +59,19 @@ class ConsumerOptions:
 
 
 def subscriptions(
-    program: str, opts: ConsumerOptions, topics: list[str], channel: str
+    program: str,
+    opts: ConsumerOptions,
+    topics: list[str],
+    channel: str,
+    *,
+    lookup_timeout: float = 5.0,
+    log: ToolLog | None = None,
+    topics_found_later: bool = False,
 ) -> list[Subscription]:
     """One Subscription per topic from the consumer flags; a bad combination is the tool's
-    one line and exit 1."""
-    if not topics:
+    one line and exit 1. With ``topics_found_later`` (nsq_to_file's ``--topic-pattern``) no
+    topic need be given yet."""
+    if not topics and not topics_found_later:
         print(f"{program}: --topic is required", file=sys.stderr)
         raise SystemExit(1)
     if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
@@ -83,6 +91,8 @@ def subscriptions(
             client,
             max_in_flight or opts.max_in_flight,
             opts.lookupd_poll_interval,
+            lookup_timeout=lookup_timeout,
+            log=log,
         )
         for topic in topics
     ]
@@ -106,6 +116,9 @@ class Subscription:
         client: ClientOptions,
         max_in_flight: int,
         poll_interval: float,
+        *,
+        lookup_timeout: float = 5.0,
+        log: ToolLog | None = None,
     ) -> None:
         self.program, self.topic, self.channel = program, topic, channel
         self.nsqd_addresses = list(dict.fromkeys(nsqd_addresses))
@@ -113,6 +126,8 @@ class Subscription:
         self.client = client
         self.max_in_flight = max_in_flight
         self.poll_interval = poll_interval
+        self.lookup_timeout = lookup_timeout
+        self.log = log or ToolLog(program)
         self.incoming: Queue[tuple[Connection, bytes, bytes]] = Queue()
         self._lock = threading.Lock()
         self._conns: dict[str, Connection] = {}
@@ -123,8 +138,8 @@ class Subscription:
         self._thread = threading.Thread(target=self._run, name=f"{program}-nodes", daemon=True)
         self._waiting_said = False
 
-    def say(self, line: str) -> None:
-        print(f"{self.program}: {line}", file=sys.stderr, flush=True)
+    def say(self, line: str, level: str = "info") -> None:
+        self.log.say(line, level)
 
     def start(self) -> None:
         """Connect to the given nodes (raises NsqError/NsqConnectionError/ValueError, the
@@ -189,16 +204,17 @@ class Subscription:
         self._retry_at[conn.address] = time.monotonic() + wait
         self.say(
             f"{conn.address}: connection closed ({conn.close_reason}); connecting again in "
-            f"{wait:g}s"
+            f"{wait:g}s",
+            "warn",
         )
 
     def _poll_lookupd(self) -> None:
         if not self.lookupd_addresses:
             return
         try:
-            self._found = lookup_producers(self.lookupd_addresses, self.topic, 5.0)
+            self._found = lookup_producers(self.lookupd_addresses, self.topic, self.lookup_timeout)
         except NsqLookupError as err:
-            self.say(f"{err}; asking again in {self.poll_interval:g}s")
+            self.say(f"{err}; asking again in {self.poll_interval:g}s", "error")
             return
         if not self._found and not self._conns and not self._waiting_said:
             self._waiting_said = True
@@ -226,4 +242,7 @@ class Subscription:
                     wait = self._backoff.get(address, RECONNECT_FIRST)
                     self._backoff[address] = min(wait * 2, RECONNECT_MAX)
                     self._retry_at[address] = now + wait
-                    self.say(f"{address}: error connecting to nsqd - {err}; again in {wait:g}s")
+                    self.say(
+                        f"{address}: error connecting to nsqd - {err}; again in {wait:g}s",
+                        "error",
+                    )

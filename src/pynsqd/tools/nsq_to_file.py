@@ -5,7 +5,9 @@ node ``--lookupd-http-address`` lists) and appended to ``--output-dir``/``--file
 (``<TOPIC>``, ``<HOST>``, ``<REV>``, ``<DATETIME>``, ``<PID>``). A file is written in
 ``--work-dir`` and moved to the output directory when it is closed: at rotation (the
 ``--datetime-format`` text changes, ``--rotate-size`` bytes, ``--rotate-interval``) and at exit.
-``--gzip`` compresses. Messages are FIN'd only after their bytes are fsynced (every
+``--gzip`` compresses. Without ``--topic``, every topic nsqlookupd knows that matches
+``--topic-pattern`` (a regular expression, searched) is consumed, asked again every
+``--topic-refresh``. Messages are FIN'd only after their bytes are fsynced (every
 ``--sync-interval`` and at each rotation), so a crash redelivers rather than loses them.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import signal
 import socket
 import sys
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 from queue import Empty
 from typing import BinaryIO
 
-from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError
+from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError, lookup_topics
 from ..internal.optiontable import opt
-from .common import parse
+from .common import ToolLog, parse
 from .consumer import ConsumerOptions, Subscription, subscriptions
 
 PROGRAM = "nsq_to_file"
@@ -55,6 +58,14 @@ class ToFileOptions(ConsumerOptions):
     rotate_size: int = opt(0, "rotate the file when it grows bigger than `rotate-size` bytes")
     rotate_interval: float = opt(0.0, "rotate the file every duration", kind="duration")
     sync_interval: float = opt(30.0, "sync file to disk every duration", kind="duration")
+    topic_pattern: str = opt("", "only log topics matching the following pattern")
+    topic_refresh: float = opt(
+        60.0, "how frequently the topic list should be refreshed", kind="duration"
+    )
+    log_level: str = opt("info", "set log verbosity: debug, info, warn, error, or fatal")
+    log_prefix: str = opt("nsq_to_file: ", "log message prefix")
+    http_client_connect_timeout: float = opt(2.0, "timeout for HTTP connect", kind="duration")
+    http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
 
 
 class TopicFile:
@@ -198,7 +209,39 @@ def _consume(opts: ToFileOptions, sub: Subscription, stop: threading.Event) -> N
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(PROGRAM, ToFileOptions, argv)
-    subs = subscriptions(PROGRAM, opts, opts.topics, opts.channel)
+    try:
+        log = ToolLog(PROGRAM, opts.log_prefix, opts.log_level)
+        pattern = re.compile(opts.topic_pattern)
+    except re.error as err:
+        print(f"{PROGRAM}: --topic-pattern: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
+    if not opts.topics and not opts.topic_pattern:
+        print(f"{PROGRAM}: --topic or --topic-pattern required", file=sys.stderr)
+        return 1
+    if not opts.topics and not opts.lookupd_http_addresses:
+        print(
+            f"{PROGRAM}: --lookupd-http-address must be specified when no --topic specified",
+            file=sys.stderr,
+        )
+        return 1
+    lookup_timeout = opts.http_client_connect_timeout + opts.http_client_request_timeout
+
+    def subscribe(topics: list[str]) -> list[Subscription]:
+        allowed = [t for t in topics if pattern.search(t)]
+        return subscriptions(
+            PROGRAM,
+            opts,
+            allowed,
+            opts.channel,
+            lookup_timeout=lookup_timeout,
+            log=log,
+            topics_found_later=True,
+        )
+
+    subs = subscribe(opts.topics)
     if not 1 <= opts.gzip_level <= 9:
         print(f"{PROGRAM}: invalid --gzip-level", file=sys.stderr)
         return 1
@@ -211,13 +254,34 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    workers = []
-    try:
-        for sub in subs:
+    workers: list[threading.Thread] = []
+    running: set[str] = set()
+
+    def start(new: list[Subscription]) -> None:
+        for sub in new:
             sub.start()
             t = threading.Thread(target=_consume, args=(opts, sub, stop))
             t.start()
             workers.append(t)
+            running.add(sub.topic)
+
+    try:
+        start(subs)
+        if not opts.topics:
+            # --topic-pattern: the topics nsqlookupd knows, again every --topic-refresh (Go's
+            # topic discoverer); a topic that matches is consumed from then on.
+            while True:
+                try:
+                    known = lookup_topics(opts.lookupd_http_addresses, lookup_timeout)
+                except NsqLookupError as err:
+                    log.say(f"{err}; asking again in {opts.topic_refresh:g}s", "error")
+                else:
+                    new = [t for t in known if t not in running and pattern.search(t)]
+                    for topic in new:
+                        log.say(f"consuming topic {topic} (it matches --topic-pattern)")
+                    start(subscribe(new))
+                if stop.wait(opts.topic_refresh):
+                    break
     except (NsqError, NsqConnectionError, NsqLookupError, ValueError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         stop.set()
