@@ -35,9 +35,6 @@ from .settings import ReplicationSettings
 
 __all__ = ["Member", "Partition", "Role"]
 
-#: Zeros kept written ahead of a durability=fsync copy's records (``TopicLog.preallocate``).
-PREALLOCATE = 1 << 20
-
 #: An in-sync member: (node id, storage id). A node that comes back with an empty data
 #: directory has a new storage id, so it is not taken for the member it was.
 Member = tuple[int, str]
@@ -87,14 +84,6 @@ class Partition:
     @property
     def name(self) -> str:
         return f"{self.topic}/{self.origin}"
-
-    def apply(self, settings: ReplicationSettings) -> None:
-        """The topic's replication settings, as etcd holds them now. With durability=fsync
-        the copy keeps zeros written ahead of its records, so that its per-batch fdatasync
-        changes no file size: no journal commit per batch (on this machine's ext4, nine
-        concurrent writers: about 1.8x the syncs per second and a third less kernel time)."""
-        self.settings = settings
-        self.log.preallocate = PREALLOCATE if settings.durability == "fsync" else 0
 
     @property
     def is_origin(self) -> bool:

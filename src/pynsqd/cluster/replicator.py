@@ -194,7 +194,7 @@ class Replicator:
         p = self.partitions.get(key)
         if p is not None:
             p.replicas = replicas
-            p.apply(self.state.settings.get(topic, p.settings))
+            p.settings = self.state.settings.get(topic, p.settings)
             return p
         if origin == self.node_id:
             tlog = self.host.topic_log(topic)
@@ -211,7 +211,6 @@ class Replicator:
             EpochHistory(tlog.directory),
             self.state.settings.get(topic, self.defaults),
         )
-        p.apply(p.settings)
         p.replicas = replicas
         self.partitions[key] = p
         self.leading.watch(p)

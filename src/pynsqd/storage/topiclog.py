@@ -98,23 +98,12 @@ class LogRange:
 class _Segment:
     """One segment file: its offsets ``[base, next)``, size, and sparse index."""
 
-    __slots__ = (
-        "allocated",
-        "base",
-        "idx_off",
-        "idx_pos",
-        "idx_ts",
-        "last_ts",
-        "next",
-        "path",
-        "size",
-    )
+    __slots__ = ("base", "idx_off", "idx_pos", "idx_ts", "last_ts", "next", "path", "size")
 
     def __init__(self, directory: str, base: int) -> None:
         self.base = base
         self.next = base
-        self.size = 0  # the end of the records; the file may hold zeros after it
-        self.allocated = 0  # the file's size: the records and the zeros written ahead
+        self.size = 0
         self.last_ts = 0
         self.path = os.path.join(directory, f"{base:020d}.log")
         self.idx_off = array("q")
@@ -177,9 +166,6 @@ class TopicLog:
         self.committed: int | None = None
         #: The end of what the last fsync covered (``fsync_end``).
         self.synced = 0
-        #: Bytes of zeros kept written ahead of the records (0: none; replicated partitions
-        #: set it, ``cluster/partition.py``): their fdatasyncs then change no file size.
-        self.preallocate = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -253,7 +239,6 @@ class TopicLog:
         for e in entries:
             seg.add_index(*e)
         seg.size = pos
-        self._written(seg)
         seg.next = offset
         if ts > seg.last_ts:
             seg.last_ts = ts
@@ -316,7 +301,6 @@ class TopicLog:
         for e in entries:
             seg.add_index(*e)
         seg.size = pos
-        self._written(seg)
         seg.next = expect
         seg.last_ts = max(seg.last_ts, ts)
         self._unsynced += count
@@ -324,7 +308,7 @@ class TopicLog:
 
     def _write(self, seg: _Segment, data: bytes) -> None:
         """Write ``data`` at the end of ``seg``'s records; a failed or short write is cut
-        back off (zeros ahead stay zeros). Raises OSError."""
+        back off. Raises OSError."""
         try:
             written = os.pwrite(self._fd, data, seg.size)
             if written != len(data):
@@ -332,29 +316,7 @@ class TopicLog:
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, seg.size)
-                seg.allocated = seg.size
-                durable.note_end(self._fd, seg.size)
             raise
-
-    def _written(self, seg: _Segment) -> None:
-        """After the records reached ``seg.size``: keep ``preallocate`` bytes of zeros ahead
-        of them, so that the fdatasync of the next batches changes no file size (on ext4 a size
-        change is a journal commit per sync; an overwrite of written blocks is not). A zero
-        write that fails (a full disk) is left: the records' own write reports the disk."""
-        end = seg.size
-        if end > seg.allocated:
-            seg.allocated = end
-        ahead = self.preallocate
-        if ahead and seg.allocated - end < ahead // 2 and end < self.segment_bytes:
-            target = end + ahead
-            try:
-                os.pwrite(self._fd, bytes(target - seg.allocated), seg.allocated)
-                seg.allocated = target
-            except OSError:
-                with contextlib.suppress(OSError):
-                    seg.allocated = os.fstat(self._fd).st_size
-        if durable.LEDGER:
-            durable.note_end(self._fd, end)
 
     def truncate(self, offset: int) -> int:
         """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
@@ -381,9 +343,8 @@ class TopicLog:
         else:
             pos, keep = self._position(seg, offset)
         os.ftruncate(self._fd, pos)
-        seg.size = seg.allocated = pos
-        durable.note_end(self._fd, pos)
         durable.fsync(self._fd)
+        seg.size = pos
         seg.next = keep if offset > seg.base else seg.base
         i = bisect.bisect_left(seg.idx_pos, pos)
         del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
@@ -479,11 +440,6 @@ class TopicLog:
 
     def _roll(self) -> _Segment:
         old = self.segments[-1]
-        if old.allocated > old.size:  # a closed segment ends at its records
-            os.ftruncate(self._fd, old.size)
-            old.allocated = old.size
-            durable.note_end(self._fd, old.size)
-            self._unsynced = self._unsynced or 1  # the sync below carries the new size
         self.sync()
         os.close(self._fd)
         self._fd = -1
@@ -728,7 +684,7 @@ class TopicLog:
         try:
             with open(seg.index_path, "rb") as f:
                 data = f.read()
-            seg.size = seg.allocated = os.path.getsize(seg.path)
+            seg.size = os.path.getsize(seg.path)
         except OSError:
             return False
         if not data or len(data) % _INDEX.size:
@@ -787,9 +743,10 @@ class TopicLog:
                 pos += 16 + length
                 seg.next = offset + 1
                 seg.last_ts = max(seg.last_ts, ts)
-        seg.size = seg.allocated = pos
+        seg.size = pos
         if problem and _zeros_from(seg.path, pos):
-            # Zeros written ahead of the records (``preallocate``): where they end, not damage.
+            # Zeros after the records (what a power loss leaves where unsynced bytes were, on
+            # XFS and others): where they end, not damage.
             with open(seg.path, "r+b") as f:
                 f.truncate(pos)
                 durable.fsync(f.fileno())
