@@ -513,3 +513,24 @@ def wait_leader(cluster: Cluster, topic: str, origin: int, timeout: float = 20) 
 
     wait_for(led, f"a leader of partition {topic}/{origin}", timeout=timeout)
     return found
+
+
+def replicate(cluster: Cluster, topic: str = "orders", **settings: object) -> None:
+    """``topic`` created on every node and replicated (replicas=3 unless ``settings`` say),
+    each partition led by its origin with all three in sync."""
+    query = "&".join(f"{k}={v}" for k, v in {"replicas": 3, **settings}.items())
+    for n in cluster.nodes:
+        status, body = n.http("POST", f"/topic/create?topic={topic}")
+        assert status == 200, body
+    status, body = cluster.node(1).http("POST", f"/topic/replication?topic={topic}&{query}")
+    assert status == 200, body
+    for n in cluster.nodes:
+        wait_in_sync(cluster, topic, n.node_id)
+
+
+def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> None:
+    def full() -> bool:
+        p = cluster.partition(topic, origin)
+        return p is not None and p["node"] == origin and len(p["isr"]) == size
+
+    wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 30)

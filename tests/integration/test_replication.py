@@ -36,6 +36,8 @@ from .replication_harness import (
     check,
     partition_digest,
     power_loss,
+    replicate,
+    wait_in_sync,
     wait_leader,
 )
 from .test_crash_safety import NSQD, fill, tmpfs
@@ -55,25 +57,6 @@ def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
     c = Cluster(tmp_path, etcd, 3)
     yield c
     c.stop()
-
-
-def replicate(cluster: Cluster, topic: str = TOPIC, **settings: object) -> None:
-    query = "&".join(f"{k}={v}" for k, v in {"replicas": 3, **settings}.items())
-    for n in cluster.nodes:
-        status, body = n.http("POST", f"/topic/create?topic={topic}")
-        assert status == 200, body
-    status, body = cluster.node(1).http("POST", f"/topic/replication?topic={topic}&{query}")
-    assert status == 200, body
-    for n in cluster.nodes:
-        wait_in_sync(cluster, topic, n.node_id)
-
-
-def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> None:
-    def full() -> bool:
-        p = cluster.partition(topic, origin)
-        return p is not None and p["node"] == origin and len(p["isr"]) == size
-
-    wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 30)
 
 
 # -- membership and settings --------------------------------------------------------------------

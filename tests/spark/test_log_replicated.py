@@ -16,8 +16,7 @@ from pynsqd.client.connection import Connection
 from pynsqd_spark.log_source import fetch
 from pynsqd_spark.options import LogOptions
 
-from ..integration.replication_harness import Cluster, Etcd, wait_leader
-from ..integration.test_replication import replicate, wait_in_sync
+from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_sync, wait_leader
 from .test_log_mode import log_stream, to_parquet
 
 TOPIC = "orders"
