@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from pynsqd.client import lookup_topics
 from pynsqd.nsqadmin.options import AdminOptions
 from pynsqd.nsqadmin.server import AdminService
 
 from ..conftest import LoopThread, ServerThread
+from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
 
 
@@ -109,6 +113,58 @@ def test_a_topic_and_a_channel(admin: AdminThread, cluster: Any) -> None:
     assert admin.request("GET", "/api/nodes")[1]["nodes"][0]["version"] == "1.3.0"
 
 
+def test_nodes_a_node_page_and_history_across_requests(admin: AdminThread, cluster: Any) -> None:
+    """``/api/nodes`` has what Go's /nodes shows (hostname, broadcast address, ports, how many
+    nsqlookupd list the node); ``/api/nodes/<node>`` the node's topics, channels and clients
+    (with their connection time); each topic answer carries the samples the server kept, so a
+    second page load starts with the first one's."""
+    _, a, _ = cluster
+    status, doc = admin.request("GET", "/api/nodes")
+    assert status == 200 and doc["errors"] == []
+    node = f"127.0.0.1:{a.http_port}"
+    (row,) = [n for n in doc["nodes"] if n["node"] == node]
+    assert row["broadcast_address"] == "127.0.0.1" and row["hostname"]
+    assert (row["tcp_port"], row["http_port"]) == (a.tcp_port, a.http_port)
+    assert (row["lookupd_connections"], row["topics"], row["version"]) == (1, 1, "1.3.0")
+    with a.connect() as c:
+        c.sub("orders", "billing", rdy=0)
+        status, page = admin.request("GET", f"/api/nodes/{node}")
+    assert status == 200
+    assert [t["topic"] for t in page["topics"]] == ["orders"]
+    (ch,) = page["channels"]
+    assert (ch["topic"], ch["channel"], ch["depth"], ch["clients"]) == ("orders", "billing", 5, 1)
+    (client,) = page["clients"]
+    assert client["channel"] == "billing" and client["connect_ts"] > 0
+    assert admin.request("GET", "/api/nodes/127.0.0.1:1") == (404, {"message": "NODE_NOT_FOUND"})
+    first = admin.request("GET", "/api/topics/orders")[1]["history"]
+    assert len(first) >= 1 and first[-1][1:] == [8, 8]  # depth (topic + channels), messages
+    wait_for(
+        lambda: len(admin.request("GET", "/api/topics/orders")[1]["history"]) > len(first),
+        "a second sample (one per second at most)",
+    )
+    again = admin.request("GET", "/api/topics/orders")[1]["history"]
+    assert again[: len(first)] == first  # what a reloaded page draws first
+
+
+def test_create_topic_and_channel_in_nsqlookupd_and_the_inactive_notice(
+    admin: AdminThread, cluster: Any
+) -> None:
+    """Go's create form: ``POST /api/topics`` creates in every nsqlookupd, where the topic is
+    then known without a producer: the /lookup page's inactive-topics notice lists it."""
+    lookupd = cluster[0]
+    status, _ = admin.request("POST", "/api/topics", {"topic": "later", "channel": "c1"})
+    assert status == 200
+    assert "later" in lookup_topics([lookupd.http_url])
+    with urllib.request.urlopen(f"{lookupd.http_url}/channels?topic=later", timeout=10) as r:
+        assert json.loads(r.read())["channels"] == ["c1"]
+    _, doc = admin.request("GET", "/api/lookup")
+    assert doc["inactive_topics"] == ["later"]  # orders has producers
+    assert admin.request("POST", "/api/topics", {"topic": "bad name"}) == (
+        400,
+        {"message": "INVALID_TOPIC"},
+    )
+
+
 def test_pause_empty_and_delete_act_on_the_real_nodes(admin: AdminThread, cluster: Any) -> None:
     _, a, b = cluster
     assert admin.request("POST", "/api/topics/orders", {"action": "pause"})[0] == 200
@@ -176,6 +232,7 @@ def test_an_unreachable_node_is_an_error_on_the_page_not_a_failure() -> None:
 # -- in a real browser (Debian's chromium and chromedriver) ------------------------------------
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
+SEP = "\u203a"  # the breadcrumbs' separator
 
 
 @pytest.fixture
@@ -214,16 +271,24 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    _, a, b = cluster
+    lookupd, a, b = cluster
     wait = WebDriverWait(browser, 20)
     base = f"http://127.0.0.1:{admin.port}"
     browser.get(f"{base}/topics")
     row = wait.until(lambda d: d.find_element(By.XPATH, "//table[@id='topics']//tr[td/a='orders']"))
     # depth 3: node b's topic has no channel yet; 8 messages; 1 channel
     assert [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:4] == ["3", "8", "1"]
+    assert browser.find_element(By.ID, "crumbs").text == "Topics"
+    # The create form creates in nsqlookupd (as Go's).
+    form = browser.find_element(By.ID, "create")
+    form.find_element(By.NAME, "topic").send_keys("fresh")
+    form.find_element(By.NAME, "channel").send_keys("c")
+    form.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+    wait.until(lambda d: "fresh" in lookup_topics([lookupd.http_url]))
     _shot(browser, "topics")
     browser.get(f"{base}/topics/orders")
     wait.until(lambda d: d.find_elements(By.ID, "depth-chart"))
+    assert browser.find_element(By.ID, "crumbs").text == f"Topics {SEP} orders"
     # The chart moves as messages flow: publish more, watch its last value change.
     with a.connect() as p:
         p.mpub("orders", [b"z"] * 40)
@@ -232,19 +297,55 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     wait.until(
         lambda d: int(d.find_element(By.ID, "depth-chart").get_attribute("data-points")) >= 3
     )
+    # Axes: the value axis in messages, the time axis from the first sample to the last.
+    chart = browser.find_element(By.ID, "depth-chart")
+    assert chart.find_element(By.CSS_SELECTOR, "text.unit").text == "messages"
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d", chart.find_element(By.CSS_SELECTOR, "[data-axis='end']").text
+    )
+    total = browser.find_element(By.CSS_SELECTOR, "#topic-nodes tr.total")
+    assert [td.text for td in total.find_elements(By.TAG_NAME, "td")][:3] == ["Total", "3", "3 + 0"]
     _shot(browser, "topic")
-    # Pause, after confirming: the real nodes are paused.
+    # A reload draws the history the server kept, not an empty chart.
+    before = int(chart.get_attribute("data-points"))
+    browser.refresh()
+    points = wait.until(lambda d: d.find_elements(By.ID, "depth-chart"))[0]
+    assert int(points.get_attribute("data-points")) >= before
+    # Destructive buttons look destructive; pause, after confirming, pauses the real nodes.
+    assert "danger" in browser.find_element(
+        By.CSS_SELECTOR, "button[data-action='delete']"
+    ).get_attribute("class")
     browser.find_element(By.CSS_SELECTOR, "button[data-action='pause']").click()
     browser.switch_to.alert.accept()
     wait.until(lambda d: a.call(lambda: a.nsqd.topics["orders"].paused))
     assert b.call(lambda: b.nsqd.topics["orders"].paused)
     browser.get(f"{base}/topics/orders/billing")
     wait.until(lambda d: d.find_elements(By.ID, "clients") and d.find_elements(By.ID, "e2e"))
+    assert browser.find_element(By.ID, "crumbs").text == f"Topics {SEP} orders {SEP} billing"
     _shot(browser, "channel")
+    node = f"127.0.0.1:{a.http_port}"
+    browser.get(f"{base}/nodes")
+    row = wait.until(lambda d: d.find_element(By.XPATH, f"//table[@id='nodes']//tr[td/a='{node}']"))
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[2:5] == ["127.0.0.1", str(a.tcp_port), str(a.http_port)] and cells[7] == "1"
+    _shot(browser, "nodes")
+    row.find_element(By.TAG_NAME, "a").click()
+    wait.until(
+        lambda d: d.find_elements(
+            By.XPATH, "//table[@id='node-channels']//tr[td/a='orders / billing']"
+        )
+    )
+    assert browser.find_element(By.ID, "crumbs").text == f"Nodes {SEP} {node}"
+    _shot(browser, "node")
     browser.get(f"{base}/lookup")
     tombstones = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[data-tombstone]"))
     assert len(tombstones) == 2  # orders, on each node
+    assert "fresh" in browser.find_element(By.ID, "inactive").text  # in lookupd, on no node
     _shot(browser, "lookup")
+    browser.get(f"{base}/counter")
+    wait.until(lambda d: d.find_element(By.ID, "counter").text == "48")
+    assert browser.find_elements(By.ID, "rate-chart")
+    _shot(browser, "counter")
 
 
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:

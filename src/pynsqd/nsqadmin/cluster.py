@@ -160,10 +160,16 @@ class Cluster:
             for t in s.get("topics") or []:
                 if t["topic_name"] != name:
                     continue
+                chans = t.get("channels") or []
                 row = {
                     "node": node,
                     "depth": t.get("depth", 0),
+                    "backend_depth": t.get("backend_depth", 0),
                     "message_count": t.get("message_count", 0),
+                    "message_bytes": t.get("message_bytes", 0),
+                    "channels": len(chans),
+                    "in_flight_count": sum(c.get("in_flight_count", 0) for c in chans),
+                    "deferred_count": sum(c.get("deferred_count", 0) for c in chans),
                     "paused": t.get("paused"),
                 }
                 if "log" in t:
@@ -215,6 +221,7 @@ class Cluster:
                         {
                             "node": node,
                             **{k: c.get(k, 0) for k in COUNTERS},
+                            "clients": len(c.get("clients") or []),
                             "paused": c.get("paused"),
                             "e2e": c.get("e2e_processing_latency"),
                             "lifecycle": c.get("lifecycle"),
@@ -259,7 +266,144 @@ class Cluster:
                     }
                 )
             lookupds.append({"lookupd": lookupd, "producers": producers})
-        return {"lookupds": lookupds, "errors": errors}
+        inactive = await self.inactive_topics() if lookupds else []
+        return {"lookupds": lookupds, "inactive_topics": inactive, "errors": errors}
+
+    async def node_rows(self) -> dict[str, Any]:
+        """``/nodes``: each nsqd's hostname, broadcast address, ports and version (its
+        ``/info``), health and topic count (``/stats``), and how many nsqlookupd list it."""
+        stats, errors = await self.stats()
+        listed: dict[str, int] = {}
+        for lookupd in self.opts.lookupd_http_addresses:
+            try:
+                doc = await self._get(lookupd, "/nodes")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+                continue  # (reported by stats() already)
+            for p in doc.get("producers") or []:
+                node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
+                listed[node] = listed.get(node, 0) + 1
+
+        async def info(node: str) -> dict[str, Any]:
+            try:
+                doc = await self._get(node, "/info")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+                return {}
+            return doc if isinstance(doc, dict) else {}
+
+        infos = await asyncio.gather(*(info(n) for n in stats))
+        rows = []
+        for (node, s), i in zip(stats.items(), infos, strict=True):
+            rows.append(
+                {
+                    "node": node,
+                    "hostname": i.get("hostname", ""),
+                    "broadcast_address": i.get("broadcast_address", ""),
+                    "tcp_port": i.get("tcp_port", 0),
+                    "http_port": i.get("http_port", 0),
+                    "version": s.get("version", ""),
+                    "health": s.get("health", ""),
+                    "start_time": s.get("start_time", 0),
+                    "topics": len(s.get("topics") or []),
+                    "lookupd_connections": listed.get(node, 0),
+                }
+            )
+        return {"nodes": rows, "errors": errors}
+
+    async def node(self, name: str) -> dict[str, Any] | None:
+        """``/nodes/<node>``: one nsqd's topics, channels and clients (its ``/stats``)."""
+        nodes, errors = await self.nodes()
+        if name not in nodes:
+            return None
+        try:
+            s = await self._get(name, "/stats?format=json")
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
+            return {
+                "node": name,
+                "topics": [],
+                "channels": [],
+                "clients": [],
+                "errors": [*errors, f"nsqd {name}: {e}"],
+            }
+        topics, channels, clients = [], [], []
+        for t in s.get("topics") or []:
+            chans = t.get("channels") or []
+            topics.append(
+                {
+                    "topic": t["topic_name"],
+                    "depth": t.get("depth", 0),
+                    "backend_depth": t.get("backend_depth", 0),
+                    "message_count": t.get("message_count", 0),
+                    "channels": len(chans),
+                    "paused": bool(t.get("paused")),
+                    "log": t.get("log"),
+                }
+            )
+            for c in chans:
+                channels.append(
+                    {
+                        "topic": t["topic_name"],
+                        "channel": c["channel_name"],
+                        **{k: c.get(k, 0) for k in COUNTERS},
+                        "clients": len(c.get("clients") or []),
+                        "paused": bool(c.get("paused")),
+                    }
+                )
+                for cl in c.get("clients") or []:
+                    clients.append({"topic": t["topic_name"], "channel": c["channel_name"], **cl})
+        return {
+            "node": name,
+            "version": s.get("version", ""),
+            "health": s.get("health", ""),
+            "start_time": s.get("start_time", 0),
+            "topics": topics,
+            "channels": channels,
+            "clients": clients,
+            "errors": errors,
+        }
+
+    async def inactive_topics(self) -> list[str]:
+        """Topics nsqlookupd knows that no live node produces (Go's /lookup notice)."""
+        known: list[str] = []
+        for lookupd in self.opts.lookupd_http_addresses:
+            try:
+                doc = await self._get(lookupd, "/topics")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+                continue
+            known += [t for t in doc.get("topics") or [] if t not in known]
+        inactive = []
+        for topic in known:
+            producers, answered = 0, False
+            for lookupd in self.opts.lookupd_http_addresses:
+                query = urllib.parse.urlencode({"topic": topic})
+                try:
+                    doc = await self._get(lookupd, f"/lookup?{query}")
+                except RuntimeError as e:  # 404 TOPIC_NOT_FOUND: an answer, no producers
+                    answered = answered or "HTTP 404" in str(e)
+                    continue
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    continue
+                answered = True
+                producers += len(doc.get("producers") or [])
+            if answered and not producers:
+                inactive.append(topic)
+        return inactive
+
+    async def create(self, topic: str, channel: str) -> list[str]:
+        """Create ``topic`` (and ``channel``) as Go's nsqadmin does: in every nsqlookupd, so
+        that consumers and producers find it before a node has it; with ``--nsqd-http-address``
+        only, on every nsqd. The errors."""
+        targets = self.opts.lookupd_http_addresses or self.opts.nsqd_http_addresses
+        errors = []
+        for target in targets:
+            err = await self._post(
+                target, f"/topic/create?{urllib.parse.urlencode({'topic': topic})}"
+            )
+            if not err and channel:
+                query = urllib.parse.urlencode({"topic": topic, "channel": channel})
+                err = await self._post(target, f"/channel/create?{query}")
+            if err:
+                errors.append(err)
+        return errors
 
     async def tombstone(self, node: str, topic: str) -> list[str]:
         """nsqlookupd's ``/topic/tombstone`` on every lookupd: ``node`` stops being a producer

@@ -27,6 +27,7 @@ from ..internal.optiontable import config_key, option_fields
 from ..internal.router import Methods, Router
 from ..log import LOGGER_NAME, parse_log_level
 from .cluster import Cluster
+from .history import History
 from .options import AdminOptions
 
 log = logging.getLogger("pynsqd.nsqadmin")
@@ -71,6 +72,7 @@ class AdminService(Router):
         self.opts = opts
         self.base = "/" + opts.base_path.strip("/") if opts.base_path.strip("/") else ""
         self.cluster = Cluster(opts)
+        self.history = History()
         self.address = ""
         self._server: asyncio.Server | None = None
         self._web: web_server.Server | None = None
@@ -78,6 +80,7 @@ class AdminService(Router):
         add("GET", "/ping", "plain", self._ping)
         add("GET", "/api/nodes", "v1", self._nodes)
         add("GET", "/api/topics", "v1", self._topics)
+        add("POST", "/api/topics", "v1", self._create)
         add("GET", "/api/lookup", "v1", self._lookup)
         for page in PAGES:
             add("GET", f"/{page}", "raw", self._page)
@@ -100,8 +103,10 @@ class AdminService(Router):
                 "DELETE": ("v1", self._act),
             }
         if parts[0] == "api" and len(parts) == 3 and parts[1] == "nodes":
-            return {"DELETE": ("v1", self._tombstone)}
-        if parts[0] == "topics" and len(parts) in (2, 3):
+            return {"GET": ("v1", self._node_api), "DELETE": ("v1", self._tombstone)}
+        if (parts[0] == "topics" and len(parts) in (2, 3)) or (
+            parts[0] == "nodes" and len(parts) == 2
+        ):
             return {"GET": ("raw", self._page)}
         if parts[0] == "static" and len(parts) == 2:
             return {"GET": ("raw", self._static)}
@@ -125,30 +130,64 @@ class AdminService(Router):
         return "OK"
 
     async def _nodes(self, request: BaseRequest, params: Params) -> Any:
-        stats, errors = await self.cluster.stats()
-        nodes = [
-            {
-                "node": node,
-                "version": s.get("version", ""),
-                "health": s.get("health", ""),
-                "topics": len(s.get("topics") or []),
-            }
-            for node, s in stats.items()
-        ]
-        return {"nodes": nodes, "errors": errors}
+        return await self.cluster.node_rows()
+
+    async def _node_api(self, request: BaseRequest, params: Params) -> Any:
+        name = request.path.rsplit("/", 1)[1]
+        found = await self.cluster.node(name)
+        if found is None:
+            raise HTTPError(404, "NODE_NOT_FOUND")
+        return found
 
     async def _topics(self, request: BaseRequest, params: Params) -> Any:
-        return await self.cluster.topics()
+        doc = await self.cluster.topics()
+        depth = sum(t["depth"] for t in doc["topics"])
+        count = sum(t["message_count"] for t in doc["topics"])
+        doc["history"] = self.history.add("", depth, count)
+        return doc
 
     async def _topic_api(self, request: BaseRequest, params: Params) -> Any:
         topic, channel = self._names(request)
         if channel:
             found = await self.cluster.channel(topic, channel)
+            if found is not None:
+                depth = found["depth"]
         else:
             found = await self.cluster.topic(topic)
+            if found is not None:  # the whole backlog: the topic's own and its channels'
+                depth = found["depth"] + sum(c["depth"] for c in found["channels"])
         if found is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND" if channel else "TOPIC_NOT_FOUND")
+        key = f"{topic}/{channel}" if channel else topic
+        found["history"] = self.history.add(key, depth, found["message_count"])
         return found
+
+    async def _create(self, request: BaseRequest, params: Params) -> Any:
+        """Go's ``POST /api/topics`` ``{"topic": ..., "channel": ...}``: the create form."""
+        user = self._admin(request)
+        try:
+            body = json.loads(await request.content.read(CONFIG_BODY_MAX) or b"{}")
+        except ValueError:
+            raise HTTPError(400, "INVALID_BODY") from None
+        topic = body.get("topic") if isinstance(body, dict) else None
+        channel = (body.get("channel") or "") if isinstance(body, dict) else ""
+        if not isinstance(topic, str) or not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if not isinstance(channel, str) or (channel and not is_valid_name(channel)):
+            raise HTTPError(400, "INVALID_CHANNEL")
+        errors = await self.cluster.create(topic, channel)
+        log.info("create %s%s: %s", topic, f":{channel}" if channel else "", errors or "ok")
+        await self.cluster.notify(
+            {
+                "action": "create_channel" if channel else "create_topic",
+                "topic": topic,
+                "channel": channel,
+                "user": user,
+            }
+        )
+        if errors:
+            raise HTTPError(502, "; ".join(errors))
+        return None
 
     async def _lookup(self, request: BaseRequest, params: Params) -> Any:
         return await self.cluster.lookup()

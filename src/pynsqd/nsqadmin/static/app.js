@@ -1,134 +1,260 @@
-// nsqadmin's pages: one small app over the JSON API. It polls every 2 s and keeps the last
-// five minutes of samples in memory to draw the charts (no Graphite needed).
+// nsqadmin's pages: one small app over the JSON API, polled every 2 s. The charts draw the
+// samples the server keeps per page (the last five minutes, nsqadmin/history.py), so a reload
+// keeps them; no Graphite needed.
 "use strict";
 const BASE = document.body.dataset.base || "";
-const route = location.pathname.slice(BASE.length).replace(/^\/+|\/+$/g, "").split("/");
+const route = location.pathname.slice(BASE.length).replace(/^\/+|\/+$/g, "").split("/").map(decodeURIComponent);
 const main = document.getElementById("main");
+const crumbsEl = document.getElementById("crumbs");
 const errorsEl = document.getElementById("errors");
-const history = [];  // {t, depth, count}
-const KEEP_MS = 5 * 60 * 1000;
 
 function esc(s) { return String(s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c])); }
-function link(path, text) { return `<a href="${BASE}/${path}">${esc(text)}</a>`; }
+function href(path) { return `${BASE}/${path.split("/").map(encodeURIComponent).join("/")}`; }
+function link(path, text) { return `<a href="${href(path)}">${esc(text)}</a>`; }
+function num(n) { return Number(n || 0).toLocaleString("en-US"); }
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0; n = Number(n || 0);
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+function ago(unixSeconds) {
+  const s = Math.max(0, Math.round(Date.now() / 1000 - unixSeconds));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s ago`;
+  return `${Math.floor(s / 3600)}h ${Math.floor(s % 3600 / 60)}m ago`;
+}
 async function api(path, init) {
   const r = await fetch(`${BASE}/api/${path}`, init);
   const body = r.status === 200 && (init || {}).method ? null : await r.json().catch(() => null);
   if (r.status !== 200) throw new Error((body && body.message) || `HTTP ${r.status}`);
+  // A node that does not answer is a line under the page, not a failed page.
+  if (body && body.errors) errorsEl.textContent = body.errors.join("; ");
   return body;
 }
 
-function chart(id, label, values) {
-  const w = 320, h = 80, max = Math.max(1, ...values);
-  const pts = values.map((v, i) => `${(i * w / Math.max(1, values.length - 1)).toFixed(1)},${(h - v * (h - 4) / max - 2).toFixed(1)}`).join(" ");
-  return `<figure><figcaption>${esc(label)}: <span data-last="${id}">${values.length ? values[values.length - 1].toFixed(0) : 0}</span></figcaption>` +
-    `<svg class="chart" id="${id}" data-points="${values.length}" width="${w}" height="${h}"><polyline fill="none" stroke="#2a7ae2" stroke-width="2" points="${pts}"/></svg></figure>`;
-}
+// -- charts: SVG with a value axis (0 to the rounded maximum, with the unit) and a time axis --
 
-function record(depth, count) {
-  const now = Date.now();
-  history.push({t: now, depth, count});
-  while (history.length && history[0].t < now - KEEP_MS) history.shift();
-  const rates = [];
+function niceMax(v) {
+  if (v <= 1) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+function clock(ms) { return new Date(ms).toTimeString().slice(0, 8); }
+function chart(id, label, unit, points) {
+  // points: [[unix ms, value], ...]
+  const W = 420, H = 150, L = 56, R = 10, T = 10, B = 24, w = W - L - R, h = H - T - B;
+  const vals = points.map(p => p[1]);
+  const max = niceMax(Math.max(0, ...vals));
+  const t0 = points.length ? points[0][0] : Date.now(), t1 = points.length ? points[points.length - 1][0] : t0;
+  const span = Math.max(1, t1 - t0);
+  const x = t => L + (t - t0) * w / span, y = v => T + h - v * h / max;
+  const line = points.map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+  const grid = [0, 0.5, 1].map(f => {
+    const v = max * f, yy = y(v).toFixed(1);
+    return `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#ddd"/>` +
+      `<text x="${L - 6}" y="${(+yy + 4).toFixed(1)}" text-anchor="end" class="tick">${num(v)}</text>`;
+  }).join("");
+  const last = vals.length ? vals[vals.length - 1] : 0;
+  return `<figure><figcaption>${esc(label)}: <span data-last="${id}">${num(Math.round(last))}</span> ${esc(unit)}</figcaption>` +
+    `<svg class="chart" id="${id}" data-points="${points.length}" width="${W}" height="${H}" role="img" aria-label="${esc(label)}">` +
+    grid + `<text x="12" y="${T + h / 2}" class="unit" transform="rotate(-90 12 ${T + h / 2})" text-anchor="middle">${esc(unit)}</text>` +
+    `<text x="${L}" y="${H - 6}" class="tick" data-axis="start">${points.length ? clock(t0) : ""}</text>` +
+    `<text x="${W - R}" y="${H - 6}" class="tick" text-anchor="end" data-axis="end">${points.length ? clock(t1) : ""}</text>` +
+    `<polyline fill="none" stroke="#2a7ae2" stroke-width="2" points="${line}"/></svg></figure>`;
+}
+function rates(history) {
+  const out = [];
   for (let i = 1; i < history.length; i++) {
-    const dt = (history[i].t - history[i - 1].t) / 1000;
-    rates.push(dt > 0 ? Math.max(0, (history[i].count - history[i - 1].count) / dt) : 0);
+    const dt = (history[i][0] - history[i - 1][0]) / 1000;
+    out.push([history[i][0], dt > 0 ? Math.max(0, (history[i][2] - history[i - 1][2]) / dt) : 0]);
   }
-  return chart("depth-chart", "depth", history.map(s => s.depth)) + chart("rate-chart", "messages/s", rates);
+  return out;
+}
+function charts(history, depthLabel) {
+  return `<div class="charts">` + chart("depth-chart", depthLabel, "messages", history.map(s => [s[0], s[1]])) +
+    chart("rate-chart", "published", "messages/s", rates(history)) + `</div>`;
 }
 
-function buttons(paused) {
-  return ["pause", "unpause", "empty", "delete"].filter(a => a !== (paused ? "pause" : "unpause"))
-    .map(a => `<button data-action="${a}">${a}</button>`).join("") + `<span id="refused" class="refused"></span>`;
-}
+// -- tables ---------------------------------------------------------------------------------
 
+const CHANNEL_COLS = [
+  ["depth", "Depth"], ["memory", "Memory + Disk"], ["in_flight_count", "In Flight"],
+  ["deferred_count", "Deferred"], ["requeue_count", "Requeued"], ["timeout_count", "Timed Out"],
+  ["message_count", "Messages"], ["clients", "Connections"]];
+function cell(row, key) {
+  if (key === "memory") return `${num(row.depth - (row.backend_depth || 0))} + ${num(row.backend_depth || 0)}`;
+  return num(row[key]);
+}
+function table(id, first, cols, rows, total) {
+  const head = `<tr><th>${esc(first)}</th>${cols.map(c => `<th>${esc(c[1])}</th>`).join("")}</tr>`;
+  const body = rows.map(r => `<tr><td>${r.label}</td>${cols.map(c => `<td>${cell(r, c[0])}</td>`).join("")}</tr>`).join("");
+  let foot = "";
+  if (total && rows.length > 1) {
+    const sum = {};
+    for (const c of cols) sum[c[0]] = rows.reduce((a, r) => a + Number(r[c[0]] || 0), 0);
+    sum.backend_depth = rows.reduce((a, r) => a + Number(r.backend_depth || 0), 0);
+    sum.depth = rows.reduce((a, r) => a + Number(r.depth || 0), 0);
+    foot = `<tr class="total"><td>Total</td>${cols.map(c => `<td>${cell(sum, c[0])}</td>`).join("")}</tr>`;
+  }
+  return `<table id="${id}">${head}${body}${foot}</table>`;
+}
+function paused(p) { return p ? ' <span class="paused">paused</span>' : ""; }
+
+// -- actions ----------------------------------------------------------------------------------
+
+function buttons(isPaused) {
+  const kinds = {pause: "warn", unpause: "", empty: "danger", delete: "danger"};
+  return `<div class="actions">` + ["pause", "unpause", "empty", "delete"].filter(a => a !== (isPaused ? "pause" : "unpause"))
+    .map(a => `<button data-action="${a}" class="${kinds[a]}">${a[0].toUpperCase() + a.slice(1)}</button>`).join("") +
+    `<span id="refused" class="refused"></span></div>`;
+}
+function refused(e) { const el = document.getElementById("refused"); if (el) el.textContent = `refused: ${e.message}`; }
 async function act(path, action) {
-  if (!confirm(`${action} ${decodeURIComponent(path)}?`)) return;
+  if (!confirm(`${action} ${path}?`)) return;
   const init = action === "delete" ? {method: "DELETE"} :
     {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({action})};
   try {
-    await api(`topics/${path}`, init);
+    await api(`topics/${path.split("/").map(encodeURIComponent).join("/")}`, init);
     if (action === "delete") location.href = `${BASE}/topics`; else render();
-  } catch (e) {
-    document.getElementById("refused").textContent = `refused: ${e.message}`;
-  }
+  } catch (e) { refused(e); }
 }
-
 async function tombstone(node, topic) {
   if (!confirm(`tombstone topic ${topic} on node ${node}?`)) return;
   try {
-    await api(`nodes/${node}`, {method: "DELETE", headers: {"Content-Type": "application/json"}, body: JSON.stringify({topic})});
+    await api(`nodes/${encodeURIComponent(node)}`, {method: "DELETE", headers: {"Content-Type": "application/json"}, body: JSON.stringify({topic})});
     render();
-  } catch (e) {
-    document.getElementById("refused").textContent = `refused: ${e.message}`;
-  }
+  } catch (e) { refused(e); }
+}
+const CREATE_FORM = `<form id="create" class="create"><h2>Create a topic or channel</h2>` +
+  `<input name="topic" placeholder="topic" required> <input name="channel" placeholder="channel (optional)"> ` +
+  `<button type="submit">Create</button> <span id="created"></span><span id="refused" class="refused"></span></form>`;
+async function create(form) {
+  const topic = form.topic.value.trim(), channel = form.channel.value.trim();
+  try {
+    await api("topics", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({topic, channel})});
+    document.getElementById("created").textContent = `created ${topic}${channel ? "/" + channel : ""}`;
+    form.reset();
+  } catch (e) { refused(e); }
 }
 
-const COLS = ["depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count", "message_count"];
+// -- pages --------------------------------------------------------------------------------------
+
+function crumbs(parts) {
+  // parts: [[path or null, text], ...]
+  crumbsEl.innerHTML = parts.map(([p, t]) => p ? link(p, t) : `<span>${esc(t)}</span>`).join(" › ");
+}
+
+async function channelPage(t, c) {
+  const d = await api(`topics/${encodeURIComponent(t)}/${encodeURIComponent(c)}`);
+  crumbs([["topics", "Topics"], [`topics/${t}`, t], [null, c]]);
+  const nodes = d.nodes.map(n => ({...n, label: link(`nodes/${n.node}`, n.node) + paused(n.paused)}));
+  return `<h1>${esc(t)} / ${esc(c)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued") +
+    `<h2>Nodes</h2>` + table("nodes", "Node", CHANNEL_COLS, nodes, true) +
+    `<h2>Publish-to-FIN latency</h2><table id="e2e"><tr><th>Node</th><th>Samples</th><th>Percentiles (ms)</th></tr>` +
+    d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.e2e ? n.e2e.count : 0)}</td><td>${n.e2e && n.e2e.percentiles ? n.e2e.percentiles.map(p => `p${p.quantile * 100}: ${(p.value / 1e6).toFixed(1)}`).join(", ") : "–"}</td></tr>`).join("") + "</table>" +
+    (d.nodes.some(n => n.lifecycle) ? `<h2>Lifecycle</h2><table id="lifecycle"><tr><th>Node</th><th>Dead-lettered</th><th>Expired</th><th>Dropped</th><th>Over bound</th><th>Max attempts</th><th>TTL</th><th>Max depth</th></tr>` +
+      d.nodes.filter(n => n.lifecycle).map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.lifecycle.dead_letter_count)}</td><td>${num(n.lifecycle.expired_count)}</td><td>${num(n.lifecycle.dropped_count)}</td><td>${num(n.lifecycle.over_bound_count)}</td><td>${n.lifecycle.max_attempts || "–"}</td><td>${esc(n.lifecycle.msg_ttl || "–")}</td><td>${n.lifecycle.max_depth || "–"}</td></tr>`).join("") + "</table>" : "") +
+    `<h2>Clients</h2>` + clientsTable(d.clients, false);
+}
+
+function clientsTable(clients, where) {
+  return `<table id="clients"><tr><th>Client</th>${where ? "<th>Topic / Channel</th>" : "<th>Node</th>"}<th>Address</th><th>Connected</th><th>User agent</th><th>In Flight</th><th>Ready</th><th>Finished</th><th>Requeued</th><th>TLS</th><th>Compression</th></tr>` +
+    clients.map(k => `<tr><td>${esc(k.client_id || k.hostname)}${k.hostname && k.hostname !== k.client_id ? ` <small>(${esc(k.hostname)})</small>` : ""}</td>` +
+      `<td>${where ? esc(`${k.topic} / ${k.channel}`) : link(`nodes/${k.node}`, k.node)}</td><td>${esc(k.remote_address || "")}</td>` +
+      `<td title="${k.connect_ts ? new Date(k.connect_ts * 1000).toISOString() : ""}">${k.connect_ts ? ago(k.connect_ts) : ""}</td>` +
+      `<td>${esc(k.user_agent || "")}</td><td>${num(k.in_flight_count)}</td><td>${num(k.ready_count)}</td><td>${num(k.finish_count)}</td><td>${num(k.requeue_count)}</td>` +
+      `<td>${k.tls ? esc(k.tls_version || "yes") : "–"}</td><td>${k.snappy ? "snappy" : k.deflate ? "deflate" : "–"}</td></tr>`).join("") + "</table>";
+}
+
+async function topicPage(t) {
+  const d = await api(`topics/${encodeURIComponent(t)}`);
+  crumbs([["topics", "Topics"], [null, t]]);
+  const channels = d.channels.map(c => ({...c, label: link(`topics/${t}/${c.channel}`, c.channel) + paused(c.paused)}));
+  const nodes = d.nodes.map(n => ({...n, label: link(`nodes/${n.node}`, n.node) + paused(n.paused)}));
+  const logged = d.nodes.filter(n => n.log);
+  return `<h1>${esc(t)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued (topic and channels)") +
+    `<h2>Channels</h2>` + table("channels", "Channel", CHANNEL_COLS, channels, false) +
+    `<h2>Nodes</h2>` + table("topic-nodes", "Node", [["depth", "Depth"], ["memory", "Memory + Disk"], ["in_flight_count", "In Flight"],
+      ["deferred_count", "Deferred"], ["message_count", "Messages"], ["channels", "Channels"]], nodes, true) +
+    (logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th></tr>` +
+      logged.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.log.earliest_offset)}</td><td>${num(n.log.latest_offset)}</td><td>${num(n.log.latest_offset - n.log.earliest_offset)}</td><td>${bytes(n.log.bytes)}</td><td>${num(n.log.segments)}</td><td>${num(n.depth)}</td></tr>`).join("") + "</table>" : "") +
+    ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th></tr>` +
+      d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td></tr>`).join("") + "</table>" : "");
+}
+
+async function nodePage(name) {
+  const d = await api(`nodes/${encodeURIComponent(name)}`);
+  crumbs([["nodes", "Nodes"], [null, name]]);
+  const topics = d.topics.map(t => ({...t, label: link(`topics/${t.topic}`, t.topic) + paused(t.paused)}));
+  const channels = d.channels.map(c => ({...c, label: link(`topics/${c.topic}/${c.channel}`, `${c.topic} / ${c.channel}`) + paused(c.paused)}));
+  return `<h1>${esc(name)}</h1><p class="meta">nsqd ${esc(d.version || "?")}, health ${esc(d.health || "?")}${d.start_time ? `, started ${ago(d.start_time)}` : ""}</p>` +
+    `<h2>Topics</h2>` + table("node-topics", "Topic", [["depth", "Depth"], ["memory", "Memory + Disk"], ["message_count", "Messages"], ["channels", "Channels"]], topics, true) +
+    `<h2>Channels</h2>` + table("node-channels", "Topic / Channel", CHANNEL_COLS, channels, true) +
+    `<h2>Clients</h2>` + clientsTable(d.clients, true);
+}
+
+async function nodesPage() {
+  const d = await api("nodes");
+  crumbs([[null, "Nodes"]]);
+  return `<h1>Nodes</h1><table id="nodes"><tr><th>Node</th><th>Hostname</th><th>Broadcast Address</th><th>TCP Port</th><th>HTTP Port</th><th>Version</th><th>Health</th><th>Lookupd Conns</th><th>Topics</th></tr>` +
+    d.nodes.map(n => `<tr><td>${link(`nodes/${n.node}`, n.node)}</td><td>${esc(n.hostname)}</td><td>${esc(n.broadcast_address)}</td><td>${n.tcp_port || ""}</td><td>${n.http_port || ""}</td><td>${esc(n.version)}</td><td>${esc(n.health)}</td><td>${n.lookupd_connections}</td><td>${num(n.topics)}</td></tr>`).join("") + "</table>";
+}
+
+async function lookupPage() {
+  const d = await api("lookup");
+  crumbs([[null, "Lookup"]]);
+  return "<h1>nsqlookupd</h1>" +
+    (d.inactive_topics.length ? `<div id="inactive" class="notice"><strong>Inactive topics</strong>: known to nsqlookupd, produced on no live nsqd: ${d.inactive_topics.map(esc).join(", ")}</div>` : "") +
+    d.lookupds.map(l =>
+      `<h2>${esc(l.lookupd)}</h2><table class="lookup"><tr><th>Node</th><th>Version</th><th>Topics</th></tr>` +
+      l.producers.map(p => `<tr><td>${link(`nodes/${p.node}`, p.node)}</td><td>${esc(p.version)}</td><td>` +
+        p.topics.map(t => t.tombstoned ? `<s>${esc(t.topic)}</s> (tombstoned)` :
+          `${esc(t.topic)} <button class="danger small" data-tombstone="${esc(t.topic)}" data-node="${esc(p.node)}">tombstone</button>`).join(", ") +
+        "</td></tr>").join("") + "</table>").join("") + CREATE_FORM;
+}
+
+async function counterPage() {
+  const d = await api("topics");
+  crumbs([[null, "Counter"]]);
+  const total = d.topics.reduce((a, t) => a + t.message_count, 0);
+  return `<h1>Messages published</h1><div class="counter" id="counter">${num(total)}</div>` +
+    `<div class="charts">` + chart("rate-chart", "rate", "messages/s", rates(d.history)) + `</div>`;
+}
+
+async function topicsPage() {
+  const d = await api("topics");
+  crumbs([[null, "Topics"]]);
+  return `<h1>Topics</h1><table id="topics"><tr><th>Topic</th><th>Depth</th><th>Messages</th><th>Channels</th><th>Nodes</th></tr>` +
+    d.topics.map(t => `<tr><td>${link(`topics/${t.topic}`, t.topic)}${paused(t.paused)}</td><td>${num(t.depth)}</td><td>${num(t.message_count)}</td><td>${t.channels}</td><td>${t.nodes.length}</td></tr>`).join("") +
+    "</table>" + CREATE_FORM;
+}
 
 async function render() {
   try {
-    let html = "";
-    if (route[0] === "topics" && route.length === 3) {
-      const [t, c] = [route[1], route[2]];
-      const d = await api(`topics/${t}/${c}`);
-      html = `<h1>${link(`topics/${t}`, t)} / ${esc(c)}${d.paused ? ' <span class="paused">paused</span>' : ""}</h1>` +
-        buttons(d.paused) + record(d.depth, d.message_count) +
-        `<table id="nodes"><tr><th>node</th>${COLS.map(k => `<th>${k}</th>`).join("")}</tr>` +
-        d.nodes.map(n => `<tr><td>${esc(n.node)}</td>${COLS.map(k => `<td>${n[k]}</td>`).join("")}</tr>`).join("") + "</table>" +
-        `<h2>end-to-end latency</h2><table id="e2e"><tr><th>node</th><th>count</th><th>percentiles (ms)</th></tr>` +
-        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.e2e ? n.e2e.count : 0}</td><td>${n.e2e && n.e2e.percentiles ? n.e2e.percentiles.map(p => `p${p.quantile * 100}: ${(p.value / 1e6).toFixed(1)}`).join(", ") : ""}</td></tr>`).join("") + "</table>" +
-        (d.nodes.some(n => n.lifecycle) ? `<h2>lifecycle</h2><table id="lifecycle"><tr><th>node</th><th>dead-lettered</th><th>expired</th><th>dropped</th><th>max attempts</th><th>ttl</th><th>max depth</th></tr>` +
-          d.nodes.filter(n => n.lifecycle).map(n => `<tr><td>${esc(n.node)}</td><td>${n.lifecycle.dead_letter_count}</td><td>${n.lifecycle.expired_count}</td><td>${n.lifecycle.dropped_count}</td><td>${n.lifecycle.max_attempts}</td><td>${esc(n.lifecycle.msg_ttl)}</td><td>${n.lifecycle.max_depth}</td></tr>`).join("") + "</table>" : "") +
-        `<h2>clients</h2><table id="clients"><tr><th>client</th><th>node</th><th>user agent</th><th>in flight</th><th>ready</th><th>finished</th><th>requeued</th><th>tls</th><th>snappy</th><th>deflate</th></tr>` +
-        d.clients.map(k => `<tr><td>${esc(k.hostname)}:${esc(k.client_id)}</td><td>${esc(k.node)}</td><td>${esc(k.user_agent)}</td><td>${k.in_flight_count}</td><td>${k.ready_count}</td><td>${k.finish_count}</td><td>${k.requeue_count}</td><td>${k.tls}</td><td>${k.snappy}</td><td>${k.deflate}</td></tr>`).join("") + "</table>";
-      errorsEl.textContent = d.errors.join("; ");
-    } else if (route[0] === "topics" && route.length === 2) {
-      const t = route[1];
-      const d = await api(`topics/${t}`);
-      // The chart shows the whole backlog: the topic's own depth plus its channels'.
-      const backlog = d.depth + d.channels.reduce((a, c) => a + c.depth, 0);
-      html = `<h1>${esc(t)}${d.paused ? ' <span class="paused">paused</span>' : ""}</h1>` + buttons(d.paused) +
-        record(backlog, d.message_count) +
-        `<table id="channels"><tr><th>channel</th>${COLS.map(k => `<th>${k}</th>`).join("")}<th>clients</th></tr>` +
-        d.channels.map(c => `<tr><td>${link(`topics/${t}/${c.channel}`, c.channel)}${c.paused ? ' <span class="paused">paused</span>' : ""}</td>${COLS.map(k => `<td>${c[k]}</td>`).join("")}<td>${c.clients}</td></tr>`).join("") + "</table>" +
-        `<h2>nodes</h2><table id="nodes"><tr><th>node</th><th>depth</th><th>message_count</th><th>log offsets</th></tr>` +
-        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${n.depth}</td><td>${n.message_count}</td><td>${n.log ? `${n.log.earliest_offset}–${n.log.latest_offset}` : ""}</td></tr>`).join("") + "</table>" +
-        ((d.partitions || []).length ? `<h2>replicated partitions</h2><table id="partitions"><tr><th>partition (origin node id)</th><th>leader</th><th>epoch</th><th>in sync</th><th>replicas</th><th>committed offset</th><th>follower lag (records)</th></tr>` +
-          d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${p.committed}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td></tr>`).join("") + "</table>" : "");
-      errorsEl.textContent = d.errors.join("; ");
-    } else if (route[0] === "lookup") {
-      const d = await api("lookup");
-      html = "<h1>nsqlookupd</h1>" + d.lookupds.map(l =>
-        `<h2>${esc(l.lookupd)}</h2><table class="lookup"><tr><th>node</th><th>version</th><th>topics</th></tr>` +
-        l.producers.map(p => `<tr><td>${esc(p.node)}</td><td>${esc(p.version)}</td><td>` +
-          p.topics.map(t => t.tombstoned ? `<s>${esc(t.topic)}</s> (tombstoned)` :
-            `${esc(t.topic)} <button data-tombstone="${esc(t.topic)}" data-node="${esc(p.node)}">tombstone</button>`).join(", ") +
-          "</td></tr>").join("") + "</table>").join("") + '<span id="refused" class="refused"></span>';
-      errorsEl.textContent = d.errors.join("; ");
-    } else if (route[0] === "nodes") {
-      const d = await api("nodes");
-      html = `<h1>Nodes</h1><table id="nodes"><tr><th>node</th><th>version</th><th>health</th><th>topics</th></tr>` +
-        d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${esc(n.version)}</td><td>${esc(n.health)}</td><td>${n.topics}</td></tr>`).join("") + "</table>";
-      errorsEl.textContent = d.errors.join("; ");
-    } else if (route[0] === "counter") {
-      const d = await api("topics");
-      const total = d.topics.reduce((a, t) => a + t.message_count, 0);
-      html = `<h1>Messages</h1><div class="counter" id="counter">${total}</div>` + record(0, total);
-    } else {
-      const d = await api("topics");
-      html = `<h1>Topics</h1><table id="topics"><tr><th>topic</th><th>depth</th><th>message_count</th><th>channels</th><th>nodes</th></tr>` +
-        d.topics.map(t => `<tr><td>${link(`topics/${t.topic}`, t.topic)}${t.paused ? ' <span class="paused">paused</span>' : ""}</td><td>${t.depth}</td><td>${t.message_count}</td><td>${t.channels}</td><td>${t.nodes.length}</td></tr>`).join("") + "</table>";
-      errorsEl.textContent = d.errors.join("; ");
-    }
+    let html;
+    if (route[0] === "topics" && route.length === 3) html = await channelPage(route[1], route[2]);
+    else if (route[0] === "topics" && route.length === 2) html = await topicPage(route[1]);
+    else if (route[0] === "nodes" && route.length === 2) html = await nodePage(route[1]);
+    else if (route[0] === "nodes") html = await nodesPage();
+    else if (route[0] === "lookup") html = await lookupPage();
+    else if (route[0] === "counter") html = await counterPage();
+    else html = await topicsPage();
+    // Keep a form being typed into: redraw everything else.
+    const form = document.getElementById("create");
+    const typed = form && form.contains(document.activeElement) ? [form.topic.value, form.channel.value] : null;
     main.innerHTML = html;
+    if (typed) { const f = document.getElementById("create"); f.topic.value = typed[0]; f.channel.value = typed[1]; f.topic.focus(); }
     main.querySelectorAll("button[data-action]").forEach(b =>
       b.addEventListener("click", () => act(route.slice(1).join("/"), b.dataset.action)));
     main.querySelectorAll("button[data-tombstone]").forEach(b =>
       b.addEventListener("click", () => tombstone(b.dataset.node, b.dataset.tombstone)));
+    const f = document.getElementById("create");
+    if (f) f.addEventListener("submit", e => { e.preventDefault(); create(f); });
   } catch (e) {
     main.textContent = e.message;
   }
 }
-
 render();
 setInterval(render, 2000);
