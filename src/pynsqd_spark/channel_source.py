@@ -235,6 +235,11 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pool = self._ensure()
         start_seq = self._last_end if start is None else int(start["seq"])
         self._seq = max(self._seq, start_seq)
+        # Spark asks from ``start`` only once the batch ending there is in its commit log (a
+        # batch not yet committed at a restart is run again first, without asking), so its
+        # messages are FIN'd here, a trigger earlier than Spark's own ``commit`` call, and the
+        # counts reportLatestOffset gives the progress include them.
+        finished = pool.commit(start_seq) if start is not None else 0
         pending = pool.pending_after(start_seq)
         if pending is not None:  # taken earlier but not planned yet: offer it again
             return {"seq": pending}
@@ -244,9 +249,9 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             if pool.take(self._seq + 1, max_rows, max_bytes):
                 return self._issue()
-            if self.opts.flush_empty_batch and pool.has_uncommitted(start_seq):
-                # Spark commits batch N only when it builds batch N+1: an empty batch makes it
-                # commit (FIN) the last one now rather than whenever the next message comes.
+            if self.opts.flush_empty_batch and finished:
+                # Nothing new, but the last batch was just FIN'd: an empty batch makes Spark
+                # report a progress whose counts include it (the last one a query shows).
                 return self._issue()
             if not self._available_now:
                 return {"seq": start_seq}
