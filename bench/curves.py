@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -269,8 +270,14 @@ def plot(results: dict[str, Any], images: Path) -> list[str]:
         if not data:
             continue
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+        names = {"other": results["meta"].get("other_name", "other")}
         for label, points in data.items():
-            ax.plot([p["x"] for p in points], [p[metric] for p in points], marker="o", label=label)
+            ax.plot(
+                [p["x"] for p in points],
+                [p[metric] for p in points],
+                marker="o",
+                label=names.get(label, label),
+            )
         if logx:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
@@ -285,8 +292,23 @@ def plot(results: dict[str, Any], images: Path) -> list[str]:
     return made
 
 
-def _ratio_rows(table: dict[str, Any]) -> list[str]:
-    rows = ["| workload | pynsqd | other | ratio (>1: pynsqd better) |", "|---|---|---|---|"]
+def server_name(binary: str) -> str:
+    """The other server as people call it: ``Go nsqd 1.3.0`` from its ``--version``."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except OSError:
+        return binary
+    text = out.stdout + out.stderr
+    m = re.search(r"nsqd v(\S+)", text)
+    if m is None:
+        return binary
+    return f"{'Go ' if 'go1' in text else ''}nsqd {m.group(1)}"
+
+
+def _ratio_rows(table: dict[str, Any], other: str) -> list[str]:
+    rows = [f"| workload | pynsqd | {other} | ratio (>1: pynsqd better) |", "|---|---|---|---|"]
     for k, v in table.items():
         if "ratio" in v:
             unit = "µs" if k.endswith("_us") else "msgs/s"
@@ -304,7 +326,12 @@ def _sweep_rows(results: dict[str, Any], name: str, metrics: list[str], xlabel: 
     if not data:
         return []
     labels = list(data)
-    head = f"| {xlabel} | " + " | ".join(f"{m} ({lab})" for m in metrics for lab in labels) + " |"
+    names = {"pynsqd": "pynsqd", "other": results["meta"].get("other_name", "other")}
+    head = (
+        f"| {xlabel} | "
+        + " | ".join(f"{m} ({names.get(lab, lab)})" for m in metrics for lab in labels)
+        + " |"
+    )
     rows = [head, "|" + "---|" * (1 + len(metrics) * len(labels))]
     for i, p in enumerate(data[labels[0]]):
         cells = [f"{data[lab][i][m]:,.1f}" for m in metrics for lab in labels]
@@ -315,6 +342,7 @@ def _sweep_rows(results: dict[str, Any], name: str, metrics: list[str], xlabel: 
 def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> None:
     meta = results["meta"]
     other = meta.get("compare") or "(none)"
+    name = meta.get("other_name", "other")
     lines = [
         "# Performance: pynsqd beside Go nsqd",
         "",
@@ -322,7 +350,8 @@ def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> No
         + (f"--compare {other}" if meta.get("compare") else "")
         + f"` on {meta['date']} ({meta['cores']} cores). Every point is a fresh server and data",
         "directory; the servers alternate. This machine's speed varies from minute to minute:",
-        f"read ratios measured side by side, not absolute figures. `other` is `{other}`.",
+        f"read ratios measured side by side, not absolute figures. {name} is `{other}`. The",
+        "README's benchmark table comes from this same run.",
         "",
     ]
     if "table" in results:
@@ -332,7 +361,7 @@ def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> No
             f"`bench/bench.py --compare`, 200-byte messages, medians of {meta['rounds']} rounds "
             f"of {meta['runfor']} s (latency: medians of 3 rounds):",
             "",
-            *_ratio_rows(results["table"]),
+            *_ratio_rows(results["table"], name),
             "",
         ]
     lines += [
@@ -381,6 +410,85 @@ def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> No
     path.write_text("\n".join(lines))
 
 
+#: The README's benchmark table, rewritten between these lines by every run with --compare.
+README_START = "<!-- benchmarks: written by scripts/bench-curves -->"
+README_END = "<!-- end of benchmarks -->"
+
+
+X = "\u00d7"  # the multiplication sign of the README's ratios
+
+
+def _k(v: float) -> str:
+    return f"{v / 1000:,.0f}k" if v >= 10_000 else f"{v / 1000:,.1f}k"
+
+
+def readme_table(results: dict[str, Any]) -> list[str]:
+    """The side-by-side table for people: the figures of docs/performance.md's first table."""
+    t, meta = results["table"], results["meta"]
+    name = meta.get("other_name", "other")
+
+    def pair(key: str) -> tuple[float, float, float]:
+        v = t[key]
+        return v["pynsqd"], v["other"], v.get("ratio", 0.0)
+
+    rows = [
+        f"`scripts/bench-curves --compare <{name}>` on {meta['date']}: `bench/bench.py --compare`,",
+        f"fresh servers alternating, medians of {meta['rounds']} rounds of {meta['runfor']} s "
+        "(latency: of 3); the same run as `docs/performance.md`.",
+        "",
+        f"| workload | pynsqd | {name} | ratio (>1: pynsqd better) |",
+        "|---|---|---|---|",
+    ]
+    w, wo, wr = pair("writer.msgs_per_s")
+    rows.append(
+        f"| MPUB writer (batch 200, 2 connections) | {_k(w)} msgs/s | {_k(wo)} | {wr:.2f}{X} |"
+    )
+    r, ro, rr = pair("reader.msgs_per_s")
+    rows.append(
+        f"| reader draining a backlog (RDY 2500, 2 connections) | {_k(r)} | {_k(ro)} | "
+        f"{rr:.2f}{X} |"
+    )
+    i, io, ir = pair("pubsub_in.msgs_per_s")
+    o, oo, orr = pair("pubsub_out.msgs_per_s")
+    rows.append(
+        f"| writer + reader together, in / out | {_k(i)} / {_k(o)} | {_k(io)} / {_k(oo)} | "
+        f"{ir:.2f}{X} / {orr:.2f}{X} |"
+    )
+    p, po, pr = pair("pub.msgs_per_s")
+    p50, p50o, _ = pair("pub.p50_us")
+    p99, p99o, _ = pair("pub.p99_us")
+    rows.append(
+        f"| single PUB waiting for OK | {_k(p)}/s (p50 {p50:.0f} µs, p99 {p99:.0f} µs) | "
+        f"{_k(po)}/s (p50 {p50o:.0f} µs, p99 {p99o:.0f} µs) | {pr:.2f}{X} |"
+    )
+    rates = sorted({int(k.split(".")[0].split("_")[1]) for k in t if k.startswith("latency_")})
+    for n, rate in enumerate(rates):
+        a50, b50, r50 = pair(f"latency_{rate}.p50_us")
+        a99, b99, r99 = pair(f"latency_{rate}.p99_us")
+        what = "publish → receive p50 / p99" if n == 0 else "…"
+        rows.append(
+            f"| {what} at {rate:,} msgs/s | {a50 / 1000:.2f} / {a99 / 1000:.2f} ms | "
+            f"{b50 / 1000:.2f} / {b99 / 1000:.2f} ms | {r50:.1f}{X} / {r99:.1f}{X} |"
+        )
+    if "server.peak_rss_mib" in t:
+        a, b, _ = pair("server.peak_rss_mib")
+        rows.append(f"| server peak RSS (throughput workloads) | {a:.0f} MiB | {b:.0f} MiB | |")
+    if "server.cpu_s" in t:
+        a, b, _ = pair("server.cpu_s")
+        rows.append(f"| server CPU seconds (throughput workloads) | {a:.1f} | {b:.1f} | |")
+    return rows
+
+
+def write_readme(results: dict[str, Any], readme: Path) -> None:
+    text = readme.read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        print(f"{readme}: no benchmark markers; the README table was not written", flush=True)
+        return
+    table = "\n".join(readme_table(results))
+    readme.write_text(text[: start + len(README_START)] + "\n" + table + "\n" + text[end:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compare", default="", help="the other nsqd binary (Go's)")
@@ -390,10 +498,29 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the side-by-side table")
     ap.add_argument("--quick", action="store_true", help="small sweeps (a smoke run)")
     ap.add_argument("--out", default=str(DOCS), help="where performance.md and images/ go")
+    ap.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="measure nothing: write performance.md, its plots and the README table again "
+        "from the run in performance.json",
+    )
     args = ap.parse_args()
+    if args.rewrite:
+        out = Path(args.out)
+        results = json.loads((out / "performance.json").read_text())
+        compare = results["meta"].get("compare")
+        if compare and "other_name" not in results["meta"]:
+            results["meta"]["other_name"] = server_name(compare)
+            (out / "performance.json").write_text(json.dumps(results, indent=1))
+        images = plot(results, out / "images")
+        write_markdown(results, images, out / "performance.md")
+        if "table" in results and out.resolve() == DOCS.resolve():
+            write_readme(results, ROOT / "README.md")
+        return 0
     servers = {"pynsqd": ""}
     if args.compare:
         servers["other"] = args.compare
+        other_name = server_name(args.compare)
     sizes = [100, 1000, 10_000, 100_000, 1_000_000]
     conns = [1000, 2500, 5000, 10_000]
     topics = [10, 100, 500, 2000]
@@ -410,6 +537,8 @@ def main() -> int:
             "backlog": args.backlog,
         }
     }
+    if args.compare:
+        results["meta"]["other_name"] = other_name
     results["sizes"] = sweep("size", sizes, servers, lambda b, x: size_point(b, x, args.runfor))
     results["connections"] = sweep(
         "connections", conns, servers, lambda b, x: connections_point(b, x, args.window)
@@ -425,6 +554,8 @@ def main() -> int:
     (out / "performance.json").write_text(json.dumps(results, indent=1))
     images = plot(results, out / "images")
     write_markdown(results, images, out / "performance.md")
+    if "table" in results and out.resolve() == DOCS.resolve():
+        write_readme(results, ROOT / "README.md")
     print(f"wrote {out / 'performance.md'} and {len(images)} plots", flush=True)
     return 0
 

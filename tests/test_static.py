@@ -1,4 +1,5 @@
-"""ruff and mypy --strict run as part of the test suite, so CI enforces them."""
+"""ruff and mypy --strict run as part of the test suite, so CI enforces them; and the README's
+benchmark figures are the ones of the run docs/performance.md reports."""
 
 from __future__ import annotations
 
@@ -28,3 +29,21 @@ def test_ruff_format() -> None:
 def test_mypy_strict() -> None:
     res = _run("mypy")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_readme_benchmarks_come_from_the_run_in_docs_performance() -> None:
+    """One set of figures: the README's table is what bench/curves.py writes from the run
+    docs/performance.md and docs/performance.json hold (scripts/bench-curves writes all three)."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import curves
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    results = json.loads((ROOT / "docs" / "performance.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(curves.README_START) + len(curves.README_START)
+    table = readme[start : readme.index(curves.README_END)].strip()
+    assert table == "\n".join(curves.readme_table(results))
+    assert results["meta"]["date"] in (ROOT / "docs" / "performance.md").read_text()
