@@ -420,6 +420,35 @@ def _run_procs(targets: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> lis
         return [r.get() for r in results]
 
 
+def go_tool(
+    directory: str, tool: str, addr: tuple[str, int], topic: str, args: argparse.Namespace
+) -> subprocess.Popen[str]:
+    """Go NSQ's own load generator (``bench_writer``/``bench_reader`` in ``directory``) against
+    ``addr``, with this run's size, batch, RDY and duration. It prints one line of results."""
+    cmd = [
+        os.path.join(directory, tool),
+        f"--nsqd-tcp-address={addr[0]}:{addr[1]}",
+        f"--topic={topic}",
+        f"--runfor={args.runfor}s",
+        f"--size={args.size}",
+    ]
+    if tool == "bench_writer":
+        cmd.append(f"--batch-size={args.batch_size}")
+    else:
+        cmd += [f"--channel={args.channel}", f"--rdy={args.rdy}"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def go_tool_result(proc: subprocess.Popen[str]) -> tuple[int, float]:
+    """(messages, seconds) from a Go bench tool's line ``duration: 10.0s - ... - Nops/s``."""
+    out, _ = proc.communicate(timeout=600)
+    m = re.search(r"duration: ([\d.]+)(m?s) - .* - ([\d.]+)ops/s", out)
+    if proc.returncode != 0 or m is None:
+        raise RuntimeError(f"{proc.args[0]} failed: {out.strip()}")
+    secs = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    return round(float(m.group(3)) * secs), secs
+
+
 def _report(name: str, msgs: int, secs: float, size: int) -> dict[str, float]:
     rate = msgs / secs
     mbps = rate * size / 1e6
@@ -563,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run each mode against ours and this nsqd alternately; print medians and ratios",
     )
     p.add_argument("--rounds", type=int, default=3, help="--compare: rounds")
+    p.add_argument(
+        "--go-bench-dir",
+        default="",
+        help="drive writer, reader and pubsub with Go NSQ's bench_writer/bench_reader from "
+        "this directory instead of this script's own client",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
     p.add_argument("--tls", action="store_true", help="upgrade every connection to TLS")
     p.add_argument("--tls-ca-file", default="", help="CA for --tls with --nsqd-tcp-address")
@@ -602,7 +637,20 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["writer", "reader", "pubsub", "pub"] if args.mode == "all" else [args.mode]
         for mode in modes:
             n = args.conns
-            if mode == "writer":
+            if args.go_bench_dir and mode in ("writer", "reader", "pubsub"):
+                # Go's bench_writer and bench_reader (one connection per core each), as the
+                # figures of record: no number then depends on our own client.
+                topic = args.topic + ("_pubsub" if mode == "pubsub" else "")
+                tools = {"writer": ["bench_writer"], "reader": ["bench_reader"]}.get(
+                    mode, ["bench_reader", "bench_writer"]
+                )
+                procs = [go_tool(args.go_bench_dir, t, addr, topic, args) for t in tools]
+                got = dict(zip(tools, [go_tool_result(p) for p in procs], strict=True))
+                names = {"bench_writer": "pubsub_in", "bench_reader": "pubsub_out"}
+                for tool, (msgs, secs) in got.items():
+                    name = names[tool] if mode == "pubsub" else mode
+                    results[name] = _report(name, msgs, secs, args.size)
+            elif mode == "writer":
                 deadline = time.time() + args.runfor
                 t0 = time.time()
                 counts = _run_procs(
