@@ -7,6 +7,7 @@ import http.client
 import json
 import re
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -506,3 +507,100 @@ def test_the_command_line_checks_the_new_flags(
     assert capsys.readouterr().err.startswith("nsqadmin: --allow-config-from-cidr: ")
     assert main([*base, f"--config={tmp_path}/none.cfg"]) == 1
     assert "failed to load config file" in capsys.readouterr().err
+    assert main([*base, "--proxy-graphite"]) == 1
+    assert capsys.readouterr().err == "nsqadmin: --proxy-graphite needs --graphite-url\n"
+    assert main([*base, "--graphite-url=graphite:8080"]) == 1
+    assert "not an http(s):// URL" in capsys.readouterr().err
+
+
+#: A 1x1 PNG: what the stand-in for Graphite's render API answers.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8ff3f0005fe02fea7d6a4860000000049454e44ae426082"
+)
+
+
+class Graphite:
+    """A real HTTP server answering ``/render`` with a PNG and recording each query: a stand-in
+    for Graphite's render API (Graphite itself, a Django application, is not installable here)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        self.queries: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.queries.append(self.path)
+                self.send_response(200 if self.path.startswith("/render?") else 404)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(PNG)))
+                self.end_headers()
+                self.wfile.write(PNG)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_graphite_charts_direct_and_through_the_proxy(cluster: Any) -> None:
+    """``--graphite-url``: the topic answer names Graphite render URLs of the topic's series;
+    with ``--proxy-graphite`` they point at nsqadmin's ``/render``, which passes the request
+    to Graphite and its image back."""
+    lookupd = cluster[0]
+    graphite = Graphite()
+    lookupds = [lookupd.http_url.removeprefix("http://")]
+    direct = AdminThread(lookupd_http_addresses=lookupds, graphite_url=graphite.url)
+    proxied = AdminThread(
+        lookupd_http_addresses=lookupds, graphite_url=graphite.url, proxy_graphite=True
+    )
+    try:
+        urls = direct.request("GET", "/api/topics/orders")[1]["graphite"]
+        assert urls["rate"].startswith(f"{graphite.url}/render?")
+        assert "topic.orders.depth" in urllib.parse.unquote(urls["depth"])
+        assert direct.request("GET", "/render?target=x")[0] == 404  # no proxy asked for
+        urls = proxied.request("GET", "/api/topics/orders/billing")[1]["graphite"]
+        assert urls["depth"].startswith("/render?")
+        status, body = proxied.request("GET", urls["depth"])
+        assert (status, body) == (200, PNG)
+        assert graphite.queries[-1] == urls["depth"]  # passed on as it came
+        assert proxied.request("GET", "/api/topics")[1]["graphite"]["rate"].startswith("/render?")
+    finally:
+        direct.stop()
+        proxied.stop()
+        graphite.close()
+
+
+def test_graphite_images_in_a_browser(browser: Any, cluster: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    lookupd = cluster[0]
+    graphite = Graphite()
+    server = AdminThread(
+        lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")],
+        graphite_url=graphite.url,
+        proxy_graphite=True,
+    )
+    try:
+        browser.get(f"http://127.0.0.1:{server.port}/topics/orders")
+        wait = WebDriverWait(browser, 20)
+        img = wait.until(lambda d: d.find_element(By.ID, "graphite-rate"))
+        wait.until(lambda d: d.execute_script("return arguments[0].naturalWidth", img) == 1)
+        asked = len(graphite.queries)
+        wait.until(  # two redraws later the image is the same element, not fetched again
+            lambda d: int(d.find_element(By.ID, "depth-chart").get_attribute("data-points")) >= 3
+        )
+        assert len(graphite.queries) == asked
+    finally:
+        server.stop()
+        graphite.close()

@@ -51,11 +51,10 @@ def parse_options(argv: list[str]) -> tuple[AdminOptions, list[str]]:
             ipaddress.ip_network(opts.allow_config_from_cidr, strict=False)
         except ValueError as err:
             raise UsageError(f"--allow-config-from-cidr: {err}", 1) from None
-    if opts.graphite_url:
-        warnings.append(
-            "--graphite-url: the charts are drawn from nsqd's own samples; Graphite is not "
-            "read (--graphite-url, --proxy-graphite and --statsd-* are accepted and unused)"
-        )
+    if opts.graphite_url and not opts.graphite_url.startswith(("http://", "https://")):
+        raise UsageError(f"--graphite-url={opts.graphite_url}: not an http(s):// URL", 1)
+    if opts.proxy_graphite and not opts.graphite_url:
+        raise UsageError("--proxy-graphite needs --graphite-url", 1)
     return opts, warnings
 
 

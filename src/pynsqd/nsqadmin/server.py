@@ -16,9 +16,11 @@ import os
 from importlib import resources
 from typing import Any
 
+import aiohttp
 from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response
+from yarl import URL
 
 from ..internal.httpapi import HTTPError, Params
 from ..internal.listener import format_address, listen
@@ -27,6 +29,7 @@ from ..internal.optiontable import config_key, option_fields
 from ..internal.router import Methods, Router
 from ..log import LOGGER_NAME, parse_log_level
 from .cluster import Cluster
+from .graphite import chart_urls
 from .history import History
 from .options import AdminOptions
 
@@ -37,6 +40,8 @@ ACTIONS = ("pause", "unpause", "empty")
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 #: The largest ``PUT /config/<option>`` body (Go's).
 CONFIG_BODY_MAX = 1024 * 1024
+#: The largest Graphite image nsqadmin passes on (``--proxy-graphite``).
+RENDER_MAX = 8 * 1024 * 1024
 
 
 def _config_fields() -> dict[str, str]:
@@ -110,6 +115,8 @@ class AdminService(Router):
             return {"GET": ("raw", self._page)}
         if parts[0] == "static" and len(parts) == 2:
             return {"GET": ("raw", self._static)}
+        if path == "/render" and self.opts.graphite_url and self.opts.proxy_graphite:
+            return {"GET": ("raw", self._render)}
         if parts[0] == "config" and len(parts) == 2:
             return {"GET": ("v1", self._config), "PUT": ("v1", self._config)}
         return None
@@ -144,6 +151,7 @@ class AdminService(Router):
         depth = sum(t["depth"] for t in doc["topics"])
         count = sum(t["message_count"] for t in doc["topics"])
         doc["history"] = self.history.add("", depth, count)
+        doc["graphite"] = chart_urls(self.opts, self.base)
         return doc
 
     async def _topic_api(self, request: BaseRequest, params: Params) -> Any:
@@ -160,6 +168,7 @@ class AdminService(Router):
             raise HTTPError(404, "CHANNEL_NOT_FOUND" if channel else "TOPIC_NOT_FOUND")
         key = f"{topic}/{channel}" if channel else topic
         found["history"] = self.history.add(key, depth, found["message_count"])
+        found["graphite"] = chart_urls(self.opts, self.base, topic, channel)
         return found
 
     async def _create(self, request: BaseRequest, params: Params) -> Any:
@@ -279,6 +288,22 @@ class AdminService(Router):
             return ipaddress.ip_address(remote) in ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             return False
+
+    async def _render(self, request: BaseRequest, params: Params) -> Response:
+        """``--proxy-graphite``: Graphite's ``/render`` through nsqadmin (at most
+        ``RENDER_MAX`` bytes back)."""
+        query = request.rel_url.raw_query_string  # passed on as it came, not re-encoded
+        url = URL(f"{self.opts.graphite_url.rstrip('/')}/render?{query}", encoded=True)
+        try:
+            async with self.cluster.session.get(url) as r:
+                body = await r.content.read(RENDER_MAX + 1)
+                ctype = r.headers.get("Content-Type", "application/octet-stream")
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise HTTPError(502, f"graphite: {e}") from None
+        if len(body) > RENDER_MAX:
+            raise HTTPError(502, "graphite: answer too large")
+        return Response(status=status, body=body, headers={"Content-Type": ctype})
 
     # -- pages -----------------------------------------------------------------------------
 

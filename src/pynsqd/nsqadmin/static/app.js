@@ -72,9 +72,16 @@ function rates(history) {
   }
   return out;
 }
-function charts(history, depthLabel) {
+function graphite(urls) {
+  // --graphite-url: Graphite's own rendering of the same series over the last hours.
+  if (!urls) return "";
+  return `<div class="charts graphite">` + Object.entries(urls).map(([k, u]) =>
+    `<figure><figcaption>${k === "rate" ? "published" : "depth"}, last 2 hours (Graphite)</figcaption>` +
+    `<img id="graphite-${k}" src="${esc(u)}" width="420" height="150" alt="${k} from Graphite"></figure>`).join("") + `</div>`;
+}
+function charts(history, depthLabel, urls) {
   return `<div class="charts">` + chart("depth-chart", depthLabel, "messages", history.map(s => [s[0], s[1]])) +
-    chart("rate-chart", "published", "messages/s", rates(history)) + `</div>`;
+    chart("rate-chart", "published", "messages/s", rates(history)) + `</div>` + graphite(urls);
 }
 
 // -- tables ---------------------------------------------------------------------------------
@@ -150,7 +157,7 @@ async function channelPage(t, c) {
   const d = await api(`topics/${encodeURIComponent(t)}/${encodeURIComponent(c)}`);
   crumbs([["topics", "Topics"], [`topics/${t}`, t], [null, c]]);
   const nodes = d.nodes.map(n => ({...n, label: link(`nodes/${n.node}`, n.node) + paused(n.paused)}));
-  return `<h1>${esc(t)} / ${esc(c)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued") +
+  return `<h1>${esc(t)} / ${esc(c)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued", d.graphite) +
     `<h2>Nodes</h2>` + table("nodes", "Node", CHANNEL_COLS, nodes, true) +
     `<h2>Publish-to-FIN latency</h2><table id="e2e"><tr><th>Node</th><th>Samples</th><th>Percentiles (ms)</th></tr>` +
     d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.e2e ? n.e2e.count : 0)}</td><td>${n.e2e && n.e2e.percentiles ? n.e2e.percentiles.map(p => `p${p.quantile * 100}: ${(p.value / 1e6).toFixed(1)}`).join(", ") : "–"}</td></tr>`).join("") + "</table>" +
@@ -174,7 +181,7 @@ async function topicPage(t) {
   const channels = d.channels.map(c => ({...c, label: link(`topics/${t}/${c.channel}`, c.channel) + paused(c.paused)}));
   const nodes = d.nodes.map(n => ({...n, label: link(`nodes/${n.node}`, n.node) + paused(n.paused)}));
   const logged = d.nodes.filter(n => n.log);
-  return `<h1>${esc(t)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued (topic and channels)") +
+  return `<h1>${esc(t)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued (topic and channels)", d.graphite) +
     `<h2>Channels</h2>` + table("channels", "Channel", CHANNEL_COLS, channels, false) +
     `<h2>Nodes</h2>` + table("topic-nodes", "Node", [["depth", "Depth"], ["memory", "Memory + Disk"], ["in_flight_count", "In Flight"],
       ["deferred_count", "Deferred"], ["message_count", "Messages"], ["channels", "Channels"]], nodes, true) +
@@ -220,7 +227,7 @@ async function counterPage() {
   crumbs([[null, "Counter"]]);
   const total = d.topics.reduce((a, t) => a + t.message_count, 0);
   return `<h1>Messages published</h1><div class="counter" id="counter">${num(total)}</div>` +
-    `<div class="charts">` + chart("rate-chart", "rate", "messages/s", rates(d.history)) + `</div>`;
+    `<div class="charts">` + chart("rate-chart", "rate", "messages/s", rates(d.history)) + `</div>` + graphite(d.graphite);
 }
 
 async function topicsPage() {
@@ -244,7 +251,14 @@ async function render() {
     // Keep a form being typed into: redraw everything else.
     const form = document.getElementById("create");
     const typed = form && form.contains(document.activeElement) ? [form.topic.value, form.channel.value] : null;
+    // Graphite's images are drawn once per page, not at every 2 s redraw: keep the old ones.
+    const kept = {};
+    main.querySelectorAll("img[id^='graphite-']").forEach(img => { kept[img.id] = img; });
     main.innerHTML = html;
+    main.querySelectorAll("img[id^='graphite-']").forEach(img => {
+      const old = kept[img.id];
+      if (old && old.getAttribute("src") === img.getAttribute("src")) img.replaceWith(old);
+    });
     if (typed) { const f = document.getElementById("create"); f.topic.value = typed[0]; f.channel.value = typed[1]; f.topic.focus(); }
     main.querySelectorAll("button[data-action]").forEach(b =>
       b.addEventListener("click", () => act(route.slice(1).join("/"), b.dataset.action)));
