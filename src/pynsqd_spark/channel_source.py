@@ -238,7 +238,9 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks from ``start`` only once the batch ending there is in its commit log (a
         # batch not yet committed at a restart is run again first, without asking), so its
         # messages are FIN'd here, a trigger earlier than Spark's own ``commit`` call, and the
-        # counts reportLatestOffset gives the progress include them.
+        # counts reportLatestOffset gives the progress include them. (Spark's async progress
+        # tracking, which writes the commit log later, would break this; Spark allows it
+        # only with its Kafka sink.)
         finished = pool.commit(start_seq) if start is not None else 0
         pending = pool.pending_after(start_seq)
         if pending is not None:  # taken earlier but not planned yet: offer it again

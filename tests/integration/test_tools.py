@@ -234,6 +234,16 @@ class Lines:
             self.seen.append(self.lines.get(timeout=max(0.01, deadline - time.monotonic())))
 
 
+def _stop(proc: subprocess.Popen[bytes], err: Lines, node: Proc) -> None:
+    """The tool stopped as a user stops it (SIGTERM), its stderr reader and the node (kill -9)."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    err.close()
+    node.p.kill()
+    node.p.wait()
+    node.log_file.close()
+
+
 def _tool_command(name: str) -> list[str]:
     path = BIN / name
     return [str(path)] if path.exists() else [sys.executable, "-m", f"pynsqd.tools.{name}"]
@@ -330,12 +340,7 @@ def test_nsq_to_file_rides_out_a_node_restart_and_loses_nothing(tmp_path: Path) 
         wait_for(lambda: written() >= set(want), "all 600 written")
         assert proc.poll() is None  # it went on
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        err.close()
-        node.p.kill()
-        node.p.wait()
-        node.log_file.close()
+        _stop(proc, err, node)
     assert proc.returncode == 0
     assert written() == set(want)
 
@@ -691,12 +696,7 @@ def test_nsq_to_file_topic_pattern_finds_topics_through_nsqlookupd_as_they_appea
         err.until(b"[tofile] consuming topic app.b")
         wait_for(lambda: lines("app.b") == {b"b1", b"b2"}, "app.b, created later, written")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        err.close()
-        node.p.kill()
-        node.p.wait()
-        node.log_file.close()
+        _stop(proc, err, node)
         lookupd.stop()
     assert proc.returncode == 0
     assert not list(out.glob("other.*"))

@@ -185,17 +185,7 @@ class AdminService(Router):
         if not isinstance(channel, str) or (channel and not is_valid_name(channel)):
             raise HTTPError(400, "INVALID_CHANNEL")
         errors = await self.cluster.create(topic, channel)
-        log.info("create %s%s: %s", topic, f":{channel}" if channel else "", errors or "ok")
-        await self.cluster.notify(
-            {
-                "action": "create_channel" if channel else "create_topic",
-                "topic": topic,
-                "channel": channel,
-                "user": user,
-            }
-        )
-        if errors:
-            raise HTTPError(502, "; ".join(errors))
+        await self._acted("create", topic, channel, user, errors)
         return None
 
     async def _lookup(self, request: BaseRequest, params: Params) -> Any:
@@ -249,6 +239,14 @@ class AdminService(Router):
                 raise HTTPError(400, "INVALID_ACTION")
             action = str(given)
         errors = await self.cluster.act(topic, channel, action)
+        await self._acted(action, topic, channel, user, errors)
+        return None
+
+    async def _acted(
+        self, action: str, topic: str, channel: str, user: str, errors: list[str]
+    ) -> None:
+        """An action's log line and ``--notification-http-endpoint`` note (``<action>_topic``
+        or ``<action>_channel``, as Go's); a 502 naming the nodes that failed."""
         log.info("%s %s%s: %s", action, topic, f":{channel}" if channel else "", errors or "ok")
         await self.cluster.notify(
             {
@@ -260,7 +258,6 @@ class AdminService(Router):
         )
         if errors:
             raise HTTPError(502, "; ".join(errors))
-        return None
 
     async def _config(self, request: BaseRequest, params: Params) -> Any:
         """Go nsqadmin's ``/config/<option>``, from ``--allow-config-from-cidr`` only: GET
