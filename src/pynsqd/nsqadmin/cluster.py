@@ -266,7 +266,7 @@ class Cluster:
                     }
                 )
             lookupds.append({"lookupd": lookupd, "producers": producers})
-        inactive = await self.inactive_topics() if lookupds else []
+        inactive = await self.inactive_topics(lookupds) if lookupds else []
         return {"lookupds": lookupds, "inactive_topics": inactive, "errors": errors}
 
     async def node_rows(self) -> dict[str, Any]:
@@ -361,8 +361,11 @@ class Cluster:
             "errors": errors,
         }
 
-    async def inactive_topics(self) -> list[str]:
-        """Topics nsqlookupd knows that no live node produces (Go's /lookup notice)."""
+    async def inactive_topics(self, lookupds: list[dict[str, Any]]) -> list[str]:
+        """Topics nsqlookupd knows (``/topics``) that no registered node lists: Go's /lookup
+        notice. ``lookupds`` is ``lookup()``'s answer (each lookupd's nodes and their topics),
+        so this costs one request per nsqlookupd, whatever the number of topics."""
+        produced = {t["topic"] for lk in lookupds for p in lk["producers"] for t in p["topics"]}
         known: list[str] = []
         for lookupd in self.opts.lookupd_http_addresses:
             try:
@@ -370,23 +373,7 @@ class Cluster:
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
                 continue
             known += [t for t in doc.get("topics") or [] if t not in known]
-        inactive = []
-        for topic in known:
-            producers, answered = 0, False
-            for lookupd in self.opts.lookupd_http_addresses:
-                query = urllib.parse.urlencode({"topic": topic})
-                try:
-                    doc = await self._get(lookupd, f"/lookup?{query}")
-                except RuntimeError as e:  # 404 TOPIC_NOT_FOUND: an answer, no producers
-                    answered = answered or "HTTP 404" in str(e)
-                    continue
-                except (aiohttp.ClientError, TimeoutError, ValueError):
-                    continue
-                answered = True
-                producers += len(doc.get("producers") or [])
-            if answered and not producers:
-                inactive.append(topic)
-        return inactive
+        return [t for t in known if t not in produced]
 
     async def create(self, topic: str, channel: str) -> list[str]:
         """Create ``topic`` (and ``channel``) as Go's nsqadmin does: in every nsqlookupd, so
