@@ -6,7 +6,7 @@ import ssl
 from dataclasses import dataclass
 
 from .. import __version__
-from ..internal.checks import unreadable
+from ..internal.checks import first_unreadable
 
 __all__ = ["ClientOptions"]
 
@@ -35,14 +35,15 @@ class ClientOptions:
 
     def ssl_context(self) -> ssl.SSLContext:
         """Raises OSError naming a file that cannot be read (ssl's own errors do not)."""
-        for what, path in (
-            ("TLS CA file", self.tls_ca_file),
-            ("TLS certificate file", self.tls_cert_file),
-            ("TLS key file", self.tls_key_file),
-        ):
-            why = unreadable(path) if path else None
-            if why is not None:
-                raise OSError(f"{what} {path}: {why}")
+        bad = first_unreadable(
+            (
+                ("TLS CA file", self.tls_ca_file),
+                ("TLS certificate file", self.tls_cert_file),
+                ("TLS key file", self.tls_key_file),
+            )
+        )
+        if bad is not None:
+            raise OSError("{} {}: {}".format(*bad))
         ctx = ssl.create_default_context(cafile=self.tls_ca_file)
         if not self.tls_verify:
             ctx.check_hostname = False

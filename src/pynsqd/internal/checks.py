@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..log import parse_log_level
@@ -38,6 +38,17 @@ def unreadable(path: str) -> str | None:
             return None
     except OSError as err:
         return err.strerror or str(err)
+
+
+def first_unreadable(named: Iterable[tuple[str, str | None]]) -> tuple[str, str, str] | None:
+    """Of ``(name, path)`` pairs (a flag, an option; empty paths skipped), the first file that
+    cannot be read, as ``(name, path, why)``: TLS files are named before ssl fails unnamed."""
+    for name, path in named:
+        why = unreadable(path) if path else None
+        if why is not None:
+            assert path is not None
+            return name, path, why
+    return None
 
 
 def go_float_text(value: float) -> str:

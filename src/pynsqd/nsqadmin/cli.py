@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..internal import process
-from ..internal.checks import unreadable
+from ..internal.checks import first_unreadable
 from ..internal.flags import HelpRequested, UsageError, load_config, parse_command_line
 from ..internal.version import version_string
 from ..log import configure_logging
@@ -36,14 +36,15 @@ def parse_options(argv: list[str]) -> tuple[AdminOptions, list[str]]:
         raise UsageError(
             "use --lookupd-http-address or --nsqd-http-address (one of them, not both)", 1
         )
-    for flag, path in (
-        ("--http-client-tls-root-ca-file", opts.http_client_tls_root_ca_file),
-        ("--http-client-tls-cert", opts.http_client_tls_cert),
-        ("--http-client-tls-key", opts.http_client_tls_key),
-    ):
-        why = unreadable(path) if path else None
-        if why:
-            raise UsageError(f"{flag}={path}: {why}", 1)
+    bad = first_unreadable(
+        (
+            ("--http-client-tls-root-ca-file", opts.http_client_tls_root_ca_file),
+            ("--http-client-tls-cert", opts.http_client_tls_cert),
+            ("--http-client-tls-key", opts.http_client_tls_key),
+        )
+    )
+    if bad is not None:
+        raise UsageError("{}={}: {}".format(*bad), 1)
     if opts.http_client_tls_key and not opts.http_client_tls_cert:
         raise UsageError("--http-client-tls-key needs --http-client-tls-cert", 1)
     if opts.allow_config_from_cidr:

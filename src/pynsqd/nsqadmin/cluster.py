@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from ..client import ClientOptions
 from .options import AdminOptions
 
 COUNTERS = (
@@ -30,22 +31,27 @@ def _url(address: str, path: str) -> str:
     return f"{address.rstrip('/')}{path}" if "://" in address else f"http://{address}{path}"
 
 
+def _node(producer: dict[str, Any]) -> str:
+    """An nsqlookupd producer's nsqd HTTP address."""
+    return f"{producer.get('broadcast_address')}:{producer.get('http_port')}"
+
+
 def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
-    """The HTTP client's TLS for https:// addresses (``--http-client-tls-*``); True: the
-    system's defaults. Raises OSError/ssl.SSLError naming the file."""
+    """The HTTP client's TLS for https:// addresses (``--http-client-tls-*``), built as the
+    client package builds every TLS context; True: the system's defaults. Raises OSError
+    naming an unreadable file, ssl.SSLError."""
     if not (
         opts.http_client_tls_root_ca_file
         or opts.http_client_tls_cert
         or opts.http_client_tls_insecure_skip_verify
     ):
         return True
-    ctx = ssl.create_default_context(cafile=opts.http_client_tls_root_ca_file or None)
-    if opts.http_client_tls_insecure_skip_verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if opts.http_client_tls_cert:
-        ctx.load_cert_chain(opts.http_client_tls_cert, opts.http_client_tls_key or None)
-    return ctx
+    return ClientOptions(
+        tls_verify=not opts.http_client_tls_insecure_skip_verify,
+        tls_ca_file=opts.http_client_tls_root_ca_file or None,
+        tls_cert_file=opts.http_client_tls_cert or None,
+        tls_key_file=opts.http_client_tls_key or None,
+    ).ssl_context()
 
 
 class Cluster:
@@ -90,9 +96,10 @@ class Cluster:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def nodes(self) -> tuple[list[str], list[str]]:
-        """The nsqd HTTP addresses (given, then from every nsqlookupd) and the errors."""
-        nodes = list(self.opts.nsqd_http_addresses)
+    async def listings(self) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        """Each nsqlookupd's ``/nodes`` producers, by lookupd (those that answered); and the
+        errors. The one read of nsqlookupd the node list, /nodes and /lookup share."""
+        out: dict[str, list[dict[str, Any]]] = {}
         errors: list[str] = []
         for lookupd in self.opts.lookupd_http_addresses:
             try:
@@ -100,15 +107,30 @@ class Cluster:
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
                 errors.append(f"nsqlookupd {lookupd}: {e}")
                 continue
-            for p in doc.get("producers") or []:
-                node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
+            out[lookupd] = [p for p in doc.get("producers") or [] if isinstance(p, dict)]
+        return out, errors
+
+    async def nodes(
+        self, listings: dict[str, list[dict[str, Any]]] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """The nsqd HTTP addresses (given, then from every nsqlookupd: ``listings``, read now
+        when not given) and the errors."""
+        errors: list[str] = []
+        if listings is None:
+            listings, errors = await self.listings()
+        nodes = list(self.opts.nsqd_http_addresses)
+        for producers in listings.values():
+            for p in producers:
+                node = _node(p)
                 if node not in nodes:
                     nodes.append(node)
         return nodes, errors
 
-    async def stats(self) -> tuple[dict[str, Any], list[str]]:
+    async def stats(
+        self, listings: dict[str, list[dict[str, Any]]] | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """Every node's /stats (JSON), by node; and the errors."""
-        nodes, errors = await self.nodes()
+        nodes, errors = await self.nodes(listings)
 
         async def one(node: str) -> tuple[str, Any]:
             try:
@@ -244,20 +266,15 @@ class Cluster:
     async def lookup(self) -> dict[str, Any]:
         """What every nsqlookupd knows: its nodes, with their topics and tombstones."""
         lookupds: list[dict[str, Any]] = []
-        errors: list[str] = []
-        for lookupd in self.opts.lookupd_http_addresses:
-            try:
-                doc = await self._get(lookupd, "/nodes")
-            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
-                errors.append(f"nsqlookupd {lookupd}: {e}")
-                continue
+        listings, errors = await self.listings()
+        for lookupd, listed in listings.items():
             producers = []
-            for p in doc.get("producers") or []:
+            for p in listed:
                 topics = p.get("topics") or []
                 stones = p.get("tombstones") or [False] * len(topics)
                 producers.append(
                     {
-                        "node": f"{p.get('broadcast_address')}:{p.get('http_port')}",
+                        "node": _node(p),
                         "version": p.get("version", ""),
                         "topics": [
                             {"topic": t, "tombstoned": bool(s)}
@@ -272,16 +289,13 @@ class Cluster:
     async def node_rows(self) -> dict[str, Any]:
         """``/nodes``: each nsqd's hostname, broadcast address, ports and version (its
         ``/info``), health and topic count (``/stats``), and how many nsqlookupd list it."""
-        stats, errors = await self.stats()
+        listings, errors = await self.listings()
+        stats, more = await self.stats(listings)
+        errors += more
         listed: dict[str, int] = {}
-        for lookupd in self.opts.lookupd_http_addresses:
-            try:
-                doc = await self._get(lookupd, "/nodes")
-            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
-                continue  # (reported by stats() already)
-            for p in doc.get("producers") or []:
-                node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
-                listed[node] = listed.get(node, 0) + 1
+        for producers in listings.values():
+            for p in producers:
+                listed[_node(p)] = listed.get(_node(p), 0) + 1
 
         async def info(node: str) -> dict[str, Any]:
             try:

@@ -12,7 +12,7 @@ import ssl
 import warnings
 from typing import Any
 
-from ..internal.checks import unreadable
+from ..internal.checks import first_unreadable
 from ..options import Options
 
 _MIN_VERSIONS = {
@@ -45,14 +45,15 @@ def server_context(opts: Options) -> ssl.SSLContext | None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     # A file that cannot be read is named with its flag (ssl's errors name neither).
-    for flag, path in (
-        ("--tls-cert", opts.tls_cert),
-        ("--tls-key", opts.tls_key),
-        ("--tls-root-ca-file", opts.tls_root_ca_file),
-    ):
-        why = unreadable(path) if path else None
-        if why is not None:
-            raise TLSConfigError(f"failed to load TLS config - {flag}={path}: {why}")
+    bad = first_unreadable(
+        (
+            ("--tls-cert", opts.tls_cert),
+            ("--tls-key", opts.tls_key),
+            ("--tls-root-ca-file", opts.tls_root_ca_file),
+        )
+    )
+    if bad is not None:
+        raise TLSConfigError("failed to load TLS config - {}={}: {}".format(*bad))
     try:
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
         with warnings.catch_warnings():
