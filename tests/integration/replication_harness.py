@@ -11,23 +11,29 @@ holding two different records anywhere (inconsistent). Duplicates are counted, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import urllib.parse
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pynsqd.client.connection import Connection
+from pynsqd.client.options import ClientOptions
 from pynsqd.protocol.log_record import decode_records
 
 from ..waiting import wait_for
@@ -534,3 +540,78 @@ def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> No
         return p is not None and p["node"] == origin and len(p["isr"]) == size
 
     wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 30)
+
+
+#: The topic the producers publish to.
+TOPIC = "orders"
+
+
+class Producer(threading.Thread):
+    """Publishes unique bodies to the live nodes in turn, TCP PUB and MPUB; a failure moves it
+    to the next node (NSQ's standing advice). Every attempt is in the history."""
+
+    def __init__(self, cluster: Cluster, history: History, name: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.history = history
+        self.tag = name
+        self.stopping = threading.Event()
+        self.seq = 0
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        rng = random.Random(self.tag)
+        while not self.stopping.is_set():
+            live = self.cluster.live()
+            if not live:
+                continue
+            node = rng.choice(live)
+            try:
+                assert node.proc is not None
+                conn = Connection(
+                    f"{node.host}:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
+                ).connect()
+            except (OSError, ConnectionError, AssertionError):
+                continue
+            try:
+                for _ in range(50):
+                    if self.stopping.is_set():
+                        break
+                    batch = [
+                        f"{self.tag}-{self.seq + i}".encode() for i in range(rng.choice((1, 10)))
+                    ]
+                    self.seq += len(batch)
+                    with self.lock:
+                        self.history.invoked.update(batch)
+                        sent = self.history.phase
+                        self.history.sent_in.update((b, sent) for b in batch)
+                    try:
+                        if len(batch) == 1:
+                            conn.pub(TOPIC, batch[0])
+                        else:
+                            conn.mpub(TOPIC, batch)
+                    except Exception:
+                        with self.lock:
+                            self.history.failed.update(batch)
+                        break
+                    with self.lock:
+                        self.history.ok.update(batch)
+                        at = (node.node_id, self.history.phase)
+                        self.history.acked_by.update((b, at) for b in batch)
+            finally:
+                conn.close()
+
+
+@contextlib.contextmanager
+def producing(cluster: Cluster, history: History, tag: str = "p") -> Iterator[None]:
+    """Two producers publishing into ``history`` for the duration of the block."""
+    producers = [Producer(cluster, history, f"{tag}{i}") for i in range(2)]
+    for p in producers:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in producers:
+            p.stopping.set()
+        for p in producers:
+            p.join(30)

@@ -8,13 +8,11 @@ state (``/topic/replication``), never on time.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
 import signal
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from typing import Any
 import pytest
 
 from pynsqd.client.connection import Connection
-from pynsqd.client.options import ClientOptions
 from pynsqd.protocol.log_record import decode_records
 
 from ..conftest import ServerThread, http_request
@@ -36,6 +33,7 @@ from .replication_harness import (
     check,
     partition_digest,
     power_loss,
+    producing,
     replicate,
     wait_in_sync,
     wait_leader,
@@ -475,62 +473,6 @@ def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -
         cluster.stop()
 
 
-class Producer(threading.Thread):
-    """Publishes unique bodies to the live nodes in turn, TCP PUB and MPUB; a failure moves it
-    to the next node (NSQ's standing advice). Every attempt is in the history."""
-
-    def __init__(self, cluster: Cluster, history: History, name: str) -> None:
-        super().__init__(daemon=True)
-        self.cluster = cluster
-        self.history = history
-        self.tag = name
-        self.stopping = threading.Event()
-        self.seq = 0
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        rng = random.Random(self.tag)
-        while not self.stopping.is_set():
-            live = self.cluster.live()
-            if not live:
-                continue
-            node = rng.choice(live)
-            try:
-                assert node.proc is not None
-                conn = Connection(
-                    f"{node.host}:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
-                ).connect()
-            except (OSError, ConnectionError, AssertionError):
-                continue
-            try:
-                for _ in range(50):
-                    if self.stopping.is_set():
-                        break
-                    batch = [
-                        f"{self.tag}-{self.seq + i}".encode() for i in range(rng.choice((1, 10)))
-                    ]
-                    self.seq += len(batch)
-                    with self.lock:
-                        self.history.invoked.update(batch)
-                        sent = self.history.phase
-                        self.history.sent_in.update((b, sent) for b in batch)
-                    try:
-                        if len(batch) == 1:
-                            conn.pub(TOPIC, batch[0])
-                        else:
-                            conn.mpub(TOPIC, batch)
-                    except Exception:
-                        with self.lock:
-                            self.history.failed.update(batch)
-                        break
-                    with self.lock:
-                        self.history.ok.update(batch)
-                        at = (node.node_id, self.history.phase)
-                        self.history.acked_by.update((b, at) for b in batch)
-            finally:
-                conn.close()
-
-
 def read_all(cluster: Cluster) -> dict[tuple[int, str], list[tuple[int, bytes, bytes]]]:
     """Every partition's committed records from every live node holding a copy."""
     reads = {}
@@ -540,21 +482,6 @@ def read_all(cluster: Cluster) -> dict[tuple[int, str], list[tuple[int, bytes, b
             if status == 200:
                 reads[(origin, str(n.node_id))] = cluster.read_partition(TOPIC, origin, n)
     return reads
-
-
-@contextlib.contextmanager
-def producing(cluster: Cluster, history: History, tag: str = "p") -> Iterator[None]:
-    """Two producers publishing into ``history`` for the duration of the block."""
-    producers = [Producer(cluster, history, f"{tag}{i}") for i in range(2)]
-    for p in producers:
-        p.start()
-    try:
-        yield
-    finally:
-        for p in producers:
-            p.stopping.set()
-        for p in producers:
-            p.join(30)
 
 
 def verify(cluster: Cluster, history: History) -> None:

@@ -10,7 +10,8 @@ the lease is gone it steps down (``on_expired``), takes a new lease and register
 
 Keys under ``<K> = /pynsqd/<cluster-name>`` (declared here once, read by ``ClusterState.parse``):
 ``nodes/<id>`` (lease), ``topics/<topic>`` (settings), ``parts/<topic>/<origin>/{assignment,isr,
-leader}`` (leader: lease).
+leader}`` (leader: lease), ``parts/<topic>/<origin>/channels/<holder>`` (channel windows,
+``checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ClusterState:
     nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
     settings: dict[str, ReplicationSettings] = field(default_factory=dict)
     parts: dict[tuple[str, int], dict[str, KeyValue]] = field(default_factory=dict)
+    #: ``parts/<topic>/<origin>/channels/<holder>``: each holder's channel windows.
+    checkpoints: dict[tuple[str, int], dict[int, KeyValue]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, keys: Keys, kvs: list[KeyValue]) -> ClusterState:
@@ -74,6 +77,9 @@ class ClusterState:
                     state.settings[parts[1]] = ReplicationSettings.decode(kv.value)
                 elif parts[0] == "parts" and len(parts) == 4:
                     state.parts.setdefault((parts[1], int(parts[2])), {})[parts[3]] = kv
+                elif parts[0] == "parts" and len(parts) == 5 and parts[3] == "channels":
+                    part = (parts[1], int(parts[2]))
+                    state.checkpoints.setdefault(part, {})[int(parts[4])] = kv
             except (ValueError, SettingsError) as err:
                 log.error("CLUSTER: ignoring unreadable key %s - %s", kv.key, err)
         return state

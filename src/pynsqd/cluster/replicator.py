@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from ..core.channel import Channel
 from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
+from .checkpoints import Checkpoints
 from .etcd import Compare, EtcdError, KeyValue, delete_op, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
@@ -69,6 +71,11 @@ class ReplicaHost(Protocol):
 
     def topic_log(self, name: str) -> TopicLog | None: ...
     def open_replica_log(self, topic: str, origin: int) -> TopicLog: ...
+    def serve_topic(self, name: str) -> Topic: ...
+    async def replay(
+        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+    ) -> int: ...
+    def joined(self) -> None: ...
 
 
 class Replicator:
@@ -92,6 +99,9 @@ class Replicator:
             self.member, self.partitions, host.topics, opts, lambda m: self.state.live(m)
         )
         self.following = Following(self.member)
+        self.checkpoints = Checkpoints(
+            self.member, host, self.partitions, lambda m: self.state.live(m)
+        )
         self._leaderless_since: dict[tuple[str, int], float] = {}
         #: Leaderless partitions with no live in-sync member (said once per outage).
         self._offline: set[tuple[str, int]] = set()
@@ -111,9 +121,19 @@ class Replicator:
             raise RuntimeError(f"--etcd-endpoints: {err}") from None
         await self.member.register()
         await self._refresh()
+        mine = {
+            part: holders[self.node_id]
+            for part, holders in self.state.checkpoints.items()
+            if self.node_id in holders
+        }
+        await self.checkpoints.restore(mine)
+        await self.checkpoints.write()  # not clean any more: a crash from here rebuilds
+        self.host.joined()
+        self.checkpoints.hold_adopted()
         self.ready = True
         self._tasks.append(asyncio.create_task(self.member.keepalive_loop(self._lease_expired)))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
+        self._tasks.append(asyncio.create_task(self.checkpoints.write_loop()))
         log.info(
             "CLUSTER(%s): node %d joined (etcd %s, lease TTL %ds)",
             self.opts.cluster_name,
@@ -133,6 +153,7 @@ class Replicator:
         await self.following.close()
         for p in self.partitions.values():
             p.fail_waiters("nsqd is exiting")
+        await self.checkpoints.stop()
         await self.member.leave()
 
     def _lease_expired(self) -> None:
@@ -158,6 +179,8 @@ class Replicator:
         state = ClusterState.parse(keys, kvs)
         self.state = state
         for topic, settings in state.settings.items():
+            if settings.replicated and topic in self.host.topics:
+                self.checkpoints.track(self.host.topics[topic])
             if settings.replicated and (topic, self.node_id) not in state.parts:
                 await self._create_own(topic, settings)
         for (topic, origin), parts in state.parts.items():
@@ -260,6 +283,12 @@ class Replicator:
         mine = int(info.get("node", -1)) == self.node_id
         if mine and leader.mod_revision == p.epoch and p.role is Role.LEADER:
             await self.leading.lead(p)
+            holders = self.state.checkpoints.get(key)
+            if holders:
+                await self.checkpoints.adopt(p, holders)
+            own = self.host.topics.get(topic) if p.is_origin else None
+            if own is not None and own.hand_off_held:
+                await self.checkpoints.took_back(p)  # led again: its channels go on
             return
         if mine:
             # A leadership this node no longer serves (a registration since): give it up.
@@ -283,6 +312,8 @@ class Replicator:
             self.following.stop(key)
             if not await self.leading.take_back(p, leader):
                 p.role = Role.NONE  # the next tick follows whoever leads now
+            else:
+                await self.checkpoints.took_back(p)
 
     # -- what the server and the HTTP API ask -----------------------------------------------
 
@@ -297,6 +328,9 @@ class Replicator:
         settings = self.state.settings.get(topic)
         if settings is None or not settings.replicated:
             return False
+        t = self.host.topics.get(topic)
+        if t is not None and t.origin is None:
+            self.checkpoints.track(t)  # before its first replicated publish takes IDs
         p = self.partitions.get((topic, self.node_id))
         if p is None:
             if (topic, self.node_id) in self.state.parts:
@@ -389,6 +423,27 @@ class Replicator:
                     "earliest": p.log.earliest,
                     "latest": p.log.latest,
                     "follower_lag": lags,
+                    "checkpoints": self._checkpoints(name, origin),
                 }
             )
+        return out
+
+    def _checkpoints(self, topic: str, origin: int) -> dict[str, Any]:
+        """The channel checkpoints of a partition as etcd held them at the last tick, by holder:
+        each channel's first pending offset, its end (None: open) and its out-of-order ranges;
+        or whom an adopted one went to."""
+        out: dict[str, Any] = {}
+        for holder, kv in sorted(self.state.checkpoints.get((topic, origin), {}).items()):
+            try:
+                doc = kv.json()
+            except ValueError:
+                continue
+            if "adopted_by" in doc:
+                out[str(holder)] = {"adopted_by": doc["adopted_by"], "end": doc.get("end")}
+                continue
+            out[str(holder)] = {
+                name: {"low": w.get("low"), "end": w.get("end"), "done_ranges": len(w["done"])}
+                for name, w in doc.get("channels", {}).items()
+                if isinstance(w, dict) and isinstance(w.get("done"), list)
+            }
         return out

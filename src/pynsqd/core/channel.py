@@ -32,6 +32,7 @@ from .errors import (
     TooManyConsumers,
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
+from .offsets import OFFSET_MASK, DoneWindow, is_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
 
@@ -77,6 +78,9 @@ class ChannelOwner(Protocol):
     def metadata_changed(self) -> None:
         """A pause flag changed (nsqd persists its metadata)."""
 
+    def log_handed(self) -> int:
+        """The retained log's hand-off position (every offset before it reached the channels)."""
+
 
 class Channel:
     __slots__ = (
@@ -97,6 +101,7 @@ class Channel:
         "ephemeral",
         "exiting",
         "expired_count",
+        "held",
         "in_flight",
         "loop",
         "max_attempts",
@@ -112,9 +117,11 @@ class Channel:
         "queue",
         "requeue_count",
         "screening",
+        "stale_count",
         "timeout_count",
         "topic",
         "tq",
+        "windows",
     )
 
     def __init__(
@@ -170,6 +177,14 @@ class Channel:
         self._dl_pass: set[bytes] = set()  # deferred after a failure: delivered once when due
         self.expired_count = 0
         self.dropped_count = 0
+        #: A replicated topic's channel: per partition (origin node), what it is responsible
+        #: for and done with (``core/offsets.py``; checkpointed by ``cluster/checkpoints.py``).
+        #: None: not replicated (no cost).
+        self.windows: dict[int, DoneWindow] | None = None
+        #: Delivery waits (a replicated channel being restored at start).
+        self.held = False
+        #: Messages not delivered because another node took their partition's state over.
+        self.stale_count = 0
 
     def set_lifecycle(
         self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str, max_bytes: int = 0
@@ -337,7 +352,7 @@ class Channel:
 
     def _pump(self) -> None:
         self._pump_pending = False
-        if self.paused or self.exiting:
+        if self.paused or self.exiting or self.held:
             return
         queue = self.queue
         if not len(queue):
@@ -377,9 +392,12 @@ class Channel:
         keep: list[Message] = []
         dead: list[Message] = []
         expired = 0
+        windows = self.windows
         for m in batch:
             if ttl and now_ns - m.timestamp >= ttl:
                 expired += 1
+                if windows is not None:
+                    self.mark_done([m.id])
             elif limit and m.attempts >= limit:
                 if m.id in self._dl_pass:  # back from its delay: delivered, as a REQ would be
                     self._dl_pass.discard(m.id)
@@ -394,6 +412,8 @@ class Channel:
             if err is None:
                 self.dead_letter_count += len(dead)
                 self._dl_backoff = 0.0
+                if windows is not None:
+                    self.mark_done([m.id for m in dead])
             else:
                 self._dead_letter_failed(dead, err)
         return keep
@@ -424,8 +444,39 @@ class Channel:
             self._dl_logged_at = now
             self._dl_unlogged = 0
 
+    def _screen_stale(self, batch: list[Message]) -> list[Message]:
+        """A replicated channel delivers a message of a partition only while its window says
+        it is pending here (another node may have taken that partition's state over)."""
+        windows = self.windows
+        assert windows is not None
+        keep = []
+        for m in batch:
+            if is_offset_id(m.id):
+                v = int(m.id, 16)
+                w = windows.get((v >> 53) & 0x3FF)
+                if w is not None and not w.is_pending(v & OFFSET_MASK):
+                    self.stale_count += 1
+                    continue
+            keep.append(m)
+        return keep
+
+    def mark_done(self, ids: list[bytes]) -> None:
+        """These messages are done with here (FIN, expired, dead-lettered)."""
+        windows = self.windows
+        assert windows is not None
+        for msg_id in ids:
+            if is_offset_id(msg_id):
+                v = int(msg_id, 16)
+                w = windows.get((v >> 53) & 0x3FF)
+                if w is not None:
+                    w.mark(v & OFFSET_MASK)
+
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
+        if self.windows is not None:
+            batch = self._screen_stale(batch)
+            if not batch:
+                return 0
         if self.screening:
             batch = self._screen(batch)
             if not batch:
@@ -498,6 +549,8 @@ class Channel:
         self.tq.removed(done)
         client.in_flight_count -= done
         client.finish_count += done
+        if self.windows is not None and done:
+            self.mark_done(ids[:done])
         if self._behind:
             self._release(ids[:done])
         if done and len(self.queue):
@@ -639,6 +692,13 @@ class Channel:
         for c in self.clients.values():
             c.in_flight_count = 0
         self.queue.empty()
+        if self.windows is not None:
+            handed = self.topic.log_handed()
+            for w in self.windows.values():
+                if w.end is None:
+                    w.done_below(handed)
+                else:
+                    w.close()
 
     def close(self, *, delete: bool) -> None:
         """Stop the channel. On delete its messages go; otherwise they are kept in the backend."""

@@ -22,6 +22,7 @@ from .channel import Channel
 from .errors import QueueFull
 from .guid import GUIDFactory
 from .message import Message
+from .offsets import DoneWindow, offset_ids
 from .queue import MessageQueue
 from .timed_queue import Scheduler
 
@@ -61,6 +62,7 @@ class Topic:
         "ephemeral",
         "exiting",
         "guid",
+        "hand_off_held",
         "log",
         "loop",
         "max_depth",
@@ -68,6 +70,7 @@ class Topic:
         "message_count",
         "name",
         "on_channel_added",
+        "origin",
         "paused",
         "queue",
     )
@@ -111,6 +114,13 @@ class Topic:
         self.bound_policy = "reject"
         self.bounded = False
         self.dropped_count = 0
+        #: A replicated topic: this node's id, the origin of its partition. Its messages get
+        #: offset IDs (``core/offsets.py``) and its channels keep done-windows. None: not
+        #: replicated (no cost).
+        self.origin: int | None = None
+        #: The log's hand-off to channels waits (the partition is served by another node, or
+        #: this node is still joining its cluster).
+        self.hand_off_held = False
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -129,7 +139,8 @@ class Topic:
             self._check_room(len(bodies), sum(map(len, bodies)))
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
-            one = [Message(self.guid.new_ids(1)[0], body, time.time_ns())]
+            ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
+            one = [Message(ids[0], body, time.time_ns())]
             if self.log is not None:
                 self._put_logged(one)
             else:
@@ -140,7 +151,8 @@ class Topic:
                 self._trim()
             return
         ts = time.time_ns()
-        ids = self.guid.new_ids(len(bodies))
+        n = len(bodies)
+        ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
         # map() calls the class from C: about 20 ns a message less than a comprehension.
         msgs = list(map(Message, ids, bodies, repeat(ts, len(bodies))))
         if defer_ms:
@@ -155,6 +167,14 @@ class Topic:
         self.message_bytes += sum(map(len, bodies))
         if self.bounded:
             self._trim()
+
+    def _offset_ids(self, n: int) -> list[bytes]:
+        """IDs for the next ``n`` offsets of this node's partition (the log appends them next)."""
+        assert self.origin is not None and self.log is not None
+        return offset_ids(self.origin, self.log.latest, n)
+
+    def log_handed(self) -> int:
+        return self.log.handed if self.log is not None else 0
 
     def put_many(self, msgs: list[Message]) -> None:
         """Raises OSError if a backend could not store the messages. Channels that could not
@@ -172,6 +192,9 @@ class Topic:
         """Publish messages that keep their IDs (dead-lettering): as ``put_bodies``."""
         if self.bounded:
             self._check_room(len(msgs), sum(len(m.body) for m in msgs))
+        if self.origin is not None:  # a replicated topic's IDs say where a message is
+            ids = self._offset_ids(len(msgs))
+            msgs = [Message(i, m.body, m.timestamp) for i, m in zip(ids, msgs, strict=True)]
         if self.log is not None:
             self._put_logged(msgs)
         else:
@@ -239,6 +262,7 @@ class Topic:
             and log.visible > first
             and self.channels
             and not self.paused
+            and not self.hand_off_held
             and not len(self.queue)
         ):
             err = self._fan_out(msgs)
@@ -336,6 +360,7 @@ class Topic:
             not self._drain_pending
             and self.channels
             and not self.paused
+            and not self.hand_off_held
             and (len(self.queue) or (self.log is not None and self.log.handed < self.log.visible))
         ):
             self._drain_pending = True
@@ -343,7 +368,7 @@ class Topic:
 
     def _drain(self) -> None:
         self._drain_pending = False
-        if self.paused or self.exiting or not self.channels:
+        if self.paused or self.exiting or not self.channels or self.hand_off_held:
             return
         queue = self.queue
         tlog = self.log
@@ -381,6 +406,9 @@ class Topic:
         ch = self.channels.get(name)
         if ch is None:
             ch = self._owner.make_channel(self, name)
+            if self.origin is not None and not ch.ephemeral and self.log is not None:
+                # It gets the partition from the hand-off position on.
+                ch.windows = {self.origin: DoneWindow(self.log.handed)}
             self.channels[name] = ch
             self.refresh_bounds()
             if self.on_channel_added is not None:

@@ -121,6 +121,9 @@ class NSQD:
         self.lookup = Lookup(self)
         #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
         self.replication: Replicator | None = None
+        #: Until the cluster's state is read, channels do not deliver and logs do not hand off
+        #: (a replicated channel is restored from its checkpoint first).
+        self._joining = bool(opts.etcd_endpoints)
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class NSQD:
             if not topic.ephemeral:
                 self.retention.attach(topic)
             self._apply_topic_settings(topic)
+            topic.hand_off_held = self._joining and topic.log is not None
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
@@ -183,6 +187,7 @@ class NSQD:
                 self.opts.e2e_processing_latency_window_time,
             )
         self._apply_channel_settings(topic.name, ch)
+        ch.held = self._joining
         if not ch.ephemeral:
             self._persist_metadata_soon()  # once the topic has added it
         return ch
@@ -310,6 +315,26 @@ class NSQD:
         if self.log_auth is None:
             return None
         return await self.log_auth.authorize(topic, secret, remote_ip, tls)
+
+    def serve_topic(self, name: str) -> Topic:
+        return self.get_topic(name)
+
+    async def replay(
+        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+    ) -> int:
+        return await self.retention.replay_ranges(topic, channel, tlog, ranges)
+
+    def joined(self) -> None:
+        """The cluster's state is read (and replicated channels restored): deliver."""
+        self._joining = False
+        for topic in list(self.topics.values()):
+            for ch in topic.channels.values():
+                if ch.held:
+                    ch.held = False
+                    ch.schedule_pump()
+            if topic.hand_off_held:
+                topic.hand_off_held = False
+                topic.schedule_drain()
 
     def open_replica_log(self, topic: str, origin: int) -> TopicLog:
         """A copy of node ``origin``'s partition of ``topic`` (``cluster/replicator.py``)."""

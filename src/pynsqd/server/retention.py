@@ -256,6 +256,7 @@ class Retention:
         assert isinstance(tlog, TopicLog)
         bounded = channel.max_depth or channel.max_bytes
         if len(topic.channels) == 1 and not len(topic.queue) and not bounded:
+            _reopen(topic, channel, start, tlog.handed)
             topic.restart_hand_off(start)  # the backlog is its alone: no replay needed
             return Replayed(start, tlog.latest, tlog.latest - start)
         topic.skip_log_before(channel, tlog.latest)  # the replay gives it all before that
@@ -274,6 +275,7 @@ class Retention:
         stop = tlog.latest if stop is None else stop
         marker = os.path.join(tlog.directory, f"rewind.{stop}.{channel.name}")
         progress = PositionFile(marker)  # OSError: nothing started
+        _reopen(topic, channel, start, stop)
         self._rewinds.add(key)
         resume = False
         try:
@@ -352,6 +354,55 @@ class Retention:
             f"; stopped early: {stopped}" if stopped else "",
         )
         return Replayed(start, offset, count, stopped)
+
+    async def replay_ranges(
+        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+    ) -> int:
+        """Put the messages at ``ranges`` of ``tlog`` (a topic's log or a copy of another
+        node's partition) into ``channel``, a batch per loop turn, with their IDs and due
+        times (a channel taking over a partition's pending messages: ``cluster/checkpoints.py``).
+        The ranges are committed offsets (visible or not yet: a node restarting knows its high
+        watermark again only once its followers fetch). Offsets retention removed meanwhile are
+        skipped, and said so."""
+        count = 0
+        for start, stop in ranges:
+            offset = start
+            if offset < tlog.earliest:
+                log.error(
+                    "CHANNEL(%s:%s): offsets %d-%d are no longer retained; not put back",
+                    topic.name,
+                    channel.name,
+                    offset,
+                    min(stop, tlog.earliest) - 1,
+                )
+                offset = tlog.earliest
+            while offset < stop:
+                if channel.exiting or topic.channels.get(channel.name) is not channel:
+                    return count
+                try:
+                    msgs, nxt = tlog.read_messages(offset, REWIND_BATCH, upto=stop)
+                except OffsetOutOfRange:
+                    break
+                except OSError as err:
+                    log.error(
+                        "CHANNEL(%s:%s): failed to read offsets from %d - %s",
+                        topic.name,
+                        channel.name,
+                        offset,
+                        err,
+                    )
+                    break
+                if not msgs or nxt <= offset:
+                    break
+                kept = channel.put_many(msgs, mixed=True)
+                if kept is not None:
+                    log.error(
+                        "CHANNEL(%s:%s): failed to store - %s", topic.name, channel.name, kept
+                    )
+                count += len(msgs)
+                offset = nxt
+                await asyncio.sleep(0)
+        return count
 
     def _rewind_stopped(self, topic: Topic, channel: Channel, tlog: TopicLog) -> str | None:
         if self._exiting():
@@ -450,6 +501,14 @@ class Retention:
             ):
                 names.append(name)
         return names
+
+
+def _reopen(topic: Topic, channel: Channel, start: int, stop: int) -> None:
+    """A replicated channel is responsible again for what is put back (``core/offsets.py``)."""
+    if channel.windows is not None and topic.origin is not None:
+        w = channel.windows.get(topic.origin)
+        if w is not None and start < stop:
+            w.reopen(start, stop)
 
 
 class UnavailableLog:

@@ -545,11 +545,15 @@ class TopicLog:
             data = f.read(rng.end - rng.start)
         return list(decode_records(data, verify=False))
 
-    def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
+    def read_messages(
+        self, offset: int, max_count: int, upto: int | None = None
+    ) -> tuple[list[Message], int]:
         """The topic's backlog, as messages for its channels (checksums checked: a damaged
-        record is logged and skipped rather than delivered), and the offset after them."""
+        record is logged and skipped rather than delivered), and the offset after them.
+        ``upto``: read below it, though not yet visible (offsets the caller knows were
+        committed: a channel rebuilt after a crash, before the high watermark is known again)."""
         offset = max(offset, self.earliest)
-        limit = self.visible
+        limit = self.visible if upto is None else min(upto, self.latest)
         if offset >= limit:
             return [], min(offset, self.latest)
         rng = self.read_range(offset, min(max_count, limit - offset), 16 << 20)

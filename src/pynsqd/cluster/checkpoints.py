@@ -1,0 +1,474 @@
+"""Channels of replicated topics across a failover: checkpoints, adoption, restore, take-back.
+
+Theory of operation (``docs/replication.md``, "Channels across a failover"). A replicated
+topic's messages have offset IDs and each of its channels keeps a ``DoneWindow`` per partition
+(``core/offsets.py``): the offsets it is responsible for, minus those it is done with. Every
+``CHECKPOINT_EVERY`` seconds this node writes, for each (topic, partition) its channels hold
+windows of, one etcd key ``parts/<topic>/<origin>/channels/<me>``: every channel's window, and
+for its own partition the log's hand-off position. Each write is a txn guarded by the key's
+revision as this node last wrote it, so a write never undoes an adoption.
+
+**Adoption.** The leader of a partition (after a takeover, or the origin after it took its
+partition back) adopts the windows of every holder that is no longer a live member of the
+cluster: one txn, guarded by its epoch and the holder key's revision, puts a tombstone
+(``adopted_by``, ``end``) in the holder's key and the merged windows in its own; then it replays
+the adopted pending offsets from its copy of the partition into its own channels of the same
+names (created, and so registered with nsqlookupd, if need be). An open window (the dead
+origin's) is closed at the partition's sealed end. Duplicates: what was FIN'd since the last
+checkpoint, and what was in flight.
+
+**A holder that was adopted** (it was paused or cut off, and comes back; or it restarts) finds
+the tombstone (its next write fails, or ``restore`` reads it): its windows of that partition
+close, so its channels drop those messages at delivery instead of delivering them again; for its
+own partition its hand-off waits until it takes the partition back, and then goes on from the
+partition's end with fresh windows.
+
+**Restore.** At start the node reads its own keys before any channel delivers (channels and
+hand-offs are held while it joins). After a clean stop its channels' disk queues match their
+windows; after a crash (the last checkpoint is not marked clean) each channel of a replicated
+topic is rebuilt: its messages with offset IDs are dropped and its pending offsets are put back
+from the local copies of their partitions, so a crash no longer loses what was in flight or
+deferred (nsqd loses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from ..core.channel import Channel
+from ..core.message import Message
+from ..core.offsets import DoneWindow, is_offset_id
+from ..core.topic import Topic
+from ..log import LOGGER_NAME
+from ..storage.topiclog import TopicLog
+from .etcd import Compare, EtcdError, KeyValue, put_op, range_op
+from .membership import Membership
+from .partition import Partition, Role
+
+__all__ = ["CHECKPOINT_EVERY", "ChannelHost", "Checkpoints"]
+
+log = logging.getLogger(LOGGER_NAME)
+
+#: Seconds between two checkpoints of a partition's channel windows.
+CHECKPOINT_EVERY = 1.0
+#: Messages read from a queue per loop turn while a channel is rebuilt.
+REBUILD_BATCH = 1024
+
+PartKey = tuple[str, int]
+
+
+class ChannelHost(Protocol):
+    """What the channel checkpoints need of nsqd."""
+
+    @property
+    def topics(self) -> Mapping[str, Topic]: ...
+
+    def serve_topic(self, name: str) -> Topic:
+        """The topic, created if need be (registered with nsqlookupd, its channels fetched)."""
+
+    async def replay(
+        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+    ) -> int:
+        """Put the log's messages at ``ranges`` into ``channel``; returns how many."""
+
+    def joined(self) -> None:
+        """Channels deliver and logs hand off (held while joining)."""
+
+
+class Checkpoints:
+    def __init__(
+        self,
+        member: Membership,
+        host: ChannelHost,
+        partitions: Mapping[PartKey, Partition],
+        live: Callable[[tuple[int, str]], bool],
+    ) -> None:
+        self.member = member
+        self.host = host
+        self.partitions = partitions
+        self.live = live
+        self.me = member.node_id
+        #: This node's keys: the revision it last wrote (0: none), the value it wrote.
+        self.revs: dict[PartKey, int] = {}
+        self.written: dict[PartKey, bytes] = {}
+        #: This node's keys another node adopted: (revision, end).
+        self.adopted: dict[PartKey, tuple[int, int]] = {}
+        #: Tombstones this node has acted on and got past (it took its partition back): the
+        #: same revision read again says nothing new.
+        self._settled: dict[PartKey, int] = {}
+        self._adopting: set[tuple[str, int, int]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def key(self, part: PartKey, holder: int | None = None) -> str:
+        holder = self.me if holder is None else holder
+        return self.member.keys.part(part[0], part[1], f"channels/{holder}")
+
+    # -- tracking ---------------------------------------------------------------------------
+
+    def track(self, topic: Topic) -> None:
+        """``topic`` is replicated: offset IDs for its publishes, windows for its channels."""
+        if topic.origin is not None or topic.log is None or topic.ephemeral:
+            return
+        topic.origin = self.me
+        handed = topic.log.handed
+        for ch in topic.channels.values():
+            if not ch.ephemeral:
+                if ch.windows is None:
+                    ch.windows = {}
+                ch.windows.setdefault(self.me, DoneWindow(handed))
+
+    def _windows(self) -> dict[PartKey, dict[str, DoneWindow]]:
+        out: dict[PartKey, dict[str, DoneWindow]] = {}
+        for topic in list(self.host.topics.values()):
+            if topic.origin is None:
+                continue
+            for ch in topic.channels.values():
+                if ch.windows:
+                    for origin, w in ch.windows.items():
+                        out.setdefault((topic.name, origin), {})[ch.name] = w
+        return out
+
+    def _value(self, part: PartKey, windows: Mapping[str, DoneWindow], clean: bool) -> bytes:
+        doc: dict[str, Any] = {
+            "node": self.me,
+            "storage": self.member.storage,
+            "clean": clean,
+            "channels": {name: w.encode() for name, w in sorted(windows.items())},
+        }
+        topic = self.host.topics.get(part[0])
+        if part[1] == self.me and topic is not None and topic.log is not None:
+            doc["handed"] = topic.log.handed
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def write_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_EVERY)
+            try:
+                await self.write()
+            except EtcdError as err:
+                log.warning("CLUSTER: failed to checkpoint channels - %s", err)
+            except Exception:
+                log.exception("CLUSTER: internal error checkpointing channels")
+
+    async def write(self, *, clean: bool = False) -> None:
+        """Every changed window of this node's channels, one key per partition."""
+        for part, windows in self._windows().items():
+            if part in self.adopted and not any(w.pending(None) for w in windows.values()):
+                continue  # another node holds it: nothing of it is this node's any more
+            value = self._value(part, windows, clean)
+            if self.written.get(part) == value:
+                continue
+            await self._put(part, value)
+
+    async def _put(self, part: PartKey, value: bytes) -> bool:
+        key = self.key(part)
+        rev = self.revs.get(part, 0)
+        guard = Compare(key, "MOD", "EQUAL", rev) if rev else Compare(key, "CREATE", "EQUAL", 0)
+        result = await self.member.etcd.txn([guard], [put_op(key, value)], [range_op(key)])
+        if result.succeeded:
+            self.revs[part] = result.revision
+            self.written[part] = value
+            self.adopted.pop(part, None)
+            return True
+        current = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+        if current is None:
+            self.revs[part] = 0
+        elif self._tombstone(part, current) or self._ours(current):
+            self.revs[part] = current.mod_revision
+        # else: the windows of a data directory this node lost, not yet adopted: kept.
+        return False
+
+    def _guard(self, part: PartKey) -> Compare:
+        """This node's key is as it last wrote (or found) it."""
+        key, rev = self.key(part), self.revs.get(part, 0)
+        return Compare(key, "MOD", "EQUAL", rev) if rev else Compare(key, "CREATE", "EQUAL", 0)
+
+    def _ours(self, kv: KeyValue) -> bool:
+        """Whether a key holds windows of this data directory (not of one this node lost)."""
+        try:
+            doc = kv.json()
+        except ValueError:
+            return True
+        return not isinstance(doc, dict) or doc.get("storage") == self.member.storage
+
+    def _tombstone(self, part: PartKey, kv: KeyValue) -> bool:
+        """Whether ``kv`` (this node's key) says another node adopted it; if so, act on it."""
+        try:
+            doc = kv.json()
+        except ValueError:
+            return False
+        if not isinstance(doc, dict) or "adopted_by" not in doc:
+            return False
+        if self._settled.get(part) == kv.mod_revision:
+            return False
+        if self.adopted.get(part, (0, 0))[0] == kv.mod_revision:
+            return True
+        end = int(doc.get("end", 0))
+        self.adopted[part] = (kv.mod_revision, end)
+        topic = self.host.topics.get(part[0])
+        closed = 0
+        if topic is not None:
+            for ch in topic.channels.values():
+                w = ch.windows.get(part[1]) if ch.windows else None
+                if w is not None:
+                    w.close()
+                    ch.schedule_pump()
+                    closed += 1
+            if part[1] == self.me:
+                topic.hand_off_held = True  # until this node takes its partition back
+        log.warning(
+            "CLUSTER: partition %s/%d: node %s took over this node's channels of it (%d "
+            "here, offsets below %d); they no longer deliver its messages",
+            part[0],
+            part[1],
+            doc.get("adopted_by"),
+            closed,
+            end,
+        )
+        return True
+
+    # -- restore at start -------------------------------------------------------------------
+
+    async def restore(self, mine: dict[PartKey, KeyValue]) -> None:
+        """At start, before channels deliver: this node's checkpoints (``mine``) back into
+        its channels; after a crash, those channels rebuilt from the logs."""
+        docs: dict[PartKey, dict[str, Any]] = {}
+        for part, kv in mine.items():
+            if self._tombstone(part, kv):
+                self.revs[part] = kv.mod_revision
+                continue
+            try:
+                doc = kv.json()
+            except ValueError:
+                log.error("CLUSTER: ignoring unreadable checkpoint %s", kv.key)
+                continue
+            if doc.get("storage") != self.member.storage:
+                continue  # a data directory this node lost: the partition's leader adopts it
+            self.revs[part] = kv.mod_revision
+            docs[part] = doc
+        for (name, _), doc in docs.items():
+            topic = self.host.topics.get(name)
+            if topic is not None and topic.origin is not None:
+                for ch_name in doc.get("channels", {}):
+                    # A crash can come before nsqd.dat lists a new channel: the checkpoint
+                    # does, and its messages are in the log.
+                    topic.get_channel(ch_name)
+        rebuild: list[tuple[Topic, Channel]] = []
+        for topic in list(self.host.topics.values()):
+            if topic.origin is None:
+                continue
+            unclean = False
+            for ch in topic.channels.values():
+                if ch.windows is None:
+                    continue
+                for (name, origin), doc in docs.items():
+                    if name != topic.name:
+                        continue
+                    unclean = unclean or not doc.get("clean", False)
+                    saved = doc.get("channels", {}).get(ch.name)
+                    if saved is not None:
+                        try:
+                            ch.windows[origin] = DoneWindow.decode(saved)
+                        except ValueError as err:
+                            log.error("CLUSTER: %s: %s", topic.name, err)
+                    elif origin == self.me and isinstance(doc.get("handed"), int):
+                        # Created after that checkpoint: it had nothing before its hand-off.
+                        ch.windows[origin] = DoneWindow(min(doc["handed"], ch.windows[origin].low))
+                adopted = self.adopted.get((topic.name, self.me))
+                if adopted is not None:
+                    ch.windows[self.me] = DoneWindow(adopted[1], adopted[1])
+            if unclean:
+                rebuild.extend((topic, ch) for ch in topic.channels.values() if ch.windows)
+        for topic, ch in rebuild:
+            await self._rebuild(topic, ch)
+
+    def hold_adopted(self) -> None:
+        """Own partitions adopted by another node: their hand-off waits for the take-back."""
+        for name, origin in self.adopted:
+            topic = self.host.topics.get(name)
+            if origin == self.me and topic is not None:
+                topic.hand_off_held = True
+
+    def _source(self, topic: Topic, origin: int) -> TopicLog | None:
+        if origin == self.me:
+            return topic.log if isinstance(topic.log, TopicLog) else None
+        p = self.partitions.get((topic.name, origin))
+        return p.log if p is not None else None
+
+    async def _rebuild(self, topic: Topic, ch: Channel) -> None:
+        """After a crash: the channel's offset-ID messages go, its pending offsets come back
+        from the logs (what was in flight or deferred at the crash included)."""
+        windows = ch.windows
+        assert windows is not None
+        sources = {origin: self._source(topic, origin) for origin in windows}
+        missing = [o for o, s in sources.items() if s is None and windows[o].pending(None)]
+        if missing:
+            log.error(
+                "CHANNEL(%s:%s): not rebuilt after the crash: no local copy of partition(s) %s",
+                topic.name,
+                ch.name,
+                missing,
+            )
+            return
+        kept: list[Message] = []
+        n = len(ch.queue)
+        while n > 0:
+            batch = ch.queue.take(min(n, REBUILD_BATCH))
+            if not batch:
+                break
+            n -= len(batch)
+            kept.extend(m for m in batch if not is_offset_id(m.id))
+            await asyncio.sleep(0)
+        for msg_id in [i for i in ch.deferred if is_offset_id(i)]:
+            ch.tq.remove(ch.deferred.pop(msg_id))
+        if kept:
+            ch.queue.keep_many(kept)
+        count = 0
+        for origin, w in windows.items():
+            src = sources[origin]
+            if src is None:
+                continue
+            upto = topic.log.handed if origin == self.me and topic.log is not None else src.latest
+            ranges = [(s, upto if e is None else e) for s, e in w.pending(upto)]
+            count += await self.host.replay(topic, ch, src, ranges)
+        log.warning(
+            "CHANNEL(%s:%s): rebuilt after a crash from its checkpoint: %d messages put back "
+            "from the log (what was in flight or deferred included)",
+            topic.name,
+            ch.name,
+            count,
+        )
+
+    # -- adoption by a partition's leader ---------------------------------------------------
+
+    async def adopt(self, p: Partition, holders: Mapping[int, KeyValue]) -> None:
+        """This node leads ``p``: take over the windows of holders no longer in the cluster."""
+        for holder, kv in holders.items():
+            if p.role is not Role.LEADER:
+                return
+            try:
+                doc = kv.json()
+            except ValueError:
+                continue
+            if not isinstance(doc, dict) or "adopted_by" in doc:
+                continue
+            storage = str(doc.get("storage", ""))
+            if (holder, storage) == self.member.me or self.live((holder, storage)):
+                continue
+            job = (p.topic, p.origin, holder)
+            if job in self._adopting:
+                continue
+            ends = [w.get("end") for w in doc.get("channels", {}).values() if isinstance(w, dict)]
+            if None in ends:
+                end = p.log.latest  # the origin's own windows: its partition ends here now
+            else:
+                end = max([e for e in ends if isinstance(e, int)], default=0)
+            if p.hw < end:
+                continue  # not all of it is committed yet: the next tick
+            self._adopting.add(job)
+            try:
+                await self._adopt(p, holder, kv, doc, end)
+            finally:
+                self._adopting.discard(job)
+
+    async def _adopt(
+        self, p: Partition, holder: int, kv: KeyValue, doc: dict[str, Any], end: int
+    ) -> None:
+        part = (p.topic, p.origin)
+        theirs: dict[str, DoneWindow] = {}
+        for name, saved in doc.get("channels", {}).items():
+            try:
+                w = DoneWindow.decode(saved)
+            except ValueError as err:
+                log.error("CLUSTER: checkpoint %s: %s", kv.key, err)
+                continue
+            w.close_at(end)
+            theirs[name] = w
+        topic = self.host.serve_topic(p.topic)
+        self.track(topic)
+        channels = {name: topic.get_channel(name) for name in theirs}
+        merged: dict[str, DoneWindow] = {}
+        for name, ch in topic.channels.items():
+            mine = ch.windows.get(p.origin) if ch.windows else None
+            if name in theirs:
+                merged[name] = theirs[name] if mine is None else mine.union(theirs[name])
+            elif mine is not None:
+                merged[name] = mine
+        tomb = json.dumps({"node": holder, "adopted_by": self.me, "end": end}).encode()
+        rev = self.revs.get(part, 0)
+        mykey = self.key(part)
+        result = await self.member.etcd.txn(
+            [
+                Compare(kv.key, "MOD", "EQUAL", kv.mod_revision),
+                Compare(
+                    self.member.keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch
+                ),
+                Compare(mykey, "MOD", "EQUAL", rev)
+                if rev
+                else Compare(mykey, "CREATE", "EQUAL", 0),
+            ],
+            [put_op(kv.key, tomb), put_op(mykey, self._value(part, merged, False))],
+        )
+        if not result.succeeded:
+            return  # superseded, or the key moved: the next tick sees what is true now
+        self.revs[part] = result.revision
+        self.written.pop(part, None)
+        self.adopted.pop(part, None)
+        total = 0
+        for name, w in theirs.items():
+            ch = channels[name]
+            if ch.windows is None:
+                ch.windows = {}
+            mine = ch.windows.get(p.origin)
+            ch.windows[p.origin] = w if mine is None else mine.union(w)
+            ranges = [(s, e) for s, e in w.pending(end) if e is not None]
+            total += await self.host.replay(topic, ch, p.log, ranges)
+        log.warning(
+            "CLUSTER: partition %s: took over node %d's channels of it (%s): %d messages "
+            "pending there put back here",
+            p.name,
+            holder,
+            ", ".join(sorted(theirs)) or "none",
+            total,
+        )
+
+    # -- take-back --------------------------------------------------------------------------
+
+    async def took_back(self, p: Partition) -> None:
+        """The origin leads its own partition again. If its channels were adopted meanwhile,
+        they start afresh at the partition's end (the adopter has everything before it);
+        otherwise they carry on."""
+        topic = self.host.topics.get(p.topic)
+        if topic is None or topic.log is None:
+            return
+        part = (p.topic, p.origin)
+        kv = await self.member.etcd.get(self.key(part))  # EtcdError: the next tick
+        if kv is not None:
+            self.revs[part] = kv.mod_revision
+            self._tombstone(part, kv)
+        adopted = self.adopted.get((p.topic, p.origin))
+        if adopted is not None:
+            end = max(p.log.latest, adopted[1])
+            for ch in topic.channels.values():
+                if ch.windows is not None:
+                    ch.windows[self.me] = DoneWindow(end)
+            topic.restart_hand_off(min(end, topic.log.latest))
+            del self.adopted[(p.topic, p.origin)]
+            self._settled[(p.topic, p.origin)] = adopted[0]
+            log.info("CLUSTER: partition %s: channels here start again at offset %d", p.name, end)
+        if topic.hand_off_held:
+            topic.hand_off_held = False
+            topic.schedule_drain()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        with contextlib.suppress(EtcdError, Exception):
+            await self.write(clean=True)

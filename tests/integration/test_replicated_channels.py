@@ -1,0 +1,251 @@
+"""Channels of a replicated topic across a failover (issue 28), with real NSQ consumers.
+
+Three pynsqd nodes on a real etcd, registered with a real nsqlookupd; consumers are unmodified
+pynsq and gnsq readers in processes of their own, given only the lookupd's address
+(``nsq_consumer.py``: each body is written to a file before it is FIN'd). Producers publish
+unique bodies to the live nodes (``replication_harness.Producer``). A node is killed -9; another
+takes its partition over and, from the dead node's last channel checkpoint, delivers what its
+channels had not finished; the node comes back, takes its partition back, and the cluster goes
+on. The checker: every acknowledged body reaches the consumers (lost: none), no consumer is
+restarted, and duplicates stay within the bound ``docs/replication.md`` gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.client.connection import Connection
+from pynsqd.client.options import ClientOptions
+
+from ..waiting import until, wait_for
+from .replication_harness import (
+    TOPIC,
+    Cluster,
+    Etcd,
+    History,
+    Node,
+    producing,
+    replicate,
+    wait_in_sync,
+    wait_leader,
+)
+from .test_lookupd_cluster import Process
+
+CONSUMER = Path(__file__).with_name("nsq_consumer.py")
+CHANNEL = "ch"
+MAX_IN_FLIGHT = 20
+#: ``cluster/checkpoints.py``'s interval.
+CHECKPOINT_EVERY = 1.0
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    server = Etcd(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lookupd() -> Iterator[Process]:
+    proc = Process(
+        "nsqlookupd",
+        "--tcp-address=127.0.0.1:0",
+        "--http-address=127.0.0.1:0",
+        "--broadcast-address=127.0.0.1",
+    )
+    proc.listening("HTTP")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd: Etcd, lookupd: Process) -> Iterator[Cluster]:
+    c = Cluster(
+        tmp_path,
+        etcd,
+        3,
+        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}",
+        "--broadcast-address=127.0.0.1",
+    )
+    yield c
+    c.stop()
+
+
+class Consumer:
+    """A real NSQ client reading ``TOPIC``/``CHANNEL`` through nsqlookupd, in its own process."""
+
+    def __init__(self, client: str, lookupd: Process, out: Path) -> None:
+        self.out = out
+        self.client = client
+        self.log = out.with_suffix(".log").open("wb")
+        self.p = subprocess.Popen(
+            [
+                sys.executable,
+                str(CONSUMER),
+                f"--client={client}",
+                f"--lookupd=http://127.0.0.1:{lookupd.port('HTTP')}",
+                f"--topic={TOPIC}",
+                f"--channel={CHANNEL}",
+                f"--out={out}",
+                f"--max-in-flight={MAX_IN_FLIGHT}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def received(self) -> list[bytes]:
+        if not self.out.exists():
+            return []
+        return self.out.read_bytes().splitlines()
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+        self.log.close()
+
+
+@contextlib.contextmanager
+def consuming(tmp_path: Path, lookupd: Process) -> Iterator[list[Consumer]]:
+    group = [
+        Consumer("pynsq", lookupd, tmp_path / "pynsq.txt"),
+        Consumer("gnsq", lookupd, tmp_path / "gnsq.txt"),
+    ]
+    try:
+        yield group
+    finally:
+        for c in group:
+            c.stop()
+
+
+def received(group: list[Consumer]) -> Counter[bytes]:
+    seen: Counter[bytes] = Counter()
+    for c in group:
+        seen.update(c.received())
+    return seen
+
+
+def prepare(cluster: Cluster) -> None:
+    """The topic replicated, with the consumers' channel on every node, checkpointed."""
+    replicate(cluster)
+    for n in cluster.nodes:
+        status, body = n.http("POST", f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
+        assert status == 200, body
+    for n in cluster.nodes:
+        wait_for(lambda n=n: CHANNEL in checkpoint(n, n.node_id), "a checkpoint of the channel")
+
+
+def checkpoint(node: Node, holder: int) -> dict[str, Any]:
+    """``holder``'s checkpoint of its channels of partition ``node`` (as etcd holds it)."""
+    doc = node.json("GET", f"/topic/replication?topic={TOPIC}")
+    for p in doc["partitions"]:
+        if p["partition"] == node.node_id:
+            found: dict[str, Any] = p["checkpoints"].get(str(holder), {})
+            return found
+    return {}
+
+
+def cycles(cluster: Cluster, history: History, group: list[Consumer], count: int) -> None:
+    """``count`` kills of a random node, each: every body acknowledged before it reaches the
+    consumers (through the takeover), then the node returns and takes its partition back."""
+    rng = random.Random("channels")
+    for cycle in range(count):
+        want = len(history.ok) + 100
+        wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+        victim: Node = rng.choice(cluster.nodes)
+        acked = set(history.ok)
+        victim.kill()
+        assert wait_leader(cluster, TOPIC, victim.node_id)["node"] != victim.node_id
+        if not until(lambda acked=acked: acked <= set(received(group)), 60):
+            missing = sorted(acked - set(received(group)))
+            pytest.fail(
+                f"cycle {cycle}: {len(missing)} acknowledged messages not delivered after node "
+                f"{victim.node_id} was killed: {missing[:5]}, acked by "
+                f"{[history.acked_by.get(b) for b in missing[:5]]}"
+            )
+        victim.start()
+        wait_in_sync(cluster, TOPIC, victim.node_id)
+        for c in group:
+            assert c.p.poll() is None, f"the {c.client} consumer exited"
+
+
+@pytest.mark.timeout(900)
+def test_consumers_through_lookupd_lose_nothing_across_leader_kills(
+    tmp_path: Path, cluster: Cluster, lookupd: Process
+) -> None:
+    prepare(cluster)
+    history = History()
+    kills = 6
+    with consuming(tmp_path, lookupd) as group:
+        began = time.monotonic()
+        with producing(cluster, history):
+            cycles(cluster, history, group, kills)
+        elapsed = time.monotonic() - began
+        acked = set(history.ok)
+        if not until(lambda: acked <= set(received(group)), 60):
+            missing = sorted(acked - set(received(group)))
+            pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
+        seen = received(group)
+    assert not set(seen) - history.invoked, "a body no one published"
+    duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    # The bound: per kill, what was FIN'd since the dead node's last checkpoint (at most a
+    # checkpoint interval, and the takeover's wait, of its share of the traffic) and what was
+    # in flight to the two consumers; and a pause's worth on the node that comes back.
+    rate = len(history.ok) / elapsed
+    bound = kills * (rate * 3 * CHECKPOINT_EVERY + 2 * MAX_IN_FLIGHT)
+    print(
+        f"acknowledged {len(acked)}, delivered {len(seen)} distinct, {duplicates} duplicates "
+        f"({duplicates / max(len(acked), 1):.1%}; bound {bound:.0f} for {kills} kills at "
+        f"{rate:.0f}/s)"
+    )
+    assert duplicates <= bound
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_and_restarted_redelivers_what_was_in_flight_and_deferred(
+    tmp_path: Path, cluster: Cluster, lookupd: Process
+) -> None:
+    """nsqd loses a crashed channel's in-flight and deferred messages (they were only in its
+    memory). A replicated channel is rebuilt from its checkpoint and the log: nothing lost,
+    and the deferred message keeps its due time."""
+    prepare(cluster)
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    bodies = [f"m{i}".encode() for i in range(200)]
+    assert n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))[0] == 200
+    assert n1.http("POST", f"/pub?topic={TOPIC}&defer=600000", b"deferred")[0] == 200
+    # A consumer that takes 50 messages and never answers: in flight when node 1 dies.
+    taken: list[bytes] = []
+    conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
+    conn.subscribe(TOPIC, CHANNEL, lambda _c, _ts, _att, ids, _b: taken.extend(ids), rdy=50)
+    wait_for(lambda: len(taken) == 50, "50 messages in flight")
+    n1.kill()
+    conn.close()
+    n1.start()
+    with consuming(tmp_path, lookupd) as group:
+        wait_for(lambda: set(bodies) <= set(received(group)), "every message, after the crash", 60)
+        assert b"deferred" not in received(group)
+    deferred = 0
+    for n in cluster.nodes:
+        doc = n.json("GET", f"/stats?format=json&topic={TOPIC}&channel={CHANNEL}")
+        for t in doc["topics"]:
+            deferred += sum(ch["deferred_count"] for ch in t["channels"])
+    assert deferred == 1
+    assert "rebuilt after a crash" in n1.log.read_text() or "took over node 1" in "".join(
+        n.log.read_text() for n in cluster.nodes
+    )
