@@ -105,3 +105,19 @@ def test_too_many_holes_forget_the_highest_done_never_a_pending_one() -> None:
     assert len(w.done) == MAX_RANGES
     assert all(w.is_pending(o) for o in range(0, 2 * (MAX_RANGES + 10), 2))
     assert not w.is_pending(1) and w.is_pending(2 * MAX_RANGES + 1)
+
+
+def test_attempts_are_kept_for_pending_messages_and_merged_by_the_highest() -> None:
+    w = DoneWindow(0)
+    w.note_attempts(5, 2)
+    w.note_attempts(7, 1)
+    w.note_attempts(-1, 9)  # not pending: not kept
+    back = DoneWindow.decode(w.encode())
+    assert back.attempts == {5: 2, 7: 1}
+    w.mark(5)
+    assert w.attempts == {7: 1}
+    other = DoneWindow(0, 20, attempts={7: 4, 9: 1})
+    assert w.union(other).attempts == {7: 4, 9: 1}
+    w.done_below(8)
+    assert w.attempts == {}
+    assert DoneWindow.decode({"low": 0, "end": None, "done": []}).attempts == {}

@@ -72,9 +72,15 @@ class ChannelHost(Protocol):
         """The topic, created if need be (registered with nsqlookupd, its channels fetched)."""
 
     async def replay(
-        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        ranges: list[tuple[int, int]],
+        attempts: Mapping[int, int],
     ) -> int:
-        """Put the log's messages at ``ranges`` into ``channel``; returns how many."""
+        """Put the log's messages at ``ranges`` into ``channel``, with ``attempts`` by offset;
+        returns how many."""
 
     def joined(self) -> None:
         """Channels deliver and logs hand off (held while joining)."""
@@ -96,11 +102,11 @@ class Checkpoints:
         #: This node's keys: the revision it last wrote (0: none), the value it wrote.
         self.revs: dict[PartKey, int] = {}
         self.written: dict[PartKey, bytes] = {}
-        #: This node's keys another node adopted: (revision, end).
+        #: The last tombstone of each of this node's keys it has acted on: (revision, end).
         self.adopted: dict[PartKey, tuple[int, int]] = {}
-        #: Tombstones this node has acted on and got past (it took its partition back): the
-        #: same revision read again says nothing new.
-        self._settled: dict[PartKey, int] = {}
+        #: Own partitions adopted at an offset: the hand-off goes on from there once this
+        #: node leads them again.
+        self._resume_at: dict[PartKey, int] = {}
         self._adopting: set[tuple[str, int, int]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -162,6 +168,8 @@ class Checkpoints:
         for part, windows in self._windows().items():
             if part in self.adopted and not any(w.pending(None) for w in windows.values()):
                 continue  # another node holds it: nothing of it is this node's any more
+            if part[1] == self.me and part in self._resume_at:
+                continue  # written once it leads its partition again (its windows start then)
             value = self._value(part, windows, clean)
             if self.written.get(part) == value:
                 continue
@@ -175,7 +183,6 @@ class Checkpoints:
         if result.succeeded:
             self.revs[part] = result.revision
             self.written[part] = value
-            self.adopted.pop(part, None)
             return True
         current = result.ranges[0][0] if result.ranges and result.ranges[0] else None
         if current is None:
@@ -199,33 +206,41 @@ class Checkpoints:
         return not isinstance(doc, dict) or doc.get("storage") == self.member.storage
 
     def _tombstone(self, part: PartKey, kv: KeyValue) -> bool:
-        """Whether ``kv`` (this node's key) says another node adopted it; if so, act on it."""
+        """Whether ``kv`` (this node's key) says another node adopted it; if so, act on it:
+        the adopter has everything below the tombstone's end. An own partition's channels stay
+        responsible from that end on (its hand-off waits until this node leads it again);
+        another partition's windows close."""
         try:
             doc = kv.json()
         except ValueError:
             return False
         if not isinstance(doc, dict) or "adopted_by" not in doc:
             return False
-        if self._settled.get(part) == kv.mod_revision:
-            return False
         if self.adopted.get(part, (0, 0))[0] == kv.mod_revision:
-            return True
+            return True  # acted on already
         end = int(doc.get("end", 0))
         self.adopted[part] = (kv.mod_revision, end)
         topic = self.host.topics.get(part[0])
         closed = 0
         if topic is not None:
             for ch in topic.channels.values():
-                w = ch.windows.get(part[1]) if ch.windows else None
-                if w is not None:
+                if ch.windows is None:
+                    continue
+                w = ch.windows.get(part[1])
+                if part[1] == self.me:
+                    if w is None or w.end is not None:
+                        ch.windows[self.me] = w = DoneWindow(end)
+                    w.done_below(end)
+                elif w is not None:
                     w.close()
-                    ch.schedule_pump()
-                    closed += 1
+                ch.schedule_pump()
+                closed += 1
             if part[1] == self.me:
-                topic.hand_off_held = True  # until this node takes its partition back
-        log.warning(
+                topic.hand_off_held = True  # until this node leads its partition again
+                self._resume_at[part] = end
+        (log.warning if closed else log.info)(
             "CLUSTER: partition %s/%d: node %s took over this node's channels of it (%d "
-            "here, offsets below %d); they no longer deliver its messages",
+            "here) below offset %d; they no longer deliver its messages below it",
             part[0],
             part[1],
             doc.get("adopted_by"),
@@ -281,19 +296,23 @@ class Checkpoints:
                     elif origin == self.me and isinstance(doc.get("handed"), int):
                         # Created after that checkpoint: it had nothing before its hand-off.
                         ch.windows[origin] = DoneWindow(min(doc["handed"], ch.windows[origin].low))
-                adopted = self.adopted.get((topic.name, self.me))
-                if adopted is not None:
-                    ch.windows[self.me] = DoneWindow(adopted[1], adopted[1])
+                resume = self._resume_at.get((topic.name, self.me))
+                if resume is not None:
+                    # Adopted below ``resume``; from there on it is this node's (what it was
+                    # handed after a take-back, before the crash, included).
+                    ch.windows[self.me] = DoneWindow(resume)
+                    unclean = True
             if unclean:
                 rebuild.extend((topic, ch) for ch in topic.channels.values() if ch.windows)
         for topic, ch in rebuild:
             await self._rebuild(topic, ch)
 
     def hold_adopted(self) -> None:
-        """Own partitions adopted by another node: their hand-off waits for the take-back."""
-        for name, origin in self.adopted:
+        """Own partitions adopted by another node: their hand-off waits until this node leads
+        them again."""
+        for name, _ in self._resume_at:
             topic = self.host.topics.get(name)
-            if origin == self.me and topic is not None:
+            if topic is not None:
                 topic.hand_off_held = True
 
     def _source(self, topic: Topic, origin: int) -> TopicLog | None:
@@ -337,7 +356,7 @@ class Checkpoints:
                 continue
             upto = topic.log.handed if origin == self.me and topic.log is not None else src.latest
             ranges = [(s, upto if e is None else e) for s, e in w.pending(upto)]
-            count += await self.host.replay(topic, ch, src, ranges)
+            count += await self.host.replay(topic, ch, src, ranges, w.attempts)
         log.warning(
             "CHANNEL(%s:%s): rebuilt after a crash from its checkpoint: %d messages put back "
             "from the log (what was in flight or deferred included)",
@@ -402,25 +421,22 @@ class Checkpoints:
             elif mine is not None:
                 merged[name] = mine
         tomb = json.dumps({"node": holder, "adopted_by": self.me, "end": end}).encode()
-        rev = self.revs.get(part, 0)
         mykey = self.key(part)
+        leader = self.member.keys.part(p.topic, p.origin, "leader")
+        mine_value = put_op(mykey, self._value(part, merged, False))
+        if kv.key == mykey:
+            # This node's own key, from a data directory it lost: replaced by what it holds.
+            guards, ops = [Compare(kv.key, "MOD", "EQUAL", kv.mod_revision)], [mine_value]
+        else:
+            guards = [Compare(kv.key, "MOD", "EQUAL", kv.mod_revision), self._guard(part)]
+            ops = [put_op(kv.key, tomb), mine_value]
         result = await self.member.etcd.txn(
-            [
-                Compare(kv.key, "MOD", "EQUAL", kv.mod_revision),
-                Compare(
-                    self.member.keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch
-                ),
-                Compare(mykey, "MOD", "EQUAL", rev)
-                if rev
-                else Compare(mykey, "CREATE", "EQUAL", 0),
-            ],
-            [put_op(kv.key, tomb), put_op(mykey, self._value(part, merged, False))],
+            [*guards, Compare(leader, "MOD", "EQUAL", p.epoch)], ops
         )
         if not result.succeeded:
-            return  # superseded, or the key moved: the next tick sees what is true now
+            return  # superseded, or a key moved: the next tick sees what is true now
         self.revs[part] = result.revision
         self.written.pop(part, None)
-        self.adopted.pop(part, None)
         total = 0
         for name, w in theirs.items():
             ch = channels[name]
@@ -429,7 +445,7 @@ class Checkpoints:
             mine = ch.windows.get(p.origin)
             ch.windows[p.origin] = w if mine is None else mine.union(w)
             ranges = [(s, e) for s, e in w.pending(end) if e is not None]
-            total += await self.host.replay(topic, ch, p.log, ranges)
+            total += await self.host.replay(topic, ch, p.log, ranges, w.attempts)
         log.warning(
             "CLUSTER: partition %s: took over node %d's channels of it (%s): %d messages "
             "pending there put back here",
@@ -443,8 +459,8 @@ class Checkpoints:
 
     async def took_back(self, p: Partition) -> None:
         """The origin leads its own partition again. If its channels were adopted meanwhile,
-        they start afresh at the partition's end (the adopter has everything before it);
-        otherwise they carry on."""
+        the hand-off goes on from where the adopter's responsibility ended (the adopter has
+        everything before it); otherwise the channels simply carry on."""
         topic = self.host.topics.get(p.topic)
         if topic is None or topic.log is None:
             return
@@ -453,16 +469,16 @@ class Checkpoints:
         if kv is not None:
             self.revs[part] = kv.mod_revision
             self._tombstone(part, kv)
-        adopted = self.adopted.get((p.topic, p.origin))
-        if adopted is not None:
-            end = max(p.log.latest, adopted[1])
+        resume = self._resume_at.pop(part, None)
+        if resume is not None:
             for ch in topic.channels.values():
-                if ch.windows is not None:
-                    ch.windows[self.me] = DoneWindow(end)
-            topic.restart_hand_off(min(end, topic.log.latest))
-            del self.adopted[(p.topic, p.origin)]
-            self._settled[(p.topic, p.origin)] = adopted[0]
-            log.info("CLUSTER: partition %s: channels here start again at offset %d", p.name, end)
+                if ch.windows is not None and self.me not in ch.windows:
+                    ch.windows[self.me] = DoneWindow(resume)
+            if topic.log.handed < resume:
+                topic.restart_hand_off(min(resume, topic.log.latest))
+            log.info(
+                "CLUSTER: partition %s: its channels here go on from offset %d", p.name, resume
+            )
         if topic.hand_off_held:
             topic.hand_off_held = False
             topic.schedule_drain()

@@ -73,7 +73,12 @@ class ReplicaHost(Protocol):
     def open_replica_log(self, topic: str, origin: int) -> TopicLog: ...
     def serve_topic(self, name: str) -> Topic: ...
     async def replay(
-        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        ranges: list[tuple[int, int]],
+        attempts: Mapping[int, int],
     ) -> int: ...
     def joined(self) -> None: ...
 
@@ -442,7 +447,12 @@ class Replicator:
                 out[str(holder)] = {"adopted_by": doc["adopted_by"], "end": doc.get("end")}
                 continue
             out[str(holder)] = {
-                name: {"low": w.get("low"), "end": w.get("end"), "done_ranges": len(w["done"])}
+                name: {
+                    "low": w.get("low"),
+                    "end": w.get("end"),
+                    "done_ranges": len(w["done"]),
+                    "attempts_kept": len(w.get("attempts", {})),
+                }
                 for name, w in doc.get("channels", {}).items()
                 if isinstance(w, dict) and isinstance(w.get("done"), list)
             }

@@ -460,6 +460,17 @@ class Channel:
             keep.append(m)
         return keep
 
+    def _note_attempts(self, msgs: list[Message]) -> None:
+        """Messages back in the queue: their attempts so far, for a takeover to go on from."""
+        windows = self.windows
+        assert windows is not None
+        for m in msgs:
+            if is_offset_id(m.id):
+                v = int(m.id, 16)
+                w = windows.get((v >> 53) & 0x3FF)
+                if w is not None:
+                    w.note_attempts(v & OFFSET_MASK, m.attempts)
+
     def mark_done(self, ids: list[bytes]) -> None:
         """These messages are done with here (FIN, expired, dead-lettered)."""
         windows = self.windows
@@ -571,6 +582,8 @@ class Channel:
         client.in_flight_count -= 1
         client.requeue_count += 1
         self.requeue_count += 1
+        if self.windows is not None:
+            self._note_attempts([msg])
         if timeout > 0:
             self.deferred[msg_id] = msg
             self.tq.push(msg, self.loop.time() + timeout)
@@ -618,6 +631,8 @@ class Channel:
         for cid, n in timed_out.items():
             owners[cid].in_flight_count -= n
             self.timeout_count += n
+        if timed_out and self.windows is not None:
+            self._note_attempts(ready)
         err = self.queue.keep_many(ready)
         if err is not None:
             self._kept_in_memory(len(ready), err)
@@ -658,6 +673,8 @@ class Channel:
             m.client = None
         client.in_flight_count -= len(mine)
         self.requeue_count += len(mine)
+        if self.windows is not None:
+            self._note_attempts(mine)
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)

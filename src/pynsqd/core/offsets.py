@@ -31,6 +31,9 @@ OFFSET_MASK = (1 << _ORIGIN_SHIFT) - 1
 _CODED = frozenset(b"89abcdef")
 #: Out-of-order done ranges a window keeps (past that the highest are forgotten).
 MAX_RANGES = 4096
+#: Attempts a window remembers of messages that went back to the queue (REQ, timeout); past
+#: that, a message's attempts start again after a takeover.
+MAX_ATTEMPTS_KEPT = 10_000
 
 __all__ = [
     "DoneWindow",
@@ -68,14 +71,22 @@ def decode_offset_id(msg_id: bytes) -> tuple[int, int] | None:
 
 class DoneWindow:
     """One channel's responsibility for one partition: pending = ``[low, end)`` minus
-    ``done`` (sorted, disjoint, non-adjacent ``[start, stop)`` ranges above ``low``)."""
+    ``done`` (sorted, disjoint, non-adjacent ``[start, stop)`` ranges above ``low``); and the
+    attempts of pending messages that went back to the queue (a takeover keeps counting)."""
 
-    __slots__ = ("changed", "done", "end", "low")
+    __slots__ = ("attempts", "changed", "done", "end", "low")
 
-    def __init__(self, low: int, end: int | None = None, done: list[list[int]] | None = None):
+    def __init__(
+        self,
+        low: int,
+        end: int | None = None,
+        done: list[list[int]] | None = None,
+        attempts: dict[int, int] | None = None,
+    ) -> None:
         self.low = low
         self.end = end
         self.done: list[list[int]] = done if done is not None else []
+        self.attempts: dict[int, int] = attempts if attempts is not None else {}
         self.changed = True
 
     def __repr__(self) -> str:
@@ -94,6 +105,8 @@ class DoneWindow:
         if off < low or (self.end is not None and off >= self.end):
             return
         self.changed = True
+        if self.attempts:
+            self.attempts.pop(off, None)
         done = self.done
         if off == low:
             low += 1
@@ -117,6 +130,14 @@ class DoneWindow:
         if len(done) > MAX_RANGES:
             done.pop()  # forgotten: delivered again after a takeover, never lost
 
+    def note_attempts(self, off: int, attempts: int) -> None:
+        """A pending message went back to the queue after ``attempts`` deliveries."""
+        if self.is_pending(off) and (
+            off in self.attempts or len(self.attempts) < MAX_ATTEMPTS_KEPT
+        ):
+            self.attempts[off] = attempts
+            self.changed = True
+
     def is_pending(self, off: int) -> bool:
         if off < self.low or (self.end is not None and off >= self.end):
             return False
@@ -138,16 +159,23 @@ class DoneWindow:
         if done and done[0][0] <= offset:
             self.low = done.pop(0)[1]
         self.done = done
+        self._prune()
+
+    def _prune(self) -> None:
+        if self.attempts:
+            self.attempts = {o: n for o, n in self.attempts.items() if self.is_pending(o)}
 
     def close(self) -> None:
         """Nothing is pending any more (another node took this responsibility over)."""
         self.end = self.low
         self.done = []
+        self.attempts = {}
         self.changed = True
 
     def close_at(self, end: int) -> None:
         """Nothing from ``end`` on is pending (a partition sealed there)."""
         self._set(self.pending(end), min(self.low, end))
+        self._prune()
 
     def reopen(self, start: int, stop: int) -> None:
         """``[start, stop)`` is pending again (a rewind put it back)."""
@@ -190,10 +218,17 @@ class DoneWindow:
         """A window pending where either is."""
         w = DoneWindow(0)
         w._set(_merge(self.pending(None) + other.pending(None)), max(self.low, other.low))
+        w.attempts = {**self.attempts, **other.attempts}
+        for o, n in self.attempts.items():
+            w.attempts[o] = max(n, w.attempts[o])
+        w._prune()
         return w
 
     def encode(self) -> dict[str, Any]:
-        return {"low": self.low, "end": self.end, "done": self.done}
+        doc: dict[str, Any] = {"low": self.low, "end": self.end, "done": self.done}
+        if self.attempts:
+            doc["attempts"] = {str(o): n for o, n in sorted(self.attempts.items())}
+        return doc
 
     @classmethod
     def decode(cls, doc: Any) -> DoneWindow:
@@ -201,11 +236,12 @@ class DoneWindow:
         try:
             low, end, done = doc["low"], doc["end"], doc["done"]
             ranges = [[int(s), int(e)] for s, e in done]
-        except (KeyError, TypeError) as err:
+            attempts = {int(o): int(n) for o, n in doc.get("attempts", {}).items()}
+        except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"bad channel window {doc!r}") from err
         if not isinstance(low, int) or not (end is None or isinstance(end, int)):
             raise ValueError(f"bad channel window {doc!r}")
-        return cls(low, end, ranges)
+        return cls(low, end, ranges, attempts)
 
 
 def _merge(ranges: list[tuple[int, int | None]]) -> list[tuple[int, int | None]]:

@@ -11,6 +11,7 @@ import secrets
 import socket
 import ssl
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import NSQD_VERSION, __version__
@@ -320,9 +321,14 @@ class NSQD:
         return self.get_topic(name)
 
     async def replay(
-        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        ranges: list[tuple[int, int]],
+        attempts: Mapping[int, int],
     ) -> int:
-        return await self.retention.replay_ranges(topic, channel, tlog, ranges)
+        return await self.retention.replay_ranges(topic, channel, tlog, ranges, attempts)
 
     def joined(self) -> None:
         """The cluster's state is read (and replicated channels restored): deliver."""

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..core.channel import Channel
 from ..core.message import Message
@@ -356,14 +356,20 @@ class Retention:
         return Replayed(start, offset, count, stopped)
 
     async def replay_ranges(
-        self, topic: Topic, channel: Channel, tlog: TopicLog, ranges: list[tuple[int, int]]
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        ranges: list[tuple[int, int]],
+        attempts: Mapping[int, int] | None = None,
     ) -> int:
         """Put the messages at ``ranges`` of ``tlog`` (a topic's log or a copy of another
         node's partition) into ``channel``, a batch per loop turn, with their IDs and due
         times (a channel taking over a partition's pending messages: ``cluster/checkpoints.py``).
         The ranges are committed offsets (visible or not yet: a node restarting knows its high
         watermark again only once its followers fetch). Offsets retention removed meanwhile are
-        skipped, and said so."""
+        skipped, and said so. ``attempts``: deliveries so far, by offset (a takeover goes on
+        counting)."""
         count = 0
         for start, stop in ranges:
             offset = start
@@ -394,6 +400,9 @@ class Retention:
                     break
                 if not msgs or nxt <= offset:
                     break
+                if attempts:
+                    for i, m in enumerate(msgs):
+                        m.attempts = attempts.get(offset + i, 0)
                 kept = channel.put_many(msgs, mixed=True)
                 if kept is not None:
                     log.error(
