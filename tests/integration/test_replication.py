@@ -174,6 +174,14 @@ def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster)
                 str(n) for n in (1, 2, 3) if n != p["partition"]
             }
         assert parts[1]["committed"] == 1
+        # A channel's checkpoint (issue 28) shows with its partition.
+        assert cluster.node(2).http("POST", f"/channel/create?topic={TOPIC}&channel=ch")[0] == 200
+
+        def checkpointed() -> bool:
+            parts = admin.request("GET", f"/api/topics/{TOPIC}")[1]["partitions"]
+            return parts[1]["checkpoints"].get("2", {}).get("ch", {}).get("low") == 0
+
+        wait_for(checkpointed, "node 2's channel checkpoint in nsqadmin")
     finally:
         admin.stop()
 

@@ -164,8 +164,12 @@ class Checkpoints:
                 log.exception("CLUSTER: internal error checkpointing channels")
 
     async def write(self, *, clean: bool = False) -> None:
-        """Every changed window of this node's channels, one key per partition."""
-        for part, windows in self._windows().items():
+        """Every changed window of this node's channels, one key per partition (a partition
+        whose channels or topic went is written empty: a takeover must not bring them back)."""
+        parts = self._windows()
+        for part in self.written:
+            parts.setdefault(part, {})
+        for part, windows in parts.items():
             if part in self.adopted and not any(w.pending(None) for w in windows.values()):
                 continue  # another node holds it: nothing of it is this node's any more
             if part[1] == self.me and part in self._resume_at:

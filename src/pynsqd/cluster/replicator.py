@@ -288,6 +288,8 @@ class Replicator:
         mine = int(info.get("node", -1)) == self.node_id
         if mine and leader.mod_revision == p.epoch and p.role is Role.LEADER:
             await self.leading.lead(p)
+            if not self.ready:
+                return  # channels are restored first (``start``)
             holders = self.state.checkpoints.get(key)
             if holders:
                 await self.checkpoints.adopt(p, holders)
@@ -317,7 +319,7 @@ class Replicator:
             self.following.stop(key)
             if not await self.leading.take_back(p, leader):
                 p.role = Role.NONE  # the next tick follows whoever leads now
-            else:
+            elif self.ready:
                 await self.checkpoints.took_back(p)
 
     # -- what the server and the HTTP API ask -----------------------------------------------

@@ -187,8 +187,18 @@ async function topicPage(t) {
       ["deferred_count", "Deferred"], ["message_count", "Messages"], ["channels", "Channels"]], nodes, true) +
     (logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th></tr>` +
       logged.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.log.earliest_offset)}</td><td>${num(n.log.latest_offset)}</td><td>${num(n.log.latest_offset - n.log.earliest_offset)}</td><td>${bytes(n.log.bytes)}</td><td>${num(n.log.segments)}</td><td>${num(n.depth)}</td></tr>`).join("") + "</table>" : "") +
-    ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th></tr>` +
-      d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td></tr>`).join("") + "</table>" : "");
+    ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th><th>Channel checkpoints (node: channel from offset)</th></tr>` +
+      d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td><td>${checkpoints(p.checkpoints || {})}</td></tr>`).join("") + "</table>" : "");
+}
+
+// A partition's channel checkpoints, by holder: each channel's first pending offset (and how
+// many ranges above it are done out of order), or whom the holder's channels went to.
+function checkpoints(byHolder) {
+  return Object.entries(byHolder).map(([holder, chans]) => chans.adopted_by !== undefined
+    ? `${esc(holder)}: taken over by ${esc(String(chans.adopted_by))} below ${num(chans.end)}`
+    : `${esc(holder)}: ` + Object.entries(chans).map(([c, w]) =>
+        `${esc(c)} from ${num(w.low)}${w.end === null ? "" : ` to ${num(w.end)}`}${w.done_ranges ? ` (+${w.done_ranges} ranges)` : ""}`).join(", ")
+  ).join("; ");
 }
 
 async function nodePage(name) {
