@@ -533,7 +533,10 @@ def _compare(args: argparse.Namespace, argv: list[str]) -> int:
                 continue
             ours = statistics.median(x[k][metric] for x in runs["pynsqd"])
             theirs = statistics.median(x[k][metric] for x in runs["other"])
-            ratio = ours / theirs if metric == "msgs_per_s" else theirs / ours
+            if not (ours and theirs):  # a mode with nothing to do (reader with no backlog)
+                ratio = float("nan")
+            else:
+                ratio = ours / theirs if metric == "msgs_per_s" else theirs / ours
             print(f"{k + ' ' + metric:28s} {ours:12,.0f} {theirs:12,.0f} {ratio:6.2f}x")
             summary[f"{k}.{metric}"] = {"pynsqd": ours, "other": theirs, "ratio": ratio}
     for metric in ("cpu_s", "peak_rss_mib"):

@@ -332,3 +332,44 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     assert poison[0][2] == 3, "attempts go on from the two on node 1"
     (later,) = [m for m in after if m[3] == b"later"]
     assert later[4] >= later[1] + 3_000_000_000, "a DPUB is not delivered before it is due"
+
+
+@pytest.mark.timeout(300)
+def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Cluster) -> None:
+    """A rewound channel is responsible again for what it got back (its window reopens), so
+    the copies are delivered, not dropped as done; likewise a channel created at an offset."""
+    prepare(cluster)
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    bodies = [b"r%d" % i for i in range(20)]
+    assert n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))[0] == 200
+    got: list[bytes] = []
+
+    def fin_all(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
+        got.extend(b)
+        c.fin_many(ids)
+
+    conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
+    try:
+        conn.subscribe(TOPIC, CHANNEL, fin_all, rdy=100)
+        wait_for(lambda: sorted(got) == sorted(bodies), "the first delivery")
+        status, body = n1.http("POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&offset=5")
+        assert status == 200, body
+        wait_for(lambda: len(got) == 35, "offsets 5-19 again")
+        assert sorted(got[20:]) == sorted(bodies[5:])
+    finally:
+        conn.close()
+    status, body = n1.http("POST", f"/channel/create?topic={TOPIC}&channel=late&offset=10")
+    assert status == 200, body
+    late: list[bytes] = []
+
+    def fin_late(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
+        late.extend(b)
+        c.fin_many(ids)
+
+    conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
+    try:
+        conn.subscribe(TOPIC, "late", fin_late, rdy=100)
+        wait_for(lambda: sorted(late) == sorted(bodies[10:]), "offsets 10-19 on the new channel")
+    finally:
+        conn.close()

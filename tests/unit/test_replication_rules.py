@@ -295,3 +295,23 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     replicator.state.parts[("t", 1)] = {"assignment": KeyValue("k", b"{}", 1, 1, 1, 0)}
     with pytest.raises(PublishRefused, match="elsewhere"):
         replicator.gate("t")
+
+
+def test_etcd_history_is_compacted_to_what_the_previous_round_saw() -> None:
+    """Every COMPACT_EVERY seconds the plan compacts to the revision it saw a round before
+    (history a round deep is kept; the first round only looks)."""
+    from pynsqd.cluster.replicator import Compaction
+
+    clock = [0.0]
+    c = Compaction(lambda: clock[0], every=300.0)
+    assert c.due(100) is None
+    clock[0] = 299.0
+    assert c.due(150) is None
+    clock[0] = 300.0
+    assert c.due(200) is None  # nothing seen yet: nothing to compact
+    clock[0] = 450.0
+    assert c.due(300) is None
+    clock[0] = 600.0
+    assert c.due(400) == 200
+    clock[0] = 900.0
+    assert c.due(500) == 400

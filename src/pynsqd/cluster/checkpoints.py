@@ -299,7 +299,9 @@ class Checkpoints:
                             log.error("CLUSTER: %s: %s", topic.name, err)
                     elif origin == self.me and isinstance(doc.get("handed"), int):
                         # Created after that checkpoint: it had nothing before its hand-off.
-                        ch.windows[origin] = DoneWindow(min(doc["handed"], ch.windows[origin].low))
+                        now = ch.windows.get(origin)
+                        low = doc["handed"] if now is None else min(doc["handed"], now.low)
+                        ch.windows[origin] = DoneWindow(low)
                 resume = self._resume_at.get((topic.name, self.me))
                 if resume is not None:
                     # Adopted below ``resume``; from there on it is this node's (what it was
@@ -441,15 +443,31 @@ class Checkpoints:
             return  # superseded, or a key moved: the next tick sees what is true now
         self.revs[part] = result.revision
         self.written.pop(part, None)
-        total = 0
         for name, w in theirs.items():
             ch = channels[name]
             if ch.windows is None:
                 ch.windows = {}
             mine = ch.windows.get(p.origin)
             ch.windows[p.origin] = w if mine is None else mine.union(w)
+        # The replay runs beside the plan's ticks (a large backlog takes a while); a crash
+        # before it ends is a crash of a node whose checkpoint already holds these windows.
+        task = asyncio.create_task(self._replay(p, holder, topic, channels, theirs, end))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replay(
+        self,
+        p: Partition,
+        holder: int,
+        topic: Topic,
+        channels: Mapping[str, Channel],
+        theirs: Mapping[str, DoneWindow],
+        end: int,
+    ) -> None:
+        total = 0
+        for name, w in theirs.items():
             ranges = [(s, e) for s, e in w.pending(end) if e is not None]
-            total += await self.host.replay(topic, ch, p.log, ranges, w.attempts)
+            total += await self.host.replay(topic, channels[name], p.log, ranges, w.attempts)
         log.warning(
             "CLUSTER: partition %s: took over node %d's channels of it (%s): %d messages "
             "pending there put back here",

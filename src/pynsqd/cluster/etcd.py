@@ -222,6 +222,16 @@ class EtcdClient:
     async def delete(self, key: str) -> None:
         await self.call("kv/deleterange", {"key": _b64(key)})
 
+    async def compact(self, revision: int) -> None:
+        """Drop the key history before ``revision`` (etcd keeps every revision until told:
+        the checkpoints write one a second). Compacting to a revision already compacted is
+        not an error here."""
+        try:
+            await self.call("kv/compaction", {"revision": str(revision)})
+        except EtcdError as err:
+            if "compacted" not in str(err):
+                raise
+
     async def txn(
         self,
         compare: list[Compare],

@@ -49,6 +49,28 @@ log = logging.getLogger(LOGGER_NAME)
 TICK = 0.25
 #: A leaderless partition's in-sync members campaign after rank times this (the origin first).
 RANK_DELAY = 0.4
+#: Seconds between two compactions of etcd's key history (as Kubernetes' API server does):
+#: each compacts to the revision the previous one saw, so history a few minutes deep is kept.
+COMPACT_EVERY = 300.0
+
+
+class Compaction:
+    """When to compact etcd's history, and to which revision (no I/O: the plan asks ``due``
+    with the store's revision each tick)."""
+
+    def __init__(self, now: Callable[[], float], every: float = COMPACT_EVERY) -> None:
+        self.now = now
+        self.every = every
+        self._next = now() + every
+        self._seen = 0
+
+    def due(self, revision: int) -> int | None:
+        """The revision to compact to now, or None."""
+        if self.now() < self._next:
+            return None
+        self._next = self.now() + self.every
+        target, self._seen = self._seen, revision
+        return target or None
 
 
 class PublishRefused(Exception):
@@ -111,6 +133,7 @@ class Replicator:
         #: Leaderless partitions with no live in-sync member (said once per outage).
         self._offline: set[tuple[str, int]] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self.compaction = Compaction(now)
         #: The cluster's state has been read once: until then no retained topic is known
         #: unreplicated (``gate``).
         self.ready = False
@@ -180,7 +203,10 @@ class Replicator:
 
     async def _refresh(self) -> None:
         keys = self.member.keys
-        kvs, _ = await self.member.etcd.get_prefix(keys.prefix + "/")
+        kvs, revision = await self.member.etcd.get_prefix(keys.prefix + "/")
+        compact_to = self.compaction.due(revision)
+        if compact_to is not None:
+            await self.member.etcd.compact(compact_to)
         state = ClusterState.parse(keys, kvs)
         self.state = state
         for topic, settings in state.settings.items():

@@ -403,11 +403,17 @@ class Retention:
                 if attempts:
                     for i, m in enumerate(msgs):
                         m.attempts = attempts.get(offset + i, 0)
+                # Acknowledged messages: a bound cannot refuse them (as a REQ past the bound);
+                # drop-oldest trims as after any publish.
                 kept = channel.put_many(msgs, mixed=True)
                 if kept is not None:
                     log.error(
                         "CHANNEL(%s:%s): failed to store - %s", topic.name, channel.name, kept
                     )
+                if channel.bound_policy == "drop-oldest" and (
+                    channel.max_depth or channel.max_bytes
+                ):
+                    channel.trim()
                 count += len(msgs)
                 offset = nxt
                 await asyncio.sleep(0)
