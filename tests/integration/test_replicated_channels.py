@@ -51,13 +51,6 @@ CHECKPOINT_EVERY = 1.0
 
 
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[Etcd]:
-    server = Etcd(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def lookupd() -> Iterator[Process]:
     proc = Process(
         "nsqlookupd",
@@ -332,6 +325,10 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     assert poison[0][2] == 3, "attempts go on from the two on node 1"
     (later,) = [m for m in after if m[3] == b"later"]
     assert later[4] >= later[1] + 3_000_000_000, "a DPUB is not delivered before it is due"
+    # /stats shows the channel's window of the partition it took over (all done now).
+    doc = leader.json("GET", f"/stats?format=json&topic={TOPIC}&channel={CHANNEL}")
+    windows = doc["topics"][0]["channels"][0]["replicated"]["windows"]
+    assert windows["1"]["low"] == windows["1"]["end"] == 2
 
 
 @pytest.mark.timeout(300)

@@ -44,13 +44,6 @@ TOPIC = "orders"
 
 
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[Etcd]:
-    server = Etcd(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
     c = Cluster(tmp_path, etcd, 3)
     yield c

@@ -153,16 +153,6 @@ class Checkpoints:
 
     # -- writing ----------------------------------------------------------------------------
 
-    async def write_loop(self) -> None:
-        while True:
-            await asyncio.sleep(CHECKPOINT_EVERY)
-            try:
-                await self.write()
-            except EtcdError as err:
-                log.warning("CLUSTER: failed to checkpoint channels - %s", err)
-            except Exception:
-                log.exception("CLUSTER: internal error checkpointing channels")
-
     async def write(self, *, clean: bool = False) -> None:
         """Every changed window of this node's channels, one key per partition (a partition
         whose channels or topic went is written empty: a takeover must not bring them back)."""

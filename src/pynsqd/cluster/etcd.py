@@ -4,7 +4,8 @@ Theory of operation. etcd (Jepsen-tested: its key-value operations and multi-key
 strict serializable) holds what the nodes of a cluster must agree on: who is a member, who leads
 each partition, its in-sync set, each topic's replication settings. pynsqd uses five calls of
 etcd's gRPC API, reached through the JSON gateway every etcd 3.4+ serves on its client URL
-(``POST /v3/...``): lease grant / keepalive / revoke, range, put, delete and txn. Keys and values
+(``POST /v3/...``): lease grant / keepalive / revoke, range, put, delete, txn and compaction
+(``compact``: the history of keys written often is dropped every few minutes). Keys and values
 are bytes, base64 in JSON; 64-bit numbers are JSON strings; fields that are zero or false are left
 out of answers (so ``succeeded`` is absent when a txn's compares failed).
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +35,13 @@ __all__ = [
     "KeyValue",
     "TxnResult",
     "delete_op",
+    "every",
     "prefix_end",
     "put_op",
     "range_op",
 ]
+
+log = logging.getLogger("pynsqd")
 
 #: Seconds one call may take before the next endpoint is tried.
 CALL_TIMEOUT = 2.0
@@ -268,3 +274,17 @@ class EtcdClient:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.1)
+
+
+async def every(seconds: float, step: Callable[[], Awaitable[object]], doing: str) -> None:
+    """Run ``step`` every ``seconds`` until cancelled: an etcd failure is one warning line
+    (``failed to <doing>``) and the next round tries again; anything else is logged with its
+    traceback, and the loop goes on."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await step()
+        except EtcdError as err:
+            log.warning("CLUSTER: failed to %s - %s", doing, err)
+        except Exception:
+            log.exception("CLUSTER: internal error (%s)", doing)

@@ -23,17 +23,15 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..core.channel import Channel
-from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
-from .checkpoints import Checkpoints
-from .etcd import Compare, EtcdError, KeyValue, delete_op, put_op
+from .checkpoints import CHECKPOINT_EVERY, ChannelHost, Checkpoints
+from .etcd import Compare, EtcdError, KeyValue, delete_op, every, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
 from .leader import Leading
@@ -77,13 +75,11 @@ class PublishRefused(Exception):
     """A publish this node cannot take for a replicated topic (the reason is the message)."""
 
 
-class ReplicaHost(Protocol):
-    """What replication needs of nsqd."""
+class ReplicaHost(ChannelHost, Protocol):
+    """What replication needs of nsqd (and, through ``ChannelHost``, its channels)."""
 
     @property
     def opts(self) -> Options: ...
-    @property
-    def topics(self) -> Mapping[str, Topic]: ...
     @property
     def data_path(self) -> str: ...
     @property
@@ -93,16 +89,6 @@ class ReplicaHost(Protocol):
 
     def topic_log(self, name: str) -> TopicLog | None: ...
     def open_replica_log(self, topic: str, origin: int) -> TopicLog: ...
-    def serve_topic(self, name: str) -> Topic: ...
-    async def replay(
-        self,
-        topic: Topic,
-        channel: Channel,
-        tlog: TopicLog,
-        ranges: list[tuple[int, int]],
-        attempts: Mapping[int, int],
-    ) -> int: ...
-    def joined(self) -> None: ...
 
 
 class Replicator:
@@ -160,8 +146,10 @@ class Replicator:
         self.checkpoints.hold_adopted()
         self.ready = True
         self._tasks.append(asyncio.create_task(self.member.keepalive_loop(self._lease_expired)))
-        self._tasks.append(asyncio.create_task(self._tick_loop()))
-        self._tasks.append(asyncio.create_task(self.checkpoints.write_loop()))
+        self._tasks.append(asyncio.create_task(every(TICK, self._refresh, "read the cluster")))
+        self._tasks.append(
+            asyncio.create_task(every(CHECKPOINT_EVERY, self.checkpoints.write, "checkpoint"))
+        )
         log.info(
             "CLUSTER(%s): node %d joined (etcd %s, lease TTL %ds)",
             self.opts.cluster_name,
@@ -188,16 +176,6 @@ class Replicator:
         for p in self.partitions.values():
             if p.role is Role.LEADER:
                 p.step_down("the node's etcd lease expired")
-
-    async def _tick_loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK)
-            try:
-                await self._refresh()
-            except EtcdError as err:
-                log.warning("CLUSTER: failed to read the cluster's state - %s", err)
-            except Exception:
-                log.exception("CLUSTER: internal error")
 
     # -- the plan -------------------------------------------------------------------------
 

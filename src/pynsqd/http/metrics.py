@@ -129,6 +129,16 @@ LIFECYCLE_FAMILIES: tuple[Family, ...] = (
     ),
 )
 
+#: A replicated topic's channel (``cluster/checkpoints.py``).
+REPLICATED_FAMILIES: tuple[Family, ...] = (
+    (
+        "nsq_channel_superseded",
+        "Messages not delivered because another node took over their partition's channel state",
+        C,
+        lambda c: c.stale_count,
+    ),
+)
+
 
 Families = list[tuple[GaugeMetricFamily | CounterMetricFamily, Value]]
 
@@ -164,6 +174,7 @@ class NSQCollector:
         log_fams = _families(LOG_FAMILIES, ["topic"])
         channel_fams = _families(CHANNEL_FAMILIES, ["topic", "channel"])
         lifecycle_fams = _families(LIFECYCLE_FAMILIES, ["topic", "channel"])
+        replicated_fams = _families(REPLICATED_FAMILIES, ["topic", "channel"])
         t_e2e = Metric(
             "nsq_topic_e2e_processing_latency_seconds",
             "Publish-to-FIN latency quantiles over the window, merged over channels",
@@ -190,6 +201,9 @@ class NSQCollector:
                 if ch.screening or ch.max_depth or ch.max_bytes:
                     for fam, value in lifecycle_fams:
                         fam.add_metric(cl, value(ch))
+                if ch.windows is not None:
+                    for fam, value in replicated_fams:
+                        fam.add_metric(cl, value(ch))
                 if e2e_sink(ch) is not None:
                     labels = {"topic": topic.name, "channel": ch.name}
                     _add_quantiles(c_e2e, labels, channel_e2e(nsqd, ch))
@@ -208,7 +222,14 @@ class NSQCollector:
                         fam.add_metric(pl, value(part))
                     for follower, behind in sorted(part["follower_lag"].items()):
                         lag.add_metric([name, str(part["partition"]), follower], behind)
-        for fams in (topic_fams, log_fams, channel_fams, lifecycle_fams, part_fams):
+        for fams in (
+            topic_fams,
+            log_fams,
+            channel_fams,
+            lifecycle_fams,
+            replicated_fams,
+            part_fams,
+        ):
             yield from (fam for fam, _ in fams)
         yield lag
         yield from (t_e2e, c_e2e)

@@ -117,6 +117,14 @@ def channel_stats(
         # because a disk write failed
         "overflow_count": channel.queue.overflow_count,
     }
+    if channel.windows is not None:  # a replicated topic's channel (docs/replication.md)
+        stats["replicated"] = {
+            "windows": {
+                str(origin): {"low": w.low, "end": w.end, "done_ranges": len(w.done)}
+                for origin, w in sorted(channel.windows.items())
+            },
+            "superseded_count": channel.stale_count,
+        }
     if (
         channel.screening
         or channel.max_depth
