@@ -121,3 +121,36 @@ def test_attempts_are_kept_for_pending_messages_and_merged_by_the_highest() -> N
     w.done_below(8)
     assert w.attempts == {}
     assert DoneWindow.decode({"low": 0, "end": None, "done": []}).attempts == {}
+
+
+def test_a_replicated_channel_marks_notes_and_screens_by_offset_id() -> None:
+    """On a fake loop: FIN and expiry mark offsets done, a REQ notes attempts, and a message
+    whose offset is no longer pending here (taken over) is dropped at delivery, counted."""
+    from pynsqd.core.backend import DummyBackend
+    from pynsqd.core.message import Message
+    from pynsqd.core.topic import Topic
+
+    from .fakeloop import FakeLoop
+    from .test_channel import Consumer, Owner
+
+    loop = FakeLoop()
+    topic = Topic("t", Owner(loop), loop, node_id=1, mem_queue_size=100, backend=DummyBackend())
+    ch = topic.get_channel("c")
+    ch.windows = {1: DoneWindow(0), 2: DoneWindow(0, 10)}
+    msgs = [Message(i, b"x", 0) for i in offset_ids(1, 0, 5)] + [
+        Message(i, b"y", 0) for i in offset_ids(2, 0, 3)
+    ]
+    c = Consumer(rdy=100)
+    ch.add_client(c)
+    ch.windows[2].close()  # partition 2's state went to another node
+    ch.put_many(msgs)
+    loop.run_ready()
+    got = c.take()
+    assert [decode_offset_id(m.id) for m in got] == [(1, o) for o in range(5)]
+    assert ch.stale_count == 3
+    ch.finish_many(c, [got[0].id, got[2].id])
+    assert ch.windows[1].pending(5) == [(1, 2), (3, 5)]
+    ch.requeue(c, got[1].id, 0)
+    assert ch.windows[1].attempts == {1: 1}
+    loop.run_ready()
+    assert [decode_offset_id(m.id) for m in c.take()] == [(1, 1)]

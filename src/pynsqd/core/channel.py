@@ -11,6 +11,11 @@ is a few attribute writes, a dict insert and a heap push: no task, future or tim
 In-flight deadlines and deferred due times share one ``TimedQueue``. When a consumer
 disconnects its in-flight messages go back to the head of the queue at once (nsqd waits for
 their timeout; README, "Differences from nsqd").
+
+A replicated topic's channel (``windows`` set) also keeps, per partition, what it is
+responsible for and done with (``core/offsets.py``): FIN, expiry and dead-lettering mark
+offsets done, a REQ or timeout notes attempts, and a message whose offset is no longer pending
+here (another node took the partition's channel state over) is dropped at delivery.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from .errors import (
     TooManyConsumers,
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
-from .offsets import OFFSET_MASK, DoneWindow, is_offset_id
+from .offsets import DoneWindow, decode_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
 
@@ -451,10 +456,10 @@ class Channel:
         assert windows is not None
         keep = []
         for m in batch:
-            if is_offset_id(m.id):
-                v = int(m.id, 16)
-                w = windows.get((v >> 53) & 0x3FF)
-                if w is not None and not w.is_pending(v & OFFSET_MASK):
+            at = decode_offset_id(m.id)
+            if at is not None:
+                w = windows.get(at[0])
+                if w is not None and not w.is_pending(at[1]):
                     self.stale_count += 1
                     continue
             keep.append(m)
@@ -465,22 +470,20 @@ class Channel:
         windows = self.windows
         assert windows is not None
         for m in msgs:
-            if is_offset_id(m.id):
-                v = int(m.id, 16)
-                w = windows.get((v >> 53) & 0x3FF)
-                if w is not None:
-                    w.note_attempts(v & OFFSET_MASK, m.attempts)
+            at = decode_offset_id(m.id)
+            w = windows.get(at[0]) if at is not None else None
+            if w is not None and at is not None:
+                w.note_attempts(at[1], m.attempts)
 
     def mark_done(self, ids: list[bytes]) -> None:
         """These messages are done with here (FIN, expired, dead-lettered)."""
         windows = self.windows
         assert windows is not None
         for msg_id in ids:
-            if is_offset_id(msg_id):
-                v = int(msg_id, 16)
-                w = windows.get((v >> 53) & 0x3FF)
-                if w is not None:
-                    w.mark(v & OFFSET_MASK)
+            at = decode_offset_id(msg_id)
+            w = windows.get(at[0]) if at is not None else None
+            if w is not None and at is not None:
+                w.mark(at[1])
 
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
