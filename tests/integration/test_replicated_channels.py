@@ -36,6 +36,7 @@ from .replication_harness import (
     Etcd,
     History,
     Node,
+    power_loss,
     producing,
     replicate,
     wait_in_sync,
@@ -370,3 +371,43 @@ def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Clus
         wait_for(lambda: sorted(late) == sorted(bodies[10:]), "offsets 10-19 on the new channel")
     finally:
         conn.close()
+
+
+@pytest.mark.timeout(600)
+def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
+    tmp_path: Path, etcd: Etcd, lookupd: Process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every node loses power at once under load (kill -9, then each log segment zeroed after
+    what its last fsync covered), twice: with durability=fsync every acknowledged message still
+    reaches the consumers, which were never restarted: each channel is rebuilt from its
+    checkpoint in etcd and the fsynced log."""
+    ledger = tmp_path / "fsync.ledger"
+    monkeypatch.setenv("PYNSQD_FSYNC_LEDGER", str(ledger))
+    cluster = Cluster(
+        tmp_path,
+        etcd,
+        3,
+        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}",
+        "--broadcast-address=127.0.0.1",
+    )
+    try:
+        prepare(cluster)
+        history = History()
+        with consuming(tmp_path, lookupd) as group:
+            for cycle in range(2):
+                with producing(cluster, history, f"p{cycle}."):
+                    want = len(history.ok) + 500
+                    wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+                    power_loss(cluster, ledger)
+                for n in cluster.nodes:
+                    n.start()
+                for n in cluster.nodes:
+                    wait_in_sync(cluster, TOPIC, n.node_id)
+            acked = set(history.ok)
+            if not until(lambda: acked <= set(received(group)), 90):
+                missing = sorted(acked - set(received(group)))
+                pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
+            for c in group:
+                assert c.p.poll() is None, f"the {c.client} consumer exited"
+    finally:
+        cluster.stop()
