@@ -13,6 +13,7 @@ restarted, and duplicates stay within the bound ``docs/replication.md`` gives.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 
 from ..waiting import until, wait_for
+from .lookupd_helpers import http
 from .replication_harness import (
     TOPIC,
     Cluster,
@@ -411,3 +413,34 @@ def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
                 assert c.p.poll() is None, f"the {c.client} consumer exited"
     finally:
         cluster.stop()
+
+
+@pytest.mark.timeout(300)
+def test_nodes_holding_only_copies_do_not_register_the_topic(
+    cluster: Cluster, lookupd: Process
+) -> None:
+    """A node that only holds a copy of a partition (a follower) has no topic and registers
+    nothing with nsqlookupd, so it never adds an idle connection that a consumer with a small
+    max_in_flight (go-nsq's default is 1) would wait on; the node that takes the partition
+    over creates the topic, and so registers it."""
+    n1 = cluster.node(1)
+    assert n1.http("POST", f"/topic/create?topic={TOPIC}")[0] == 200
+    assert n1.http("POST", f"/channel/create?topic={TOPIC}&channel={CHANNEL}")[0] == 200
+    assert n1.http("POST", f"/topic/replication?topic={TOPIC}&replicas=3")[0] == 200
+    wait_in_sync(cluster, TOPIC, 1)
+    assert n1.http("POST", f"/pub?topic={TOPIC}", b"hello")[0] == 200
+    wait_for(lambda: CHANNEL in checkpoint(n1, 1), "a checkpoint of the channel")
+
+    def producers() -> list[int]:
+        status, body, _ = http(f"http://127.0.0.1:{lookupd.port('HTTP')}/lookup?topic={TOPIC}")
+        if status != 200:
+            return []
+        return sorted(p["tcp_port"] for p in json.loads(body)["producers"])
+
+    assert n1.proc is not None
+    wait_for(lambda: producers() == [n1.proc.port], "node 1 registered")
+    assert producers() == [n1.proc.port]  # the followers hold copies, not the topic
+    n1.kill()
+    leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
+    assert leader.proc is not None
+    wait_for(lambda: producers() == [leader.proc.port], "the takeover node registered")
