@@ -20,6 +20,8 @@ def test_offset_ids_round_trip_and_never_meet_nsqds_ids() -> None:
     ids = offset_ids(1023, (1 << 53) - 3, 3)
     assert [decode_offset_id(i) for i in ids] == [(1023, (1 << 53) - 3 + k) for k in range(3)]
     assert offset_id(7, 42) == offset_ids(7, 42, 1)[0]
+    # Across 4,096-offset blocks (the prefix is formatted once per block).
+    assert offset_ids(5, 4000, 9000) == [offset_id(5, o) for o in range(4000, 13000)]
     assert decode_offset_id(offset_id(0, 0)) == (0, 0)
     assert all(len(i) == 16 for i in ids)
     guids = GUIDFactory(1023).new_ids(5000)

@@ -44,10 +44,26 @@ __all__ = [
 ]
 
 
+#: The last three hex digits of an ID: formatted once (as ``guid.py`` does).
+_HEX3 = [b"%03x" % i for i in range(4096)]
+
+
 def offset_ids(origin: int, first: int, n: int) -> list[bytes]:
-    """IDs for offsets ``[first, first + n)`` of node ``origin``'s partition."""
-    base = OFFSET_BIT | origin << _ORIGIN_SHIFT | first
-    return [b"%016x" % (base + i) for i in range(n)]
+    """IDs for offsets ``[first, first + n)`` of node ``origin``'s partition: the first 13
+    hex digits formatted once per 4,096 offsets, the last 3 from a table (a third of the cost
+    of formatting each)."""
+    v = OFFSET_BIT | origin << _ORIGIN_SHIFT | first
+    if n == 1:  # a single PUB
+        return [b"%016x" % v]
+    end = v + n
+    out: list[bytes] = []
+    while v < end:
+        low = v & 0xFFF
+        take = min(end - v, 4096 - low)
+        prefix = b"%013x" % (v >> 12)
+        out.extend([prefix + s for s in _HEX3[low : low + take]])
+        v += take
+    return out
 
 
 def offset_id(origin: int, offset: int) -> bytes:
