@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 
 from ..core.channel import Channel
@@ -58,6 +59,8 @@ log = logging.getLogger("pynsqd")
 MOVE_BATCH = 1024
 #: Messages put back into a channel per loop turn by a rewind (about a millisecond of work).
 REWIND_BATCH = 1024
+#: Seconds between two progress lines of a long replay.
+PROGRESS_EVERY = 5.0
 _REWIND_FILE = re.compile(r"^rewind\.(\d{1,19})\.(.+)$")
 
 
@@ -369,8 +372,10 @@ class Retention:
         The ranges are committed offsets (visible or not yet: a node restarting knows its high
         watermark again only once its followers fetch). Offsets retention removed meanwhile are
         skipped, and said so. ``attempts``: deliveries so far, by offset (a takeover goes on
-        counting)."""
+        counting). A long one says how far it is every ``PROGRESS_EVERY`` seconds."""
         count = 0
+        total = sum(stop - start for start, stop in ranges)
+        said = time.monotonic()
         for start, stop in ranges:
             offset = start
             if offset < tlog.earliest:
@@ -416,6 +421,15 @@ class Retention:
                     channel.trim()
                 count += len(msgs)
                 offset = nxt
+                if time.monotonic() - said >= PROGRESS_EVERY:
+                    said = time.monotonic()
+                    log.info(
+                        "CHANNEL(%s:%s): %d of %d messages put back",
+                        topic.name,
+                        channel.name,
+                        count,
+                        total,
+                    )
                 await asyncio.sleep(0)
         return count
 
