@@ -458,6 +458,7 @@ class Replicator:
                     "end": w.get("end"),
                     "done_ranges": len(w["done"]),
                     "attempts_kept": len(w.get("attempts", {})),
+                    "attempts_max": max(w.get("attempts", {}).values(), default=0),
                 }
                 for name, w in doc.get("channels", {}).items()
                 if isinstance(w, dict) and isinstance(w.get("done"), list)
