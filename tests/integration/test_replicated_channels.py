@@ -19,7 +19,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,8 +48,6 @@ from .test_lookupd_cluster import Process
 CONSUMER = Path(__file__).with_name("nsq_consumer.py")
 CHANNEL = "ch"
 MAX_IN_FLIGHT = 20
-#: ``cluster/checkpoints.py``'s interval.
-CHECKPOINT_EVERY = 1.0
 
 
 @pytest.fixture
@@ -209,10 +206,8 @@ def test_consumers_through_lookupd_lose_nothing_across_failovers(
     history = History()
     faults = round(count * SCALE)
     with consuming(tmp_path, lookupd) as group:
-        began = time.monotonic()
         with producing(cluster, history):
             cycles(cluster, history, group, faults, fault)
-        elapsed = time.monotonic() - began
         acked = set(history.ok)
         if not until(lambda: acked <= set(received(group)), 60):
             missing = sorted(acked - set(received(group)))
@@ -220,17 +215,15 @@ def test_consumers_through_lookupd_lose_nothing_across_failovers(
         seen = received(group)
     assert not set(seen) - history.invoked, "a body no one published"
     duplicates = sum(n - 1 for n in seen.values() if n > 1)
-    # The bound (docs/replication.md): per fault, what was FIN'd since the node's last
-    # checkpoint (a checkpoint interval of the traffic, and as much again for the takeover's
-    # wait and the returning node's catching up) and what was in flight to the two consumers.
-    rate = len(history.ok) / elapsed
-    bound = faults * (rate * 3 * CHECKPOINT_EVERY + 2 * MAX_IN_FLIGHT)
+    # Duplicates come from what the node finished since its last checkpoint and what was in
+    # flight (docs/replication.md): a few percent of the traffic. A takeover that replayed
+    # from anywhere but the checkpoint (the partition's whole log, say) would repeat every
+    # earlier message at each fault, many times what was acknowledged.
     print(
         f"{fault}: acknowledged {len(acked)}, delivered {len(seen)} distinct, {duplicates} "
-        f"duplicates ({duplicates / max(len(acked), 1):.1%}; bound {bound:.0f} for {faults} "
-        f"faults at {rate:.0f}/s)"
+        f"duplicates ({duplicates / max(len(acked), 1):.1%}) over {faults} faults"
     )
-    assert duplicates <= bound
+    assert duplicates <= len(acked) * 0.3
 
 
 @pytest.mark.timeout(300)
@@ -286,7 +279,7 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     n1 = cluster.node(1)
     assert n1.proc is not None
     assert n1.http("POST", f"/pub?topic={TOPIC}", b"poison")[0] == 200
-    assert n1.http("POST", f"/pub?topic={TOPIC}&defer=3000", b"later")[0] == 200
+    assert n1.http("POST", f"/pub?topic={TOPIC}&defer=600000", b"later")[0] == 200
     before: list[tuple[bytes, int, int, bytes]] = []
 
     def on_n1(c: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]):
@@ -307,31 +300,36 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     conn.close()
     leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
     assert leader.proc is not None
-    after: list[tuple[bytes, int, int, bytes, int]] = []
+    after: list[tuple[bytes, int, int, bytes]] = []
 
     def on_leader(c: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list):
         for m in zip(ids, ts, att, bodies, strict=True):
-            after.append((*m, time.time_ns()))
+            after.append(m)
             c.req(m[0], 0) if m[3] == b"poison" else c.fin(m[0])
+
+    def channel() -> dict[str, Any]:
+        doc = leader.json("GET", f"/stats?format=json&topic={TOPIC}&channel={CHANNEL}")
+        found: dict[str, Any] = doc["topics"][0]["channels"][0]
+        return found
 
     conn = Connection(f"127.0.0.1:{leader.proc.port}", ClientOptions(timeout=10)).connect()
     try:
         conn.subscribe(TOPIC, CHANNEL, on_leader, rdy=10)
-        wait_for(lambda: {m[3] for m in after} == {b"poison", b"later"}, "both on the new node")
         dead = lambda: leader.json("GET", "/stats?format=json&topic=dead")["topics"]  # noqa: E731
         wait_for(lambda: dead() and dead()[0]["message_count"] == 1, "the dead-lettered message")
+        # The DPUB came over deferred (due in ten minutes), not due at once.
+        wait_for(lambda: channel()["deferred_count"] == 1, "the DPUB deferred on the new node")
     finally:
         conn.close()
     poison = [m for m in after if m[3] == b"poison"]
     assert len(poison) == 1, "max_attempts=3: the third delivery was the last"
     assert poison[0][:2] == before[0][:2], "the same ID and timestamp"
     assert poison[0][2] == 3, "attempts go on from the two on node 1"
-    (later,) = [m for m in after if m[3] == b"later"]
-    assert later[4] >= later[1] + 3_000_000_000, "a DPUB is not delivered before it is due"
-    # /stats shows the channel's window of the partition it took over (all done now).
-    doc = leader.json("GET", f"/stats?format=json&topic={TOPIC}&channel={CHANNEL}")
-    windows = doc["topics"][0]["channels"][0]["replicated"]["windows"]
-    assert windows["1"]["low"] == windows["1"]["end"] == 2
+    assert [m for m in after if m[3] == b"later"] == [], "a DPUB is not delivered before it is due"
+    # /stats shows the channel's window of the partition it took over: offset 0 (dead-lettered)
+    # done, offset 1 (the DPUB) pending.
+    windows = channel()["replicated"]["windows"]
+    assert (windows["1"]["low"], windows["1"]["end"]) == (1, 2)
 
 
 @pytest.mark.timeout(300)
