@@ -107,7 +107,6 @@ class Checkpoints:
         #: Own partitions adopted at an offset: the hand-off goes on from there once this
         #: node leads them again.
         self._resume_at: dict[PartKey, int] = {}
-        self._adopting: set[tuple[str, int, int]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def key(self, part: PartKey, holder: int | None = None) -> str:
@@ -269,39 +268,46 @@ class Checkpoints:
                     # A crash can come before nsqd.dat lists a new channel: the checkpoint
                     # does, and its messages are in the log.
                     topic.get_channel(ch_name)
+        by_topic: dict[str, dict[int, dict[str, Any]]] = {}
+        for (name, origin), doc in docs.items():
+            by_topic.setdefault(name, {})[origin] = doc
         rebuild: list[tuple[Topic, Channel]] = []
         for topic in list(self.host.topics.values()):
             if topic.origin is None:
                 continue
-            unclean = False
+            saved = by_topic.get(topic.name, {})
+            resume = self._resume_at.get((topic.name, self.me))
             for ch in topic.channels.values():
-                if ch.windows is None:
-                    continue
-                for (name, origin), doc in docs.items():
-                    if name != topic.name:
-                        continue
-                    unclean = unclean or not doc.get("clean", False)
-                    saved = doc.get("channels", {}).get(ch.name)
-                    if saved is not None:
-                        try:
-                            ch.windows[origin] = DoneWindow.decode(saved)
-                        except ValueError as err:
-                            log.error("CLUSTER: %s: %s", topic.name, err)
-                    elif origin == self.me and isinstance(doc.get("handed"), int):
-                        # Created after that checkpoint: it had nothing before its hand-off.
-                        now = ch.windows.get(origin)
-                        low = doc["handed"] if now is None else min(doc["handed"], now.low)
-                        ch.windows[origin] = DoneWindow(low)
-                resume = self._resume_at.get((topic.name, self.me))
-                if resume is not None:
-                    # Adopted below ``resume``; from there on it is this node's (what it was
-                    # handed after a take-back, before the crash, included).
-                    ch.windows[self.me] = DoneWindow(resume)
-                    unclean = True
-            if unclean:
+                if ch.windows is not None:
+                    self._restore_windows(ch, saved, resume)
+            if resume is not None or any(not doc.get("clean", False) for doc in saved.values()):
                 rebuild.extend((topic, ch) for ch in topic.channels.values() if ch.windows)
         for topic, ch in rebuild:
             await self._rebuild(topic, ch)
+
+    def _restore_windows(
+        self, ch: Channel, saved: Mapping[int, dict[str, Any]], resume: int | None
+    ) -> None:
+        """A channel's windows as its topic's checkpoints (by partition) hold them."""
+        windows = ch.windows
+        assert windows is not None
+        for origin, doc in saved.items():
+            window = doc.get("channels", {}).get(ch.name)
+            if window is not None:
+                try:
+                    windows[origin] = DoneWindow.decode(window)
+                except ValueError as err:
+                    log.error("CLUSTER: %s:%s: %s", ch.topic.name, ch.name, err)
+            elif origin == self.me and isinstance(doc.get("handed"), int):
+                # Created after that checkpoint: it had nothing before its hand-off.
+                now = windows.get(origin)
+                windows[origin] = DoneWindow(
+                    doc["handed"] if now is None else min(doc["handed"], now.low)
+                )
+        if resume is not None:
+            # Adopted below ``resume``; from there on it is this node's (what it was handed
+            # after a take-back, before the crash, included).
+            windows[self.me] = DoneWindow(resume)
 
     def hold_adopted(self) -> None:
         """Own partitions adopted by another node: their hand-off waits until this node leads
@@ -377,35 +383,27 @@ class Checkpoints:
             storage = str(doc.get("storage", ""))
             if (holder, storage) == self.member.me or self.live((holder, storage)):
                 continue
-            job = (p.topic, p.origin, holder)
-            if job in self._adopting:
-                continue
-            ends = [w.get("end") for w in doc.get("channels", {}).values() if isinstance(w, dict)]
+            theirs: dict[str, DoneWindow] = {}
+            for name, saved in doc.get("channels", {}).items():
+                try:
+                    theirs[name] = DoneWindow.decode(saved)
+                except ValueError as err:
+                    log.error("CLUSTER: checkpoint %s: %s", kv.key, err)
+            ends = [w.end for w in theirs.values()]
             if None in ends:
                 end = p.log.latest  # the origin's own windows: its partition ends here now
             else:
-                end = max([e for e in ends if isinstance(e, int)], default=0)
+                end = max([e for e in ends if e is not None], default=0)
             if p.hw < end:
                 continue  # not all of it is committed yet: the next tick
-            self._adopting.add(job)
-            try:
-                await self._adopt(p, holder, kv, doc, end)
-            finally:
-                self._adopting.discard(job)
+            for w in theirs.values():
+                w.close_at(end)
+            await self._adopt(p, holder, kv, theirs, end)
 
     async def _adopt(
-        self, p: Partition, holder: int, kv: KeyValue, doc: dict[str, Any], end: int
+        self, p: Partition, holder: int, kv: KeyValue, theirs: dict[str, DoneWindow], end: int
     ) -> None:
         part = (p.topic, p.origin)
-        theirs: dict[str, DoneWindow] = {}
-        for name, saved in doc.get("channels", {}).items():
-            try:
-                w = DoneWindow.decode(saved)
-            except ValueError as err:
-                log.error("CLUSTER: checkpoint %s: %s", kv.key, err)
-                continue
-            w.close_at(end)
-            theirs[name] = w
         topic = self.host.serve_topic(p.topic)
         self.track(topic)
         channels = {name: topic.get_channel(name) for name in theirs}
