@@ -265,23 +265,56 @@ def _shot(driver: Any, name: str) -> None:
         driver.save_screenshot(os.path.join(target, f"nsqadmin-{name}.png"))
 
 
-def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) -> None:
-    from selenium.webdriver.common.by import By
+def _wait(driver: Any) -> Any:
+    """A wait that looks again when the page's redraw (every 2 s, whole) replaced an element
+    between finding it and reading it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    return WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def _steady(read: Callable[[], Any]) -> Any:
+    """Find and read (or click) again if a redraw replaced the element in between: the page
+    redraws every 2 s, so a second try finds the new element."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(4):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            continue
+    return read()
+
+
+def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) -> None:
+    from selenium.webdriver.common.by import By
+
     lookupd, a, b = cluster
-    wait = WebDriverWait(browser, 20)
+    wait = _wait(browser)
+
+    def cells(row: str) -> list[str]:
+        return [td.text for td in browser.find_elements(By.XPATH, f"{row}/td")]
+
+    def text(css: str) -> str:
+        return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+    def points() -> int:
+        return int(browser.find_element(By.ID, "depth-chart").get_attribute("data-points"))
+
     base = f"http://127.0.0.1:{admin.port}"
     browser.get(f"{base}/topics")
-    row = wait.until(lambda d: d.find_element(By.XPATH, "//table[@id='topics']//tr[td/a='orders']"))
+    orders = "//table[@id='topics']//tr[td/a='orders']"
+    wait.until(lambda d: d.find_element(By.XPATH, orders))
     # depth 3: node b's topic has no channel yet; 8 messages; 1 channel
-    assert [td.text for td in row.find_elements(By.TAG_NAME, "td")][1:4] == ["3", "8", "1"]
+    assert _steady(lambda: cells(orders))[1:4] == ["3", "8", "1"]
     assert browser.find_element(By.ID, "crumbs").text == "Topics"
-    # The create form creates in nsqlookupd (as Go's).
-    form = browser.find_element(By.ID, "create")
-    form.find_element(By.NAME, "topic").send_keys("fresh")
-    form.find_element(By.NAME, "channel").send_keys("c")
-    form.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+    # The create form creates in nsqlookupd (as Go's); a redraw keeps what is typed.
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='topic']").click())
+    browser.switch_to.active_element.send_keys("fresh")
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='channel']").click())
+    browser.switch_to.active_element.send_keys("c")
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
     wait.until(lambda d: "fresh" in lookup_topics([lookupd.http_url]))
     _shot(browser, "topics")
     browser.get(f"{base}/topics/orders")
@@ -296,24 +329,26 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
         lambda d: int(d.find_element(By.ID, "depth-chart").get_attribute("data-points")) >= 3
     )
     # Axes: the value axis in messages, the time axis from the first sample to the last.
-    chart = browser.find_element(By.ID, "depth-chart")
-    assert chart.find_element(By.CSS_SELECTOR, "text.unit").text == "messages"
-    assert re.fullmatch(
-        r"\d\d:\d\d:\d\d", chart.find_element(By.CSS_SELECTOR, "[data-axis='end']").text
-    )
-    total = browser.find_element(By.CSS_SELECTOR, "#topic-nodes tr.total")
-    assert [td.text for td in total.find_elements(By.TAG_NAME, "td")][:3] == ["Total", "3", "3 + 0"]
+    assert _steady(lambda: text("#depth-chart text.unit")) == "messages"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", _steady(lambda: text("#depth-chart [data-axis='end']")))
+    assert _steady(lambda: cells("//*[@id='topic-nodes']//tr[@class='total']"))[:3] == [
+        "Total",
+        "3",
+        "3 + 0",
+    ]
     _shot(browser, "topic")
     # A reload draws the history the server kept, not an empty chart.
-    before = int(chart.get_attribute("data-points"))
+    before = _steady(points)
     browser.refresh()
-    points = wait.until(lambda d: d.find_elements(By.ID, "depth-chart"))[0]
-    assert int(points.get_attribute("data-points")) >= before
+    wait.until(lambda d: d.find_elements(By.ID, "depth-chart"))
+    assert _steady(points) >= before
     # Destructive buttons look destructive; pause, after confirming, pauses the real nodes.
-    assert "danger" in browser.find_element(
-        By.CSS_SELECTOR, "button[data-action='delete']"
-    ).get_attribute("class")
-    browser.find_element(By.CSS_SELECTOR, "button[data-action='pause']").click()
+    assert "danger" in _steady(
+        lambda: browser.find_element(By.CSS_SELECTOR, "button[data-action='delete']").get_attribute(
+            "class"
+        )
+    )
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "button[data-action='pause']").click())
     browser.switch_to.alert.accept()
     wait.until(lambda d: a.call(lambda: a.nsqd.topics["orders"].paused))
     assert b.call(lambda: b.nsqd.topics["orders"].paused)
@@ -323,11 +358,12 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     _shot(browser, "channel")
     node = f"127.0.0.1:{a.http_port}"
     browser.get(f"{base}/nodes")
-    row = wait.until(lambda d: d.find_element(By.XPATH, f"//table[@id='nodes']//tr[td/a='{node}']"))
-    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
-    assert cells[2:5] == ["127.0.0.1", str(a.tcp_port), str(a.http_port)] and cells[7] == "1"
+    mine = f"//table[@id='nodes']//tr[td/a='{node}']"
+    wait.until(lambda d: d.find_element(By.XPATH, mine))
+    row = _steady(lambda: cells(mine))
+    assert row[2:5] == ["127.0.0.1", str(a.tcp_port), str(a.http_port)] and row[7] == "1"
     _shot(browser, "nodes")
-    row.find_element(By.TAG_NAME, "a").click()
+    _steady(lambda: browser.find_element(By.XPATH, f"{mine}//a").click())
     wait.until(
         lambda d: d.find_elements(
             By.XPATH, "//table[@id='node-channels']//tr[td/a='orders / billing']"
@@ -338,7 +374,7 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     browser.get(f"{base}/lookup")
     tombstones = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[data-tombstone]"))
     assert len(tombstones) == 2  # orders, on each node
-    assert "fresh" in browser.find_element(By.ID, "inactive").text  # in lookupd, on no node
+    assert "fresh" in _steady(lambda: text("#inactive"))  # in lookupd, on no node
     _shot(browser, "lookup")
     browser.get(f"{base}/counter")
     wait.until(lambda d: d.find_element(By.ID, "counter").text == "48")
@@ -348,19 +384,18 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
 
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     lookupd, a, _ = cluster
     server = AdminThread(
         lookupd_http_addresses=[lookupd.http_url.removeprefix("http://")], admin_users=["ops"]
     )
     try:
-        wait = WebDriverWait(browser, 20)
+        wait = _wait(browser)
         browser.get(f"http://127.0.0.1:{server.port}/topics/orders/billing")
-        button = wait.until(
-            lambda d: d.find_element(By.CSS_SELECTOR, "button[data-action='empty']")
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "button[data-action='empty']"))
+        _steady(
+            lambda: browser.find_element(By.CSS_SELECTOR, "button[data-action='empty']").click()
         )
-        button.click()
         browser.switch_to.alert.accept()
         wait.until(lambda d: "refused: FORBIDDEN" in d.find_element(By.ID, "refused").text)
         assert a.call(lambda: a.nsqd.topics["orders"].channels["billing"].depth) == 5
@@ -579,7 +614,6 @@ def test_graphite_charts_direct_and_through_the_proxy(cluster: Any) -> None:
 
 def test_graphite_images_in_a_browser(browser: Any, cluster: Any) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     lookupd = cluster[0]
     graphite = Graphite()
@@ -590,7 +624,7 @@ def test_graphite_images_in_a_browser(browser: Any, cluster: Any) -> None:
     )
     try:
         browser.get(f"http://127.0.0.1:{server.port}/topics/orders")
-        wait = WebDriverWait(browser, 20)
+        wait = _wait(browser)
         img = wait.until(lambda d: d.find_element(By.ID, "graphite-rate"))
         wait.until(lambda d: d.execute_script("return arguments[0].naturalWidth", img) == 1)
         asked = len(graphite.queries)

@@ -248,6 +248,8 @@ async function topicsPage() {
     "</table>" + CREATE_FORM;
 }
 
+let drawn = null;  // the page's HTML as last drawn
+
 async function render() {
   try {
     let html;
@@ -258,9 +260,13 @@ async function render() {
     else if (route[0] === "lookup") html = await lookupPage();
     else if (route[0] === "counter") html = await counterPage();
     else html = await topicsPage();
-    // Keep a form being typed into: redraw everything else.
+    // Nothing changed since the last draw: keep the page as it is (a selection, a hover).
+    if (html === drawn) return;
+    drawn = html;
+    // Keep a form being typed into, and the field that has the focus: redraw everything else.
     const form = document.getElementById("create");
-    const typed = form && form.contains(document.activeElement) ? [form.topic.value, form.channel.value] : null;
+    const focused = form && form.contains(document.activeElement) ? document.activeElement.name : null;
+    const typed = focused ? [form.topic.value, form.channel.value] : null;
     // Graphite's images are drawn once per page, not at every 2 s redraw: keep the old ones.
     const kept = {};
     main.querySelectorAll("img[id^='graphite-']").forEach(img => { kept[img.id] = img; });
@@ -269,7 +275,11 @@ async function render() {
       const old = kept[img.id];
       if (old && old.getAttribute("src") === img.getAttribute("src")) img.replaceWith(old);
     });
-    if (typed) { const f = document.getElementById("create"); f.topic.value = typed[0]; f.channel.value = typed[1]; f.topic.focus(); }
+    if (typed) {
+      const f = document.getElementById("create");
+      f.topic.value = typed[0]; f.channel.value = typed[1];
+      (f.elements[focused] || f.topic).focus();
+    }
     main.querySelectorAll("button[data-action]").forEach(b =>
       b.addEventListener("click", () => act(route.slice(1).join("/"), b.dataset.action)));
     main.querySelectorAll("button[data-tombstone]").forEach(b =>
@@ -278,6 +288,7 @@ async function render() {
     if (f) f.addEventListener("submit", e => { e.preventDefault(); create(f); });
   } catch (e) {
     main.textContent = e.message;
+    drawn = null;
   }
 }
 render();
