@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .replication_harness import Etcd
+from .replication_harness import Etcd, Network
 
 
 @pytest.fixture
@@ -16,3 +16,11 @@ def etcd(tmp_path: Path) -> Iterator[Etcd]:
     server = Etcd(tmp_path)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def network() -> Iterator[Network]:
+    """Nodes in network namespaces of their own, for partitions (needs root and iptables)."""
+    net = Network()
+    yield net
+    net.close()

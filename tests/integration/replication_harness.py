@@ -343,8 +343,13 @@ class Cluster:
             raise
 
     def flags(self, node_id: int) -> list[str]:
+        node = self.node(node_id)
+        # In a namespace of its own a node is reached at its own address (nsqlookupd gives
+        # consumers the broadcast address).
+        own = [f"--broadcast-address={node.host}"] if node.netns else []
         return [
             f"--node-id={node_id}",
+            *own,
             *(f"--etcd-endpoints={url}" for url in self.etcd.urls),
             "--cluster-name=test",
             "--retention-time=1h",
@@ -519,6 +524,17 @@ def wait_leader(cluster: Cluster, topic: str, origin: int, timeout: float = 20) 
 
     wait_for(led, f"a leader of partition {topic}/{origin}", timeout=timeout)
     return found
+
+
+def led_elsewhere(cluster: Cluster, victim: Node, topic: str = "orders") -> bool:
+    """Some node other than ``victim`` leads ``victim``'s partition (``victim`` is not asked:
+    it may be cut off)."""
+    return any(
+        q["partition"] == victim.node_id and q["role"] == "leader"
+        for n in cluster.nodes
+        if n is not victim and n.alive
+        for q in n.json("GET", f"/topic/replication?topic={topic}")["partitions"]
+    )
 
 
 def replicate(cluster: Cluster, topic: str = "orders", **settings: object) -> None:

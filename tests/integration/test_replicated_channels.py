@@ -36,7 +36,9 @@ from .replication_harness import (
     Cluster,
     Etcd,
     History,
+    Network,
     Node,
+    led_elsewhere,
     power_loss,
     producing,
     replicate,
@@ -79,7 +81,7 @@ def cluster(tmp_path: Path, etcd: Etcd, lookupd: Process) -> Iterator[Cluster]:
 class Consumer:
     """A real NSQ client reading ``TOPIC``/``CHANNEL`` through nsqlookupd, in its own process."""
 
-    def __init__(self, client: str, lookupd: Process, out: Path) -> None:
+    def __init__(self, client: str, lookupd_http: str, out: Path) -> None:
         self.out = out
         self.client = client
         self.log = out.with_suffix(".log").open("wb")
@@ -88,7 +90,7 @@ class Consumer:
                 sys.executable,
                 str(CONSUMER),
                 f"--client={client}",
-                f"--lookupd=http://127.0.0.1:{lookupd.port('HTTP')}",
+                f"--lookupd=http://{lookupd_http}",
                 f"--topic={TOPIC}",
                 f"--channel={CHANNEL}",
                 f"--out={out}",
@@ -116,9 +118,11 @@ class Consumer:
 
 @contextlib.contextmanager
 def consuming(tmp_path: Path, lookupd: Process) -> Iterator[list[Consumer]]:
+    """A pynsq and a gnsq consumer of ``TOPIC``/``CHANNEL``, given only ``lookupd``'s address."""
+    address = lookupd.listening("HTTP")
     group = [
-        Consumer("pynsq", lookupd, tmp_path / "pynsq.txt"),
-        Consumer("gnsq", lookupd, tmp_path / "gnsq.txt"),
+        Consumer("pynsq", address, tmp_path / "pynsq.txt"),
+        Consumer("gnsq", address, tmp_path / "gnsq.txt"),
     ]
     try:
         yield group
@@ -475,3 +479,77 @@ def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
             pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
     wait_for(lambda: checkpoint(n1, 1)[CHANNEL]["low"] > before, "checkpoints moving again")
     assert "Traceback" not in "".join(n.log.read_text() for n in cluster.nodes)
+
+
+@pytest.mark.timeout(900)  # scaled by PYNSQD_FAULT_SCALE
+@pytest.mark.parametrize("cut", ["etcd", "everything"])
+def test_consumers_lose_nothing_when_a_node_is_cut_off(
+    tmp_path: Path, network: Network, cut: str
+) -> None:
+    """Each node in turn is cut off under load (iptables DROP inside its network namespace),
+    with a pynsq and a gnsq consumer reading through nsqlookupd: from etcd only (its consumers,
+    producers and peers still reach it while another node takes its partition over), or from
+    everything (etcd, its peers, nsqlookupd, the consumers and the producers). Every message
+    acknowledged before the cut reaches the consumers before the heal; after it the node
+    rejoins and leads its partition again; no consumer is restarted; duplicates stay within
+    the bound."""
+    etcd = Etcd(tmp_path, host=network.etcd)
+    lookupd = Process(
+        "nsqlookupd",
+        f"--tcp-address={network.harness}:0",
+        f"--http-address={network.harness}:0",
+        f"--broadcast-address={network.harness}",
+    )
+    cluster: Cluster | None = None
+    try:
+        cluster = Cluster(
+            tmp_path,
+            etcd,
+            3,
+            f"--lookupd-tcp-address={network.harness}:{lookupd.port('TCP')}",
+            network=network,
+        )
+        prepare(cluster)
+        history = History()
+        with consuming(tmp_path, lookupd) as group:
+            with producing(cluster, history):
+                for cycle in range(round(3 * SCALE)):
+                    victim = cluster.node(cycle % 3 + 1)
+                    want = len(history.ok) + 100
+                    wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+                    acked = set(history.ok)
+                    peers = [n.host for n in cluster.nodes if n is not victim]
+                    everything = [*peers, network.etcd, network.harness]
+                    network.cut(victim, [network.etcd] if cut == "etcd" else everything)
+                    wait_for(
+                        lambda victim=victim: led_elsewhere(cluster, victim),
+                        f"a takeover of node {victim.node_id}'s partition",
+                        20,
+                    )
+                    if not until(lambda acked=acked: acked <= set(received(group)), 60):
+                        missing = sorted(acked - set(received(group)))
+                        pytest.fail(
+                            f"cut {cycle}: {len(missing)} acknowledged messages not delivered "
+                            f"while node {victim.node_id} was cut off: {missing[:5]}"
+                        )
+                    network.heal(victim)
+                    wait_in_sync(cluster, TOPIC, victim.node_id)
+                    for c in group:
+                        assert c.p.poll() is None, f"the {c.client} consumer exited"
+            acked = set(history.ok)
+            if not until(lambda: acked <= set(received(group)), 60):
+                missing = sorted(acked - set(received(group)))
+                pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
+            seen = received(group)
+        assert not set(seen) - history.invoked, "a body no one published"
+        duplicates = sum(n - 1 for n in seen.values() if n > 1)
+        print(
+            f"cut from {cut}: acknowledged {len(acked)}, delivered {len(seen)} distinct, "
+            f"{duplicates} duplicates ({duplicates / max(len(acked), 1):.1%})"
+        )
+        assert duplicates <= len(acked) * 0.3
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        lookupd.stop()
+        etcd.stop()

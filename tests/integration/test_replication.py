@@ -31,6 +31,7 @@ from .replication_harness import (
     Network,
     Node,
     check,
+    led_elsewhere,
     partition_digest,
     power_loss,
     producing,
@@ -641,13 +642,6 @@ def test_power_loss_of_every_node(
         cluster.stop()
 
 
-@pytest.fixture
-def network() -> Iterator[Network]:
-    net = Network()
-    yield net
-    net.close()
-
-
 @pytest.mark.timeout(900)  # many cycles of real faults; scaled by PYNSQD_FAULT_SCALE
 @pytest.mark.parametrize("cut", ["followers", "etcd", "both"])
 def test_a_partitioned_leader_loses_nothing_acknowledged(
@@ -695,7 +689,7 @@ def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None
                 wait_in_sync(cluster, TOPIC, victim.node_id, size=1)
             else:
                 wait_for(
-                    lambda victim=victim: _led_elsewhere(cluster, victim),
+                    lambda victim=victim: led_elsewhere(cluster, victim),
                     f"a takeover of node {victim.node_id}'s partition",
                     20,
                 )
@@ -716,16 +710,6 @@ def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None
             assert stale == [], f"cycle {cycle}: node {victim.node_id} answered OK while cut off"
             wait_in_sync(cluster, TOPIC, victim.node_id)
     verify(cluster, history)
-
-
-def _led_elsewhere(cluster: Cluster, victim: Node) -> bool:
-    """Some node other than ``victim`` leads ``victim``'s partition."""
-    return any(
-        q["partition"] == victim.node_id and q["role"] == "leader"
-        for n in cluster.nodes
-        if n is not victim
-        for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
-    )
 
 
 def test_a_follower_on_a_full_disk_leaves_the_in_sync_set_and_rejoins(tmp_path: Path) -> None:
