@@ -163,27 +163,42 @@ SCALE = float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
 
 
 def cycles(
-    cluster: Cluster, history: History, group: list[Consumer], count: int, fault: str
+    cluster: Cluster,
+    history: History,
+    group: list[Consumer],
+    count: int,
+    fault: str,
+    network: Network | None = None,
 ) -> None:
     """``count`` faults of a node, each: every body acknowledged before it reaches the
     consumers (through the takeover), then the node returns and takes its partition back.
     ``kill``: kill -9 of a random node; ``pause``: SIGSTOP of a random node past its lease;
-    ``restart``: a rolling restart (SIGTERM, each node in turn)."""
+    ``restart``: a rolling restart (SIGTERM, each node in turn); ``cut-etcd`` and
+    ``cut-everything``: each node in turn cut off (``network``) from etcd only, or from etcd,
+    its peers, nsqlookupd, the consumers and the producers, then healed."""
     rng = random.Random(fault)
+    in_turn = fault == "restart" or fault.startswith("cut")
     for cycle in range(count):
         want = len(history.ok) + 100
         wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
         victim: Node = (
-            cluster.nodes[cycle % len(cluster.nodes)]
-            if fault == "restart"
-            else rng.choice(cluster.nodes)
+            cluster.nodes[cycle % len(cluster.nodes)] if in_turn else rng.choice(cluster.nodes)
         )
         acked = set(history.ok)
         if fault == "pause":
             victim.pause()
+        elif network is not None and fault.startswith("cut"):
+            peers = [n.host for n in cluster.nodes if n is not victim]
+            everything = [*peers, network.etcd, network.harness]
+            network.cut(victim, [network.etcd] if fault == "cut-etcd" else everything)
         else:
             victim.kill(signal.SIGTERM if fault == "restart" else signal.SIGKILL)
-        assert wait_leader(cluster, TOPIC, victim.node_id)["node"] != victim.node_id
+        # The victim is not asked (a cut-off node would not answer).
+        wait_for(
+            lambda victim=victim: led_elsewhere(cluster, victim),
+            f"a takeover of node {victim.node_id}'s partition",
+            20,
+        )
         if not until(lambda acked=acked: acked <= set(received(group)), 60):
             missing = sorted(acked - set(received(group)))
             pytest.fail(
@@ -191,10 +206,35 @@ def cycles(
                 f"{victim.node_id} went: {missing[:5]}, acked by "
                 f"{[history.acked_by.get(b) for b in missing[:5]]}"
             )
-        victim.resume() if fault == "pause" else victim.start()
+        if fault == "pause":
+            victim.resume()
+        elif network is not None and fault.startswith("cut"):
+            network.heal(victim)
+        else:
+            victim.start()
         wait_in_sync(cluster, TOPIC, victim.node_id)
         for c in group:
             assert c.p.poll() is None, f"the {c.client} consumer exited"
+
+
+def delivered_within_bound(history: History, group: list[Consumer], what: str) -> None:
+    """Every acknowledged body reaches the consumers, none that no one published, and the
+    duplicates stay within the bound. Duplicates come from what a node finished since its last
+    checkpoint and what was in flight (docs/replication.md): a few percent of the traffic. A
+    takeover that replayed from anywhere but the checkpoint (the partition's whole log, say)
+    would repeat every earlier message at each fault, many times what was acknowledged."""
+    acked = set(history.ok)
+    if not until(lambda: acked <= set(received(group)), 60):
+        missing = sorted(acked - set(received(group)))
+        pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
+    seen = received(group)
+    assert not set(seen) - history.invoked, "a body no one published"
+    duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    print(
+        f"{what}: acknowledged {len(acked)}, delivered {len(seen)} distinct, {duplicates} "
+        f"duplicates ({duplicates / max(len(acked), 1):.1%})"
+    )
+    assert duplicates <= len(acked) * 0.3
 
 
 @pytest.mark.timeout(1800)
@@ -212,22 +252,7 @@ def test_consumers_through_lookupd_lose_nothing_across_failovers(
     with consuming(tmp_path, lookupd) as group:
         with producing(cluster, history):
             cycles(cluster, history, group, faults, fault)
-        acked = set(history.ok)
-        if not until(lambda: acked <= set(received(group)), 60):
-            missing = sorted(acked - set(received(group)))
-            pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
-        seen = received(group)
-    assert not set(seen) - history.invoked, "a body no one published"
-    duplicates = sum(n - 1 for n in seen.values() if n > 1)
-    # Duplicates come from what the node finished since its last checkpoint and what was in
-    # flight (docs/replication.md): a few percent of the traffic. A takeover that replayed
-    # from anywhere but the checkpoint (the partition's whole log, say) would repeat every
-    # earlier message at each fault, many times what was acknowledged.
-    print(
-        f"{fault}: acknowledged {len(acked)}, delivered {len(seen)} distinct, {duplicates} "
-        f"duplicates ({duplicates / max(len(acked), 1):.1%}) over {faults} faults"
-    )
-    assert duplicates <= len(acked) * 0.3
+        delivered_within_bound(history, group, f"{fault} over {faults} faults")
 
 
 @pytest.mark.timeout(300)
@@ -511,43 +536,11 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
         )
         prepare(cluster)
         history = History()
+        faults = round(3 * SCALE)
         with consuming(tmp_path, lookupd) as group:
             with producing(cluster, history):
-                for cycle in range(round(3 * SCALE)):
-                    victim = cluster.node(cycle % 3 + 1)
-                    want = len(history.ok) + 100
-                    wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-                    acked = set(history.ok)
-                    peers = [n.host for n in cluster.nodes if n is not victim]
-                    everything = [*peers, network.etcd, network.harness]
-                    network.cut(victim, [network.etcd] if cut == "etcd" else everything)
-                    wait_for(
-                        lambda victim=victim: led_elsewhere(cluster, victim),
-                        f"a takeover of node {victim.node_id}'s partition",
-                        20,
-                    )
-                    if not until(lambda acked=acked: acked <= set(received(group)), 60):
-                        missing = sorted(acked - set(received(group)))
-                        pytest.fail(
-                            f"cut {cycle}: {len(missing)} acknowledged messages not delivered "
-                            f"while node {victim.node_id} was cut off: {missing[:5]}"
-                        )
-                    network.heal(victim)
-                    wait_in_sync(cluster, TOPIC, victim.node_id)
-                    for c in group:
-                        assert c.p.poll() is None, f"the {c.client} consumer exited"
-            acked = set(history.ok)
-            if not until(lambda: acked <= set(received(group)), 60):
-                missing = sorted(acked - set(received(group)))
-                pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
-            seen = received(group)
-        assert not set(seen) - history.invoked, "a body no one published"
-        duplicates = sum(n - 1 for n in seen.values() if n > 1)
-        print(
-            f"cut from {cut}: acknowledged {len(acked)}, delivered {len(seen)} distinct, "
-            f"{duplicates} duplicates ({duplicates / max(len(acked), 1):.1%})"
-        )
-        assert duplicates <= len(acked) * 0.3
+                cycles(cluster, history, group, faults, f"cut-{cut}", network)
+            delivered_within_bound(history, group, f"cut from {cut}, {faults} times")
     finally:
         if cluster is not None:
             cluster.stop()
