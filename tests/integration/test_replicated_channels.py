@@ -19,6 +19,8 @@ import random
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -546,3 +548,96 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
             cluster.stop()
         lookupd.stop()
         etcd.stop()
+
+
+@pytest.mark.timeout(600)
+def test_channel_admin_calls_race_load_and_a_takeover(
+    tmp_path: Path, cluster: Cluster, lookupd: Process
+) -> None:
+    """Channel admin calls on every node from four threads at once (rewind of the consumers'
+    channel and of scratch channels, create at an offset, empty, pause and unpause, config,
+    delete, /stats, /topic/replication) while two producers publish, a pynsq and a gnsq consumer
+    read, and a node is killed -9, taken over, and comes back: every answer is a 200 or a
+    refusal that names its reason, never a 500; no node logs a traceback; every acknowledged
+    message reaches the consumers and nothing else does."""
+    prepare(cluster)
+    history = History()
+    answers: Counter[tuple[str, int]] = Counter()
+    refused: list[tuple[str, int, bytes]] = []
+    stop = threading.Event()
+
+    def call(rng: random.Random) -> tuple[str, str]:
+        scratch = f"s{rng.randrange(3)}"
+        recent = int(time.time() * 1000) - 200  # the last 0.2 s of the log
+        return rng.choice(
+            [
+                ("POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&timestamp={recent}"),
+                ("POST", f"/channel/create?topic={TOPIC}&channel={scratch}&offset=0"),
+                ("POST", f"/channel/rewind?topic={TOPIC}&channel={scratch}&offset=0"),
+                ("POST", f"/channel/empty?topic={TOPIC}&channel={scratch}"),
+                ("POST", f"/channel/delete?topic={TOPIC}&channel={scratch}"),
+                ("POST", f"/channel/config?topic={TOPIC}&channel={scratch}&max_attempts=5"),
+                ("POST", f"/channel/pause?topic={TOPIC}&channel={CHANNEL}"),
+                ("POST", f"/channel/unpause?topic={TOPIC}&channel={CHANNEL}"),
+                ("GET", f"/stats?format=json&topic={TOPIC}"),
+                ("GET", f"/topic/replication?topic={TOPIC}"),
+            ]
+        )
+
+    def hammer(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            node = rng.choice(cluster.nodes)
+            method, path = call(rng)
+            try:
+                status, body = node.http(method, path)
+            except (OSError, AssertionError):  # the killed node, or one being started
+                continue
+            name = path.split("?")[0]
+            answers[(name, status)] += 1
+            if status != 200:
+                refused.append((name, status, body))
+
+    threads = [threading.Thread(target=hammer, args=(i,), daemon=True) for i in range(4)]
+    with consuming(tmp_path, lookupd) as group:
+        with producing(cluster, history):
+            for t in threads:
+                t.start()
+            try:
+                for _ in range(2):
+                    want = len(history.ok) + 300
+                    wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
+                victim = cluster.node(2)
+                acked = set(history.ok)
+                victim.kill()
+                before = sum(answers.values())
+                wait_for(
+                    lambda: led_elsewhere(cluster, victim), "a takeover of node 2's partition", 20
+                )
+                wait_for(
+                    lambda: sum(answers.values()) > before + 200, "admin calls during the takeover"
+                )
+                victim.start()
+                wait_in_sync(cluster, TOPIC, victim.node_id)
+                want = len(history.ok) + 300
+                wait_for(lambda: len(history.ok) > want, "publishes after the return")
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(30)
+        for n in cluster.nodes:  # a pause may have been the last call on a node
+            assert n.http("POST", f"/channel/unpause?topic={TOPIC}&channel={CHANNEL}")[0] == 200
+        acked = set(history.ok)
+        if not until(lambda: acked <= set(received(group)), 60):
+            missing = sorted(acked - set(received(group)))
+            pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
+        assert not set(received(group)) - history.invoked, "a body no one published"
+        for c in group:
+            assert c.p.poll() is None, f"the {c.client} consumer exited"
+    print(sorted(answers.items()))
+    assert answers[("/channel/rewind", 200)] and answers[("/channel/create", 200)]
+    for name, status, body in refused:
+        assert status in (404, 409), (name, status, body)
+        assert json.loads(body).get("message"), (name, status, body)
+    for n in cluster.nodes:
+        assert "Traceback" not in n.log.read_text()
