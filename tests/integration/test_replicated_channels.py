@@ -298,8 +298,8 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
 ) -> None:
     """The node that takes a partition over delivers the same message: the same ID (an offset
     ID names the partition and offset), the same timestamp (so --msg-ttl keeps counting from the
-    publish), its attempts so far (so --max-attempts dead-letters it on the new node), and a
-    DPUB's due time."""
+    publish), its attempts so far (so --max-attempts dead-letters it on the new node), a DPUB's
+    due time, and a REQ's delay."""
     prepare(cluster)
     for n in cluster.nodes:
         status, body = n.http(
@@ -311,21 +311,31 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     assert n1.proc is not None
     assert n1.http("POST", f"/pub?topic={TOPIC}", b"poison")[0] == 200
     assert n1.http("POST", f"/pub?topic={TOPIC}&defer=600000", b"later")[0] == 200
+    assert n1.http("POST", f"/pub?topic={TOPIC}", b"held")[0] == 200
     before: list[tuple[bytes, int, int, bytes]] = []
+    held: list[bytes] = []
 
     def on_n1(c: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]):
         for m in zip(ids, ts, att, bodies, strict=True):
+            if m[3] == b"held":  # REQ'd for ten minutes: still deferred after the takeover
+                held.append(m[0])
+                c.req(m[0], 600_000)
+                continue
             before.append(m)
-            # Delivered twice here: REQ'd at once, then for a minute (a REQ's delay is not
-            # kept across a takeover; its attempts are).
-            c.req(m[0], 0 if len(before) == 1 else 60_000)
+            # Delivered twice here: REQ'd at once, then for 5 s (due on the new node, which
+            # delivers it a third time once it is due). A third delivery here goes unanswered.
+            if len(before) <= 2:
+                c.req(m[0], 0 if len(before) == 1 else 5_000)
 
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
     conn.subscribe(TOPIC, CHANNEL, on_n1, rdy=10)
-    wait_for(lambda: len(before) == 2, "two deliveries of the message on node 1")
+    wait_for(lambda: len(before) >= 2 and held, "two deliveries of the message on node 1")
     wait_for(
-        lambda: checkpoint(n1, 1).get(CHANNEL, {}).get("attempts_max") == 2,
-        "its attempts in node 1's checkpoint",
+        lambda: (
+            checkpoint(n1, 1).get(CHANNEL, {}).get("attempts_max") == 2
+            and checkpoint(n1, 1).get(CHANNEL, {}).get("deferred_kept") == 2
+        ),
+        "its attempts and the REQs' due times in node 1's checkpoint",
     )
     n1.kill()
     conn.close()
@@ -348,8 +358,12 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
         conn.subscribe(TOPIC, CHANNEL, on_leader, rdy=10)
         dead = lambda: leader.json("GET", "/stats?format=json&topic=dead")["topics"]  # noqa: E731
         wait_for(lambda: dead() and dead()[0]["message_count"] == 1, "the dead-lettered message")
-        # The DPUB came over deferred (due in ten minutes), not due at once.
-        wait_for(lambda: channel()["deferred_count"] == 1, "the DPUB deferred on the new node")
+        # The DPUB and the REQ'd message came over deferred (due in ten minutes), not due at
+        # once.
+        wait_for(
+            lambda: channel()["deferred_count"] == 2,
+            "the DPUB and the REQ deferred on the new node",
+        )
     finally:
         conn.close()
     poison = [m for m in after if m[3] == b"poison"]
@@ -357,10 +371,11 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     assert poison[0][:2] == before[0][:2], "the same ID and timestamp"
     assert poison[0][2] == 3, "attempts go on from the two on node 1"
     assert [m for m in after if m[3] == b"later"] == [], "a DPUB is not delivered before it is due"
+    assert [m for m in after if m[3] == b"held"] == [], "nor a REQ'd message before its delay"
     # /stats shows the channel's window of the partition it took over: offset 0 (dead-lettered)
-    # done, offset 1 (the DPUB) pending.
+    # done, offsets 1 (the DPUB) and 2 (the REQ'd message) pending.
     windows = channel()["replicated"]["windows"]
-    assert (windows["1"]["low"], windows["1"]["end"]) == (1, 2)
+    assert (windows["1"]["low"], windows["1"]["end"]) == (1, 3)
 
 
 @pytest.mark.timeout(300)

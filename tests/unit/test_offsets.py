@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +127,22 @@ def test_attempts_are_kept_for_pending_messages_and_merged_by_the_highest() -> N
     assert DoneWindow.decode({"low": 0, "end": None, "done": []}).attempts == {}
 
 
+def test_a_reqs_due_time_is_kept_with_its_attempts_and_goes_with_them() -> None:
+    w = DoneWindow(0)
+    w.note_attempts(5, 1, due_ms=1_000)
+    w.note_attempts(6, 1, due_ms=2_000)
+    assert DoneWindow.decode(w.encode()).due == {5: 1_000, 6: 2_000}
+    w.note_attempts(6, 2)  # REQ'd again with no delay: due at once
+    assert w.due == {5: 1_000}
+    assert w.union(DoneWindow(0, None, attempts={5: 1}, due={5: 3_000})).due == {5: 3_000}
+    w.mark(5)  # FIN'd: nothing to keep
+    assert w.due == {} and w.attempts == {6: 2}
+    w.note_attempts(7, 1, due_ms=4_000)
+    w.done_below(8)
+    assert w.due == {}
+    assert DoneWindow.decode({"low": 0, "end": None, "done": []}).due == {}
+
+
 def test_a_replicated_channel_marks_notes_and_screens_by_offset_id() -> None:
     """On a fake loop: FIN and expiry mark offsets done, a REQ notes attempts, and a message
     whose offset is no longer pending here (taken over) is dropped at delivery, counted."""
@@ -153,6 +171,11 @@ def test_a_replicated_channel_marks_notes_and_screens_by_offset_id() -> None:
     ch.finish_many(c, [got[0].id, got[2].id])
     assert ch.windows[1].pending(5) == [(1, 2), (3, 5)]
     ch.requeue(c, got[1].id, 0)
-    assert ch.windows[1].attempts == {1: 1}
+    assert ch.windows[1].attempts == {1: 1} and ch.windows[1].due == {}
     loop.run_ready()
     assert [decode_offset_id(m.id) for m in c.take()] == [(1, 1)]
+    # A REQ with a delay: the window keeps when it is due (wall clock), for a takeover.
+    before = time.time_ns() // 1_000_000
+    ch.requeue(c, got[3].id, 60.0)
+    after = time.time_ns() // 1_000_000
+    assert before + 60_000 <= ch.windows[1].due[3] <= after + 60_000

@@ -78,9 +78,10 @@ class ChannelHost(Protocol):
         tlog: TopicLog,
         ranges: list[tuple[int, int]],
         attempts: Mapping[int, int],
+        due: Mapping[int, int],
     ) -> int:
-        """Put the log's messages at ``ranges`` into ``channel``, with ``attempts`` by offset;
-        returns how many."""
+        """Put the log's messages at ``ranges`` into ``channel``, with ``attempts`` and REQ
+        ``due`` times (wall clock, ms) by offset; returns how many."""
 
     def joined(self) -> None:
         """Channels deliver and logs hand off (held while joining)."""
@@ -358,7 +359,7 @@ class Checkpoints:
                 continue
             upto = topic.log.handed if origin == self.me and topic.log is not None else src.latest
             ranges = [(s, upto if e is None else e) for s, e in w.pending(upto)]
-            count += await self.host.replay(topic, ch, src, ranges, w.attempts)
+            count += await self.host.replay(topic, ch, src, ranges, w.attempts, w.due)
         log.warning(
             "CHANNEL(%s:%s): rebuilt after a crash from its checkpoint: %d messages put back "
             "from the log (what was in flight or deferred included)",
@@ -455,7 +456,7 @@ class Checkpoints:
         total = 0
         for name, w in theirs.items():
             ranges = [(s, e) for s, e in w.pending(end) if e is not None]
-            total += await self.host.replay(topic, channels[name], p.log, ranges, w.attempts)
+            total += await self.host.replay(topic, channels[name], p.log, ranges, w.attempts, w.due)
         log.warning(
             "CLUSTER: partition %s: took over node %d's channels of it (%s): %d messages "
             "pending there put back here",

@@ -459,6 +459,7 @@ class Replicator:
                     "done_ranges": len(w["done"]),
                     "attempts_kept": len(w.get("attempts", {})),
                     "attempts_max": max(w.get("attempts", {}).values(), default=0),
+                    "deferred_kept": len(w.get("due", {})),
                 }
                 for name, w in doc.get("channels", {}).items()
                 if isinstance(w, dict) and isinstance(w.get("done"), list)

@@ -465,15 +465,16 @@ class Channel:
             keep.append(m)
         return keep
 
-    def _note_attempts(self, msgs: list[Message]) -> None:
-        """Messages back in the queue: their attempts so far, for a takeover to go on from."""
+    def _note_attempts(self, msgs: list[Message], due_ms: int = 0) -> None:
+        """Messages back in the queue: their attempts so far (and when a REQ's delay ends), for
+        a takeover to go on from."""
         windows = self.windows
         assert windows is not None
         for m in msgs:
             at = decode_offset_id(m.id)
             w = windows.get(at[0]) if at is not None else None
             if w is not None and at is not None:
-                w.note_attempts(at[1], m.attempts)
+                w.note_attempts(at[1], m.attempts, due_ms)
 
     def mark_done(self, ids: list[bytes]) -> None:
         """These messages are done with here (FIN, expired, dead-lettered)."""
@@ -586,7 +587,8 @@ class Channel:
         client.requeue_count += 1
         self.requeue_count += 1
         if self.windows is not None:
-            self._note_attempts([msg])
+            due_ms = time.time_ns() // 1_000_000 + int(timeout * 1000) if timeout > 0 else 0
+            self._note_attempts([msg], due_ms)
         if timeout > 0:
             self.deferred[msg_id] = msg
             self.tq.push(msg, self.loop.time() + timeout)

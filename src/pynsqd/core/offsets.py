@@ -88,9 +88,10 @@ def decode_offset_id(msg_id: bytes) -> tuple[int, int] | None:
 class DoneWindow:
     """One channel's responsibility for one partition: pending = ``[low, end)`` minus
     ``done`` (sorted, disjoint, non-adjacent ``[start, stop)`` ranges above ``low``); and the
-    attempts of pending messages that went back to the queue (a takeover keeps counting)."""
+    attempts of pending messages that went back to the queue (a takeover keeps counting), and
+    when those a REQ deferred are due (wall clock, ms: a takeover keeps them deferred)."""
 
-    __slots__ = ("attempts", "changed", "done", "end", "low")
+    __slots__ = ("attempts", "changed", "done", "due", "end", "low")
 
     def __init__(
         self,
@@ -98,11 +99,13 @@ class DoneWindow:
         end: int | None = None,
         done: list[list[int]] | None = None,
         attempts: dict[int, int] | None = None,
+        due: dict[int, int] | None = None,
     ) -> None:
         self.low = low
         self.end = end
         self.done: list[list[int]] = done if done is not None else []
         self.attempts: dict[int, int] = attempts if attempts is not None else {}
+        self.due: dict[int, int] = due if due is not None else {}
         self.changed = True
 
     def __repr__(self) -> str:
@@ -123,6 +126,7 @@ class DoneWindow:
         self.changed = True
         if self.attempts:
             self.attempts.pop(off, None)
+            self.due.pop(off, None)
         done = self.done
         if off == low:
             low += 1
@@ -146,12 +150,17 @@ class DoneWindow:
         if len(done) > MAX_RANGES:
             done.pop()  # forgotten: delivered again after a takeover, never lost
 
-    def note_attempts(self, off: int, attempts: int) -> None:
-        """A pending message went back to the queue after ``attempts`` deliveries."""
+    def note_attempts(self, off: int, attempts: int, due_ms: int = 0) -> None:
+        """A pending message went back to the queue after ``attempts`` deliveries; deferred
+        until ``due_ms`` (wall clock) by a REQ with a delay, or due at once (0)."""
         if self.is_pending(off) and (
             off in self.attempts or len(self.attempts) < MAX_ATTEMPTS_KEPT
         ):
             self.attempts[off] = attempts
+            if due_ms:
+                self.due[off] = due_ms
+            else:
+                self.due.pop(off, None)
             self.changed = True
 
     def is_pending(self, off: int) -> bool:
@@ -180,12 +189,14 @@ class DoneWindow:
     def _prune(self) -> None:
         if self.attempts:
             self.attempts = {o: n for o, n in self.attempts.items() if self.is_pending(o)}
+            self.due = {o: t for o, t in self.due.items() if o in self.attempts}
 
     def close(self) -> None:
         """Nothing is pending any more (another node took this responsibility over)."""
         self.end = self.low
         self.done = []
         self.attempts = {}
+        self.due = {}
         self.changed = True
 
     def close_at(self, end: int) -> None:
@@ -237,6 +248,9 @@ class DoneWindow:
         w.attempts = {**self.attempts, **other.attempts}
         for o, n in self.attempts.items():
             w.attempts[o] = max(n, w.attempts[o])
+        w.due = {**self.due, **other.due}
+        for o, t in self.due.items():
+            w.due[o] = max(t, w.due[o])
         w._prune()
         return w
 
@@ -244,6 +258,8 @@ class DoneWindow:
         doc: dict[str, Any] = {"low": self.low, "end": self.end, "done": self.done}
         if self.attempts:
             doc["attempts"] = {str(o): n for o, n in sorted(self.attempts.items())}
+        if self.due:
+            doc["due"] = {str(o): t for o, t in sorted(self.due.items())}
         return doc
 
     @classmethod
@@ -253,11 +269,12 @@ class DoneWindow:
             low, end, done = doc["low"], doc["end"], doc["done"]
             ranges = [[int(s), int(e)] for s, e in done]
             attempts = {int(o): int(n) for o, n in doc.get("attempts", {}).items()}
+            due = {int(o): int(t) for o, t in doc.get("due", {}).items()}
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"bad channel window {doc!r}") from err
         if not isinstance(low, int) or not (end is None or isinstance(end, int)):
             raise ValueError(f"bad channel window {doc!r}")
-        return cls(low, end, ranges, attempts)
+        return cls(low, end, ranges, attempts, due)
 
 
 def _merge(ranges: list[tuple[int, int | None]]) -> list[tuple[int, int | None]]:

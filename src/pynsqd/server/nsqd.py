@@ -327,8 +327,9 @@ class NSQD:
         tlog: TopicLog,
         ranges: list[tuple[int, int]],
         attempts: Mapping[int, int],
+        due: Mapping[int, int],
     ) -> int:
-        return await self.retention.replay_ranges(topic, channel, tlog, ranges, attempts)
+        return await self.retention.replay_ranges(topic, channel, tlog, ranges, attempts, due)
 
     def joined(self) -> None:
         """The cluster's state is read (and replicated channels restored): deliver."""

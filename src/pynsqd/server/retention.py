@@ -365,6 +365,7 @@ class Retention:
         tlog: TopicLog,
         ranges: list[tuple[int, int]],
         attempts: Mapping[int, int] | None = None,
+        due: Mapping[int, int] | None = None,
     ) -> int:
         """Put the messages at ``ranges`` of ``tlog`` (a topic's log or a copy of another
         node's partition) into ``channel``, a batch per loop turn, with their IDs and due
@@ -372,7 +373,9 @@ class Retention:
         The ranges are committed offsets (visible or not yet: a node restarting knows its high
         watermark again only once its followers fetch). Offsets retention removed meanwhile are
         skipped, and said so. ``attempts``: deliveries so far, by offset (a takeover goes on
-        counting). A long one says how far it is every ``PROGRESS_EVERY`` seconds."""
+        counting); ``due``: when a REQ's delay ends, by offset (wall clock, ms: the message
+        stays deferred until then). A long one says how far it is every ``PROGRESS_EVERY``
+        seconds."""
         count = 0
         total = sum(stop - start for start, stop in ranges)
         said = time.monotonic()
@@ -408,6 +411,11 @@ class Retention:
                 if attempts:
                     for i, m in enumerate(msgs):
                         m.attempts = attempts.get(offset + i, 0)
+                if due:
+                    for i, m in enumerate(msgs):
+                        until_ms = due.get(offset + i)
+                        if until_ms is not None:
+                            m.defer_until_ns = until_ms * 1_000_000
                 # Acknowledged messages: a bound cannot refuse them (as a REQ past the bound);
                 # drop-oldest trims as after any publish.
                 kept = channel.put_many(msgs, mixed=True)
