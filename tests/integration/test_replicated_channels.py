@@ -389,13 +389,16 @@ def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Clus
     assert n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))[0] == 200
     got: list[bytes] = []
 
-    def fin_all(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
-        got.extend(b)
-        c.fin_many(ids)
+    def fin_into(out: list[bytes]) -> Any:
+        def on(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
+            out.extend(b)
+            c.fin_many(ids)
+
+        return on
 
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
     try:
-        conn.subscribe(TOPIC, CHANNEL, fin_all, rdy=100)
+        conn.subscribe(TOPIC, CHANNEL, fin_into(got), rdy=100)
         wait_for(lambda: sorted(got) == sorted(bodies), "the first delivery")
         status, body = n1.http("POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&offset=5")
         assert status == 200, body
@@ -406,14 +409,9 @@ def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Clus
     status, body = n1.http("POST", f"/channel/create?topic={TOPIC}&channel=late&offset=10")
     assert status == 200, body
     late: list[bytes] = []
-
-    def fin_late(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
-        late.extend(b)
-        c.fin_many(ids)
-
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
     try:
-        conn.subscribe(TOPIC, "late", fin_late, rdy=100)
+        conn.subscribe(TOPIC, "late", fin_into(late), rdy=100)
         wait_for(lambda: sorted(late) == sorted(bodies[10:]), "offsets 10-19 on the new channel")
     finally:
         conn.close()

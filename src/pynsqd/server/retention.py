@@ -408,14 +408,11 @@ class Retention:
                     break
                 if not msgs or nxt <= offset:
                     break
-                if attempts:
-                    for i, m in enumerate(msgs):
-                        m.attempts = attempts.get(offset + i, 0)
-                if due:
-                    for i, m in enumerate(msgs):
-                        until_ms = due.get(offset + i)
-                        if until_ms is not None:
-                            m.defer_until_ns = until_ms * 1_000_000
+                if attempts:  # a REQ's due time is kept only beside its attempts
+                    for off, m in enumerate(msgs, offset):
+                        m.attempts = attempts.get(off, 0)
+                        if due and off in due:
+                            m.defer_until_ns = due[off] * 1_000_000
                 # Acknowledged messages: a bound cannot refuse them (as a REQ past the bound);
                 # drop-oldest trims as after any publish.
                 kept = channel.put_many(msgs, mixed=True)
