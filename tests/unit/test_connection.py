@@ -15,16 +15,20 @@ import snappy
 
 from pynsqd.core.backend import DummyBackend
 from pynsqd.core.channel import Channel
+from pynsqd.core.message import Message as CoreMessage
 from pynsqd.core.topic import Topic
 from pynsqd.options import Options
 from pynsqd.protocol import encode
 from pynsqd.protocol.frames import (
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
+    MESSAGE_FRAME_STARTS,
     Frame,
     FrameReader,
     Message,
     decode_message,
+    encode_message_frame,
+    message_frame_start,
 )
 from pynsqd.server.busypoll import BusyPoll
 from pynsqd.server.nsqd import protocol_config
@@ -263,6 +267,32 @@ def test_output_buffer_flushes_at_once_when_the_client_is_no_longer_ready() -> N
     _, t = subscriber(ctx, loop, rdy=1, output_buffer_timeout=1000)
     publish(ctx, loop, b"last one it takes")
     assert [m.body for m in messages(t.frames())] == [b"last one it takes"]
+
+
+def test_message_frames_built_from_cached_parts_are_nsqds_frames() -> None:
+    # send_messages builds a frame from parts (its start by body size, timestamp + attempts once
+    # per run that shares them, id, body): byte for byte what nsqd writes, whatever mix of
+    # sizes, timestamps and attempts a batch holds.
+    loop = FakeLoop()
+    ctx = Context(loop)
+    client, t = subscriber(ctx, loop, rdy=100)
+    writes: list[bytes] = []
+    t.write = writes.append  # type: ignore[method-assign]
+    batch = [
+        CoreMessage(b"%016x" % i, b"b%d" % i * (1 + i % 4), 1_000 + i // 3, attempts=i % 3 // 2)
+        for i in range(40)
+    ]
+    client.send_messages(batch)
+    client.flush()
+    assert writes == [
+        b"".join(encode_message_frame(m.timestamp, m.attempts, m.id, m.body) for m in batch)
+    ]
+
+
+def test_cached_frame_starts_are_bounded() -> None:
+    for n in range(1, 10_000):
+        assert message_frame_start(n) == encode_message_frame(0, 0, b"i" * 16, b"x" * n)[:8]
+        assert len(MESSAGE_FRAME_STARTS) <= 4096
 
 
 # -- msg_timeout, REQ, TOUCH ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pynsqd.protocol import parser as parser_module
 from pynsqd.protocol.commands import (
     Auth,
     ClientState,
@@ -33,7 +34,7 @@ from pynsqd.protocol.commands import (
 )
 from pynsqd.protocol.errors import ClientError, FatalClientError, ProtocolError
 from pynsqd.protocol.identify import ProtocolConfig
-from pynsqd.protocol.parser import Event, V2Parser
+from pynsqd.protocol.parser import Event, V2Parser, parse_mpub_body
 
 # Small limits make every bound reachable; the rest are nsqd's defaults.
 CFG = ProtocolConfig(max_msg_size=100, max_body_size=1000, max_rdy_count=50)
@@ -976,6 +977,72 @@ def test_pub_nsqd_test_string() -> None:
 )
 def test_mpub(state: bytes, data: bytes, expected: list[Any]) -> None:
     check(state, data, expected)
+
+
+def _parsed_or_error(body: bytes | memoryview, parse: Any) -> list[bytes] | bytes:
+    try:
+        return list(parse(body, MPUB_CONFIG))
+    except FatalClientError as err:
+        return err.wire
+
+
+MPUB_CONFIG = ProtocolConfig(max_msg_size=1000, max_body_size=5000)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(mpub_body(*[b"abc"] * 7), id="all one size"),
+        pytest.param(mpub_body(b"abc", b"abc", b"ab"), id="one size but the last"),
+        pytest.param(mpub_body(b"abc", b"abc", b"abcd", b"abc"), id="one size but one"),
+        # Sizes that differ but add up to one size's total, with bodies that look like size
+        # fields where a stride would read them: only the one differing byte tells.
+        pytest.param(mpub_body(b"abc", b"abc\0\0", b"a"), id="sizes differ in their last byte"),
+        pytest.param(
+            mpub_body(b"x" * 300, b"\x00\x00\x01\x2c" * 139, b"z" * 44),
+            id="sizes differ in byte 2",
+        ),
+        pytest.param(size(2) + sized(b"abc") + b"\xff\x00\x00\x03abc", id="differ in byte 0"),
+        pytest.param(mpub_body(*[b"abc"] * 3) + b"z", id="one size, a byte after"),
+        pytest.param(mpub_body(*[b"abc"] * 3)[:-1], id="one size, a byte short"),
+        pytest.param(size(4) + sized(b"abc") * 3, id="one size, a message short"),
+        pytest.param(mpub_body(*[b"x" * 1001] * 2), id="one size, too big"),
+        pytest.param(size(2) + size(0) + size(0), id="one size, zero"),
+        pytest.param(size(2) + size(-1) + size(-1), id="one size, negative"),
+    ],
+)
+def test_mpub_bodies_of_one_size_cut_at_a_stride_as_the_checked_loop_cuts_them(
+    body: bytes,
+) -> None:
+    # Equal sizes are cut at a stride (strided slices check every size in C); whatever that
+    # path accepts or refuses, the answer is the checked loop's, the reference.
+    want = _parsed_or_error(body, parser_module._parse_mpub_body_checked)
+    assert _parsed_or_error(body, parse_mpub_body) == want
+    assert _parsed_or_error(memoryview(body), parse_mpub_body) == want
+
+
+@given(
+    bodies=st.lists(st.sampled_from([b"a", b"bb", b"ccc", b"x" * 1000, b"y" * 1001]), max_size=6),
+    same=st.booleans(),
+    flip=st.none() | st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+    cut=st.integers(-3, 3),
+)
+def test_mpub_bodies_fast_paths_agree_with_the_checked_loop(
+    bodies: list[bytes], same: bool, flip: tuple[int, int] | None, cut: int
+) -> None:
+    if same and bodies:
+        bodies = [bodies[0]] * len(bodies)
+    data = bytearray(mpub_body(*bodies))
+    if flip is not None:
+        data[flip[0] % len(data)] = flip[1]
+    if cut < 0:
+        del data[cut:]
+    else:
+        data += b"z" * cut
+    body = bytes(data)
+    want = _parsed_or_error(body, parser_module._parse_mpub_body_checked)
+    assert _parsed_or_error(body, parse_mpub_body) == want
+    assert _parsed_or_error(memoryview(body), parse_mpub_body) == want
 
 
 # -- DPUB ----------------------------------------------------------------------------------------

@@ -22,7 +22,11 @@ MESSAGE_HEADER = struct.Struct(">llqH")
 #: timestamp + attempts + id: the overhead of a message's encoding, on the wire and on disk.
 MESSAGE_OVERHEAD = 8 + 2 + 16
 _FRAME_HEADER = struct.Struct(">ll")
-_MSG_FIXED = struct.Struct(">qH")
+#: timestamp, attempts: what follows a message frame's start, before the id.
+MESSAGE_FIXED = _MSG_FIXED = struct.Struct(">qH")
+#: A message frame's ``[size][frame type]`` by body size, filled by ``message_frame_start``.
+MESSAGE_FRAME_STARTS: dict[int, bytes] = {}
+_STARTS_KEPT = 4096
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
@@ -41,6 +45,18 @@ def encode_message_frame(timestamp: int, attempts: int, msg_id: bytes, body: byt
     return (
         MESSAGE_HEADER.pack(len(body) + 30, FRAME_TYPE_MESSAGE, timestamp, attempts) + msg_id + body
     )
+
+
+def message_frame_start(body_size: int) -> bytes:
+    """``[size][frame type]`` of a message frame whose body is ``body_size`` bytes, kept in
+    ``MESSAGE_FRAME_STARTS`` (at most 4,096 sizes) so that a frame is built from cached parts
+    rather than packed whole per message."""
+    if len(MESSAGE_FRAME_STARTS) >= _STARTS_KEPT:
+        MESSAGE_FRAME_STARTS.clear()
+    start = MESSAGE_FRAME_STARTS[body_size] = _FRAME_HEADER.pack(
+        body_size + 4 + MESSAGE_OVERHEAD, FRAME_TYPE_MESSAGE
+    )
+    return start
 
 
 OK_FRAME = encode_response(OK)

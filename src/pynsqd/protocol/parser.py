@@ -562,7 +562,58 @@ def parse_mpub_body(body: bytes | memoryview, config: ProtocolConfig) -> list[by
 
     ``body`` is exactly the messages: the TCP parser frames them by their count and sizes (as
     nsqd) and HTTP's binary ``/mpub`` gives the whole request body, which must hold nothing more.
+
+    The well-formed case takes one tight loop over a bytes copy of the body (a slice of bytes is
+    one step; a slice of a view is two); anything it does not accept goes through the checking
+    loop, which gives nsqd's error.
     """
+    end = len(body)
+    if end >= 4:
+        count: int = _unpack_int32(body, 0)[0]
+        if 0 < count <= (config.max_body_size - 4) // 5:
+            data = body if type(body) is bytes else bytes(body)
+            max_msg = config.max_msg_size
+            same = _same_sized(data, count, max_msg)
+            if same is not None:
+                return same
+            bodies: list[bytes] = []
+            append = bodies.append
+            p = 4
+            for _ in range(count):
+                if end - p < 4:
+                    break
+                q = p + 4 + _unpack_int32(data, p)[0]
+                if not p + 4 < q <= end or q - p - 4 > max_msg:
+                    break
+                append(data[p + 4 : q])
+                p = q
+            else:
+                if p == end:
+                    return bodies
+    return _parse_mpub_body_checked(body, config)
+
+
+def _same_sized(data: bytes, count: int, max_msg: int) -> list[bytes] | None:
+    """The bodies of an MPUB whose messages all have the first one's size, or None.
+
+    Producers often batch records of one size. Then the size fields sit at a fixed stride,
+    and four strided slices (each size's byte 0, 1, 2 and 3 across all messages) check them
+    all in C; the bodies are cut at that stride without reading a size per message.
+    """
+    end = len(data)
+    if end < 8:
+        return None
+    size: int = _unpack_int32(data, 4)[0]
+    stride = size + 4
+    if not 0 < size <= max_msg or end != 4 + count * stride:
+        return None
+    for i in range(4, 8):
+        if data[i::stride] != data[i : i + 1] * count:
+            return None
+    return [data[p : p + size] for p in range(8, end, stride)]
+
+
+def _parse_mpub_body_checked(body: bytes | memoryview, config: ProtocolConfig) -> list[bytes]:
     end = len(body)
     if end < 4:
         raise FatalClientError("E_BAD_BODY", "MPUB failed to read message count")
