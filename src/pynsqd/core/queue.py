@@ -9,6 +9,7 @@ halves, so the oldest (spilled) messages keep moving. There is no global order, 
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat, starmap
 
 from .backend import BackendQueue
 from .message import Message, decode_message
@@ -162,8 +163,7 @@ class MessageQueue:
         mem = self._mem
         k = min(n - len(out), len(mem))
         if k:
-            popleft = mem.popleft
-            got = [popleft() for _ in range(k)]
+            got = list(starmap(mem.popleft, repeat((), k)))  # k pops in C
             if self.track_bytes:
                 self._removed(got)
             if max_bytes:
