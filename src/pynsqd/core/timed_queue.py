@@ -158,7 +158,7 @@ class TimedQueue:
 
 def _is_live(entry: tuple[float, int, list[Message]]) -> bool:
     seq = entry[1]
-    for m in entry[2]:  # a plain loop: half the cost of any() over a generator
+    for m in entry[2]:  # noqa: SIM110 - a plain loop: half the cost of any() over a generator
         if m.tq_seq == seq:
             return True
     return False
