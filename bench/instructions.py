@@ -1,0 +1,213 @@
+"""Instructions per message of in-process pubsub: the server's Python cost, deterministically.
+
+    .venv/bin/python bench/instructions.py [--cycles 100] [--size 200] [--batch 200] [--time]
+
+Each cycle sends one MPUB of ``--batch`` messages of ``--size`` bytes through a real
+``ClientV2``: its parser, the topic, the channel, and delivery frames to two subscribing
+``ClientV2`` s, whose FINs then come back through their own parsers. It runs on the unit tests'
+fake loop, with transports that keep what is written: no socket, no kernel, no event loop.
+
+Under valgrind's callgrind, the instruction counts of two run lengths are subtracted, so
+start-up cancels out. The harness's own work (finding the IDs in the frames, writing the FINs)
+is counted the same way and subtracted too. Instruction counts do not depend on what else the
+machine is doing; timings on a shared two-core VM move 10-30% from minute to minute. Issue 31's
+changes were guided by this count. ``--time`` prints nanoseconds per message as well (the
+minimum of 7 runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from tests.unit.fakeloop import FakeLoop  # noqa: E402
+from tests.unit.test_connection import Context, Transport  # noqa: E402
+
+from pynsqd.core.backend import DummyBackend  # noqa: E402
+from pynsqd.core.channel import Channel  # noqa: E402
+from pynsqd.core.topic import Topic  # noqa: E402
+from pynsqd.protocol import encode  # noqa: E402
+from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE, encode_message_frame  # noqa: E402
+from pynsqd.server.protocol_v2 import ClientV2  # noqa: E402
+
+_FRAME = struct.Struct(">ll")
+
+
+class Sink(Transport):
+    """Keeps each write whole (the IDs are read from them between cycles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+def fins_for(data: bytes) -> bytes:
+    """The FINs a consumer sends for every message frame in ``data``: the harness's work."""
+    ids = []
+    p = 0
+    while p < len(data):
+        size, frame_type = _FRAME.unpack_from(data, p)
+        if frame_type == FRAME_TYPE_MESSAGE:
+            ids.append(data[p + 18 : p + 34])
+        p += 4 + size
+    return b"".join(b"FIN %s\n" % i for i in ids)
+
+
+class Pubsub:
+    def __init__(self, size: int, batch: int) -> None:
+        # As nsqd runs (internal/process.py): long-lived objects frozen, young collections rare.
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
+        self.loop = loop = FakeLoop()
+        self.ctx = ctx = Context(loop, mem_queue_size=1_000_000)
+        ctx.make_channel = lambda topic, name: Channel(  # type: ignore[method-assign]
+            topic,
+            name,
+            loop,
+            mem_queue_size=1_000_000,
+            backend=DummyBackend(),
+            max_msg_timeout=ctx.opts.max_msg_timeout,
+        )
+        self.publisher = self._connect(Transport())
+        self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
+        self.subs = []
+        for _ in range(2):
+            sink = Sink()
+            client = self._connect(sink)
+            client.data_received(encode.identify({}) + encode.sub("t", "c") + encode.rdy(2500))
+            loop.run_ready()
+            sink.chunks.clear()
+            self.subs.append((client, sink))
+        self.mpub = encode.mpub("t", [b"x" * size] * batch)
+        self.batch = batch
+
+    def _connect(self, transport: Transport) -> ClientV2:
+        client = ClientV2(self.ctx)  # type: ignore[arg-type]
+        client.connection_made(transport)  # type: ignore[arg-type]
+        client.data_received(b"  V2")
+        return client
+
+    def run(self, cycles: int) -> float:
+        """``cycles`` MPUB-deliver-FIN cycles; seconds spent in the server's code."""
+        spent = 0.0
+        clock = time.perf_counter
+        for _ in range(cycles):
+            t0 = clock()
+            self.publisher.data_received(self.mpub)
+            self.loop.run_ready()
+            for client, _ in self.subs:
+                client.flush()  # what the flush timer does (the fake clock does not move here)
+            spent += clock() - t0
+            fins = [(c, fins_for(b"".join(s.chunks))) for c, s in self.subs]
+            for _, sink in self.subs:
+                sink.chunks.clear()
+            t0 = clock()
+            for client, data in fins:
+                if data:
+                    client.data_received(data)
+            self.loop.run_ready()
+            spent += clock() - t0
+        return spent
+
+    def check(self, cycles: int) -> None:
+        """Every message published was delivered and FIN'd (a broken harness measures less)."""
+        topic: Topic = self.ctx.get_topic("t")
+        channel = topic.channels["c"]
+        sent = sum(c.message_count for c, _ in self.subs)
+        finished = sum(c.finish_count for c, _ in self.subs)
+        if not sent == finished == topic.message_count or channel.depth or channel.in_flight:
+            raise SystemExit(
+                f"harness broken: published {topic.message_count}, delivered {sent}, "
+                f"finished {finished}, depth {channel.depth}"
+            )
+
+
+def harness_only(size: int, batch: int, cycles: int) -> None:
+    """The harness's per-cycle work alone, over frames like the server's."""
+    frames = [
+        b"".join(encode_message_frame(1, 1, b"%016x" % i, b"x" * size) for i in range(n))
+        for n in (batch // 2, batch - batch // 2)
+    ]
+    for _ in range(cycles):
+        for data in frames:
+            fins_for(data)
+
+
+def instructions(args: argparse.Namespace, what: str) -> float:
+    """Instructions per message for ``what`` (pubsub or harness), from two run lengths."""
+    counts = []
+    for cycles in (args.cycles // 5, args.cycles // 5 + args.cycles):
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--inner",
+            what,
+            "--cycles",
+            str(cycles),
+            "--size",
+            str(args.size),
+            "--batch",
+            str(args.batch),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        found = re.search(r"Collected : (\d+)", out)
+        if found is None:
+            raise SystemExit(f"callgrind printed no count:\n{out[-2000:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / (args.cycles * args.batch)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=100, help="MPUB-deliver-FIN cycles counted")
+    ap.add_argument("--size", type=int, default=200, help="message size in bytes")
+    ap.add_argument("--batch", type=int, default=200, help="messages per MPUB")
+    ap.add_argument("--time", action="store_true", help="also print ns per message (min of 7)")
+    ap.add_argument("--inner", choices=["pubsub", "harness"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner == "harness":
+        harness_only(args.size, args.batch, args.cycles)
+        return 0
+    if args.inner == "pubsub":
+        bench = Pubsub(args.size, args.batch)
+        bench.run(args.cycles)
+        bench.check(args.cycles)
+        return 0
+    bench = Pubsub(args.size, args.batch)
+    bench.run(20)
+    bench.check(20)
+    print(f"in-process pubsub, {args.batch} x {args.size}-byte messages per MPUB, 2 consumers")
+    if args.time:
+        best = min(bench.run(args.cycles) for _ in range(7))
+        print(f"  {best / (args.cycles * args.batch) * 1e9:,.0f} ns per message (min of 7)")
+    if shutil.which("valgrind") is None:
+        print("  valgrind not found: no instruction counts (Debian: apt install valgrind)")
+        return 0 if args.time else 1
+    total = instructions(args, "pubsub")
+    harness = instructions(args, "harness")
+    print(f"  {total - harness:,.0f} instructions per message in the server's code")
+    print(
+        f"  ({total:,.0f} with the harness's own {harness:,.0f}; callgrind, {os.uname().machine})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
