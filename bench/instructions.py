@@ -166,7 +166,8 @@ def instructions(args: argparse.Namespace, what: str) -> float:
             "--batch",
             str(args.batch),
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts each run
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
         found = re.search(r"Collected : (\d+)", out)
         if found is None:
             raise SystemExit(f"callgrind printed no count:\n{out[-2000:]}")

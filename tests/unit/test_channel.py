@@ -420,3 +420,18 @@ def test_the_queue_counts_its_bytes_only_when_asked_and_exactly() -> None:
             assert q.mem_bytes == sum(len(m.body) for m in q._mem)
 
     check()
+
+
+def test_messages_made_many_at_once_are_what_the_class_makes() -> None:
+    # Message.many fills each slot itself (object.__new__, then one loop): every slot must be
+    # set, to what __init__ sets.
+    ids = [b"%016x" % i for i in range(3)]
+    bodies = [b"a", b"bb", b""]
+    made = Message.many(ids, bodies, 1234)
+    want = [Message(i, b, 1234) for i, b in zip(ids, bodies, strict=True)]
+    for m, w in zip(made, want, strict=True):
+        assert type(m) is Message
+        for slot in Message.__slots__:
+            assert getattr(m, slot) == getattr(w, slot), slot
+    with pytest.raises(ValueError):
+        Message.many(ids, bodies[:2], 1)

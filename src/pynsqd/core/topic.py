@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from itertools import repeat
 from typing import Protocol
 
 from .backend import BackendQueue, MessageLog
@@ -153,8 +152,7 @@ class Topic:
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
-        # map() calls the class from C: about 20 ns a message less than a comprehension.
-        msgs = list(map(Message, ids, bodies, repeat(ts, len(bodies))))
+        msgs = Message.many(ids, bodies, ts)
         if defer_ms:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
