@@ -225,7 +225,7 @@ def cycles(
 
 
 def delivered_within_bound(
-    history: History, group: list[Consumer], what: str, replay_all: int
+    history: History, group: list[Consumer], what: str, replay_all: int, *, both: bool = False
 ) -> None:
     """Every acknowledged body reaches the consumers, none that no one published, and the
     duplicates stay within the bound.
@@ -238,7 +238,12 @@ def delivered_within_bound(
     half of ``replay_all``, whichever is larger: a run whose faults came quickly (few
     publishes between them) measured 31% against the first (1,363 duplicates over 6 pauses,
     as many as a run with three times the publishes), so the first alone measured how fast
-    the cycles went, not the takeover."""
+    the cycles went, not the takeover.
+
+    ``both``: a node cut off from etcd only, the documented weak case: it keeps delivering its
+    backlog while the adopter delivers the same backlog, until the cut heals, so up to one more
+    copy of what each victim held (``replay_all``) on top (37.5% measured once, 8.6% and 18.2%
+    in other runs)."""
     acked = set(history.ok)
     if not until(lambda: acked <= set(received(group)), 60):
         missing = sorted(acked - set(received(group)))
@@ -251,7 +256,10 @@ def delivered_within_bound(
         f"duplicates ({duplicates / max(len(acked), 1):.1%})"
     )
     print(f"{what}: replaying each victim's whole partition would repeat {replay_all}")
-    assert duplicates <= max(len(acked) * 0.3, replay_all / 2)
+    if both:
+        assert duplicates <= len(acked) * 0.3 + replay_all
+    else:
+        assert duplicates <= max(len(acked) * 0.3, replay_all / 2)
 
 
 @pytest.mark.timeout(1800)
@@ -570,7 +578,8 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
         with consuming(tmp_path, lookupd) as group:
             with producing(cluster, history):
                 replay_all = cycles(cluster, history, group, faults, f"cut-{cut}", network)
-            delivered_within_bound(history, group, f"cut from {cut}, {faults} times", replay_all)
+            what = f"cut from {cut}, {faults} times"
+            delivered_within_bound(history, group, what, replay_all, both=cut == "etcd")
     finally:
         if cluster is not None:
             cluster.stop()
