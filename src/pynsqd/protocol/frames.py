@@ -23,7 +23,7 @@ MESSAGE_HEADER = struct.Struct(">llqH")
 MESSAGE_OVERHEAD = 8 + 2 + 16
 _FRAME_HEADER = struct.Struct(">ll")
 #: timestamp, attempts: what follows a message frame's start, before the id.
-MESSAGE_FIXED = _MSG_FIXED = struct.Struct(">qH")
+MESSAGE_FIXED = struct.Struct(">qH")
 #: A message frame's ``[size][frame type]`` by body size, filled by ``message_frame_start``.
 MESSAGE_FRAME_STARTS: dict[int, bytes] = {}
 _STARTS_KEPT = 4096
@@ -81,7 +81,7 @@ class Message(NamedTuple):
 def decode_message(data: bytes) -> Message:
     if len(data) < MESSAGE_OVERHEAD:
         raise ValueError(f"message frame too short ({len(data)} bytes)")
-    ts, attempts = _MSG_FIXED.unpack_from(data, 0)
+    ts, attempts = MESSAGE_FIXED.unpack_from(data, 0)
     return Message(ts, attempts, data[10:26], data[26:])
 
 
