@@ -131,3 +131,15 @@ def make_nsqd(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
 @pytest.fixture
 def nsqd(make_nsqd: Callable[..., ServerThread]) -> ServerThread:
     return make_nsqd()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test's captured output may hold what hostile clients sent (lone surrogates, as the
+    server logs undecodable bytes): escaped, so a parallel worker can send its report."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]

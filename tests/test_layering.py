@@ -118,6 +118,25 @@ def test_protocol_and_core_do_no_io() -> None:
                 )
 
 
+#: The replication core: decisions and formats, no I/O (the shells around them do it).
+CLUSTER_CORE = ("plan.py", "records.py", "partition.py", "settings.py")
+
+
+def test_the_replication_core_does_no_io() -> None:
+    cluster = PKG / "cluster"
+    io_modules = {"etcd", "leader", "follower", "replicator", "membership", "checkpoints"}
+    for name in CLUSTER_CORE:
+        for mod in _imports(cluster / name):
+            top = mod.split(".")[0]
+            assert top not in FORBIDDEN_IN_SANS_IO | {"os", "time", "subprocess"}, (
+                f"{name} imports {mod}"
+            )
+            parts = mod.split(".")
+            assert not (parts[:2] == ["pynsqd", "cluster"] and set(parts[2:3]) & io_modules), (
+                f"{name} imports {mod}"
+            )
+
+
 def test_the_checker_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -262,7 +262,7 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     for it): they were handed to channels at once, uncommitted. And a node back with an empty
     disk re-creates the topic while its partition lives on elsewhere: its publishes went into
     a log about to be truncated to the leader's."""
-    from pynsqd.cluster.etcd import KeyValue
+    from pynsqd.cluster.records import Assignment, PartRecords, Stored
     from pynsqd.cluster.replicator import PublishRefused, Replicator
     from pynsqd.cluster.settings import ReplicationSettings
     from pynsqd.options import Options
@@ -292,7 +292,7 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     assert replicator.gate("t") is True  # waits for its placement, then for its commit
     tlog.append([Message(b"%016d" % 2, b"first replicated", 1)])
     assert tlog.visible == 1  # not handed to channels before it commits
-    replicator.state.parts[("t", 1)] = {"assignment": KeyValue("k", b"{}", 1, 1, 1, 0)}
+    replicator.state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2, 3)), 1))
     with pytest.raises(PublishRefused, match="elsewhere"):
         replicator.gate("t")
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -49,6 +48,13 @@ from ..storage.topiclog import TopicLog
 from .etcd import Compare, EtcdError, KeyValue, put_op, range_op
 from .membership import Membership
 from .partition import Partition, Role
+from .records import (
+    ChannelCheckpoint,
+    RecordError,
+    Stored,
+    Tombstone,
+    decode_checkpoint,
+)
 
 __all__ = ["CHECKPOINT_EVERY", "ChannelHost", "Checkpoints"]
 
@@ -60,6 +66,17 @@ CHECKPOINT_EVERY = 1.0
 REBUILD_BATCH = 1024
 
 PartKey = tuple[str, int]
+#: A holder's key of a partition: its checkpoint, or the tombstone of its adoption.
+Held = Stored[ChannelCheckpoint | Tombstone]
+
+
+def _held(kv: KeyValue) -> Held | None:
+    """A checkpoint key as etcd answered it; None when it does not decode."""
+    try:
+        return Stored(kv.key, decode_checkpoint(kv.value), kv.mod_revision)
+    except RecordError as err:
+        log.error("CLUSTER: ignoring unreadable checkpoint %s - %s", kv.key, err)
+        return None
 
 
 class ChannelHost(Protocol):
@@ -112,7 +129,7 @@ class Checkpoints:
 
     def key(self, part: PartKey, holder: int | None = None) -> str:
         holder = self.me if holder is None else holder
-        return self.member.keys.part(part[0], part[1], f"channels/{holder}")
+        return self.member.keys.checkpoint(part[0], part[1], holder)
 
     # -- tracking ---------------------------------------------------------------------------
 
@@ -140,16 +157,15 @@ class Checkpoints:
         return out
 
     def _value(self, part: PartKey, windows: Mapping[str, DoneWindow], clean: bool) -> bytes:
-        doc: dict[str, Any] = {
-            "node": self.me,
-            "storage": self.member.storage,
-            "clean": clean,
-            "channels": {name: w.encode() for name, w in sorted(windows.items())},
-        }
         topic = self.host.topics.get(part[0])
-        if part[1] == self.me and topic is not None and topic.log is not None:
-            doc["handed"] = topic.log.handed
-        return json.dumps(doc, separators=(",", ":")).encode()
+        own = part[1] == self.me and topic is not None and topic.log is not None
+        return ChannelCheckpoint(
+            self.me,
+            self.member.storage,
+            clean,
+            {name: w.encode() for name, w in windows.items()},
+            topic.log.handed if own and topic is not None and topic.log is not None else None,
+        ).encode()
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -179,9 +195,10 @@ class Checkpoints:
             self.written[part] = value
             return True
         current = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+        held = _held(current) if current is not None else None
         if current is None:
             self.revs[part] = 0
-        elif self._tombstone(part, current) or self._ours(current):
+        elif held is None or self._tombstone(part, held) or self._ours(held):
             self.revs[part] = current.mod_revision
         # else: the windows of a data directory this node lost, not yet adopted: kept.
         return False
@@ -191,29 +208,23 @@ class Checkpoints:
         key, rev = self.key(part), self.revs.get(part, 0)
         return Compare(key, "MOD", "EQUAL", rev) if rev else Compare(key, "CREATE", "EQUAL", 0)
 
-    def _ours(self, kv: KeyValue) -> bool:
+    def _ours(self, held: Held) -> bool:
         """Whether a key holds windows of this data directory (not of one this node lost)."""
-        try:
-            doc = kv.json()
-        except ValueError:
-            return True
-        return not isinstance(doc, dict) or doc.get("storage") == self.member.storage
+        doc = held.value
+        return not isinstance(doc, ChannelCheckpoint) or doc.storage == self.member.storage
 
-    def _tombstone(self, part: PartKey, kv: KeyValue) -> bool:
+    def _tombstone(self, part: PartKey, held: Held) -> bool:
         """Whether ``kv`` (this node's key) says another node adopted it; if so, act on it:
         the adopter has everything below the tombstone's end. An own partition's channels stay
         responsible from that end on (its hand-off waits until this node leads it again);
         another partition's windows close."""
-        try:
-            doc = kv.json()
-        except ValueError:
+        doc = held.value
+        if not isinstance(doc, Tombstone):
             return False
-        if not isinstance(doc, dict) or "adopted_by" not in doc:
-            return False
-        if self.adopted.get(part, (0, 0))[0] == kv.mod_revision:
+        if self.adopted.get(part, (0, 0))[0] == held.mod_revision:
             return True  # acted on already
-        end = int(doc.get("end", 0))
-        self.adopted[part] = (kv.mod_revision, end)
+        end = doc.end
+        self.adopted[part] = (held.mod_revision, end)
         topic = self.host.topics.get(part[0])
         closed = 0
         if topic is not None:
@@ -237,7 +248,7 @@ class Checkpoints:
             "here) below offset %d; they no longer deliver its messages below it",
             part[0],
             part[1],
-            doc.get("adopted_by"),
+            doc.adopted_by,
             closed,
             end,
         )
@@ -245,31 +256,27 @@ class Checkpoints:
 
     # -- restore at start -------------------------------------------------------------------
 
-    async def restore(self, mine: dict[PartKey, KeyValue]) -> None:
+    async def restore(self, mine: Mapping[PartKey, Held]) -> None:
         """At start, before channels deliver: this node's checkpoints (``mine``) back into
         its channels; after a crash, those channels rebuilt from the logs."""
-        docs: dict[PartKey, dict[str, Any]] = {}
-        for part, kv in mine.items():
-            if self._tombstone(part, kv):
-                self.revs[part] = kv.mod_revision
+        docs: dict[PartKey, ChannelCheckpoint] = {}
+        for part, held in mine.items():
+            if self._tombstone(part, held):
+                self.revs[part] = held.mod_revision
                 continue
-            try:
-                doc = kv.json()
-            except ValueError:
-                log.error("CLUSTER: ignoring unreadable checkpoint %s", kv.key)
-                continue
-            if doc.get("storage") != self.member.storage:
+            doc = held.value
+            if not isinstance(doc, ChannelCheckpoint) or doc.storage != self.member.storage:
                 continue  # a data directory this node lost: the partition's leader adopts it
-            self.revs[part] = kv.mod_revision
+            self.revs[part] = held.mod_revision
             docs[part] = doc
         for (name, _), doc in docs.items():
             topic = self.host.topics.get(name)
             if topic is not None and topic.origin is not None:
-                for ch_name in doc.get("channels", {}):
+                for ch_name in doc.channels:
                     # A crash can come before nsqd.dat lists a new channel: the checkpoint
                     # does, and its messages are in the log.
                     topic.get_channel(ch_name)
-        by_topic: dict[str, dict[int, dict[str, Any]]] = {}
+        by_topic: dict[str, dict[int, ChannelCheckpoint]] = {}
         for (name, origin), doc in docs.items():
             by_topic.setdefault(name, {})[origin] = doc
         rebuild: list[tuple[Topic, Channel]] = []
@@ -281,29 +288,29 @@ class Checkpoints:
             for ch in topic.channels.values():
                 if ch.windows is not None:
                     self._restore_windows(ch, saved, resume)
-            if resume is not None or any(not doc.get("clean", False) for doc in saved.values()):
+            if resume is not None or any(not doc.clean for doc in saved.values()):
                 rebuild.extend((topic, ch) for ch in topic.channels.values() if ch.windows)
         for topic, ch in rebuild:
             await self._rebuild(topic, ch)
 
     def _restore_windows(
-        self, ch: Channel, saved: Mapping[int, dict[str, Any]], resume: int | None
+        self, ch: Channel, saved: Mapping[int, ChannelCheckpoint], resume: int | None
     ) -> None:
         """A channel's windows as its topic's checkpoints (by partition) hold them."""
         windows = ch.windows
         assert windows is not None
         for origin, doc in saved.items():
-            window = doc.get("channels", {}).get(ch.name)
+            window = doc.channels.get(ch.name)
             if window is not None:
                 try:
                     windows[origin] = DoneWindow.decode(window)
                 except ValueError as err:
                     log.error("CLUSTER: %s:%s: %s", ch.topic.name, ch.name, err)
-            elif origin == self.me and isinstance(doc.get("handed"), int):
+            elif origin == self.me and doc.handed is not None:
                 # Created after that checkpoint: it had nothing before its hand-off.
                 now = windows.get(origin)
                 windows[origin] = DoneWindow(
-                    doc["handed"] if now is None else min(doc["handed"], now.low)
+                    doc.handed if now is None else min(doc.handed, now.low)
                 )
         if resume is not None:
             # Adopted below ``resume``; from there on it is this node's (what it was handed
@@ -370,26 +377,23 @@ class Checkpoints:
 
     # -- adoption by a partition's leader ---------------------------------------------------
 
-    async def adopt(self, p: Partition, holders: Mapping[int, KeyValue]) -> None:
+    async def adopt(self, p: Partition, holders: Mapping[int, Held]) -> None:
         """This node leads ``p``: take over the windows of holders no longer in the cluster."""
-        for holder, kv in holders.items():
+        for holder, held in holders.items():
             if p.role is not Role.LEADER:
                 return
-            try:
-                doc = kv.json()
-            except ValueError:
+            doc = held.value
+            if not isinstance(doc, ChannelCheckpoint):
                 continue
-            if not isinstance(doc, dict) or "adopted_by" in doc:
-                continue
-            storage = str(doc.get("storage", ""))
+            storage = doc.storage
             if (holder, storage) == self.member.me or self.live((holder, storage)):
                 continue
             theirs: dict[str, DoneWindow] = {}
-            for name, saved in doc.get("channels", {}).items():
+            for name, saved in doc.channels.items():
                 try:
                     theirs[name] = DoneWindow.decode(saved)
                 except ValueError as err:
-                    log.error("CLUSTER: checkpoint %s: %s", kv.key, err)
+                    log.error("CLUSTER: checkpoint %s: %s", held.key, err)
             ends = [w.end for w in theirs.values()]
             if None in ends:
                 end = p.log.latest  # the origin's own windows: its partition ends here now
@@ -399,10 +403,10 @@ class Checkpoints:
                 continue  # not all of it is committed yet: the next tick
             for w in theirs.values():
                 w.close_at(end)
-            await self._adopt(p, holder, kv, theirs, end)
+            await self._adopt(p, holder, held, theirs, end)
 
     async def _adopt(
-        self, p: Partition, holder: int, kv: KeyValue, theirs: dict[str, DoneWindow], end: int
+        self, p: Partition, holder: int, kv: Held, theirs: dict[str, DoneWindow], end: int
     ) -> None:
         part = (p.topic, p.origin)
         topic = self.host.serve_topic(p.topic)
@@ -415,7 +419,7 @@ class Checkpoints:
                 merged[name] = theirs[name] if mine is None else mine.union(theirs[name])
             elif mine is not None:
                 merged[name] = mine
-        tomb = json.dumps({"node": holder, "adopted_by": self.me, "end": end}).encode()
+        tomb = Tombstone(holder, self.me, end).encode()
         mykey = self.key(part)
         leader = self.member.keys.part(p.topic, p.origin, "leader")
         mine_value = put_op(mykey, self._value(part, merged, False))
@@ -479,7 +483,9 @@ class Checkpoints:
         kv = await self.member.etcd.get(self.key(part))  # EtcdError: the next tick
         if kv is not None:
             self.revs[part] = kv.mod_revision
-            self._tombstone(part, kv)
+            held = _held(kv)
+            if held is not None:
+                self._tombstone(part, held)
         resume = self._resume_at.pop(part, None)
         if resume is not None:
             for ch in topic.channels.values():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 
@@ -34,10 +33,11 @@ from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.durable import fsync_close
 from ..storage.topiclog import OffsetOutOfRange, TopicLog
-from .etcd import Compare, KeyValue, put_op
+from .etcd import Compare, put_op
 from .fetch import FetchAnswer, FetchRequest
-from .membership import Membership, encode_isr
+from .membership import Membership
 from .partition import Member, Partition, Role, Waiter
+from .records import InSync, Leadership, Stored
 
 __all__ = ["Leading"]
 
@@ -86,7 +86,7 @@ class Leading:
     # -- taking the lead ------------------------------------------------------------------
 
     def _value(self) -> bytes:
-        return json.dumps({"node": self.member.node_id, "http": self.member.http}).encode()
+        return Leadership(self.member.node_id, self.member.http).encode()
 
     async def campaign(self, p: Partition) -> None:
         keys = self.member.keys
@@ -102,7 +102,7 @@ class Leading:
         if result.succeeded:
             self._became_leader(p, result.revision)
 
-    async def take_back(self, p: Partition, leader: KeyValue) -> bool:
+    async def take_back(self, p: Partition, leader: Stored[Leadership]) -> bool:
         """The origin, caught up and in sync with a takeover leader (which never appends),
         leads its partition again: offsets go on from the same end."""
         keys = self.member.keys
@@ -138,7 +138,7 @@ class Leading:
             keys = self.member.keys
             result = await self.member.etcd.txn(
                 [Compare(keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch)],
-                [put_op(keys.part(p.topic, p.origin, "isr"), encode_isr(new))],
+                [put_op(keys.part(p.topic, p.origin, "isr"), InSync(tuple(new)).encode())],
             )
             if not result.succeeded:
                 p.step_down("superseded while changing the in-sync set")

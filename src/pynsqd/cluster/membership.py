@@ -8,106 +8,26 @@ fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes t
 cannot, the node stops committing (``lease_alive`` is judged when it is used), and once etcd says
 the lease is gone it steps down (``on_expired``), takes a new lease and registers again.
 
-Keys under ``<K> = /pynsqd/<cluster-name>`` (declared here once, read by ``ClusterState.parse``):
-``nodes/<id>`` (lease), ``topics/<topic>`` (settings), ``parts/<topic>/<origin>/{assignment,isr,
-leader}`` (leader: lease), ``parts/<topic>/<origin>/channels/<holder>`` (channel windows,
-``checkpoints.py``).
+The keys and their records are declared in ``cluster/records.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.identity import storage_id
-from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op, range_op
-from .partition import Member
-from .settings import ReplicationSettings, SettingsError
+from .etcd import Compare, EtcdClient, EtcdError, put_op, range_op
+from .records import Keys, Member, NodeRecord, RecordError
 
-__all__ = ["ClusterState", "Keys", "Membership", "decode_isr", "encode_isr", "rendezvous"]
+__all__ = ["Membership"]
 
 log = logging.getLogger(LOGGER_NAME)
-
-
-@dataclass(frozen=True)
-class Keys:
-    """The cluster's key layout in etcd."""
-
-    prefix: str
-
-    def node(self, node_id: int) -> str:
-        return f"{self.prefix}/nodes/{node_id}"
-
-    def topic(self, topic: str) -> str:
-        return f"{self.prefix}/topics/{topic}"
-
-    def part(self, topic: str, origin: int, what: str) -> str:
-        """``what``: assignment, isr or leader."""
-        return f"{self.prefix}/parts/{topic}/{origin}/{what}"
-
-
-@dataclass
-class ClusterState:
-    """One read of the cluster's keys."""
-
-    nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    settings: dict[str, ReplicationSettings] = field(default_factory=dict)
-    parts: dict[tuple[str, int], dict[str, KeyValue]] = field(default_factory=dict)
-    #: ``parts/<topic>/<origin>/channels/<holder>``: each holder's channel windows.
-    checkpoints: dict[tuple[str, int], dict[int, KeyValue]] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, keys: Keys, kvs: list[KeyValue]) -> ClusterState:
-        state = cls()
-        for kv in kvs:
-            parts = kv.key[len(keys.prefix) + 1 :].split("/")
-            try:
-                if parts[0] == "nodes" and len(parts) == 2:
-                    state.nodes[int(parts[1])] = kv.json()
-                elif parts[0] == "topics" and len(parts) == 2:
-                    state.settings[parts[1]] = ReplicationSettings.decode(kv.value)
-                elif parts[0] == "parts" and len(parts) == 4:
-                    state.parts.setdefault((parts[1], int(parts[2])), {})[parts[3]] = kv
-                elif parts[0] == "parts" and len(parts) == 5 and parts[3] == "channels":
-                    part = (parts[1], int(parts[2]))
-                    state.checkpoints.setdefault(part, {})[int(parts[4])] = kv
-            except (ValueError, SettingsError) as err:
-                log.error("CLUSTER: ignoring unreadable key %s - %s", kv.key, err)
-        return state
-
-    def live(self, member: Member) -> bool:
-        """A registered node with that storage (a node back with an empty disk is not)."""
-        info = self.nodes.get(member[0])
-        return info is not None and info.get("storage") == member[1]
-
-
-def encode_isr(members: list[Member]) -> bytes:
-    """The value of ``parts/<topic>/<origin>/isr``: (node id, storage id) pairs."""
-    return json.dumps({"isr": [list(m) for m in members]}).encode()
-
-
-def decode_isr(kv: KeyValue) -> list[Member]:
-    """Raises ``ValueError`` (``ClusterState.parse``'s callers log it)."""
-    return [(int(n), str(s)) for n, s in kv.json().get("isr", [])]
-
-
-def rendezvous(topic: str, origin: int, nodes: list[int], count: int) -> list[int]:
-    """The origin, then the ``count - 1`` other live nodes with the highest hash for it."""
-
-    def weight(n: int) -> bytes:
-        return hashlib.sha256(f"{topic}/{origin}/{n}".encode()).digest()
-
-    others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
-    return [origin, *others[: count - 1]]
 
 
 class Membership:
@@ -145,14 +65,8 @@ class Membership:
         return self.now() < self.lease_until
 
     def _info(self) -> bytes:
-        return json.dumps(
-            {
-                "id": self.node_id,
-                "storage": self.storage,
-                "http": self.http,
-                "tcp": self.tcp,
-                "data_path": os.path.abspath(self.data_path),
-            }
+        return NodeRecord(
+            self.node_id, self.storage, self.http, self.tcp, os.path.abspath(self.data_path)
         ).encode()
 
     async def register(self) -> None:
@@ -169,8 +83,13 @@ class Membership:
         if result.succeeded:
             return
         held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
-        other = json.loads(held.value) if held is not None else {}
-        if held is not None and self._previous_life(other):
+        other: NodeRecord | None = None
+        if held is not None:
+            try:
+                other = NodeRecord.decode(held.value)
+            except RecordError:
+                other = NodeRecord(self.node_id, "", "")
+        if held is not None and other is not None and self._previous_life(other):
             # This node's previous life (killed, perhaps with its disk): its lease goes now,
             # with its leaderships.
             await self.etcd.revoke(held.lease)
@@ -183,27 +102,28 @@ class Membership:
         await self.etcd.revoke(self.lease)
         raise RuntimeError(
             f"--node-id={self.node_id} is already in cluster {self.opts.cluster_name!r} "
-            f"(node at {other.get('http', '?')}, data path {other.get('data_path', '?')}); "
+            f"(node at {other.http if other else '?'}, data path "
+            f"{other.data_path if other else '?'}); "
             "every node needs its own --node-id"
         )
 
-    def _previous_life(self, other: dict[str, Any]) -> bool:
+    def _previous_life(self, other: NodeRecord) -> bool:
         """Whether a registration of this node id is this node's own, from before a restart:
         the same storage, or the same host and data path with a new storage (the disk was lost
         or replaced; two live processes on one host cannot share a data path: it is locked)."""
-        if other.get("storage") == self.storage:
+        if other.storage == self.storage:
             return True
-        host = str(other.get("http", "")).rpartition(":")[0]
-        same_place = host == self.http.rpartition(":")[0] and other.get(
-            "data_path"
-        ) == os.path.abspath(self.data_path)
+        host = other.http.rpartition(":")[0]
+        same_place = host == self.http.rpartition(":")[0] and other.data_path == os.path.abspath(
+            self.data_path
+        )
         if same_place:
             log.warning(
                 "CLUSTER: node %d is back with a new data directory (storage %s, was %s): "
                 "it joins as a new member and copies its partitions again",
                 self.node_id,
                 self.storage,
-                other.get("storage"),
+                other.storage,
             )
         return same_place
 

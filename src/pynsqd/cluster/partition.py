@@ -31,13 +31,10 @@ from dataclasses import dataclass, field
 
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
+from .records import Member
 from .settings import ReplicationSettings
 
 __all__ = ["Member", "Partition", "Role"]
-
-#: An in-sync member: (node id, storage id). A node that comes back with an empty data
-#: directory has a new storage id, so it is not taken for the member it was.
-Member = tuple[int, str]
 
 
 class Role(enum.Enum):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,12 +30,31 @@ from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .checkpoints import CHECKPOINT_EVERY, ChannelHost, Checkpoints
-from .etcd import Compare, EtcdError, KeyValue, delete_op, every, put_op
+from .etcd import Compare, EtcdError, delete_op, every, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
 from .leader import Leading
-from .membership import ClusterState, Membership, decode_isr, encode_isr, rendezvous
+from .membership import Membership
 from .partition import Partition, Role
+from .plan import (
+    Action,
+    Adopt,
+    Campaign,
+    Facts,
+    Follow,
+    Lead,
+    Leaderless,
+    Offline,
+    Place,
+    Plan,
+    Resign,
+    ResumeChannels,
+    StartFetch,
+    StepDown,
+    StopFetch,
+    TakeBack,
+)
+from .records import ClusterState, InSync, Tombstone
 from .settings import ReplicationSettings, SettingsError
 
 __all__ = ["PublishRefused", "ReplicaHost", "Replicator"]
@@ -45,8 +63,6 @@ log = logging.getLogger(LOGGER_NAME)
 
 #: Seconds between two reads of the cluster's state in etcd.
 TICK = 0.25
-#: A leaderless partition's in-sync members campaign after rank times this (the origin first).
-RANK_DELAY = 0.4
 #: Seconds between two compactions of etcd's key history (as Kubernetes' API server does):
 #: each compacts to the revision the previous one saw, so history a few minutes deep is kept.
 COMPACT_EVERY = 300.0
@@ -115,9 +131,10 @@ class Replicator:
         self.checkpoints = Checkpoints(
             self.member, host, self.partitions, lambda m: self.state.live(m)
         )
-        self._leaderless_since: dict[tuple[str, int], float] = {}
-        #: Leaderless partitions with no live in-sync member (said once per outage).
-        self._offline: set[tuple[str, int]] = set()
+        #: The decisions (no I/O): ``cluster/plan.py``.
+        self.plan = Plan(self.node_id)
+        #: Unreadable keys logged, at the revision logged.
+        self._unreadable: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.compaction = Compaction(now)
         #: The cluster's state has been read once: until then no retained topic is known
@@ -186,37 +203,64 @@ class Replicator:
         if compact_to is not None:
             await self.member.etcd.compact(compact_to)
         state = ClusterState.parse(keys, kvs)
+        for key, rev, why in state.unreadable:
+            if self._unreadable.get(key) != rev:
+                self._unreadable[key] = rev
+                log.error("CLUSTER: ignoring unreadable key %s - %s", key, why)
         self.state = state
         for topic, settings in state.settings.items():
             if settings.replicated and topic in self.host.topics:
                 self.checkpoints.track(self.host.topics[topic])
-            if settings.replicated and (topic, self.node_id) not in state.parts:
-                await self._create_own(topic, settings)
-        for (topic, origin), parts in state.parts.items():
-            await self._reconcile(topic, origin, parts)
+        for place in self.plan.to_place(state, self._retained):
+            await self._place(place)
+        for part, rec in state.parts.items():
+            replicas = self.plan.replicas(rec)
+            if replicas is None:
+                continue
+            p = self._partition(part[0], part[1], list(replicas))
+            if p is None:
+                continue
+            if rec.isr is not None:
+                p.isr = list(rec.isr.value.members)
+                p.isr_revision = rec.isr.mod_revision
+            own = self.host.topics.get(p.topic) if p.is_origin else None
+            facts = Facts(
+                part,
+                self.member.me,
+                p.role.value,
+                p.epoch,
+                tuple(p.isr),
+                caught_up=p.leader_latest == p.log.latest,
+                ready=self.ready,
+                checkpoints=bool(state.checkpoints.get(part)),
+                hand_off_held=own is not None and own.hand_off_held,
+            )
+            for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
+                if not await self._carry_out(p, action):
+                    break
 
-    async def _create_own(self, topic: str, settings: ReplicationSettings) -> None:
+    def _retained(self, topic: str) -> bool:
+        return topic in self.host.topics and self.host.topic_log(topic) is not None
+
+    async def _place(self, place: Place) -> None:
         """This node's own partition of a replicated topic it retains: placed and led by it."""
-        if topic not in self.host.topics or self.host.topic_log(topic) is None:
-            return
-        keys = self.member.keys
-        replicas = rendezvous(topic, self.node_id, sorted(self.state.nodes), settings.replicas)
-        if len(replicas) < settings.replicas:
+        if place.short:
             log.warning(
                 "CLUSTER: topic %s wants %d replicas, %d nodes are live: placing on %s",
-                topic,
-                settings.replicas,
+                place.topic,
+                self.state.settings[place.topic].replicas,
                 len(self.state.nodes),
-                replicas,
+                list(place.assignment.replicas),
             )
-        assignment = keys.part(topic, self.node_id, "assignment")
+        keys = self.member.keys
+        assignment = keys.part(place.topic, self.node_id, "assignment")
         await self.member.etcd.txn(
             [Compare(assignment, "CREATE", "EQUAL", 0)],
             [
-                put_op(assignment, json.dumps({"replicas": replicas}).encode()),
+                put_op(assignment, place.assignment.encode()),
                 put_op(
-                    keys.part(topic, self.node_id, "isr"),
-                    encode_isr([self.member.me]),
+                    keys.part(place.topic, self.node_id, "isr"),
+                    InSync((self.member.me,)).encode(),
                 ),
             ],
         )
@@ -249,82 +293,55 @@ class Replicator:
         log.info("CLUSTER: partition %s: holding a copy (replicas %s)", p.name, replicas)
         return p
 
-    async def _reconcile(self, topic: str, origin: int, keys: dict[str, KeyValue]) -> None:
-        if "assignment" not in keys:
-            return
-        replicas = [int(n) for n in keys["assignment"].json().get("replicas", [])]
-        if self.node_id not in replicas:
-            return
-        p = self._partition(topic, origin, replicas)
-        if p is None:
-            return
-        isr_kv = keys.get("isr")
-        if isr_kv is not None:
-            p.isr = decode_isr(isr_kv)
-            p.isr_revision = isr_kv.mod_revision
-        key = (topic, origin)
-        me = self.member.me
-        leader = keys.get("leader")
-        if leader is None:
-            if p.role is Role.LEADER:
-                p.step_down("its leadership key is gone (lease lapsed)")
-            self.following.stop(key)
-            p.role, p.leader = Role.NONE, -1
-            since = self._leaderless_since.setdefault(key, self.now())
-            if me in p.isr:
-                rank = 0 if p.is_origin else 1 + p.isr.index(me)
-                if self.now() - since >= rank * RANK_DELAY:
-                    await self.leading.campaign(p)
-            elif key not in self._offline and not any(self.state.live(m) for m in p.isr):
+    async def _carry_out(self, p: Partition, action: Action) -> bool:
+        """One action of the plan; False: the rest of this tick's actions for ``p`` wait."""
+        key = (p.topic, p.origin)
+        match action:
+            case StepDown(why):
+                p.step_down(why)
+            case StopFetch():
+                self.following.stop(key)
+            case Leaderless():
+                p.role, p.leader = Role.NONE, -1
+            case Campaign():
+                await self.leading.campaign(p)
+            case Offline(isr):
                 # No unclean election: a copy outside the in-sync set may lack what was
                 # acknowledged. The partition waits for one of them to come back.
-                self._offline.add(key)
                 log.warning(
-                    "CLUSTER: partition %s: offline - no member of its in-sync set %s is alive; "
-                    "it waits for one (this copy, not in it, may lack acknowledged records)",
+                    "CLUSTER: partition %s: offline - no member of its in-sync set %s is "
+                    "alive; it waits for one (this copy, not in it, may lack acknowledged "
+                    "records)",
                     p.name,
-                    [m[0] for m in p.isr],
+                    list(isr),
                 )
-            return
-        self._leaderless_since.pop(key, None)
-        self._offline.discard(key)
-        info = leader.json()
-        mine = int(info.get("node", -1)) == self.node_id
-        if mine and leader.mod_revision == p.epoch and p.role is Role.LEADER:
-            await self.leading.lead(p)
-            if not self.ready:
-                return  # channels are restored first (``start``)
-            holders = self.state.checkpoints.get(key)
-            if holders:
-                await self.checkpoints.adopt(p, holders)
-            own = self.host.topics.get(topic) if p.is_origin else None
-            if own is not None and own.hand_off_held:
+            case Lead():
+                await self.leading.lead(p)
+            case Adopt():
+                await self.checkpoints.adopt(p, self.state.checkpoints.get(key, {}))
+            case ResumeChannels():
                 await self.checkpoints.took_back(p)  # led again: its channels go on
-            return
-        if mine:
-            # A leadership this node no longer serves (a registration since): give it up.
-            with contextlib.suppress(EtcdError):
-                await self.member.etcd.txn(
-                    [Compare(leader.key, "MOD", "EQUAL", leader.mod_revision)],
-                    [delete_op(leader.key)],
+            case Resign(leader):
+                # A leadership this node no longer serves (a registration since): given up.
+                with contextlib.suppress(EtcdError):
+                    await self.member.etcd.txn(
+                        [Compare(leader.key, "MOD", "EQUAL", leader.mod_revision)],
+                        [delete_op(leader.key)],
+                    )
+            case Follow(node, http, epoch):
+                log.info(
+                    "CLUSTER: partition %s: following node %s at epoch %d", p.name, node, epoch
                 )
-            return
-        if p.role is not Role.FOLLOWER or p.epoch != leader.mod_revision:
-            log.info(
-                "CLUSTER: partition %s: following node %s at epoch %d",
-                p.name,
-                info.get("node"),
-                leader.mod_revision,
-            )
-            p.follow(int(info["node"]), str(info["http"]), leader.mod_revision)
-        # Every tick: a fetch stopped by a take-back that failed, or one that died, starts again.
-        self.following.start(p)
-        if p.is_origin and me in p.isr and p.leader_latest == p.log.latest:
-            self.following.stop(key)
-            if not await self.leading.take_back(p, leader):
-                p.role = Role.NONE  # the next tick follows whoever leads now
-            elif self.ready:
-                await self.checkpoints.took_back(p)
+                p.follow(node, http, epoch)
+            case StartFetch():
+                self.following.start(p)
+            case TakeBack(leader):
+                if not await self.leading.take_back(p, leader):
+                    p.role = Role.NONE  # the next tick follows whoever leads now
+                    return False
+                if self.ready:
+                    await self.checkpoints.took_back(p)
+        return True
 
     # -- what the server and the HTTP API ask -----------------------------------------------
 
@@ -405,11 +422,7 @@ class Replicator:
 
     def node_addresses(self) -> dict[str, str]:
         """Every registered node's HTTP address, by node id (as etcd holds them)."""
-        return {
-            str(n): str(info["http"])
-            for n, info in sorted(self.state.nodes.items())
-            if isinstance(info.get("http"), str)
-        }
+        return {str(n): info.http for n, info in sorted(self.state.nodes.items()) if info.http}
 
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds."""
@@ -444,13 +457,10 @@ class Replicator:
         each channel's first pending offset, its end (None: open) and its out-of-order ranges;
         or whom an adopted one went to."""
         out: dict[str, Any] = {}
-        for holder, kv in sorted(self.state.checkpoints.get((topic, origin), {}).items()):
-            try:
-                doc = kv.json()
-            except ValueError:
-                continue
-            if "adopted_by" in doc:
-                out[str(holder)] = {"adopted_by": doc["adopted_by"], "end": doc.get("end")}
+        for holder, stored in sorted(self.state.checkpoints.get((topic, origin), {}).items()):
+            doc = stored.value
+            if isinstance(doc, Tombstone):
+                out[str(holder)] = {"adopted_by": doc.adopted_by, "end": doc.end}
                 continue
             out[str(holder)] = {
                 name: {
@@ -461,7 +471,7 @@ class Replicator:
                     "attempts_max": max(w.get("attempts", {}).values(), default=0),
                     "deferred_kept": len(w.get("due", {})),
                 }
-                for name, w in doc.get("channels", {}).items()
+                for name, w in doc.channels.items()
                 if isinstance(w, dict) and isinstance(w.get("done"), list)
             }
         return out

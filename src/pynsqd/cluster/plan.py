@@ -1,0 +1,292 @@
+"""The plan: what this node does about each partition, decided from one read of etcd. No I/O.
+
+Theory of operation (``docs/replication.md``). Every tick the replicator reads the cluster's
+keys (``records.ClusterState``) and, for each partition whose assignment names this node, asks
+``Plan.decide`` what to do, given the partition as this node holds it (``Facts``). The answer is
+a list of ``Action`` values that ``cluster/replicator.py`` carries out in order (etcd txns,
+fetch tasks, channel adoption); nothing here touches a socket, a file or a clock other than the
+``now`` it is given. The rules:
+
+- **Leaderless** (the leader key is gone: its lease lapsed or was revoked). A leader steps down;
+  fetching stops. A member of the in-sync set campaigns once the partition has been leaderless
+  for ``rank * RANK_DELAY`` seconds: the origin at once (rank 0), the others in in-sync order,
+  so the origin wins when it is alive. A copy outside the in-sync set never campaigns (no unclean
+  election: it may lack what was acknowledged); when no in-sync member is alive the partition is
+  offline, said once per outage.
+- **Led by this node at its epoch**: the leader's tick (in-sync set, fsync, HW); once the node
+  has joined, it adopts the channel checkpoints of holders that left, and an origin that took
+  its partition back lets its channels go on.
+- **A leadership key naming this node at another epoch** (a registration since, after a pause
+  or a restart): given up, guarded by that key's revision; the next read elects anew.
+- **Led by another node**: follow it at its epoch (a fetch task, started again every tick in
+  case one died or a failed take-back stopped it). The origin, in sync and caught up with a
+  takeover leader (which never appends), takes its partition back.
+
+Past defects the kill -9 soaks found, each a case in ``tests/unit/test_plan.py``: a node that
+took back a partition and failed must follow again on the next tick; a fetch stopped by a failed
+take-back must start again; a leadership of a previous registration must be released, not led;
+an out-of-sync copy must not campaign even when every in-sync member is dead; adoption waits
+until the node has restored its own channels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .records import (
+    Assignment,
+    ClusterState,
+    Leadership,
+    Member,
+    PartKey,
+    PartRecords,
+    Stored,
+)
+from .settings import ReplicationSettings
+
+__all__ = [
+    "RANK_DELAY",
+    "Action",
+    "Adopt",
+    "Campaign",
+    "Facts",
+    "Follow",
+    "Lead",
+    "Leaderless",
+    "Offline",
+    "Place",
+    "Plan",
+    "Resign",
+    "ResumeChannels",
+    "StartFetch",
+    "StepDown",
+    "StopFetch",
+    "TakeBack",
+    "rendezvous",
+]
+
+#: A leaderless partition's in-sync members campaign after rank times this (the origin first).
+RANK_DELAY = 0.4
+
+
+# -- actions: what the shell carries out, in order --------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepDown:
+    why: str
+
+
+@dataclass(frozen=True)
+class StopFetch:
+    pass
+
+
+@dataclass(frozen=True)
+class Leaderless:
+    """Forget the leader this node knew (role none, leader -1)."""
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """Create the leader key under this node's lease while the in-sync set is as read."""
+
+
+@dataclass(frozen=True)
+class Offline:
+    """Say once: no member of the in-sync set is alive, this copy may not lead."""
+
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The leader's tick: the in-sync set, the fsync, the HW."""
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Adopt the channel checkpoints of holders no longer in the cluster."""
+
+
+@dataclass(frozen=True)
+class ResumeChannels:
+    """The origin leads its partition again: its channels go on (``Checkpoints.took_back``)."""
+
+
+@dataclass(frozen=True)
+class Resign:
+    """Delete a leadership of this node that it does not serve, guarded by its revision."""
+
+    leader: Stored[Leadership]
+
+
+@dataclass(frozen=True)
+class Follow:
+    node: int
+    http: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StartFetch:
+    """Fetch at the current epoch (a no-op when that fetch runs)."""
+
+
+@dataclass(frozen=True)
+class TakeBack:
+    """The origin leads again by a txn guarded by the takeover leader's key and the in-sync
+    set; if the txn fails the partition forgets its role (the next tick follows whoever leads),
+    if it succeeds and the node has joined, its channels go on."""
+
+    leader: Stored[Leadership]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Create this node's own partition of a replicated topic: assignment and in-sync set."""
+
+    topic: str
+    assignment: Assignment
+    short: bool  # fewer live nodes than the settings' replicas: placed on those there are
+
+
+Action = (
+    StepDown
+    | StopFetch
+    | Leaderless
+    | Campaign
+    | Offline
+    | Lead
+    | Adopt
+    | ResumeChannels
+    | Resign
+    | Follow
+    | StartFetch
+    | TakeBack
+)
+
+
+# -- what the plan is told of one partition ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One partition as this node holds it, at this tick."""
+
+    key: PartKey
+    me: Member
+    #: ``Role.value`` of the partition here: "none", "leader" or "follower".
+    role: str
+    epoch: int
+    isr: tuple[Member, ...]
+    #: Follower: the leader's log end at its last answer equals this copy's end.
+    caught_up: bool
+    #: The node has restored its channels (``Replicator.ready``).
+    ready: bool = True
+    #: Some holder has a channel checkpoint of this partition.
+    checkpoints: bool = False
+    #: The origin's topic holds its hand-off (its channels were adopted, or it is taking back).
+    hand_off_held: bool = False
+
+    @property
+    def is_origin(self) -> bool:
+        return self.key[1] == self.me[0]
+
+
+def rendezvous(topic: str, origin: int, nodes: Iterable[int], count: int) -> list[int]:
+    """The origin, then the ``count - 1`` other live nodes with the highest hash for it."""
+
+    def weight(n: int) -> bytes:
+        return hashlib.sha256(f"{topic}/{origin}/{n}".encode()).digest()
+
+    others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
+    return [origin, *others[: count - 1]]
+
+
+@dataclass
+class Plan:
+    """The plan's memory between ticks: since when each partition has been leaderless, and
+    which were said to be offline."""
+
+    node_id: int
+    leaderless_since: dict[PartKey, float] = field(default_factory=dict)
+    offline: set[PartKey] = field(default_factory=set)
+
+    def replicas(self, rec: PartRecords) -> tuple[int, ...] | None:
+        """The copies of a partition when this node holds one of them, else None."""
+        if rec.assignment is None or self.node_id not in rec.assignment.value.replicas:
+            return None
+        return rec.assignment.value.replicas
+
+    def to_place(
+        self,
+        state: ClusterState,
+        retained: Callable[[str], bool],
+    ) -> list[Place]:
+        """This node's own partitions to create: every replicated topic it retains that has
+        none yet, placed by rendezvous hashing over the live nodes."""
+        out = []
+        for topic, settings in state.settings.items():
+            if not settings.replicated or (topic, self.node_id) in state.parts:
+                continue
+            if not retained(topic):
+                continue
+            out.append(self._place(topic, settings, sorted(state.nodes)))
+        return out
+
+    def _place(self, topic: str, settings: ReplicationSettings, nodes: list[int]) -> Place:
+        replicas = rendezvous(topic, self.node_id, nodes, settings.replicas)
+        return Place(topic, Assignment(tuple(replicas)), len(replicas) < settings.replicas)
+
+    def decide(
+        self,
+        facts: Facts,
+        leader: Stored[Leadership] | None,
+        now: float,
+        live: Callable[[Member], bool],
+    ) -> list[Action]:
+        """What to do about one partition this node holds a copy of."""
+        key, me = facts.key, facts.me
+        if leader is None:
+            out: list[Action] = []
+            if facts.role == "leader":
+                out.append(StepDown("its leadership key is gone (lease lapsed)"))
+            out += [StopFetch(), Leaderless()]
+            since = self.leaderless_since.setdefault(key, now)
+            if me in facts.isr:
+                rank = 0 if facts.is_origin else 1 + facts.isr.index(me)
+                if now - since >= rank * RANK_DELAY:
+                    out.append(Campaign())
+            elif key not in self.offline and not any(live(m) for m in facts.isr):
+                self.offline.add(key)
+                out.append(Offline(tuple(m[0] for m in facts.isr)))
+            return out
+        self.leaderless_since.pop(key, None)
+        self.offline.discard(key)
+        mine = leader.value.node == me[0]
+        if mine and leader.mod_revision == facts.epoch and facts.role == "leader":
+            out = [Lead()]
+            if not facts.ready:
+                return out  # channels are restored first (``Replicator.start``)
+            if facts.checkpoints:
+                out.append(Adopt())
+            if facts.is_origin and facts.hand_off_held:
+                out.append(ResumeChannels())
+            return out
+        if mine:
+            return [Resign(leader)]
+        out = []
+        if facts.role != "follower" or facts.epoch != leader.mod_revision:
+            out.append(Follow(leader.value.node, leader.value.http, leader.mod_revision))
+        out.append(StartFetch())
+        if facts.is_origin and me in facts.isr and facts.caught_up:
+            out += [StopFetch(), TakeBack(leader)]
+        return out
+
+    def forget(self, keys: Iterable[PartKey]) -> None:
+        for key in keys:
+            self.leaderless_since.pop(key, None)
+            self.offline.discard(key)
