@@ -1,4 +1,12 @@
-"""Fixtures: a real nsqd on 127.0.0.1 port 0, run on its own event loop thread."""
+"""Fixtures: a real nsqd on 127.0.0.1 port 0, run on its own event loop thread; and the tiers.
+
+The suite has four tiers, each a marker given by where a test lives (``TIERS``): ``unit`` (no
+server, no process: parsers, rules, the plan, milliseconds), ``integration`` (real servers over
+real sockets in this process or a few child processes), ``system`` (real NSQ clients, tools,
+Spark, a browser, packaging: whole programs), ``fault`` (kill -9, pauses, partitions, power loss
+of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
+``scripts/test`` runs every tier in parallel workers (pytest-xdist), the slowest tier first so
+that no long test starts last; ``scripts/test -m unit`` runs one tier."""
 
 from __future__ import annotations
 
@@ -143,3 +151,45 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
         for title, text in report.sections
     ]
+
+
+#: Tiers by file: (tier, the files in it). Anything else under tests/integration is
+#: ``integration``; tests/unit and the top-level checks are ``unit``.
+FAULT_FILES = {
+    "test_replication.py",
+    "test_replicated_channels.py",
+    "test_retained_faults.py",
+    "test_crash_safety.py",
+    "test_persistence_process.py",
+}
+SYSTEM_FILES = {
+    "test_clients.py",
+    "test_tools.py",
+    "test_nsqadmin.py",
+    "test_packaging.py",
+    "test_operations.py",
+    "test_monitoring.py",
+    "test_cli_process.py",
+    "test_nsqd_process.py",
+    "test_client_guide.py",
+}
+#: The order workers take them in: the longest first.
+TIERS = ("fault", "system", "integration", "unit")
+
+
+def tier_of(path: Path) -> str:
+    parts = path.parts
+    if "spark" in parts:
+        return "system"
+    if "integration" in parts:
+        if path.name in FAULT_FILES:
+            return "fault"
+        return "system" if path.name in SYSTEM_FILES else "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier_of(Path(str(item.path))))
+    # A stable sort: each file stays whole (its module fixtures are made once per worker).
+    items.sort(key=lambda item: TIERS.index(tier_of(Path(str(item.path)))))

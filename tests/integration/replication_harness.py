@@ -263,7 +263,9 @@ class Network:
         if os.geteuid() != 0 or shutil.which("iptables") is None:
             pytest.skip("network partitions need root and iptables (scripts/bootstrap as root)")
         Network._made += 1
-        number = (os.getpid() * 7 + Network._made) % 230 + 20
+        # Names of its own per parallel worker (gw0, gw1, ...) and per network it makes.
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+        number = 20 + (worker % 7) * 30 + Network._made % 30
         self.tag = f"{number}"
         self.prefix = f"10.{self.tag}.77"
         self.bridge = f"brpq{self.tag}"
@@ -273,6 +275,8 @@ class Network:
         self.address = f"02:70:71:{number:02x}:77:fe"
         self.namespaces: list[str] = []
         self.veths: list[str] = []
+        # A run killed before its close left these names behind: they go first.
+        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
         _ip("link", "add", self.bridge, "address", self.address, "type", "bridge")
         _ip("addr", "add", f"{self.harness}/24", "dev", self.bridge)
         _ip("addr", "add", f"{self.etcd}/24", "dev", self.bridge)
@@ -281,6 +285,8 @@ class Network:
     def add(self, node: Node) -> None:
         ns = f"pq{self.tag}n{node.node_id}"
         veth = f"vpq{self.tag}n{node.node_id}"
+        subprocess.run(["ip", "link", "del", veth], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         _ip("netns", "add", ns)
         self.namespaces.append(ns)
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
