@@ -199,3 +199,13 @@ def test_every_package_imports_only_what_the_architecture_says() -> None:
     assert set(graph) <= set(ALLOWED), f"a new package: {sorted(set(graph) - set(ALLOWED))}"
     extra = {n: sorted(deps - ALLOWED[n]) for n, deps in graph.items() if deps - ALLOWED[n]}
     assert not extra, f"imports beyond the architecture: {extra}"
+
+
+def test_the_partition_is_the_only_writer_of_the_commit_point() -> None:
+    """A replicated log's commit point moves only through ``cluster/partition.py``."""
+    writers = sorted(
+        str(path.relative_to(PKG))
+        for path in PKG.rglob("*.py")
+        if ".commit_to(" in path.read_text() or ".committed =" in path.read_text()
+    )
+    assert writers == ["cluster/partition.py"]

@@ -44,7 +44,13 @@ class Certs:
         self.rogue.private_key_and_cert_chain_pem.write_to_path(self.rogue_file)
 
     def server_options(self, **extra: Any) -> dict[str, Any]:
-        return {"tls_cert": self.cert_file, "tls_key": self.key_file, **extra}
+        # HTTPS on a port of its own (nsqd's default, 0.0.0.0:4152, is shared by parallel runs).
+        return {
+            "tls_cert": self.cert_file,
+            "tls_key": self.key_file,
+            "https_address": "127.0.0.1:0",
+            **extra,
+        }
 
     def client_context(self, cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)

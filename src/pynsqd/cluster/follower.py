@@ -226,7 +226,5 @@ class Following:
                 if job is not None:
                     await loop.run_in_executor(None, fsync_close, job[0])
                     tlog.synced_to(job[1])
-            p.leader_latest = answer.latest
-            p.hw = max(p.hw, min(answer.hw, tlog.latest))
-            tlog.committed = p.hw
+            p.leader_answered(answer.latest, answer.hw)
             tlog.handed = tlog.latest

@@ -78,6 +78,17 @@ class Partition:
     #: once it has caught up with it).
     leader_latest: int = -1
 
+    def __post_init__(self) -> None:
+        if not self.is_origin:
+            self.log.commit_to(0)  # a copy shows nothing until its leader says it is committed
+
+    @staticmethod
+    def hold_unplaced(tlog: TopicLog) -> None:
+        """A retained topic's first replicated publish, before its partition is placed:
+        nothing from here on is visible (handed to channels, read) before it commits."""
+        if tlog.committed is None:
+            tlog.commit_to(tlog.latest)
+
     @property
     def name(self) -> str:
         return f"{self.topic}/{self.origin}"
@@ -157,9 +168,9 @@ class Partition:
         """What readers and channels see: committed offsets; with ``acks=leader`` the origin
         shows what it wrote (replication follows: a failover can take the lag back)."""
         if self.settings.acks == "leader" and self.is_origin and self.role is Role.LEADER:
-            self.log.committed = None
+            self.log.commit_to(None)
         else:
-            self.log.committed = min(self.hw, self.log.latest)
+            self.log.commit_to(min(self.hw, self.log.latest))
 
     def fail_waiters(self, why: str) -> None:
         waiters, self.waiters = self.waiters, []
@@ -202,6 +213,13 @@ class Partition:
         self.fail_waiters(f"node {leader} leads the partition now")
         self.role = Role.FOLLOWER
         self.leader, self.leader_http, self.epoch = leader, http, epoch
+
+    def leader_answered(self, latest: int, hw: int) -> None:
+        """Follower: the leader's log end and high watermark, as its last fetch answer said;
+        this copy commits what it holds below that HW."""
+        self.leader_latest = latest
+        self.hw = max(self.hw, min(hw, self.log.latest))
+        self.log.commit_to(self.hw)
 
     def end_for(self, epoch: int) -> int:
         """Leader: where the follower whose last epoch is ``epoch`` must cut its log."""

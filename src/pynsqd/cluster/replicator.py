@@ -278,7 +278,6 @@ class Replicator:
                 return None
         else:
             tlog = self.host.open_replica_log(topic, origin)
-            tlog.committed = 0
         p = Partition(
             topic,
             origin,
@@ -370,8 +369,8 @@ class Replicator:
             # The topic's first replicated publish: it waits for its partition's placement,
             # and nothing from here on is handed to channels before it commits.
             tlog = self.host.topic_log(topic)
-            if tlog is not None and tlog.committed is None:
-                tlog.committed = tlog.latest
+            if tlog is not None:
+                Partition.hold_unplaced(tlog)
         elif not p.writable:
             raise PublishRefused(
                 f"node {p.leader} serves this node's partition of {topic} while it catches up"

@@ -162,8 +162,9 @@ class TopicLog:
         #: The hand-off position as saved: retention never removes a segment at or after it.
         self.saved_handed = -1
         #: A replicated partition's high watermark: readers and channels see offsets below it
-        #: only (``cluster/partition.py`` moves it). None: not replicated, all is visible.
-        self.committed: int | None = None
+        #: only. None: not replicated, all is visible. Only ``cluster/partition.py`` moves it
+        #: (``commit_to``; a test holds it to that).
+        self._committed: int | None = None
         #: The end of what the last fsync covered (``fsync_end``).
         self.synced = 0
         os.makedirs(directory, exist_ok=True)
@@ -185,10 +186,19 @@ class TopicLog:
         return self.segments[-1].next
 
     @property
+    def committed(self) -> int | None:
+        return self._committed
+
+    def commit_to(self, offset: int | None) -> None:
+        """The commit point (``cluster/partition.py``'s, the one writer): readers and channels
+        see offsets below ``offset``; None: everything."""
+        self._committed = offset
+
+    @property
     def visible(self) -> int:
         """The end of what readers and channels may see: ``latest``, or the high watermark of
         a replicated partition."""
-        committed = self.committed
+        committed = self._committed
         return self.latest if committed is None else min(committed, self.latest)
 
     @property
@@ -353,8 +363,8 @@ class TopicLog:
             for _, ts, _, _ in self._walk(seg, seg.idx_pos[-1] if seg.idx_pos else 0, pos):
                 seg.last_ts = max(seg.last_ts, ts)
         self.handed = min(self.handed, self.latest)
-        if self.committed is not None:
-            self.committed = min(self.committed, self.latest)
+        if self._committed is not None:
+            self._committed = min(self._committed, self.latest)
         self.synced = min(self.synced, self.latest)
         self._unsynced = 0
         self.log.warning(
@@ -379,8 +389,8 @@ class TopicLog:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         durable.fsync(self._fd)
         self.handed = self.synced = offset
-        if self.committed is not None:
-            self.committed = offset
+        if self._committed is not None:
+            self._committed = offset
         self._unsynced = 0
         self.log.warning("TOPICLOG(%s): emptied, starting again at offset %d", self.name, offset)
 
