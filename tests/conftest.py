@@ -6,7 +6,8 @@ real sockets in this process or a few child processes), ``system`` (real NSQ cli
 Spark, a browser, packaging: whole programs), ``fault`` (kill -9, pauses, partitions, power loss
 of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
 ``scripts/test`` runs every tier in parallel workers (pytest-xdist), the slowest tier first so
-that no long test starts last; ``scripts/test -m unit`` runs one tier."""
+that no long test starts last, Spark's tests in two workers of their own (JVMs are heavy);
+``scripts/test -m unit`` runs one tier."""
 
 from __future__ import annotations
 
@@ -191,7 +192,13 @@ def tier_of(path: Path) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier_of(Path(str(item.path))))
+        path = Path(str(item.path))
+        item.add_marker(tier_of(path))
+        if "spark" in path.parts:
+            # Each Spark test starts JVMs (a session, a standalone cluster): they run in two
+            # workers, one after another in each (--dist loadgroup), not six at once on 2 cores.
+            group = "spark-cluster" if path.name == "test_standalone.py" else "spark-local"
+            item.add_marker(pytest.mark.xdist_group(group))
     # A stable sort: each file stays whole (its module fixtures are made once per worker).
     items.sort(key=_schedule)
 

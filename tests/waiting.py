@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -26,3 +27,14 @@ def wait_for(
     against a hang, not a synchronisation)."""
     if not until(cond, timeout):
         pytest.fail(f"timed out waiting for {what}")
+
+
+async def wait_for_async(
+    cond: Callable[[], object], what: str = "the condition", timeout: float = 20.0
+) -> None:
+    """``wait_for`` inside a running event loop (the loop goes on between polls)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ServerThread
+from tests.waiting import wait_for_async
 
 N = 300  # messages per publishing method
 HARD_TIMEOUT = 30.0
@@ -51,14 +52,6 @@ def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         loop.close()
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
     import nsq
 
@@ -87,7 +80,7 @@ def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
             max_in_flight=100,
         )
         try:
-            await wait_for(lambda: bool(writer.conns), "the writer to connect")
+            await wait_for_async(lambda: bool(writer.conns), "the writer to connect")
             pub_bodies = expected[:N]
             mpub_bodies = expected[N : 2 * N]
             dpub_bodies = expected[2 * N :]
@@ -98,10 +91,10 @@ def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
             for body in dpub_bodies:
                 writer.dpub("clients", 300, body, callback=on_pub)
             n_cmds = N + N // 50 + N
-            await wait_for(lambda: len(responses) + len(errors) == n_cmds, "every OK")
+            await wait_for_async(lambda: len(responses) + len(errors) == n_cmds, "every OK")
             assert not errors
             assert all(r == b"OK" for r in responses)
-            await wait_for(lambda: len(received) >= len(expected), "every message")
+            await wait_for_async(lambda: len(received) >= len(expected), "every message")
             await asyncio.sleep(0.5)  # a duplicate would show up here
             assert_exactly_once(received, expected)
         finally:
@@ -153,8 +146,8 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
         ]
         writer = nsq.Writer([addr], reconnect_interval=60)
         try:
-            await wait_for(lambda: bool(writer.conns), "the writer to connect")
-            await wait_for(
+            await wait_for_async(lambda: bool(writer.conns), "the writer to connect")
+            await wait_for_async(
                 lambda: nsqd.call(lambda: len(getattr(topics.get("fan"), "channels", ()))) == 2,
                 "both channels",
             )
@@ -162,10 +155,12 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
             writer.mpub("fan", expected[:100], callback=lambda c, d: oks.append(d))
             for body in expected[100:]:
                 writer.pub("fan", body, callback=lambda c, d: oks.append(d))
-            await wait_for(lambda: len(oks) == 101, "every OK")
+            await wait_for_async(lambda: len(oks) == 101, "every OK")
             assert all(d == b"OK" for d in oks)
-            await wait_for(lambda: len(finished) >= len(expected), "every message finished")
-            await wait_for(lambda: len(attempts["other"]) >= len(expected), "the audit channel")
+            await wait_for_async(lambda: len(finished) >= len(expected), "every message finished")
+            await wait_for_async(
+                lambda: len(attempts["other"]) >= len(expected), "the audit channel"
+            )
             await asyncio.sleep(0.5)
             assert_exactly_once(finished, expected)
             assert_exactly_once([b for b, _ in attempts["other"]], expected)

@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -31,6 +30,7 @@ import pytest
 from pynsqd.protocol import encode
 
 from ..conftest import ServerThread, http_request
+from ..processes import ServerProcess, reap_all
 from ..waiting import wait_for
 from ..wire import Conn
 
@@ -100,24 +100,15 @@ def test_crash_while_the_backlog_moves_to_channels_loses_nothing(
         assert got == {b"m%05d" % i for i in range(n)}
 
 
-_LIVE: list[subprocess.Popen[bytes]] = []
-
-
 @pytest.fixture(autouse=True)
 def _no_process_left() -> Iterator[None]:
     """A failing test must not leave its nsqd running."""
     yield
-    while _LIVE:
-        p = _LIVE.pop()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    reap_all()
 
 
-class Proc:
+class Proc(ServerProcess):
     """The real nsqd process with TCP and HTTP on port 0."""
-
-    _LISTENING = re.compile(r"(TCP|HTTP): listening on 127\.0\.0\.1:(\d+)")
 
     def __init__(
         self,
@@ -126,31 +117,16 @@ class Proc:
         *flags: str,
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
-        self.log_file = log.open("ab")
-        start = log.stat().st_size
-        self.p = subprocess.Popen(
-            [
-                NSQD,
-                "--tcp-address=127.0.0.1:0",
-                "--http-address=127.0.0.1:0",
-                f"--data-path={data}",
-                *flags,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log_file,
+        super().__init__(
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={data}",
+            *flags,
+            log=log,
             preexec_fn=preexec_fn,
         )
-        _LIVE.append(self.p)
-        ports: dict[str, int] = {}
-
-        def listening() -> bool:
-            assert self.p.poll() is None, log.read_text()
-            text = log.read_bytes()[start:].decode(errors="replace")  # bytes: the log has µs
-            ports.update((k, int(v)) for k, v in self._LISTENING.findall(text))
-            return len(ports) == 2
-
-        wait_for(listening, "nsqd to listen")
-        self.port, self.http_port = ports["TCP"], ports["HTTP"]
+        self.port, self.http_port = self.port_of("TCP"), self.port_of("HTTP")
 
     def connect(self) -> Conn:
         return Conn(("127.0.0.1", self.port))
@@ -169,12 +145,6 @@ class Proc:
         assert status == 200
         result: dict[str, Any] = json.loads(body)
         return result
-
-    def stop(self, sig: int) -> int:
-        self.p.send_signal(sig)
-        code = self.p.wait(timeout=30)
-        self.log_file.close()
-        return code
 
 
 @pytest.fixture

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,93 +12,48 @@ from typing import Any
 
 import pytest
 
+from ..processes import ServerProcess
 from ..waiting import wait_for
 from .lookupd_helpers import get_json, http
 
-BIN = Path(sys.executable).parent
 TOPIC = "clustered"
 PER_NODE = 50
 HARD_TIMEOUT = 30
 
 
-class Process:
-    """A console script whose stderr is collected; ``listening`` parses its bound addresses."""
-
-    def __init__(self, name: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(BIN / name), *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def listening(self, what: str) -> str:
-        pattern = re.compile(rf"{what}: listening on (\S+)")
-
-        def found() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError("exited early:\n" + "".join(self.lines))
-            return any(pattern.search(line) for line in self.lines)
-
-        wait_for(found)
-        match = next(m for line in self.lines if (m := pattern.search(line)))
-        return match.group(1)
-
-    def port(self, what: str) -> int:
-        return int(self.listening(what).rsplit(":", 1)[1])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._reader.join(timeout=5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.processes: list[Process] = []
+        self.processes: list[ServerProcess] = []
         self.lookupd = self._start_lookupd("127.0.0.1:0", "127.0.0.1:0")
-        self.lookupd_tcp = self.lookupd.port("TCP")
-        self.lookupd_http = self.lookupd.port("HTTP")
+        self.lookupd_tcp = self.lookupd.port_of("TCP")
+        self.lookupd_http = self.lookupd.port_of("HTTP")
         self.nodes = [self._start_nsqd(i) for i in range(3)]
-        self.node_http = [node.port("HTTP") for node in self.nodes]
+        self.node_http = [node.port_of("HTTP") for node in self.nodes]
 
-    def _start_lookupd(self, tcp: str, http_address: str) -> Process:
-        proc = Process(
+    def _start_lookupd(self, tcp: str, http_address: str) -> ServerProcess:
+        proc = ServerProcess(
             "nsqlookupd",
             f"--tcp-address={tcp}",
             f"--http-address={http_address}",
             "--broadcast-address=127.0.0.1",
             "--tombstone-lifetime=2s",
+            log=self.tmp / "nsqlookupd.log",
         )
         self.processes.append(proc)
         return proc
 
-    def _start_nsqd(self, i: int) -> Process:
+    def _start_nsqd(self, i: int) -> ServerProcess:
         data = self.tmp / f"nsqd{i}"
         data.mkdir()
-        proc = Process(
+        proc = ServerProcess(
             "nsqd",
             "--tcp-address=127.0.0.1:0",
             "--http-address=127.0.0.1:0",
             f"--data-path={data}",
             f"--lookupd-tcp-address=127.0.0.1:{self.lookupd_tcp}",
             "--broadcast-address=127.0.0.1",
+            log=self.tmp / f"nsqd{i}.log",
         )
         self.processes.append(proc)
         return proc
@@ -127,7 +77,6 @@ class Cluster:
         self.lookupd = self._start_lookupd(
             f"127.0.0.1:{self.lookupd_tcp}", f"127.0.0.1:{self.lookupd_http}"
         )
-        self.lookupd.listening("HTTP")
 
     def stop(self) -> None:
         for proc in self.processes:

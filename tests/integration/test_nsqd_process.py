@@ -6,47 +6,24 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
+from ..processes import ServerProcess
 from ..wire import Conn
 
-NSQD = str(Path(sys.executable).with_name("nsqd"))
 
-
-class Proc:
+class Proc(ServerProcess):
     """nsqd started with ``flags``; ``lines`` maps 'TCP'/'HTTP' to the address it logged."""
 
     def __init__(self, tmp: Path, *flags: str) -> None:
-        self.log = tmp / f"nsqd-{time.monotonic_ns()}.log"
-        self.log_file = self.log.open("wb")
-        self.p = subprocess.Popen(
-            [NSQD, *flags], stdout=subprocess.DEVNULL, stderr=self.log_file, cwd=tmp
-        )
-        self.lines: dict[str, str] = {}
-        want = {"TCP"} | ({"HTTP"} if not any(f == "--http-address=" for f in flags) else set())
-        deadline = time.monotonic() + 20
-        while not want <= self.lines.keys():
-            text = self.log.read_text(errors="replace")
-            for m in re.finditer(r"(TCP|HTTP): listening on (\S+)", text):
-                self.lines[m.group(1)] = m.group(2)
-            assert self.p.poll() is None, text
-            if time.monotonic() >= deadline:
-                pytest.fail(text)
-            time.sleep(0.02)
-
-    def stop(self) -> int:
-        self.p.send_signal(signal.SIGTERM)
-        code = self.p.wait(timeout=20)
-        self.log_file.close()
-        return code
+        want = ("TCP",) if "--http-address=" in flags else ("TCP", "HTTP")
+        log = tmp / f"nsqd-{time.monotonic_ns()}.log"
+        log.touch()
+        super().__init__("nsqd", *flags, log=log, want=want, cwd=tmp)
+        self.lines = self.addresses
 
 
 def test_tcp_and_http_on_unix_sockets(tmp_path: Path) -> None:

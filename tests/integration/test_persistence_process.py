@@ -2,51 +2,31 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
+from ..processes import BIN, ServerProcess
 from ..wire import Conn
 
-NSQD = str(Path(sys.executable).with_name("nsqd"))
-_LISTENING = re.compile(r"TCP: listening on 127\.0\.0\.1:(\d+)")
 
-
-class Proc:
+class Proc(ServerProcess):
     def __init__(self, data: Path, log: Path, *flags: str) -> None:
-        self.log = log
-        self.log_file = log.open("ab")
-        start = log.stat().st_size
-        self.p = subprocess.Popen(
-            [NSQD, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}", *flags],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log_file,
+        super().__init__(
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=",
+            f"--data-path={data}",
+            *flags,
+            log=log,
+            want=("TCP",),
         )
-        deadline = time.monotonic() + 20
-        while True:
-            m = _LISTENING.search(log.read_text(errors="replace")[start:])
-            if m:
-                self.port = int(m.group(1))
-                return
-            assert self.p.poll() is None, log.read_text()
-            if time.monotonic() >= deadline:
-                pytest.fail(log.read_text())
-            time.sleep(0.02)
+        self.port = self.port_of("TCP")
 
     def connect(self) -> Conn:
         return Conn(("127.0.0.1", self.port))
-
-    def stop(self, sig: int) -> int:
-        self.p.send_signal(sig)
-        code = self.p.wait(timeout=20)
-        self.log_file.close()
-        return code
 
 
 def test_kill_9_loses_no_acknowledged_message(tmp_path: Path) -> None:
@@ -140,7 +120,7 @@ def test_second_instance_on_the_same_directory_exits(tmp_path: Path) -> None:
     log.touch()
     proc = Proc(data, log)
     second = subprocess.run(
-        [NSQD, "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"],
+        [str(BIN / "nsqd"), "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}"],
         capture_output=True,
         timeout=20,
     )

@@ -31,6 +31,7 @@ import pytest
 from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 
+from ..processes import ServerProcess
 from ..waiting import until, wait_for
 from .lookupd_helpers import http
 from .replication_harness import (
@@ -47,7 +48,6 @@ from .replication_harness import (
     wait_in_sync,
     wait_leader,
 )
-from .test_lookupd_cluster import Process
 
 CONSUMER = Path(__file__).with_name("nsq_consumer.py")
 CHANNEL = "ch"
@@ -55,25 +55,25 @@ MAX_IN_FLIGHT = 20
 
 
 @pytest.fixture
-def lookupd() -> Iterator[Process]:
-    proc = Process(
+def lookupd(tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
         "nsqlookupd",
         "--tcp-address=127.0.0.1:0",
         "--http-address=127.0.0.1:0",
         "--broadcast-address=127.0.0.1",
+        log=tmp_path / "nsqlookupd.log",
     )
-    proc.listening("HTTP")
     yield proc
     proc.stop()
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: Etcd, lookupd: Process) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, etcd: Etcd, lookupd: ServerProcess) -> Iterator[Cluster]:
     c = Cluster(
         tmp_path,
         etcd,
         3,
-        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}",
+        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port_of('TCP')}",
         "--broadcast-address=127.0.0.1",
     )
     yield c
@@ -119,9 +119,9 @@ class Consumer:
 
 
 @contextlib.contextmanager
-def consuming(tmp_path: Path, lookupd: Process) -> Iterator[list[Consumer]]:
+def consuming(tmp_path: Path, lookupd: ServerProcess) -> Iterator[list[Consumer]]:
     """A pynsq and a gnsq consumer of ``TOPIC``/``CHANNEL``, given only ``lookupd``'s address."""
-    address = lookupd.listening("HTTP")
+    address = lookupd.addresses["HTTP"]
     group = [
         Consumer("pynsq", address, tmp_path / "pynsq.txt"),
         Consumer("gnsq", address, tmp_path / "gnsq.txt"),
@@ -265,7 +265,7 @@ def delivered_within_bound(
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("fault", "count"), [("kill", 6), ("pause", 6), ("restart", 6)])
 def test_consumers_through_lookupd_lose_nothing_across_failovers(
-    tmp_path: Path, cluster: Cluster, lookupd: Process, fault: str, count: int
+    tmp_path: Path, cluster: Cluster, lookupd: ServerProcess, fault: str, count: int
 ) -> None:
     """6 kill -9 of a random node (with the node's return and take-back after each), 6 pauses
     past the lease, and a rolling restart of every node twice, under load from two producers,
@@ -282,7 +282,7 @@ def test_consumers_through_lookupd_lose_nothing_across_failovers(
 
 @pytest.mark.timeout(300)
 def test_a_node_killed_and_restarted_redelivers_what_was_in_flight_and_deferred(
-    tmp_path: Path, cluster: Cluster, lookupd: Process
+    tmp_path: Path, cluster: Cluster, lookupd: ServerProcess
 ) -> None:
     """nsqd loses a crashed channel's in-flight and deferred messages (they were only in its
     memory). A replicated channel is rebuilt from its checkpoint and the log: nothing lost,
@@ -442,7 +442,7 @@ def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Clus
 
 @pytest.mark.timeout(600)
 def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
-    tmp_path: Path, etcd: Etcd, lookupd: Process, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, etcd: Etcd, lookupd: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every node loses power at once under load (kill -9, then each log segment zeroed after
     what its last fsync covered), twice: with durability=fsync every acknowledged message still
@@ -454,7 +454,7 @@ def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
         tmp_path,
         etcd,
         3,
-        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port('TCP')}",
+        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port_of('TCP')}",
         "--broadcast-address=127.0.0.1",
     )
     try:
@@ -482,7 +482,7 @@ def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
 
 @pytest.mark.timeout(300)
 def test_nodes_holding_only_copies_do_not_register_the_topic(
-    cluster: Cluster, lookupd: Process
+    cluster: Cluster, lookupd: ServerProcess
 ) -> None:
     """A node that only holds a copy of a partition (a follower) has no topic and registers
     nothing with nsqlookupd, so it never adds an idle connection that a consumer with a small
@@ -497,7 +497,7 @@ def test_nodes_holding_only_copies_do_not_register_the_topic(
     wait_for(lambda: CHANNEL in checkpoint(n1, 1), "a checkpoint of the channel")
 
     def producers() -> list[int]:
-        status, body, _ = http(f"http://127.0.0.1:{lookupd.port('HTTP')}/lookup?topic={TOPIC}")
+        status, body, _ = http(f"http://127.0.0.1:{lookupd.port_of('HTTP')}/lookup?topic={TOPIC}")
         if status != 200:
             return []
         return sorted(p["tcp_port"] for p in json.loads(body)["producers"])
@@ -513,7 +513,7 @@ def test_nodes_holding_only_copies_do_not_register_the_topic(
 
 @pytest.mark.timeout(300)
 def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
-    tmp_path: Path, etcd: Etcd, cluster: Cluster, lookupd: Process
+    tmp_path: Path, etcd: Etcd, cluster: Cluster, lookupd: ServerProcess
 ) -> None:
     """etcd killed under load: publishes to the replicated topic stall (as the log's test
     shows), but consumers go on getting what was acknowledged (checkpoints fail with one
@@ -557,11 +557,12 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
     rejoins and leads its partition again; no consumer is restarted; duplicates stay within
     the bound."""
     etcd = Etcd(tmp_path, host=network.etcd)
-    lookupd = Process(
+    lookupd = ServerProcess(
         "nsqlookupd",
         f"--tcp-address={network.harness}:0",
         f"--http-address={network.harness}:0",
         f"--broadcast-address={network.harness}",
+        log=tmp_path / "nsqlookupd.log",
     )
     cluster: Cluster | None = None
     try:
@@ -569,7 +570,7 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
             tmp_path,
             etcd,
             3,
-            f"--lookupd-tcp-address={network.harness}:{lookupd.port('TCP')}",
+            f"--lookupd-tcp-address={network.harness}:{lookupd.port_of('TCP')}",
             network=network,
         )
         prepare(cluster)
@@ -589,7 +590,7 @@ def test_consumers_lose_nothing_when_a_node_is_cut_off(
 
 @pytest.mark.timeout(600)
 def test_channel_admin_calls_race_load_and_a_takeover(
-    tmp_path: Path, cluster: Cluster, lookupd: Process
+    tmp_path: Path, cluster: Cluster, lookupd: ServerProcess
 ) -> None:
     """Channel admin calls on every node from four threads at once (rewind of the consumers'
     channel and of scratch channels, create at an offset, empty, pause and unpause, config,

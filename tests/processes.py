@@ -1,0 +1,83 @@
+"""The suite's one process wrapper: a console script of this package (``nsqd``,
+``nsqlookupd``, ...) as a real child process, its stderr in a log file, its bound addresses
+read from its own "listening on" lines, and the signals a fault test sends it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .waiting import wait_for
+
+BIN = Path(sys.executable).parent
+#: "TCP: listening on 127.0.0.1:4150", "HTTP: listening on /tmp/x.sock", "HTTPS: ..."
+LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+
+#: Every process started and not yet reaped: ``reap_all`` kills what a failing test left.
+_LIVE: list[subprocess.Popen[bytes]] = []
+
+
+class ServerProcess:
+    """``script`` started with ``args``; ``addresses`` maps "TCP", "HTTP" (and "HTTPS") to
+    the address it logged, once each of ``want`` is there."""
+
+    def __init__(
+        self,
+        script: str,
+        *args: str,
+        log: Path,
+        want: Iterable[str] = ("TCP", "HTTP"),
+        cwd: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.log = log
+        self.log_file = log.open("ab")
+        self._start = log.stat().st_size
+        self.p = subprocess.Popen(
+            [str(BIN / script), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_file,
+            cwd=cwd,
+            preexec_fn=preexec_fn,
+        )
+        _LIVE.append(self.p)
+        self.addresses: dict[str, str] = {}
+        wanted = set(want)
+
+        def listening() -> bool:
+            text = self.output()
+            assert self.p.poll() is None, f"{script} exited early:\n{text}"
+            self.addresses.update(LISTENING.findall(text))
+            return wanted <= self.addresses.keys()
+
+        wait_for(listening, f"{script} to listen")
+
+    def output(self) -> str:
+        """What this run logged (the file may hold earlier runs' lines too)."""
+        return self.log.read_bytes()[self._start :].decode(errors="replace")
+
+    def port_of(self, what: str = "TCP") -> int:
+        return int(self.addresses[what].rsplit(":", 1)[1])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig``, wait for the exit; the exit code."""
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        code = self.p.wait(timeout=timeout)
+        self.log_file.close()
+        if self.p in _LIVE:
+            _LIVE.remove(self.p)
+        return code
+
+
+def reap_all() -> None:
+    """Kill every process a test started and did not stop."""
+    while _LIVE:
+        p = _LIVE.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
