@@ -209,3 +209,18 @@ def test_the_partition_is_the_only_writer_of_the_commit_point() -> None:
         if ".commit_to(" in path.read_text() or ".committed =" in path.read_text()
     )
     assert writers == ["cluster/partition.py"]
+
+
+def test_replication_changes_a_channel_only_through_its_methods() -> None:
+    """``cluster/`` reads a channel's windows but changes them, and its queues, only through
+    the channel's own methods (``track_partition``, ``adopted_below``, ...)."""
+    import re
+
+    reach_in = re.compile(r"\b(ch|channel)\.(queue|tq|deferred|in_flight)\b|\.windows(\[.*\])? =")
+    found = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in (PKG / "cluster").glob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if reach_in.search(line)
+    ]
+    assert not found, found

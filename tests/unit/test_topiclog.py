@@ -111,6 +111,28 @@ def test_reads_respect_max_messages_and_max_bytes_but_return_at_least_one(
     assert (info.value.earliest, info.value.latest) == (0, 5000)
 
 
+def test_read_ranges_cross_segments_within_every_bound(tmp_path: Path) -> None:
+    """The one log-range reader (``GET /topic/log`` and the followers' fetch)."""
+    tl = open_log(tmp_path / "t.log", segment_bytes=4096)
+    fill(tl, 300, size=100)  # 146-byte records: about 28 to a segment
+    assert tl.segment_count > 5
+    ranges = tl.read_ranges(5, tl.latest, 10_000, 1 << 20)
+    assert [o for r in ranges for o in read(r)] == list(range(5, 300))
+    assert len({r.path for r in ranges}) == len(ranges)  # one range per segment
+    assert [o for r in tl.read_ranges(5, 100, 10_000, 1 << 20) for o in read(r)] == list(
+        range(5, 100)
+    )  # up to a limit (a partition's commit point)
+    few = tl.read_ranges(5, tl.latest, 40, 1 << 20)
+    assert sum(r.count for r in few) == 40
+    small = tl.read_ranges(5, tl.latest, 10_000, 1000)
+    assert sum(r.end - r.start for r in small) <= 1000 and small[0].first == 5
+    assert [read(r) for r in tl.read_ranges(5, tl.latest, 10_000, 1)] == [[5]]  # at least one
+    assert len(tl.read_ranges(5, tl.latest, 10_000, 1 << 20, max_segments=2)) == 2
+    assert tl.read_ranges(300, tl.latest, 10, 1 << 20) == []
+    with pytest.raises(OffsetOutOfRange):
+        tl.read_ranges(301, tl.latest, 10, 1 << 20)
+
+
 def test_segments_roll_and_a_reopened_log_goes_on_at_the_next_offset(tmp_path: Path) -> None:
     tl = open_log(tmp_path / "t.log", segment_bytes=8192)
     fill(tl, 1000, size=50)

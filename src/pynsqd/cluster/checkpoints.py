@@ -40,8 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..core.channel import Channel
-from ..core.message import Message
-from ..core.offsets import DoneWindow, is_offset_id
+from ..core.offsets import DoneWindow
 from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..storage.topiclog import TopicLog
@@ -141,9 +140,7 @@ class Checkpoints:
         handed = topic.log.handed
         for ch in topic.channels.values():
             if not ch.ephemeral:
-                if ch.windows is None:
-                    ch.windows = {}
-                ch.windows.setdefault(self.me, DoneWindow(handed))
+                ch.track_partition(self.me, handed)
 
     def _windows(self) -> dict[PartKey, dict[str, DoneWindow]]:
         out: dict[PartKey, dict[str, DoneWindow]] = {}
@@ -231,14 +228,7 @@ class Checkpoints:
             for ch in topic.channels.values():
                 if ch.windows is None:
                     continue
-                w = ch.windows.get(part[1])
-                if part[1] == self.me:
-                    if w is None or w.end is not None:
-                        ch.windows[self.me] = w = DoneWindow(end)
-                    w.done_below(end)
-                elif w is not None:
-                    w.close()
-                ch.schedule_pump()
+                ch.adopted_below(part[1], end, own=part[1] == self.me)
                 closed += 1
             if part[1] == self.me:
                 topic.hand_off_held = True  # until this node leads its partition again
@@ -303,19 +293,18 @@ class Checkpoints:
             window = doc.channels.get(ch.name)
             if window is not None:
                 try:
-                    windows[origin] = DoneWindow.decode(window)
+                    ch.set_window(origin, DoneWindow.decode(window))
                 except ValueError as err:
                     log.error("CLUSTER: %s:%s: %s", ch.topic.name, ch.name, err)
             elif origin == self.me and doc.handed is not None:
                 # Created after that checkpoint: it had nothing before its hand-off.
                 now = windows.get(origin)
-                windows[origin] = DoneWindow(
-                    doc.handed if now is None else min(doc.handed, now.low)
-                )
+                low = doc.handed if now is None else min(doc.handed, now.low)
+                ch.set_window(origin, DoneWindow(low))
         if resume is not None:
             # Adopted below ``resume``; from there on it is this node's (what it was handed
             # after a take-back, before the crash, included).
-            windows[self.me] = DoneWindow(resume)
+            ch.set_window(self.me, DoneWindow(resume))
 
     def hold_adopted(self) -> None:
         """Own partitions adopted by another node: their hand-off waits until this node leads
@@ -346,19 +335,9 @@ class Checkpoints:
                 missing,
             )
             return
-        kept: list[Message] = []
-        n = len(ch.queue)
-        while n > 0:
-            batch = ch.queue.take(min(n, REBUILD_BATCH))
-            if not batch:
-                break
-            n -= len(batch)
-            kept.extend(m for m in batch if not is_offset_id(m.id))
-            await asyncio.sleep(0)
-        for msg_id in [i for i in ch.deferred if is_offset_id(i)]:
-            ch.tq.remove(ch.deferred.pop(msg_id))
-        if kept:
-            ch.queue.keep_many(kept)
+        for taken in ch.drop_offset_messages(REBUILD_BATCH):
+            if taken:
+                await asyncio.sleep(0)
         count = 0
         for origin, w in windows.items():
             src = sources[origin]
@@ -437,11 +416,7 @@ class Checkpoints:
         self.revs[part] = result.revision
         self.written.pop(part, None)
         for name, w in theirs.items():
-            ch = channels[name]
-            if ch.windows is None:
-                ch.windows = {}
-            mine = ch.windows.get(p.origin)
-            ch.windows[p.origin] = w if mine is None else mine.union(w)
+            channels[name].merge_window(p.origin, w)
         # The replay runs beside the plan's ticks (a large backlog takes a while); a crash
         # before it ends is a crash of a node whose checkpoint already holds these windows.
         task = asyncio.create_task(self._replay(p, holder, topic, channels, theirs, end))
@@ -489,8 +464,8 @@ class Checkpoints:
         resume = self._resume_at.pop(part, None)
         if resume is not None:
             for ch in topic.channels.values():
-                if ch.windows is not None and self.me not in ch.windows:
-                    ch.windows[self.me] = DoneWindow(resume)
+                if ch.windows is not None:
+                    ch.track_partition(self.me, resume)
             if topic.log.handed < resume:
                 topic.restart_hand_off(min(resume, topic.log.latest))
             log.info(

@@ -299,14 +299,8 @@ def _read(tlog: TopicLog, offset: int, max_bytes: int) -> bytes:
     """The records from ``offset`` to the end of the log, whole, at most ``max_bytes`` (at
     least one record), as the log holds them. They were just written: the page cache has them."""
     parts: list[bytes] = []
-    nxt = offset
-    while nxt < tlog.latest and max_bytes > 0:
-        rng = tlog.read_range(nxt, tlog.latest - nxt, max_bytes)
-        if rng is None or (parts and rng.end - rng.start > max_bytes):
-            break
+    for rng in tlog.read_ranges(offset, tlog.latest, tlog.latest - offset, max_bytes):
         with open(rng.path, "rb", buffering=0) as f:
             f.seek(rng.start)
             parts.append(f.read(rng.end - rng.start))
-        max_bytes -= rng.end - rng.start
-        nxt = rng.next
     return b"".join(parts)

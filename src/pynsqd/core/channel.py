@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .backend import BackendQueue
@@ -37,7 +37,7 @@ from .errors import (
     TooManyConsumers,
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
-from .offsets import DoneWindow, decode_offset_id
+from .offsets import DoneWindow, decode_offset_id, is_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
 
@@ -724,6 +724,60 @@ class Channel:
                     w.done_below(handed)
                 else:
                     w.close()
+
+    # -- a replicated topic's channel: its windows, changed only through these ------------
+    # (``cluster/checkpoints.py`` calls them: tracking, adoption, restore, take-back)
+
+    def track_partition(self, origin: int, low: int) -> None:
+        """Responsible for ``origin``'s partition from ``low`` on (kept if it already is)."""
+        if self.windows is None:
+            self.windows = {}
+        self.windows.setdefault(origin, DoneWindow(low))
+
+    def set_window(self, origin: int, window: DoneWindow) -> None:
+        """``origin``'s window as a checkpoint or a take-back says it is."""
+        if self.windows is None:
+            self.windows = {}
+        self.windows[origin] = window
+
+    def merge_window(self, origin: int, window: DoneWindow) -> None:
+        """Adopted: what another holder was responsible for joins this channel's window."""
+        mine = self.windows.get(origin) if self.windows is not None else None
+        self.set_window(origin, window if mine is None else mine.union(window))
+
+    def adopted_below(self, origin: int, end: int, *, own: bool) -> None:
+        """Another node took over this channel's part of ``origin``'s partition below
+        ``end``. The node's own partition stays this channel's from ``end`` on; another
+        partition's window closes. Its messages below ``end`` are dropped at delivery."""
+        if self.windows is None:
+            return
+        w = self.windows.get(origin)
+        if own:
+            if w is None or w.end is not None:
+                self.windows[origin] = w = DoneWindow(end)
+            w.done_below(end)
+        elif w is not None:
+            w.close()
+        self.schedule_pump()
+
+    def drop_offset_messages(self, batch: int) -> Iterator[int]:
+        """Rebuilding after a crash: every message with an offset ID leaves the queue and the
+        deferred set (the log puts them back); the others stay. Yields after each ``batch``
+        read from the queue (the caller lets the loop run), then once more when done."""
+        kept: list[Message] = []
+        n = len(self.queue)
+        while n > 0:
+            taken = self.queue.take(min(n, batch))
+            if not taken:
+                break
+            n -= len(taken)
+            kept.extend(m for m in taken if not is_offset_id(m.id))
+            yield len(taken)
+        for msg_id in [i for i in self.deferred if is_offset_id(i)]:
+            self.tq.remove(self.deferred.pop(msg_id))
+        if kept:
+            self.queue.keep_many(kept)
+        yield 0
 
     def close(self, *, delete: bool) -> None:
         """Stop the channel. On delete its messages go; otherwise they are kept in the backend."""

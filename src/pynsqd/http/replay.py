@@ -188,25 +188,15 @@ class ReplayAPI:
         offset = _uint(params, "offset")
         max_messages = _uint(params, "max_messages", DEFAULT_MAX_MESSAGES, low=1)
         max_bytes = min(_uint(params, "max_bytes", DEFAULT_MAX_BYTES, low=1), MAX_BYTES)
-        ranges: list[LogRange] = []
-        nxt = offset
         try:
             topic_log.check_offset(offset)
             max_segments = min(MAX_SEGMENTS_PER_READ, self.read_fd_limit - self.read_fds)
             if max_segments <= 0 and offset < limit:
                 raise HTTPError(503, "TOO_MANY_LOG_READERS")
-            while max_messages > 0 and nxt < limit and len(ranges) < max_segments:
-                rng = topic_log.read_range(nxt, min(max_messages, limit - nxt), max_bytes)
-                if rng is None or (ranges and rng.end - rng.start > max_bytes):
-                    break
-                ranges.append(rng)
-                nxt = rng.next
-                max_messages -= rng.count
-                max_bytes -= rng.end - rng.start
-                if max_bytes <= 0:
-                    break
+            ranges = topic_log.read_ranges(offset, limit, max_messages, max_bytes, max_segments)
         except OffsetOutOfRange as err:
             raise self._out_of_range(err) from err
+        nxt = ranges[-1].next if ranges else offset
         # Open the (at most MAX_SEGMENTS_PER_READ) files before the first await: retention may
         # remove a segment meanwhile, and an open file stays readable. Each is closed as soon as
         # its part of the body is written.

@@ -545,6 +545,33 @@ class TopicLog:
             return LogRange(seg.path, start, end, first, nxt, count)
         return None
 
+    def read_ranges(
+        self,
+        offset: int,
+        limit: int,
+        max_messages: int,
+        max_bytes: int,
+        max_segments: int = 1 << 30,
+    ) -> list[LogRange]:
+        """The ranges of whole records from ``offset`` to below ``limit``, at most
+        ``max_messages`` records, ``max_bytes`` bytes (at least one record) and
+        ``max_segments`` ranges (one per segment): the one log-range reader of ``GET
+        /topic/log`` and the followers' fetch. Raises ``OffsetOutOfRange``."""
+        self.check_offset(offset)
+        ranges: list[LogRange] = []
+        nxt = offset
+        while max_messages > 0 and nxt < limit and len(ranges) < max_segments:
+            rng = self.read_range(nxt, min(max_messages, limit - nxt), max_bytes)
+            if rng is None or (ranges and rng.end - rng.start > max_bytes):
+                break
+            ranges.append(rng)
+            nxt = rng.next
+            max_messages -= rng.count
+            max_bytes -= rng.end - rng.start
+            if max_bytes <= 0:
+                break
+        return ranges
+
     def read_records(self, offset: int, max_messages: int) -> list[LogRecord]:
         """Decoded records from ``offset`` (for rewinding a channel)."""
         rng = self.read_range(offset, max_messages, 64 << 20)
