@@ -5,9 +5,9 @@ server, no process: parsers, rules, the plan, milliseconds), ``integration`` (re
 real sockets in this process or a few child processes), ``system`` (real NSQ clients, tools,
 Spark, a browser, packaging: whole programs), ``fault`` (kill -9, pauses, partitions, power loss
 of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
-``scripts/test`` runs every tier in parallel workers (pytest-xdist), the slowest tier first so
-that no long test starts last, Spark's tests in two workers of their own (JVMs are heavy);
-``scripts/test -m unit`` runs one tier."""
+``scripts/test`` runs every tier in parallel workers (pytest-xdist): the tests that start many
+processes in four serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
+unit`` runs one tier."""
 
 from __future__ import annotations
 
@@ -174,8 +174,6 @@ SYSTEM_FILES = {
     "test_nsqd_process.py",
     "test_client_guide.py",
 }
-#: The tiers, in the order workers take them: the longest tests first (Spark's, the longest
-#: of all, lead the system tier's), so that no long test starts last.
 TIERS = ("fault", "system", "integration", "unit")
 
 
@@ -190,19 +188,32 @@ def tier_of(path: Path) -> str:
     return "unit"
 
 
+#: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in
+#: four serial lanes (xdist groups, ``--dist loadgroup``): at most four at once on 2 cores,
+#: while the other workers take the rest. Each lane takes a few minutes.
+LANES = {
+    "test_standalone.py": "spark-cluster",
+    "test_replication.py": "fault-1",
+    "test_replicated_channels.py": "fault-2",
+    "test_retained_faults.py": "fault-2",
+    "test_crash_safety.py": "fault-2",
+    "test_persistence_process.py": "fault-2",
+}
+
+
+def lane_of(path: Path) -> str | None:
+    if path.name in LANES:
+        return LANES[path.name]
+    return "spark-local" if "spark" in path.parts else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.path))
         item.add_marker(tier_of(path))
-        if "spark" in path.parts:
-            # Each Spark test starts JVMs (a session, a standalone cluster): they run in two
-            # workers, one after another in each (--dist loadgroup), not six at once on 2 cores.
-            group = "spark-cluster" if path.name == "test_standalone.py" else "spark-local"
-            item.add_marker(pytest.mark.xdist_group(group))
-    # A stable sort: each file stays whole (its module fixtures are made once per worker).
-    items.sort(key=_schedule)
-
-
-def _schedule(item: pytest.Item) -> int:
-    path = Path(str(item.path))
-    return 0 if "spark" in path.parts else 1 + TIERS.index(tier_of(path))
+        lane = lane_of(path)
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
+    # The lanes first (they are the longest), then the rest in file order; a stable sort
+    # keeps each file whole (its module fixtures are made once per worker).
+    items.sort(key=lambda item: lane_of(Path(str(item.path))) is None)
