@@ -207,6 +207,7 @@ def lane_of(path: Path) -> str | None:
     return "spark-local" if "spark" in path.parts else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.path))
