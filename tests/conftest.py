@@ -189,8 +189,8 @@ def tier_of(path: Path) -> str:
 
 
 #: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in
-#: four serial lanes (xdist groups, ``--dist loadgroup``): at most four at once on 2 cores,
-#: while the other workers take the rest. Each lane takes a few minutes.
+#: four serial lanes: at most four at once on 2 cores, while the other workers take the rest
+#: (``pytest_xdist_make_scheduler``). Each lane takes a few minutes.
 LANES = {
     "test_standalone.py": "spark-cluster",
     "test_replication.py": "fault-1",
@@ -207,14 +207,19 @@ def lane_of(path: Path) -> str | None:
     return "spark-local" if "spark" in path.parts else None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = Path(str(item.path))
-        item.add_marker(tier_of(path))
-        lane = lane_of(path)
-        if lane is not None:
-            item.add_marker(pytest.mark.xdist_group(lane))
-    # The lanes first (they are the longest), then the rest in file order; a stable sort
-    # keeps each file whole (its module fixtures are made once per worker).
-    items.sort(key=lambda item: lane_of(Path(str(item.path))) is None)
+        item.add_marker(tier_of(Path(str(item.path))))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with the lanes as scopes: each lane is one unit of work (one
+    worker runs it, in order); every other test is a unit of its own. Units with the most
+    tests go first (xdist's default order), so the lanes start at once."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(Path(nodeid.split("::", 1)[0])) or nodeid
+
+    return Lanes(config, log)
