@@ -189,7 +189,7 @@ def tier_of(path: Path) -> str:
 
 
 #: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in
-#: four serial lanes: at most four at once on 2 cores, while the other workers take the rest
+#: five serial lanes: at most five at once on 2 cores, while the other workers take the rest
 #: (``pytest_xdist_make_scheduler``). Each lane takes a few minutes.
 LANES = {
     "test_standalone.py": "spark-cluster",
@@ -201,10 +201,16 @@ LANES = {
 }
 
 
+#: Spark's local-mode tests that run streaming queries across kills: a lane of their own.
+SPARK_STREAMS = {"test_log_mode.py", "test_log_replicated.py", "test_log_nodes.py"}
+
+
 def lane_of(path: Path) -> str | None:
     if path.name in LANES:
         return LANES[path.name]
-    return "spark-local" if "spark" in path.parts else None
+    if "spark" in path.parts:
+        return "spark-streams" if path.name in SPARK_STREAMS else "spark-local"
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,16 +4,21 @@ read from its own "listening on" lines, and the signals a fault test sends it.""
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from .waiting import wait_for
+from .wire import Conn
 
 BIN = Path(sys.executable).parent
+NSQD = str(BIN / "nsqd")
 #: "TCP: listening on 127.0.0.1:4150", "HTTP: listening on /tmp/x.sock", "HTTPS: ..."
 LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
@@ -72,6 +77,46 @@ class ServerProcess:
         if self.p in _LIVE:
             _LIVE.remove(self.p)
         return code
+
+
+class NsqdProcess(ServerProcess):
+    """The real nsqd process with TCP and HTTP on port 0, its data in ``data``."""
+
+    def __init__(
+        self,
+        data: Path,
+        log: Path,
+        *flags: str,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={data}",
+            *flags,
+            log=log,
+            preexec_fn=preexec_fn,
+        )
+        self.port, self.http_port = self.port_of("TCP"), self.port_of("HTTP")
+
+    def connect(self) -> Conn:
+        return Conn(("127.0.0.1", self.port))
+
+    def http(self, method: str, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        try:
+            conn.request(method, path)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        status, body = self.http("GET", "/stats?format=json")
+        assert status == 200
+        result: dict[str, Any] = json.loads(body)
+        return result
 
 
 def reap_all() -> None:

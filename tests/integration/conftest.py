@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration tests of replicated topics."""
+"""Fixtures shared by the integration tests: etcd, network namespaces, a data directory and
+log for a real nsqd process, a small real filesystem."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ..disks import tmpfs
 from .replication_harness import Etcd, Network
 
 
@@ -24,3 +26,18 @@ def network() -> Iterator[Network]:
     net = Network()
     yield net
     net.close()
+
+
+@pytest.fixture
+def proc_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    data, log = tmp_path / "data", tmp_path / "nsqd.log"
+    data.mkdir()
+    log.touch()
+    yield data, log
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB filesystem for the data directory, to fill up."""
+    with tmpfs(tmp_path / "small", "size=8m") as mnt:
+        yield mnt

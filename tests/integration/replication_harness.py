@@ -36,8 +36,9 @@ from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 from pynsqd.protocol.log_record import decode_records
 
+from ..processes import NSQD
+from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
-from .test_crash_safety import NSQD, Proc
 
 #: Debian's etcd-server: installed (as root), or unpacked into .venv/opt/etcd by scripts/bootstrap.
 ETCD = shutil.which("etcd") or str(

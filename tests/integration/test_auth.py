@@ -279,7 +279,8 @@ def test_pynsq_with_auth_secret(server: ServerThread, authd: AuthServer) -> None
 
     import nsq
 
-    from tests.integration.test_clients import run_tornado, wait_for
+    from tests.real_clients import run_tornado
+    from tests.waiting import wait_for_async as wait_for
 
     addr = f"127.0.0.1:{server.tcp_port}"
 

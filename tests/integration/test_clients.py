@@ -8,19 +8,17 @@ nsqd runs on its own loop in the background thread of the ``nsqd`` fixture.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import ServerThread
+from tests.real_clients import gnsq_running, gnsq_wait, run_tornado
 from tests.waiting import wait_for_async
 
 N = 300  # messages per publishing method
-HARD_TIMEOUT = 30.0
 
 
 def expected_bodies(prefix: str) -> list[bytes]:
@@ -39,17 +37,6 @@ def assert_exactly_once(received: list[bytes], expected: list[bytes]) -> None:
 
 
 # -- pynsq (tornado) ---------------------------------------------------------------------
-
-
-def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main`` on a fresh asyncio loop (tornado's IOLoop wraps it) with a hard timeout."""
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(asyncio.wait_for(main(), HARD_TIMEOUT))
-    finally:
-        # Let closed connections finish closing; pending reconnect timers die with the loop.
-        loop.run_until_complete(asyncio.sleep(0.05))
-        loop.close()
 
 
 def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
@@ -176,28 +163,6 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
 
 
 # -- gnsq (gevent) -----------------------------------------------------------------------
-
-
-def gnsq_wait(gevent: Any, count: Callable[[], int], want: int, what: str) -> None:
-    """Poll until ``count()`` reaches ``want`` (gevent yields meanwhile); fail after 10 s."""
-    deadline = time.monotonic() + 10
-    while count() < want:
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{count()} of {want} {what}")
-        gevent.sleep(0.01)
-
-
-@contextlib.contextmanager
-def gnsq_running(gevent: Any, *clients: Any) -> Iterator[None]:
-    """Run the body under the hard timeout; close and join the gnsq clients whatever happens."""
-    try:
-        with gevent.Timeout(HARD_TIMEOUT):
-            yield
-    finally:
-        for c in clients:
-            c.close()
-        for c in clients:
-            c.join(timeout=5)
 
 
 def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:

@@ -196,7 +196,8 @@ def test_pynsq(make_nsqd: MakeNSQD, certs: Certs, features: dict[str, Any]) -> N
 
     import nsq
 
-    from tests.integration.test_clients import run_tornado, wait_for
+    from tests.real_clients import run_tornado
+    from tests.waiting import wait_for_async as wait_for
 
     server = make_nsqd(**certs.server_options())
     addr = f"127.0.0.1:{server.tcp_port}"

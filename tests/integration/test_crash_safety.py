@@ -9,7 +9,6 @@ work is under way.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import random
@@ -30,9 +29,10 @@ import pytest
 from pynsqd.protocol import encode
 
 from ..conftest import ServerThread, http_request
-from ..processes import ServerProcess, reap_all
+from ..disks import fill, tmpfs
+from ..processes import NsqdProcess as Proc
+from ..processes import reap_all
 from ..waiting import wait_for
-from ..wire import Conn
 
 NSQD = str(Path(sys.executable).with_name("nsqd"))
 DURABLE = {"mem_queue_size": 0, "sync_every": 1}
@@ -105,54 +105,6 @@ def _no_process_left() -> Iterator[None]:
     """A failing test must not leave its nsqd running."""
     yield
     reap_all()
-
-
-class Proc(ServerProcess):
-    """The real nsqd process with TCP and HTTP on port 0."""
-
-    def __init__(
-        self,
-        data: Path,
-        log: Path,
-        *flags: str,
-        preexec_fn: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(
-            "nsqd",
-            "--tcp-address=127.0.0.1:0",
-            "--http-address=127.0.0.1:0",
-            f"--data-path={data}",
-            *flags,
-            log=log,
-            preexec_fn=preexec_fn,
-        )
-        self.port, self.http_port = self.port_of("TCP"), self.port_of("HTTP")
-
-    def connect(self) -> Conn:
-        return Conn(("127.0.0.1", self.port))
-
-    def http(self, method: str, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
-        try:
-            conn.request(method, path)
-            r = conn.getresponse()
-            return r.status, r.read()
-        finally:
-            conn.close()
-
-    def stats(self) -> dict[str, Any]:
-        status, body = self.http("GET", "/stats?format=json")
-        assert status == 200
-        result: dict[str, Any] = json.loads(body)
-        return result
-
-
-@pytest.fixture
-def proc_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    data, log = tmp_path / "data", tmp_path / "nsqd.log"
-    data.mkdir()
-    log.touch()
-    yield data, log
 
 
 def consume_all(proc: Proc, topic: str, channel: str, expected: set[bytes]) -> set[bytes]:
@@ -352,44 +304,6 @@ def test_an_out_of_range_due_time_is_quarantined_and_shutdown_flushes_the_rest(
 
 
 # -- 7, 8: a full disk -------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[Path]:
-    """A real tmpfs mounted at ``path`` (needs mount rights: root); skips the test without."""
-    path.mkdir()
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({options}): {res.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 8 MiB filesystem for the data directory, to fill up."""
-    with tmpfs(tmp_path / "small", "size=8m") as mnt:
-        yield mnt
-
-
-def fill(path: Path) -> Path:
-    """Fill the filesystem of ``path`` to the last byte; remove the file to free it."""
-    filler = path / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for size in (65536, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_ping_recovers_once_the_disk_has_room_again(

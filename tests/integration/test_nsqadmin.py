@@ -646,7 +646,7 @@ def test_admin_endpoints_race_live_traffic_and_a_node_killed(
     import signal
     import threading
 
-    from .test_crash_safety import Proc
+    from ..processes import NsqdProcess as Proc
 
     lookupd = LookupdThread()
     host, port = lookupd.tcp_address

@@ -18,12 +18,11 @@ import pytest
 from pynsqd.protocol.log_record import LogRecord, decode_records
 
 from ..conftest import ServerThread, http_request
+from ..disks import fill
+from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
 from ..wire import Conn
 from .secure_client import AuthServer
-from .test_crash_safety import Proc, fill, proc_dir, small_disk
-
-__all__ = ["proc_dir", "small_disk"]  # fixtures used here
 
 HOUR = 3600.0
 

@@ -23,6 +23,8 @@ from pynsqd.client.connection import Connection
 from pynsqd.protocol.log_record import decode_records
 
 from ..conftest import ServerThread, http_request
+from ..disks import fill, tmpfs
+from ..processes import NSQD
 from ..waiting import until, wait_for
 from .replication_harness import (
     Cluster,
@@ -39,7 +41,6 @@ from .replication_harness import (
     wait_in_sync,
     wait_leader,
 )
-from .test_crash_safety import NSQD, fill, tmpfs
 
 TOPIC = "orders"
 
@@ -95,7 +96,7 @@ def test_replication_needs_etcd_and_retention(
         n.kill(signal.SIGTERM)
         n.proc = None
         # The node again, without retention.
-        from .test_crash_safety import Proc
+        from ..processes import NsqdProcess as Proc
 
         n.proc = Proc(
             n.data,
@@ -326,7 +327,7 @@ def test_a_real_client_publishes_and_consumes_a_replicated_topic(cluster: Cluste
     gevent = pytest.importorskip("gevent")
     import gnsq
 
-    from .test_clients import gnsq_running, gnsq_wait
+    from ..real_clients import gnsq_running, gnsq_wait
 
     replicate(cluster)
     n1 = cluster.node(1)

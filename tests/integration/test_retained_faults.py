@@ -28,11 +28,10 @@ from typing import Any
 import pytest
 
 from ..conftest import ServerThread, http_request
+from ..disks import fill
+from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
-from .test_crash_safety import Proc, fill, proc_dir, small_disk
 from .test_replay import drain, read_everything
-
-__all__ = ["proc_dir", "small_disk"]  # fixtures used here
 
 RETAINED_DURABLE = ("--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
 #: Messages the topic hands its channels per loop turn (core/topic.py DRAIN_BATCH).
@@ -494,7 +493,7 @@ def test_a_gnsq_consumer_gets_a_rewound_range_again(make_nsqd: Callable[..., Ser
     gevent = pytest.importorskip("gevent")
     import gnsq
 
-    from .test_clients import gnsq_running, gnsq_wait
+    from ..real_clients import gnsq_running, gnsq_wait
 
     server = make_nsqd(retention_time=HOUR)
     addr = f"127.0.0.1:{server.tcp_port}"

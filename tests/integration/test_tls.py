@@ -324,7 +324,8 @@ def test_tls_required_without_cert_is_refused() -> None:
 def test_pynsq_over_tls(make_nsqd: MakeNSQD, certs: Certs) -> None:
     import nsq
 
-    from tests.integration.test_clients import run_tornado, wait_for
+    from tests.real_clients import run_tornado
+    from tests.waiting import wait_for_async as wait_for
 
     server = make_nsqd(**certs.server_options(tls_required="true"))
     addr = f"127.0.0.1:{server.tcp_port}"

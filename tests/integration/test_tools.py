@@ -23,11 +23,11 @@ import pytest
 from pynsqd.client import Connection, lookup_topics
 
 from ..conftest import ServerThread
+from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
 from .replication_harness import free_port
 from .secure_client import Certs
-from .test_crash_safety import Proc
 
 BIN = Path(sys.executable).parent
 

@@ -1,0 +1,47 @@
+"""Running real NSQ client libraries in a test: pynsq (tornado, on asyncio) and gnsq (gevent),
+each under a hard timeout, whichever test module uses them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+HARD_TIMEOUT = 30.0
+
+
+def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main`` on a fresh asyncio loop (tornado's IOLoop wraps it) with a hard timeout."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), HARD_TIMEOUT))
+    finally:
+        # Let closed connections finish closing; pending reconnect timers die with the loop.
+        loop.run_until_complete(asyncio.sleep(0.05))
+        loop.close()
+
+
+def gnsq_wait(gevent: Any, count: Callable[[], int], want: int, what: str) -> None:
+    """Poll until ``count()`` reaches ``want`` (gevent yields meanwhile); fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while count() < want:
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{count()} of {want} {what}")
+        gevent.sleep(0.01)
+
+
+@contextlib.contextmanager
+def gnsq_running(gevent: Any, *clients: Any) -> Iterator[None]:
+    """Run the body under the hard timeout; close and join the gnsq clients whatever happens."""
+    try:
+        with gevent.Timeout(HARD_TIMEOUT):
+            yield
+    finally:
+        for c in clients:
+            c.close()
+        for c in clients:
+            c.join(timeout=5)
