@@ -562,7 +562,8 @@ def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> No
         p = cluster.partition(topic, origin)
         return p is not None and p["node"] == origin and len(p["isr"]) == size
 
-    wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 30)
+    # A guard against a hang (60 s: a loaded machine starts three nodes slowly), not a wait.
+    wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 60)
 
 
 #: The topic the producers publish to.

@@ -222,6 +222,7 @@ def test_unknown_options_are_named_with_the_valid_ones(
         log_reader(spark, node).option("bogusOption", "1").load().count()
 
 
+@pytest.mark.timeout(300)  # a driver killed and started again: Spark starts twice
 def test_killing_the_driver_mid_query_loses_and_duplicates_nothing(
     spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
 ) -> None:

@@ -24,6 +24,9 @@ from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_
 from ..waiting import wait_for
 from .test_log_mode import log_stream, to_parquet
 
+#: Queries across kills of leaders and the driver, on a loaded machine: minutes, not seconds.
+pytestmark = pytest.mark.timeout(300)
+
 TOPIC = "orders"
 
 
