@@ -6,7 +6,7 @@ real sockets in this process or a few child processes), ``system`` (real NSQ cli
 Spark, a browser, packaging: whole programs), ``fault`` (kill -9, pauses, partitions, power loss
 of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
 ``scripts/test`` runs every tier in parallel workers (pytest-xdist): the tests that start many
-processes in seven serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
+processes in five serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
 unit`` runs one tier."""
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def tier_of(path: Path) -> str:
 
 
 #: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in
-#: seven serial lanes: at most seven at once on 2 cores, while the other workers take the rest
+#: five serial lanes: at most five at once on 2 cores (more lanes, more workers: slower, as
+#: every lane waits on the two cores), while the other workers take the rest
 #: (``pytest_xdist_make_scheduler``). Each lane takes a few minutes.
 LANES = {
     "test_standalone.py": "spark-cluster",
@@ -205,16 +206,7 @@ LANES = {
 SPARK_STREAMS = {"test_log_mode.py", "test_log_replicated.py", "test_log_nodes.py"}
 
 
-#: The longest tests of a lane, in a lane of their own (by test name).
-ALONE = {
-    "test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed": "spark-cluster-2",
-    "test_killing_the_driver_mid_query_loses_and_duplicates_nothing": "spark-streams-2",
-}
-
-
-def lane_of(path: Path, test: str = "") -> str | None:
-    if test in ALONE:
-        return ALONE[test]
+def lane_of(path: Path) -> str | None:
     if path.name in LANES:
         return LANES[path.name]
     if "spark" in path.parts:
@@ -235,7 +227,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class Lanes(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            file, _, test = nodeid.partition("::")
-            return lane_of(Path(file), test.partition("[")[0]) or nodeid
+            return lane_of(Path(nodeid.split("::", 1)[0])) or nodeid
 
     return Lanes(config, log)
