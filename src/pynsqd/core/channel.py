@@ -36,7 +36,7 @@ from .errors import (
     QueueFull,
     TooManyConsumers,
 )
-from .message import MAX_ATTEMPTS, MAX_DEFER_NS, Message
+from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
 from .offsets import DoneWindow, decode_offset_id, is_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
@@ -48,26 +48,6 @@ DEAD_LETTER_RETRY_MAX = 60.0
 DEAD_LETTER_LOG_EVERY = 10.0
 
 log = logging.getLogger("pynsqd")
-
-
-class ConsumerLike(Protocol):
-    """What a channel needs of a subscribed client connection."""
-
-    id: int
-    rdy: int
-    in_flight_count: int
-    msg_timeout: float
-    sample_rate: int
-    write_paused: bool
-    finish_count: int
-    requeue_count: int
-
-    def send_messages(self, msgs: list[Message]) -> None: ...
-    def output_room(self) -> int:
-        """Body bytes the consumer may still be handed before its connection is back-pressured
-        (0 or less: none now; the connection schedules a pump when room frees up)."""
-
-    def close_for_exit(self) -> None: ...
 
 
 class ChannelOwner(Protocol):

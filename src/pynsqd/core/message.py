@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import struct
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .channel import ConsumerLike
+from typing import Any, Protocol
 
 #: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
 _ENCODED_HEADER = struct.Struct(">qH")
@@ -16,6 +13,26 @@ MAX_ATTEMPTS = 0xFFFF
 #: The furthest a deferral may reach (ten years): a due time stored past it is corruption, and
 #: now + this still fits the int64 nanoseconds of the deferred side file for centuries.
 MAX_DEFER_NS = 10 * 365 * 86400 * 1_000_000_000
+
+
+class ConsumerLike(Protocol):
+    """What a channel needs of a subscribed client connection."""
+
+    id: int
+    rdy: int
+    in_flight_count: int
+    msg_timeout: float
+    sample_rate: int
+    write_paused: bool
+    finish_count: int
+    requeue_count: int
+
+    def send_messages(self, msgs: list[Message]) -> None: ...
+    def output_room(self) -> int:
+        """Body bytes the consumer may still be handed before its connection is back-pressured
+        (0 or less: none now; the connection schedules a pump when room frees up)."""
+
+    def close_for_exit(self) -> None: ...
 
 
 class Message:

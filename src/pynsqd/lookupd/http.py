@@ -10,7 +10,7 @@ Go's map order is random; lists here are sorted so that answers are stable.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
@@ -25,7 +25,20 @@ from .registration_db import Registration, filter_by_active
 if TYPE_CHECKING:
     import asyncio
 
-    from .nsqlookupd import NSQLookupd
+    from .options import LookupdOptions
+    from .registration_db import RegistrationDB
+
+
+class HTTPHost(Protocol):
+    """What the HTTP API needs of nsqlookupd (``NSQLookupd``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def opts(self) -> LookupdOptions: ...
+    @property
+    def db(self) -> RegistrationDB: ...
+
 
 log = logging.getLogger("pynsqd.lookupd")
 
@@ -38,7 +51,7 @@ def _topic_arg(params: Params) -> str:
 
 
 class LookupdHTTP(Router):
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: HTTPHost) -> None:
         super().__init__(log)
         self.lookupd = lookupd
         self.db = lookupd.db

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..internal.gotext import go_json
 from ..internal.names import is_ephemeral
@@ -28,7 +28,28 @@ from ..protocol.lookup import (
 from .registration_db import PeerInfo, Producer, Registration
 
 if TYPE_CHECKING:
-    from .nsqlookupd import NSQLookupd
+    from .options import LookupdOptions
+    from .registration_db import RegistrationDB
+
+
+class TCPHost(Protocol):
+    """What a V1 connection needs of nsqlookupd (``NSQLookupd``)."""
+
+    @property
+    def db(self) -> RegistrationDB: ...
+    @property
+    def clients(self) -> set[LookupProtocolV1]: ...
+    @property
+    def opts(self) -> LookupdOptions: ...
+    @property
+    def real_tcp_port(self) -> int: ...
+    @property
+    def real_http_port(self) -> int: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+
 
 log = logging.getLogger("pynsqd.lookupd")
 
@@ -45,7 +66,7 @@ def _remote_address(transport: asyncio.BaseTransport) -> str:
 
 
 class LookupProtocolV1(asyncio.Protocol):
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: TCPHost) -> None:
         self.lookupd = lookupd
         self.parser = V1Parser()
         self.transport: asyncio.Transport | None = None

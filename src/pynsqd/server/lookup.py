@@ -31,8 +31,9 @@ import collections
 import contextlib
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote
 
 from .. import NSQD_VERSION
@@ -50,7 +51,21 @@ from ..protocol.lookup import (
 
 if TYPE_CHECKING:
     from ..core.topic import Topic
-    from .nsqd import NSQD
+    from ..options import Options
+
+
+class LookupHost(Protocol):
+    """What the registration needs of nsqd: its loop, options, address and topics."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def opts(self) -> Options: ...
+    @property
+    def tcp_address(self) -> str: ...
+    @property
+    def topics(self) -> Mapping[str, Topic]: ...
+
 
 log = logging.getLogger("pynsqd")
 
@@ -261,7 +276,7 @@ class LookupPeer:
 class Lookup:
     """All lookup peers of one nsqd, and the notifications nsqd makes to them."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: LookupHost) -> None:
         self.nsqd = nsqd
         self.loop = nsqd.loop
         self.timings = LookupTimings()
