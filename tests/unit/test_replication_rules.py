@@ -241,11 +241,14 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
         http_address = "127.0.0.1:4151"
         tcp_address = "127.0.0.1:4150"
 
-        def topic_log(self, name: str) -> object | None:
-            return object() if name == "retained" else None
+        class retention:
+            @staticmethod
+            def get(name: str) -> object | None:
+                return object() if name == "retained" else None
 
-        def open_replica_log(self, topic: str, origin: int) -> TopicLog:
-            raise AssertionError("not used")
+            @staticmethod
+            def open_replica(topic: str, origin: int) -> TopicLog:
+                raise AssertionError("not used")
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
     with pytest.raises(PublishRefused, match="joining"):
@@ -279,11 +282,14 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
         http_address = "127.0.0.1:4151"
         tcp_address = "127.0.0.1:4150"
 
-        def topic_log(self, name: str) -> TopicLog | None:
-            return tlog
+        class retention:
+            @staticmethod
+            def get(name: str) -> TopicLog | None:
+                return tlog
 
-        def open_replica_log(self, topic: str, origin: int) -> TopicLog:
-            raise AssertionError("not used")
+            @staticmethod
+            def open_replica(topic: str, origin: int) -> TopicLog:
+                raise AssertionError("not used")
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
     replicator.ready = True

@@ -78,26 +78,38 @@ def _held(kv: KeyValue) -> Held | None:
         return None
 
 
-class ChannelHost(Protocol):
-    """What the channel checkpoints need of nsqd."""
+class RetainedLogs(Protocol):
+    """What replication needs of the retained logs' one owner (``server/retention.py``)."""
 
-    @property
-    def topics(self) -> Mapping[str, Topic]: ...
+    def get(self, name: str) -> TopicLog | None:
+        """A retained topic's log (None: the topic keeps no log)."""
 
-    def serve_topic(self, name: str) -> Topic:
-        """The topic, created if need be (registered with nsqlookupd, its channels fetched)."""
+    def open_replica(self, topic: str, origin: int) -> TopicLog:
+        """This node's copy of node ``origin``'s partition of ``topic``."""
 
-    async def replay(
+    async def replay_ranges(
         self,
         topic: Topic,
         channel: Channel,
         tlog: TopicLog,
         ranges: list[tuple[int, int]],
-        attempts: Mapping[int, int],
-        due: Mapping[int, int],
+        attempts: Mapping[int, int] | None = None,
+        due: Mapping[int, int] | None = None,
     ) -> int:
         """Put the log's messages at ``ranges`` into ``channel``, with ``attempts`` and REQ
         ``due`` times (wall clock, ms) by offset; returns how many."""
+
+
+class ChannelHost(Protocol):
+    """What the channel checkpoints need of nsqd."""
+
+    @property
+    def topics(self) -> Mapping[str, Topic]: ...
+    @property
+    def retention(self) -> RetainedLogs: ...
+
+    def serve_topic(self, name: str) -> Topic:
+        """The topic, created if need be (registered with nsqlookupd, its channels fetched)."""
 
     def joined(self) -> None:
         """Channels deliver and logs hand off (held while joining)."""
@@ -345,7 +357,9 @@ class Checkpoints:
                 continue
             upto = topic.log.handed if origin == self.me and topic.log is not None else src.latest
             ranges = [(s, upto if e is None else e) for s, e in w.pending(upto)]
-            count += await self.host.replay(topic, ch, src, ranges, w.attempts, w.due)
+            count += await self.host.retention.replay_ranges(
+                topic, ch, src, ranges, w.attempts, w.due
+            )
         log.warning(
             "CHANNEL(%s:%s): rebuilt after a crash from its checkpoint: %d messages put back "
             "from the log (what was in flight or deferred included)",
@@ -435,7 +449,9 @@ class Checkpoints:
         total = 0
         for name, w in theirs.items():
             ranges = [(s, e) for s, e in w.pending(end) if e is not None]
-            total += await self.host.replay(topic, channels[name], p.log, ranges, w.attempts, w.due)
+            total += await self.host.retention.replay_ranges(
+                topic, channels[name], p.log, ranges, w.attempts, w.due
+            )
         log.warning(
             "CLUSTER: partition %s: took over node %d's channels of it (%s): %d messages "
             "pending there put back here",

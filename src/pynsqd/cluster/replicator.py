@@ -103,9 +103,6 @@ class ReplicaHost(ChannelHost, Protocol):
     @property
     def tcp_address(self) -> str: ...
 
-    def topic_log(self, name: str) -> TopicLog | None: ...
-    def open_replica_log(self, topic: str, origin: int) -> TopicLog: ...
-
 
 class Replicator:
     def __init__(self, host: ReplicaHost, *, now: Callable[[], float] = time.monotonic) -> None:
@@ -240,7 +237,7 @@ class Replicator:
                     break
 
     def _retained(self, topic: str) -> bool:
-        return topic in self.host.topics and self.host.topic_log(topic) is not None
+        return topic in self.host.topics and self.host.retention.get(topic) is not None
 
     async def _place(self, place: Place) -> None:
         """This node's own partition of a replicated topic it retains: placed and led by it."""
@@ -273,11 +270,11 @@ class Replicator:
             p.settings = self.state.settings.get(topic, p.settings)
             return p
         if origin == self.node_id:
-            tlog = self.host.topic_log(topic)
+            tlog = self.host.retention.get(topic)
             if tlog is None:
                 return None
         else:
-            tlog = self.host.open_replica_log(topic, origin)
+            tlog = self.host.retention.open_replica(topic, origin)
         p = Partition(
             topic,
             origin,
@@ -348,7 +345,7 @@ class Replicator:
         """Before a publish to ``topic``: whether its OK must wait for the records to commit
         (``committed``/``wait``). Raises ``PublishRefused`` when another node leads this node's
         partition (it is catching up before it takes it back)."""
-        if not self.ready and self.host.topic_log(topic) is not None:
+        if not self.ready and self.host.retention.get(topic) is not None:
             # Joining (the listeners open before etcd is read): a retained topic may be
             # replicated, and an OK now would promise what no replica holds.
             raise PublishRefused("this node is still joining the cluster")
@@ -368,7 +365,7 @@ class Replicator:
                 )
             # The topic's first replicated publish: it waits for its partition's placement,
             # and nothing from here on is handed to channels before it commits.
-            tlog = self.host.topic_log(topic)
+            tlog = self.host.retention.get(topic)
             if tlog is not None:
                 Partition.hold_unplaced(tlog)
         elif not p.writable:

@@ -55,6 +55,24 @@ class StatsClient(Protocol):
     def auth_identity_url(self) -> str: ...
 
 
+class LogOwner(Protocol):
+    """The retained logs' one owner (``server/retention.py``): what the HTTP API asks of it."""
+
+    def get(self, name: str) -> TopicLog | None:
+        """A replayable topic's retained log (None: the topic keeps no log)."""
+
+    def change(self, topic: Topic, seconds: float, size: int) -> None:
+        """``POST /topic/retention``; raises OSError, or ``Conflict`` while a rewind runs."""
+
+    async def rewind(
+        self, topic: Topic, channel: Channel, start: int, stop: int | None = None
+    ) -> Replayed:
+        """``POST /channel/rewind``; raises ``Conflict`` while the channel rewinds already."""
+
+    async def create_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
+        """A channel just created starts at ``start`` of its topic's log."""
+
+
 class NSQDHost(Protocol):
     """The nsqd the HTTP side serves."""
 
@@ -84,14 +102,13 @@ class NSQDHost(Protocol):
     def protocol_config(self) -> ProtocolConfig: ...
     @property
     def replication(self) -> Replicator | None: ...
+    @property
+    def retention(self) -> LogOwner: ...
 
     def get_topic(self, name: str) -> Topic: ...
     def get_existing_topic(self, name: str) -> Topic | None: ...
     def delete_existing_topic(self, name: str) -> bool: ...
     def set_health_error(self, err: BaseException | None) -> None: ...
-    def topic_log(self, name: str) -> TopicLog | None:
-        """A replayable topic's retained log (None: the topic keeps no log)."""
-
     async def authorize_log_read(
         self, topic: str, secret: str, remote_ip: str, tls: bool
     ) -> str | None:
@@ -106,15 +123,6 @@ class NSQDHost(Protocol):
 
     def set_channel_config(self, topic: str, channel: str, values: dict[str, Any]) -> None:
         """Raises OSError."""
-
-    def set_retention(self, name: str, seconds: float, size: int) -> None:
-        """``POST /topic/retention``; raises OSError, or ``Conflict`` while a rewind runs."""
-
-    async def rewind(self, topic: Topic, channel: Channel, start: int) -> Replayed:
-        """``POST /channel/rewind``; raises ``Conflict`` while the channel rewinds already."""
-
-    async def create_channel_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
-        """A channel just created starts at ``start`` of its topic's log."""
 
     def lookupd_addresses_changed(self) -> None:
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""

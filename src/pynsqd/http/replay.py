@@ -106,7 +106,7 @@ class ReplayAPI:
     def _log(self, name: str) -> TopicLog:
         if self.nsqd.get_existing_topic(name) is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        topic_log = self.nsqd.topic_log(name)
+        topic_log = self.nsqd.retention.get(name)
         if topic_log is None:
             raise HTTPError(400, "TOPIC_NOT_RETAINED")
         return topic_log
@@ -280,7 +280,7 @@ class ReplayAPI:
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
         try:
-            self.nsqd.set_retention(name, seconds, size)
+            self.nsqd.retention.change(self.nsqd.get_topic(name), seconds, size)
         except Conflict as err:
             raise HTTPError(409, err.token) from err
         except OSError as err:
@@ -289,7 +289,7 @@ class ReplayAPI:
             log.error("TOPIC(%s): retention not changed - %s", name, err)
             status = 507 if err.errno in (errno.ENOSPC, errno.EDQUOT) else 500
             raise HTTPError(status, "RETENTION_NOT_CHANGED", {"error": str(err)}) from err
-        topic_log = self.nsqd.topic_log(name)
+        topic_log = self.nsqd.retention.get(name)
         if topic_log is None:
             return {"topic": name, "retention_time": "0s", "retention_bytes": 0}
         return self._describe(name, topic_log)
@@ -308,7 +308,7 @@ class ReplayAPI:
         if topic is None or channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
-            result = await self.nsqd.rewind(topic, channel, start)
+            result = await self.nsqd.retention.rewind(topic, channel, start)
         except Conflict as err:
             raise HTTPError(409, err.token) from err
         except OSError as err:  # its progress file could not be made: nothing was put back

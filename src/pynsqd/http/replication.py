@@ -75,7 +75,7 @@ class ReplicationAPI:
         if self.nsqd.get_existing_topic(name) is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         wanted = params.get("replicas")
-        if self.nsqd.topic_log(name) is None and wanted not in (None, "1"):
+        if self.nsqd.retention.get(name) is None and wanted not in (None, "1"):
             raise HTTPError(
                 400,
                 "REPLICATION_NEEDS_RETENTION",

@@ -11,7 +11,6 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import NSQD_VERSION, __version__
@@ -21,7 +20,6 @@ from ..core.channel import Channel
 from ..core.e2e import E2ELatency
 from ..core.errors import QueueFull
 from ..core.message import ENCODED_OVERHEAD, Message
-from ..core.replay import Replayed
 from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import process
@@ -44,7 +42,6 @@ from ..storage.metadata import (
     recover_metadata,
 )
 from ..storage.settings import SettingsStore
-from ..storage.topiclog import TopicLog
 from .auth import AuthClient, LogReadAuth
 from .busypoll import BusyPoll
 from .lookup import Lookup
@@ -305,9 +302,6 @@ class NSQD:
 
     # -- replayable topics: the retained log (server/retention.py) ------------------------
 
-    def topic_log(self, name: str) -> TopicLog | None:
-        return self.retention.get(name)
-
     async def authorize_log_read(
         self, topic: str, secret: str, remote_ip: str, tls: bool
     ) -> str | None:
@@ -320,17 +314,6 @@ class NSQD:
     def serve_topic(self, name: str) -> Topic:
         return self.get_topic(name)
 
-    async def replay(
-        self,
-        topic: Topic,
-        channel: Channel,
-        tlog: TopicLog,
-        ranges: list[tuple[int, int]],
-        attempts: Mapping[int, int],
-        due: Mapping[int, int],
-    ) -> int:
-        return await self.retention.replay_ranges(topic, channel, tlog, ranges, attempts, due)
-
     def joined(self) -> None:
         """The cluster's state is read (and replicated channels restored): deliver."""
         self._joining = False
@@ -342,20 +325,6 @@ class NSQD:
             if topic.hand_off_held:
                 topic.hand_off_held = False
                 topic.schedule_drain()
-
-    def open_replica_log(self, topic: str, origin: int) -> TopicLog:
-        """A copy of node ``origin``'s partition of ``topic`` (``cluster/replicator.py``)."""
-        return self.retention.open_replica(topic, origin)
-
-    async def rewind(self, topic: Topic, channel: Channel, start: int) -> Replayed:
-        return await self.retention.rewind(topic, channel, start)
-
-    async def create_channel_at(self, topic: Topic, channel: Channel, start: int) -> Replayed:
-        return await self.retention.create_at(topic, channel, start)
-
-    def set_retention(self, name: str, seconds: float, size: int) -> None:
-        """``POST /topic/retention``; raises OSError (``retention.BacklogNotMoved``: still on)."""
-        self.retention.change(self.get_topic(name), seconds, size)
 
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.
