@@ -157,6 +157,12 @@ class Node:
             self.proc = Proc(self.data, self.log, *self.cluster.flags(self.node_id))
 
     @property
+    def joined(self) -> bool:
+        """This run of the node has joined the cluster (it listens before it has: the test
+        must not place a topic before every node is a member)."""
+        return "joined (etcd" in self.log.read_text(errors="replace").rpartition("INFO: nsqd v")[2]
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.p.poll() is None and not self.paused
 
@@ -345,6 +351,8 @@ class Cluster:
                 if network is not None:
                     network.add(n)
                 n.start()
+            for n in self.nodes:
+                wait_for(lambda n=n: n.joined, f"node {n.node_id} to join the cluster", 60)
         except BaseException:
             self.stop()
             raise
