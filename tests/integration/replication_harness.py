@@ -52,6 +52,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """An etcd member exited while starting (its port was taken meanwhile)."""
+
+
 class Etcd:
     """etcd on this machine: one member, or three (a quorum of two survives one), each on free
     ports of ``host`` (``scripts/bootstrap`` installs Debian's etcd-server)."""
@@ -62,17 +66,26 @@ class Etcd:
         self.directory = directory
         self.host = host
         self.names = ["a", "b", "c"][:members]
-        self.client = {n: free_port() for n in self.names}
-        self.peer = {n: free_port() for n in self.names}
-        self.urls = [f"http://{host}:{self.client[n]}" for n in self.names]
-        self.url = self.urls[0]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.log = (self.directory / "etcd.log").open("ab")
-        try:
-            self.start()
-        except BaseException:
-            self.stop(signal.SIGKILL)
-            raise
+        for attempt in range(3):
+            # A port found free may be taken by a parallel test before etcd binds it: etcd
+            # exits at once, and starts again on other ports (with a data directory of its own).
+            self.client = {n: free_port() for n in self.names}
+            self.peer = {n: free_port() for n in self.names}
+            self.urls = [f"http://{host}:{self.client[n]}" for n in self.names]
+            self.url = self.urls[0]
+            self.data_tag = f"-{attempt}" if attempt else ""
+            try:
+                self.start()
+                return
+            except PortTaken:
+                self.stop(signal.SIGKILL)
+                self.procs.clear()
+            except BaseException:
+                self.stop(signal.SIGKILL)
+                raise
+        pytest.fail("etcd could not bind free ports three times; see etcd.log")
 
     def start(self) -> None:
         """Start every member that is not running (again on its data, after a kill or a stop)."""
@@ -90,7 +103,7 @@ class Etcd:
                 [
                     ETCD,
                     f"--name={n}",
-                    f"--data-dir={self.directory / ('etcd-' + n)}",
+                    f"--data-dir={self.directory / ('etcd-' + n + self.data_tag)}",
                     f"--listen-client-urls={client}",
                     f"--advertise-client-urls={client}",
                     f"--listen-peer-urls={peer}",
@@ -100,7 +113,13 @@ class Etcd:
                 stdout=subprocess.DEVNULL,
                 stderr=self.log,
             )
-        wait_for(lambda: self.leader() is not None, "etcd to elect a leader", 30)
+
+        def elected() -> bool:
+            if any(p.poll() is not None for p in self.procs.values()):
+                raise PortTaken
+            return self.leader() is not None
+
+        wait_for(elected, "etcd to elect a leader", 30)
 
     def _status(self, name: str) -> dict[str, Any] | None:
         if self.procs[name].poll() is not None:

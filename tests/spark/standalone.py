@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import pyspark
 
+from ..waiting import wait_for
 from .test_client import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -101,6 +103,7 @@ class StandaloneCluster:
                 *("--host", "127.0.0.1", "--port", str(self.port)),
                 *("--webui-port", str(self.webui_port)),
             )
+            self._master_ports()
             for i in range(len(self.workers)):
                 self.start_worker(i, wait=False)
             self.wait_alive(len(self.workers))
@@ -108,6 +111,25 @@ class StandaloneCluster:
             self.stop()
             raise
         return self
+
+    def _master_ports(self) -> None:
+        """The ports the master bound, from its log: a port found free may be taken by another
+        test before the master binds it, and Spark then binds the next one."""
+        log = self.tmp / "logs" / "master.log"
+        rpc = re.compile(r"Starting Spark master at (spark://\S+:(\d+))")
+        web = re.compile(r"MasterWebUI: Bound MasterWebUI to \S+, and started at http://\S+:(\d+)")
+
+        def bound() -> bool:
+            assert self.master is not None and self.master.poll() is None, log.read_text()
+            text = log.read_text(errors="replace")
+            return bool(rpc.search(text) and web.search(text))
+
+        wait_for(bound, "the Spark master to listen", 120)
+        text = log.read_text(errors="replace")
+        found, webui = rpc.search(text), web.search(text)
+        assert found is not None and webui is not None
+        self.master_url, self.port = found.group(1), int(found.group(2))
+        self.webui_port = int(webui.group(1))
 
     def start_worker(self, i: int, wait: bool = True) -> None:
         """Worker ``i`` (again, after a kill), on a fresh port."""
