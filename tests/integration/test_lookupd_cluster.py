@@ -6,19 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ..processes import ServerProcess
+from ..real_clients import run_tornado
 from ..waiting import wait_for
 from .lookupd_helpers import get_json, http
 
 TOPIC = "clustered"
 PER_NODE = 50
-HARD_TIMEOUT = 30
 
 
 class Cluster:
@@ -102,15 +102,6 @@ def publish(cluster: Cluster) -> list[bytes]:
         assert status == 200, body
         bodies += lines
     return bodies
-
-
-def run_tornado(main: Callable[[], Any]) -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(asyncio.wait_for(main(), HARD_TIMEOUT))
-    finally:
-        loop.run_until_complete(asyncio.sleep(0.05))
-        loop.close()
 
 
 def test_reader_given_only_lookupd_consumes_from_every_node(cluster: Cluster) -> None:
