@@ -167,13 +167,13 @@ class Checkpoints:
 
     def _value(self, part: PartKey, windows: Mapping[str, DoneWindow], clean: bool) -> bytes:
         topic = self.host.topics.get(part[0])
-        own = part[1] == self.me and topic is not None and topic.log is not None
+        own_log = topic.log if part[1] == self.me and topic is not None else None
         return ChannelCheckpoint(
             self.me,
             self.member.storage,
             clean,
             {name: w.encode() for name, w in windows.items()},
-            topic.log.handed if own and topic is not None and topic.log is not None else None,
+            own_log.handed if own_log is not None else None,
         ).encode()
 
     # -- writing ----------------------------------------------------------------------------
