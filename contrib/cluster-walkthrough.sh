@@ -13,15 +13,22 @@ http() {  # http METHOD URL [BODY]: print the response body (no curl needed)
 r = u.Request(sys.argv[2], data=sys.argv[3].encode() if len(sys.argv) > 3 else None, method=sys.argv[1])
 print(u.urlopen(r, timeout=5).read().decode())' "$@"
 }
-wait_for() {  # wait_for URL: until it answers
-  for _ in $(seq 100); do http GET "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "no answer from $1" >&2; return 1
+wait_for() {  # wait_for URL PID LOG: until it answers (60 s at most); a process that exits shows its log
+  local deadline=$((SECONDS + 60))
+  while ((SECONDS < deadline)); do
+    http GET "$1" >/dev/null 2>&1 && return 0
+    if ! kill -0 "$2" 2>/dev/null; then
+      echo "exited before $1 answered; its log:" >&2; tail -n 5 "$3" >&2; return 1
+    fi
+    sleep 0.1
+  done
+  echo "no answer from $1 in 60 s; its log:" >&2; tail -n 5 "$3" >&2; return 1
 }
 
 # 1. nsqlookupd
 "$bin/nsqlookupd" --tcp-address=127.0.0.1:$base --http-address=127.0.0.1:$((base + 1)) \
   --broadcast-address=127.0.0.1 2>"$work/lookupd.log" &
-wait_for "http://127.0.0.1:$((base + 1))/ping"
+wait_for "http://127.0.0.1:$((base + 1))/ping" $! "$work/lookupd.log"
 
 # 2. two nsqd, each with its own data directory, registering with it
 for n in 1 2; do
@@ -29,7 +36,7 @@ for n in 1 2; do
   "$bin/nsqd" --tcp-address=127.0.0.1:$((base + 10 * n)) --http-address=127.0.0.1:$((base + 10 * n + 1)) \
     --data-path="$work/nsqd$n" --broadcast-address=127.0.0.1 \
     --lookupd-tcp-address=127.0.0.1:$base 2>"$work/nsqd$n.log" &
-  wait_for "http://127.0.0.1:$((base + 10 * n + 1))/ping"
+  wait_for "http://127.0.0.1:$((base + 10 * n + 1))/ping" $! "$work/nsqd$n.log"
 done
 
 # 3. publish to each node: the topic appears on both, and nsqlookupd knows both producers
