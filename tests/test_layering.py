@@ -211,6 +211,26 @@ def test_the_partition_is_the_only_writer_of_the_commit_point() -> None:
     assert writers == ["cluster/partition.py"]
 
 
+def test_positions_and_a_topics_replication_move_only_through_their_owners() -> None:
+    """A log's hand-off position moves only through ``TopicLog.hand_to`` (outside the log
+    itself); a topic's origin and its held hand-off only through the topic's methods."""
+    import re
+
+    owners = {
+        re.compile(r"\.handed\s*(\+|-)?=[^=]"): "storage/topiclog.py",
+        re.compile(r"\.origin\s*=[^=]"): "core/topic.py",
+        re.compile(r"\.hand_off_held\s*=[^=]"): "core/topic.py",
+    }
+    found = [
+        f"{path.relative_to(PKG)}:{n}: {line.strip()}"
+        for path in PKG.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        for pattern, owner in owners.items()
+        if pattern.search(line) and str(path.relative_to(PKG)) != owner
+    ]
+    assert not found, found
+
+
 def test_replication_changes_a_channel_only_through_its_methods() -> None:
     """``cluster/`` reads a channel's windows but changes them, and its queues, only through
     the channel's own methods (``track_partition``, ``adopted_below``, ...)."""

@@ -148,7 +148,7 @@ class Checkpoints:
         """``topic`` is replicated: offset IDs for its publishes, windows for its channels."""
         if topic.origin is not None or topic.log is None or topic.ephemeral:
             return
-        topic.origin = self.me
+        topic.replicate_as(self.me)
         handed = topic.log.handed
         for ch in topic.channels.values():
             if not ch.ephemeral:
@@ -243,7 +243,7 @@ class Checkpoints:
                 ch.adopted_below(part[1], end, own=part[1] == self.me)
                 closed += 1
             if part[1] == self.me:
-                topic.hand_off_held = True  # until this node leads its partition again
+                topic.hold_hand_off()  # until this node leads its partition again
                 self._resume_at[part] = end
         (log.warning if closed else log.info)(
             "CLUSTER: partition %s/%d: node %s took over this node's channels of it (%d "
@@ -324,7 +324,7 @@ class Checkpoints:
         for name, _ in self._resume_at:
             topic = self.host.topics.get(name)
             if topic is not None:
-                topic.hand_off_held = True
+                topic.hold_hand_off()
 
     def _source(self, topic: Topic, origin: int) -> TopicLog | None:
         if origin == self.me:
@@ -487,9 +487,7 @@ class Checkpoints:
             log.info(
                 "CLUSTER: partition %s: its channels here go on from offset %d", p.name, resume
             )
-        if topic.hand_off_held:
-            topic.hand_off_held = False
-            topic.schedule_drain()
+        topic.release_hand_off()
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -227,4 +227,4 @@ class Following:
                     await loop.run_in_executor(None, fsync_close, job[0])
                     tlog.synced_to(job[1])
             p.leader_answered(answer.latest, answer.hw)
-            tlog.handed = tlog.latest
+            tlog.hand_to(tlog.latest)

@@ -44,6 +44,9 @@ class MessageLog(Protocol):
     #: ``[handed, latest)``, kept only in the log (the log is the topic's queue).
     handed: int
 
+    def hand_to(self, offset: int) -> None:
+        """``handed`` moves to ``offset`` (the only writer of it outside the log)."""
+
     def save_handed(self, position: int | None = None) -> None:
         """Make ``handed`` (or an earlier ``position``) survive a crash: the saved position
         only ever lags what every channel has stored, so a crash repeats, never skips.

@@ -13,9 +13,10 @@ disconnects its in-flight messages go back to the head of the queue at once (nsq
 their timeout; README, "Differences from nsqd").
 
 A replicated topic's channel (``windows`` set) also keeps, per partition, what it is
-responsible for and done with (``core/offsets.py``): FIN, expiry and dead-lettering mark
-offsets done, a REQ or timeout notes attempts, and a message whose offset is no longer pending
-here (another node took the partition's channel state over) is dropped at delivery.
+responsible for and done with, behind one object it calls (``core/windows.py``): FIN, expiry
+and dead-lettering mark offsets done, a REQ or timeout notes attempts, and a message whose
+offset is no longer pending here (another node took the partition's channel state over) is
+dropped at delivery.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from .errors import (
     TooManyConsumers,
 )
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
-from .offsets import DoneWindow, decode_offset_id, is_offset_id
+from .offsets import DoneWindow, is_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
+from .windows import PartitionWindows
 
 #: Dead-lettering failed: the messages wait this long (doubling to the cap) and are tried again.
 DEAD_LETTER_RETRY_MIN = 1.0
@@ -165,7 +167,7 @@ class Channel:
         #: A replicated topic's channel: per partition (origin node), what it is responsible
         #: for and done with (``core/offsets.py``; checkpointed by ``cluster/checkpoints.py``).
         #: None: not replicated (no cost).
-        self.windows: dict[int, DoneWindow] | None = None
+        self.windows: PartitionWindows | None = None
         #: Delivery waits (a replicated channel being restored at start).
         self.held = False
         #: Messages not delivered because another node took their partition's state over.
@@ -382,7 +384,7 @@ class Channel:
             if ttl and now_ns - m.timestamp >= ttl:
                 expired += 1
                 if windows is not None:
-                    self.mark_done([m.id])
+                    windows.mark_done((m.id,))
             elif limit and m.attempts >= limit:
                 if m.id in self._dl_pass:  # back from its delay: delivered, as a REQ would be
                     self._dl_pass.discard(m.id)
@@ -398,7 +400,7 @@ class Channel:
                 self.dead_letter_count += len(dead)
                 self._dl_backoff = 0.0
                 if windows is not None:
-                    self.mark_done([m.id for m in dead])
+                    windows.mark_done([m.id for m in dead])
             else:
                 self._dead_letter_failed(dead, err)
         return keep
@@ -429,47 +431,11 @@ class Channel:
             self._dl_logged_at = now
             self._dl_unlogged = 0
 
-    def _screen_stale(self, batch: list[Message]) -> list[Message]:
-        """A replicated channel delivers a message of a partition only while its window says
-        it is pending here (another node may have taken that partition's state over)."""
-        windows = self.windows
-        assert windows is not None
-        keep = []
-        for m in batch:
-            at = decode_offset_id(m.id)
-            if at is not None:
-                w = windows.get(at[0])
-                if w is not None and not w.is_pending(at[1]):
-                    self.stale_count += 1
-                    continue
-            keep.append(m)
-        return keep
-
-    def _note_attempts(self, msgs: list[Message], due_ms: int = 0) -> None:
-        """Messages back in the queue: their attempts so far (and when a REQ's delay ends), for
-        a takeover to go on from."""
-        windows = self.windows
-        assert windows is not None
-        for m in msgs:
-            at = decode_offset_id(m.id)
-            w = windows.get(at[0]) if at is not None else None
-            if w is not None and at is not None:
-                w.note_attempts(at[1], m.attempts, due_ms)
-
-    def mark_done(self, ids: list[bytes]) -> None:
-        """These messages are done with here (FIN, expired, dead-lettered)."""
-        windows = self.windows
-        assert windows is not None
-        for msg_id in ids:
-            at = decode_offset_id(msg_id)
-            w = windows.get(at[0]) if at is not None else None
-            if w is not None and at is not None:
-                w.mark(at[1])
-
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
         if self.windows is not None:
-            batch = self._screen_stale(batch)
+            batch, stale = self.windows.screen(batch)
+            self.stale_count += stale
             if not batch:
                 return 0
         if self.screening:
@@ -548,7 +514,7 @@ class Channel:
         client.in_flight_count -= done
         client.finish_count += done
         if self.windows is not None and done:
-            self.mark_done(ids[:done])
+            self.windows.mark_done(ids[:done])
         if self._behind:
             self._release(ids[:done])
         if done and len(self.queue):
@@ -571,7 +537,7 @@ class Channel:
         self.requeue_count += 1
         if self.windows is not None:
             due_ms = time.time_ns() // 1_000_000 + int(timeout * 1000) if timeout > 0 else 0
-            self._note_attempts([msg], due_ms)
+            self.windows.note_attempts((msg,), due_ms)
         if timeout > 0:
             self.deferred[msg_id] = msg
             self.tq.push(msg, self.loop.time() + timeout)
@@ -620,7 +586,7 @@ class Channel:
             owners[cid].in_flight_count -= n
             self.timeout_count += n
         if timed_out and self.windows is not None:
-            self._note_attempts(ready)
+            self.windows.note_attempts(ready)
         err = self.queue.keep_many(ready)
         if err is not None:
             self._kept_in_memory(len(ready), err)
@@ -662,7 +628,7 @@ class Channel:
         client.in_flight_count -= len(mine)
         self.requeue_count += len(mine)
         if self.windows is not None:
-            self._note_attempts(mine)
+            self.windows.note_attempts(mine)
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)
@@ -698,46 +664,36 @@ class Channel:
             c.in_flight_count = 0
         self.queue.empty()
         if self.windows is not None:
-            handed = self.topic.log_handed()
-            for w in self.windows.values():
-                if w.end is None:
-                    w.done_below(handed)
-                else:
-                    w.close()
+            self.windows.emptied(self.topic.log_handed())
 
     # -- a replicated topic's channel: its windows, changed only through these ------------
-    # (``cluster/checkpoints.py`` calls them: tracking, adoption, restore, take-back)
+    # (``cluster/checkpoints.py`` and the topic call them: tracking, adoption, restore,
+    # take-back; ``core/windows.py`` keeps them)
+
+    def _windows(self) -> PartitionWindows:
+        if self.windows is None:
+            self.windows = PartitionWindows()
+        return self.windows
 
     def track_partition(self, origin: int, low: int) -> None:
         """Responsible for ``origin``'s partition from ``low`` on (kept if it already is)."""
-        if self.windows is None:
-            self.windows = {}
-        self.windows.setdefault(origin, DoneWindow(low))
+        self._windows().track(origin, low)
 
     def set_window(self, origin: int, window: DoneWindow) -> None:
         """``origin``'s window as a checkpoint or a take-back says it is."""
-        if self.windows is None:
-            self.windows = {}
-        self.windows[origin] = window
+        self._windows().set(origin, window)
 
     def merge_window(self, origin: int, window: DoneWindow) -> None:
         """Adopted: what another holder was responsible for joins this channel's window."""
-        mine = self.windows.get(origin) if self.windows is not None else None
-        self.set_window(origin, window if mine is None else mine.union(window))
+        self._windows().merge(origin, window)
 
     def adopted_below(self, origin: int, end: int, *, own: bool) -> None:
         """Another node took over this channel's part of ``origin``'s partition below
-        ``end``. The node's own partition stays this channel's from ``end`` on; another
-        partition's window closes. Its messages below ``end`` are dropped at delivery."""
+        ``end`` (``PartitionWindows.adopted_below``). Its messages below ``end`` are dropped at
+        delivery."""
         if self.windows is None:
             return
-        w = self.windows.get(origin)
-        if own:
-            if w is None or w.end is not None:
-                self.windows[origin] = w = DoneWindow(end)
-            w.done_below(end)
-        elif w is not None:
-            w.close()
+        self.windows.adopted_below(origin, end, own=own)
         self.schedule_pump()
 
     def drop_offset_messages(self, batch: int) -> Iterator[int]:

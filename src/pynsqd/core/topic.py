@@ -21,7 +21,7 @@ from .channel import Channel
 from .errors import QueueFull
 from .guid import GUIDFactory
 from .message import Message
-from .offsets import DoneWindow, offset_ids
+from .offsets import offset_ids
 from .queue import MessageQueue
 from .timed_queue import Scheduler
 
@@ -123,6 +123,24 @@ class Topic:
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
+
+    # -- a replicated topic: its place in the cluster, changed only through these ---------
+    # (``cluster/checkpoints.py`` and the server's joining call them; a test holds it)
+
+    def replicate_as(self, origin: int) -> None:
+        """Replicated, as node ``origin``'s partition: its publishes get offset IDs."""
+        self.origin = origin
+
+    def hold_hand_off(self) -> None:
+        """The log's backlog waits in the log (another node serves this partition's channels,
+        or this node is still joining its cluster)."""
+        self.hand_off_held = True
+
+    def release_hand_off(self) -> None:
+        """The backlog goes to the channels again (a no-op when it was not held)."""
+        if self.hand_off_held:
+            self.hand_off_held = False
+            self.schedule_drain()
 
     @property
     def depth(self) -> int:
@@ -241,7 +259,7 @@ class Topic:
         dropped = 0
         if self.log is not None and self.log.handed < self.log.visible:
             step = min(excess, self.log.visible - self.log.handed)
-            self.log.handed += step
+            self.log.hand_to(self.log.handed + step)
             self.save_handed()
             dropped += step
         while dropped < excess and len(self.queue):
@@ -277,7 +295,7 @@ class Topic:
         least once), and the saved position never passes what the channels stored."""
         log = self.log
         assert log is not None
-        log.handed = offset
+        log.hand_to(offset)
         if failed_from is not None and (
             self._handed_hold is None or failed_from < self._handed_hold
         ):
@@ -342,7 +360,7 @@ class Topic:
         assert tlog is not None
         self._log_starts.clear()
         self._handed_hold = None
-        tlog.handed = offset
+        tlog.hand_to(offset)
         self.save_handed()
         self.schedule_drain()
 
@@ -406,7 +424,7 @@ class Topic:
             ch = self._owner.make_channel(self, name)
             if self.origin is not None and not ch.ephemeral and self.log is not None:
                 # It gets the partition from the hand-off position on.
-                ch.windows = {self.origin: DoneWindow(self.log.handed)}
+                ch.track_partition(self.origin, self.log.handed)
             self.channels[name] = ch
             self.refresh_bounds()
             if self.on_channel_added is not None:
@@ -460,7 +478,7 @@ class Topic:
         replayable topic, its backlog (the messages stay in the log, readable by offset)."""
         self.queue.empty()
         if self.log is not None:
-            self.log.handed = self.log.latest
+            self.log.hand_to(self.log.latest)
             self._handed_hold = None
             self.save_handed()
 

@@ -142,7 +142,8 @@ class NSQD:
             if not topic.ephemeral:
                 self.retention.attach(topic)
             self._apply_topic_settings(topic)
-            topic.hand_off_held = self._joining and topic.log is not None
+            if self._joining and topic.log is not None:
+                topic.hold_hand_off()
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
@@ -322,9 +323,7 @@ class NSQD:
                 if ch.held:
                     ch.held = False
                     ch.schedule_pump()
-            if topic.hand_off_held:
-                topic.hand_off_held = False
-                topic.schedule_drain()
+            topic.release_hand_off()
 
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.

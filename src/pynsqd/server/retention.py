@@ -121,7 +121,7 @@ class Retention:
             tlog = self._open(topic, path)
             tlog.retention_time = self.opts.retention_time
             tlog.retention_bytes = self.opts.retention_bytes
-            tlog.handed = tlog.latest
+            tlog.hand_to(tlog.latest)  # a replica's channels are not fed from it
             self.replicas[key] = tlog
         return tlog
 
@@ -209,7 +209,7 @@ class Retention:
             try:
                 if msgs:
                     backend.put_many(msgs)
-                topic_log.handed = nxt
+                topic_log.hand_to(nxt)
                 topic_log.save_handed()
             except OSError as err:
                 left = topic_log.latest - topic_log.handed
@@ -552,6 +552,9 @@ class UnavailableLog:
 
     def __init__(self, err: OSError) -> None:
         self.err = err
+
+    def hand_to(self, offset: int) -> None:
+        pass
 
     def save_handed(self, position: int | None = None) -> None:
         pass

@@ -619,6 +619,12 @@ class TopicLog:
             pos = stop
         return msgs, rng.next
 
+    def hand_to(self, offset: int) -> None:
+        """The channels have been handed ``[.., offset)`` (or a replica's channels need none
+        of it): the one way ``handed`` moves from outside this file (a test holds it to that);
+        saved by ``save_handed``. On the publish path: an assignment, nothing more."""
+        self.handed = offset
+
     def save_handed(self, position: int | None = None) -> None:
         """Persist the hand-off position (``handed``, or an earlier ``position`` that every
         channel has stored) if it moved: in place, fdatasync'd at once with ``--sync-every=1``,
