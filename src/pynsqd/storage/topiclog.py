@@ -23,7 +23,8 @@ segment back, takes the offsets back, and raises ``OSError``: the publisher gets
 ``E_PUB_FAILED``. The hand-off position (``handed``, ``storage/position.py``) is synced with
 the records, after them.
 
-Opening. Segments are found by name. The last segment is scanned record by record: a torn tail
+Opening. Segments (``storage/segment.py``: one file, its index, its scan) are found by name.
+The last segment is scanned record by record: a torn tail
 (short record, bad length or checksum) is truncated away and logged. A closed segment's index is
 read and checked (entries in order, inside the file, the first entry is the first record, the
 records after the last entry reach the end of the file cleanly); if the check fails the index is
@@ -42,13 +43,9 @@ import contextlib
 import json
 import logging
 import os
-import re
-import struct
 import time
 import zlib
-from array import array
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from ..core.message import Message
 from ..protocol import log_record
@@ -56,6 +53,7 @@ from ..protocol.log_record import HEADER_SIZE, LogRecord, decode_records
 from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
+from .segment import INDEX_INTERVAL, LogRange, Segment, segment_bases
 from .syncer import SYNCER, SyncSlot
 
 __all__ = [
@@ -67,10 +65,6 @@ __all__ = [
 
 _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
-_INDEX = struct.Struct(">qqq")  # offset, position, timestamp
-INDEX_INTERVAL = 4096
-_SEGMENT = re.compile(r"^(\d{20})\.log$")
-_READ_CHUNK = 1 << 20
 #: The first offset not yet handed to the topic's channels (``storage/position.py``).
 HANDED_FILE = "handed"
 
@@ -81,51 +75,6 @@ class OffsetOutOfRange(Exception):
         self.offset = offset
         self.earliest = earliest
         self.latest = latest
-
-
-@dataclass(frozen=True)
-class LogRange:
-    """Bytes ``[start, end)`` of ``path``: whole records, offsets ``first`` .. ``next - 1``."""
-
-    path: str
-    start: int
-    end: int
-    first: int
-    next: int
-    count: int
-
-
-class _Segment:
-    """One segment file: its offsets ``[base, next)``, size, and sparse index."""
-
-    __slots__ = ("base", "idx_off", "idx_pos", "idx_ts", "last_ts", "next", "path", "size")
-
-    def __init__(self, directory: str, base: int) -> None:
-        self.base = base
-        self.next = base
-        self.size = 0
-        self.last_ts = 0
-        self.path = os.path.join(directory, f"{base:020d}.log")
-        self.idx_off = array("q")
-        self.idx_pos = array("q")
-        self.idx_ts = array("q")  # the highest timestamp up to each entry (clocks step back)
-
-    @property
-    def index_path(self) -> str:
-        return self.path[:-4] + ".index"
-
-    def add_index(self, offset: int, position: int, ts: int) -> None:
-        if self.idx_ts and ts < self.idx_ts[-1]:
-            ts = self.idx_ts[-1]
-        self.idx_off.append(offset)
-        self.idx_pos.append(position)
-        self.idx_ts.append(ts)
-
-    def encode_index(self) -> bytes:
-        return b"".join(
-            _INDEX.pack(o, p, t)
-            for o, p, t in zip(self.idx_off, self.idx_pos, self.idx_ts, strict=True)
-        )
 
 
 class TopicLog:
@@ -147,7 +96,7 @@ class TopicLog:
         self.log = logger
         self.retention_time = 0.0  # seconds; 0: no time bound
         self.retention_bytes = 0  # 0: no size bound
-        self.segments: list[_Segment] = []
+        self.segments: list[Segment] = []
         self._fd = -1
         self._unsynced = 0
         #: Its place in the background fsync engine.
@@ -316,7 +265,7 @@ class TopicLog:
         self._unsynced += count
         return count
 
-    def _write(self, seg: _Segment, data: bytes) -> None:
+    def _write(self, seg: Segment, data: bytes) -> None:
         """Write ``data`` at the end of ``seg``'s records; a failed or short write is cut
         back off. Raises OSError."""
         try:
@@ -351,7 +300,7 @@ class TopicLog:
         if offset <= seg.base:
             pos, keep = 0, seg.base
         else:
-            pos, keep = self._position(seg, offset)
+            pos, keep = seg.position(offset)
         os.ftruncate(self._fd, pos)
         durable.fsync(self._fd)
         seg.size = pos
@@ -360,7 +309,7 @@ class TopicLog:
         del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
         seg.last_ts = seg.idx_ts[-1] if seg.idx_ts else 0
         if pos:
-            for _, ts, _, _ in self._walk(seg, seg.idx_pos[-1] if seg.idx_pos else 0, pos):
+            for _, ts, _, _ in seg.walk(seg.idx_pos[-1] if seg.idx_pos else 0, pos):
                 seg.last_ts = max(seg.last_ts, ts)
         self.handed = min(self.handed, self.latest)
         if self._committed is not None:
@@ -384,7 +333,7 @@ class TopicLog:
             for path in (seg.path, seg.index_path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-        seg = _Segment(self.directory, offset)
+        seg = Segment(self.directory, offset)
         self.segments = [seg]
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         durable.fsync(self._fd)
@@ -448,7 +397,7 @@ class TopicLog:
         if self._unsynced or (self._handed_file is not None and self._handed_file.unsynced):
             self._request_sync()
 
-    def _roll(self) -> _Segment:
+    def _roll(self) -> Segment:
         old = self.segments[-1]
         self.sync()
         os.close(self._fd)
@@ -459,7 +408,7 @@ class TopicLog:
             self.log.warning(
                 "TOPICLOG(%s): failed to write %s - %s", self.name, old.index_path, err
             )
-        seg = _Segment(self.directory, old.next)
+        seg = Segment(self.directory, old.next)
         self.segments.append(seg)
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
@@ -511,7 +460,7 @@ class TopicLog:
             i = max(bisect.bisect_left(seg.idx_ts, ts_ns) - 1, 0)
             if not seg.idx_pos:
                 return seg.base
-            for rec_offset, rec_ts, _, _ in self._walk(seg, seg.idx_pos[i], seg.size):
+            for rec_offset, rec_ts, _, _ in seg.walk(seg.idx_pos[i], seg.size):
                 if rec_ts >= ts_ns:
                     return rec_offset
         return self.latest
@@ -524,7 +473,7 @@ class TopicLog:
         for seg in self.segments:
             if offset >= seg.next:
                 continue
-            start, first = self._position(seg, max(offset, seg.base))
+            start, first = seg.position(max(offset, seg.base))
             if start >= seg.size:
                 continue  # a gap after a damaged record: the next segment
             if seg.next - first <= max_messages and seg.size - start <= max_bytes:
@@ -536,7 +485,7 @@ class TopicLog:
             j = bisect.bisect_right(seg.idx_pos, limit) - 1
             if j >= 0 and seg.idx_pos[j] > start and seg.idx_off[j] - first <= max_messages:
                 end, nxt, count = seg.idx_pos[j], seg.idx_off[j], seg.idx_off[j] - first
-            for rec_offset, _, _, rec_end in self._walk(seg, end, seg.size):
+            for rec_offset, _, _, rec_end in seg.walk(end, seg.size):
                 if count >= max_messages or (count and rec_end - start > max_bytes):
                     break
                 end, nxt, count = rec_end, rec_offset + 1, count + 1
@@ -661,48 +610,15 @@ class TopicLog:
                 self.latest - 1,
             )
 
-    def _position(self, seg: _Segment, offset: int) -> tuple[int, int]:
-        """File position and offset of the first record at or after ``offset``."""
-        i = bisect.bisect_right(seg.idx_off, offset) - 1
-        pos = seg.idx_pos[i] if i >= 0 else 0
-        for rec_offset, _, rec_pos, _ in self._walk(seg, pos, seg.size):
-            if rec_offset >= offset:
-                return rec_pos, rec_offset
-        return seg.size, seg.next
-
-    def _walk(self, seg: _Segment, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-        """(offset, timestamp, position, end position) of each record from ``pos``; the file
-        is read in chunks, headers only are decoded."""
-        with open(seg.path, "rb", buffering=0) as f:
-            buf = b""
-            base = pos
-            while pos < end:
-                rel = pos - base
-                if len(buf) - rel < HEADER_SIZE:
-                    f.seek(pos)
-                    buf = f.read(min(_READ_CHUNK, end - pos))
-                    base, rel = pos, 0
-                    if len(buf) < HEADER_SIZE:
-                        return
-                offset = _HEAD.unpack_from(buf, rel)[0]
-                length, ts = _HEAD_TS.unpack_from(buf, rel + 12)
-                stop = pos + 16 + length
-                yield offset, ts, pos, stop
-                pos = stop
-
     # -- opening --------------------------------------------------------------------------
 
     def _open(self) -> None:
-        bases = sorted(
-            int(m.group(1))
-            for m in map(_SEGMENT.match, os.listdir(self.directory))
-            if m is not None
-        )
+        bases = segment_bases(self.directory)
         for n, base in enumerate(bases):
-            seg = _Segment(self.directory, base)
+            seg = Segment(self.directory, base)
             last = n == len(bases) - 1
-            if last or not self._load_index(seg):
-                self._scan(seg, truncate=last)
+            if last or not seg.load_index():
+                seg.scan(truncate=last, log=self.log, name=self.name)
             if not last and seg.next > bases[n + 1]:
                 self.log.error(
                     "TOPICLOG(%s): segment %d overlaps segment %d; kept as .bad",
@@ -714,7 +630,7 @@ class TopicLog:
                 continue
             self.segments.append(seg)
         if not self.segments:
-            self.segments.append(_Segment(self.directory, 0))
+            self.segments.append(Segment(self.directory, 0))
         seg = self.segments[-1]
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         for i, s in enumerate(self.segments[:-1]):
@@ -725,111 +641,6 @@ class TopicLog:
                     s.next,
                     self.segments[i + 1].base - 1,
                 )
-
-    def _load_index(self, seg: _Segment) -> bool:
-        """A closed segment's saved index, if it checks out (then its tail is scanned)."""
-        try:
-            with open(seg.index_path, "rb") as f:
-                data = f.read()
-            seg.size = os.path.getsize(seg.path)
-        except OSError:
-            return False
-        if not data or len(data) % _INDEX.size:
-            return False
-        prev_off = prev_pos = -1
-        for o, p, t in _INDEX.iter_unpack(data):
-            if o <= prev_off or p <= prev_pos or p >= seg.size:
-                return False
-            seg.add_index(o, p, t)
-            prev_off, prev_pos = o, p
-        if seg.idx_off[0] != seg.base or seg.idx_pos[0] != 0:
-            return False
-        # The records after the last entry must reach the end of the file cleanly.
-        pos, offset, last_ts = seg.idx_pos[-1], seg.idx_off[-1], seg.idx_ts[-1]
-        with open(seg.path, "rb") as f:
-            f.seek(pos)
-            data = f.read()
-        try:
-            for rec in decode_records(data):
-                if rec.offset != offset:
-                    return False
-                offset += 1
-                last_ts = max(last_ts, rec.timestamp)
-        except ValueError:
-            return False
-        seg.next = offset
-        seg.last_ts = last_ts
-        return True
-
-    def _scan(self, seg: _Segment, *, truncate: bool) -> None:
-        """Rebuild a segment's index by reading every record; cut a torn tail."""
-        seg.idx_off, seg.idx_pos, seg.idx_ts = array("q"), array("q"), array("q")
-        seg.next, seg.size, seg.last_ts = seg.base, 0, 0
-        size = os.path.getsize(seg.path)
-        pos = 0
-        next_index = 0
-        problem = ""
-        with open(seg.path, "rb") as f:
-            while pos < size:
-                head = f.read(HEADER_SIZE)
-                if len(head) < HEADER_SIZE:
-                    problem = "a short record header"
-                    break
-                offset, crc = _HEAD.unpack_from(head)
-                length, ts = _HEAD_TS.unpack_from(head, 12)
-                if offset != seg.next or length < _TAIL_FIXED or pos + 16 + length > size:
-                    problem = "a bad record header"
-                    break
-                body = f.read(length - _TAIL_FIXED)
-                if zlib.crc32(body, zlib.crc32(head[12:])) != crc:
-                    problem = "a checksum mismatch"
-                    break
-                if pos >= next_index:
-                    seg.add_index(offset, pos, ts)
-                    next_index = pos + INDEX_INTERVAL
-                pos += 16 + length
-                seg.next = offset + 1
-                seg.last_ts = max(seg.last_ts, ts)
-        seg.size = pos
-        if problem and _zeros_from(seg.path, pos):
-            # Zeros after the records (what a power loss leaves where unsynced bytes were, on
-            # XFS and others): where they end, not damage.
-            with open(seg.path, "r+b") as f:
-                f.truncate(pos)
-                durable.fsync(f.fileno())
-            problem = ""
-        if not problem:
-            if not truncate:
-                self.log.info("TOPICLOG(%s): rebuilt the index of segment %d", self.name, seg.base)
-            return
-        lost = size - pos
-        if truncate:
-            self.log.warning(
-                "TOPICLOG(%s): segment %d: %s at byte %d; dropped the torn tail (%d bytes) "
-                "after offset %d",
-                self.name,
-                seg.base,
-                problem,
-                pos,
-                lost,
-                seg.next - 1,
-            )
-            with open(seg.path, "r+b") as f:
-                f.truncate(pos)
-                durable.fsync(f.fileno())
-        else:
-            self.log.error(
-                "TOPICLOG(%s): segment %d: %s at byte %d; serving the %d records before it, "
-                "%d bytes after it are unreadable",
-                self.name,
-                seg.base,
-                problem,
-                pos,
-                seg.next - seg.base,
-                lost,
-            )
-        with contextlib.suppress(OSError):
-            os.unlink(seg.index_path)
 
     # -- closing --------------------------------------------------------------------------
 
@@ -867,16 +678,6 @@ class TopicLog:
 # -- a topic's own retention (POST /topic/retention) ------------------------------------------
 
 RETENTION_FILE = "retention.json"
-
-
-def _zeros_from(path: str, pos: int) -> bool:
-    """Whether every byte of the file from ``pos`` on is zero."""
-    with open(path, "rb") as f:
-        f.seek(pos)
-        while chunk := f.read(_READ_CHUNK):
-            if chunk.count(0) != len(chunk):
-                return False
-    return True
 
 
 def read_retention(directory: str) -> tuple[float, int] | None:
