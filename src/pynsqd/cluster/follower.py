@@ -5,14 +5,16 @@ Theory of operation. Each partition this node follows has one fetch stream open 
 (a websocket on ``GET /topic/replicate``; ``cluster/fetch.py`` is the format): one request at a
 time, with this replica's id, storage, epoch and last epoch; the offset asked for is this
 replica's acknowledgement of all before it. The answer's records are checked (every header
-and CRC, in one pass) and appended verbatim (``TopicLog.append_raw``: offsets, IDs and timestamps
-as the leader wrote them), fsynced when the topic's durability is fsync, and the next fetch is
-sent at once. The leader's answer also carries its HW, which becomes this copy's committed
-offset, and its epoch history, which this copy keeps (``storage/epochs.py``). ``TRUNCATE`` cuts
-this copy back to where the leader's history says its last epoch ended; ``RESET`` starts it again
-at the leader's earliest offset (retention there removed what this copy needs next). The task
-runs while the partition follows the same epoch; the replicator starts it again (idempotently)
-on every tick.
+and CRC, in one pass) and appended verbatim (``TopicLog.append_raw``: offsets, IDs and
+timestamps as the leader wrote them), and the next fetch is sent at once. With durability
+fsync a request is sent only once everything below its offset is fsynced: a failed fsync takes
+the unsynced records back (Linux may drop the dirty pages of a failed fsync and call the next
+one clean) and they are fetched again, backing off while the disk fails. The leader's answer
+also carries its HW, which becomes this copy's committed offset, and its epoch history, which
+this copy keeps (``storage/epochs.py``). ``TRUNCATE`` cuts this copy back to where the leader's
+history says its last epoch ended; ``RESET`` starts it again at the leader's earliest offset
+(retention there removed what this copy needs next). The task runs while the partition follows
+the same epoch; the replicator starts it again (idempotently) on every tick.
 """
 
 from __future__ import annotations
@@ -129,6 +131,54 @@ class Following:
                     )
                 await asyncio.sleep(min(0.05 * failures, 0.5))
 
+    async def _synced_before_ack(
+        self, p: Partition, epoch: int, loop: asyncio.AbstractEventLoop
+    ) -> bool:
+        """With durability fsync, the next request acknowledges every record below its offset
+        (the leader commits on it): they are fsynced first. A failed fsync takes the records
+        it covered back (``truncate`` to what is synced: after a failed fsync the kernel may
+        have dropped their pages and call the next fsync clean) and they are fetched again;
+        while the disk fails this copy backs off and falls out of the in-sync set. Returns
+        False when the partition is no longer followed at ``epoch``."""
+        tlog = p.log
+        failed = 0
+        while p.settings.durability == "fsync" and tlog.synced < tlog.latest:
+            job = tlog.fsync_job()
+            if job is None:
+                break
+            try:
+                await loop.run_in_executor(None, fsync_close, job.fd)
+                tlog.synced_to(job)
+                continue
+            except OSError as err:
+                failed += 1
+                if failed in (1, 10) or failed % 100 == 0:
+                    log.error(
+                        "CLUSTER: partition %s: fsync of offsets %d-%d failed - %s; they are "
+                        "fetched again (this copy falls out of the in-sync set until it can "
+                        "sync)",
+                        p.name,
+                        tlog.synced,
+                        job.end - 1,
+                        err,
+                    )
+            try:
+                tlog.truncate(tlog.synced)
+                p.history.truncate(tlog.latest)
+            except OSError as err:  # the disk fails: nothing is acknowledged, tried again
+                log.error("CLUSTER: partition %s: truncation failed - %s", p.name, err)
+            await asyncio.sleep(min(APPEND_RETRY * 2 ** min(failed - 1, 5), 2.0))
+            if not self._following(p, epoch):
+                return False
+        if failed:
+            log.info(
+                "CLUSTER: partition %s: synced again at offset %d after %d failed fsyncs",
+                p.name,
+                tlog.latest,
+                failed,
+            )
+        return True
+
     def _following(self, p: Partition, epoch: int) -> bool:
         return p.role is Role.FOLLOWER and p.epoch == epoch and not self._closing
 
@@ -141,6 +191,8 @@ class Following:
         #: Appends failed in a row (a full disk): one line when it starts, one when it ends.
         failed = 0
         while self._following(p, epoch):
+            if not await self._synced_before_ack(p, epoch, loop):
+                return
             req = FetchRequest(
                 offset=tlog.latest,
                 epoch=epoch,
@@ -221,10 +273,5 @@ class Following:
                     failed,
                 )
                 failed = 0
-            if p.settings.durability == "fsync":
-                job = tlog.fsync_fd()
-                if job is not None:
-                    await loop.run_in_executor(None, fsync_close, job[0])
-                    tlog.synced_to(job[1])
             p.leader_answered(answer.latest, answer.hw)
             tlog.hand_to(tlog.latest)

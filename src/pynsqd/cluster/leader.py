@@ -32,7 +32,7 @@ from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.durable import fsync_close
-from ..storage.topiclog import OffsetOutOfRange, TopicLog
+from ..storage.topiclog import OffsetOutOfRange, SyncJob, TopicLog
 from .etcd import Compare, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
@@ -189,17 +189,16 @@ class Leading:
     def _start_sync(self, p: Partition) -> None:
         """Submit the fsync now, from the append itself: before the followers' fetches are
         answered, not after (a task would start it one turn of the loop later)."""
-        job = p.log.fsync_fd()
+        job = p.log.fsync_job()
         if job is None:
             return
         key = (p.topic, p.origin)
         self._syncing.add(key)
         self._sync_again.discard(key)
-        fd, end = job
-        done = asyncio.get_running_loop().run_in_executor(None, fsync_close, fd)
-        done.add_done_callback(lambda f: self._synced(p, end, f))
+        done = asyncio.get_running_loop().run_in_executor(None, fsync_close, job.fd)
+        done.add_done_callback(lambda f: self._synced(p, job, f))
 
-    def _synced(self, p: Partition, end: int, done: asyncio.Future[None]) -> None:
+    def _synced(self, p: Partition, job: SyncJob, done: asyncio.Future[None]) -> None:
         key = (p.topic, p.origin)
         self._syncing.discard(key)
         err = None if done.cancelled() else done.exception()
@@ -207,7 +206,7 @@ class Leading:
             # Not synced: the next append or tick tries again; nothing commits past it.
             log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err or "cancelled")
             return
-        p.log.synced_to(end)
+        p.log.synced_to(job)
         if p.role is Role.LEADER:
             self.advance(p)
         if key in self._sync_again:

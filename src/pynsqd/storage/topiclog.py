@@ -46,6 +46,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..core.message import Message
 from ..protocol import log_record
@@ -60,6 +61,7 @@ __all__ = [
     "INDEX_INTERVAL",
     "LogRange",
     "OffsetOutOfRange",
+    "SyncJob",
     "TopicLog",
 ]
 
@@ -67,6 +69,16 @@ _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FI
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
 #: The first offset not yet handed to the topic's channels (``storage/position.py``).
 HANDED_FILE = "handed"
+
+
+class SyncJob(NamedTuple):
+    """An fsync of a log's active segment to run off the event loop (``TopicLog.fsync_job``):
+    a duplicate descriptor, the end offset it covers, and the log's generation when it was
+    taken (a truncation or restart since then makes it stale: ``synced_to`` ignores it)."""
+
+    fd: int
+    end: int
+    generation: int
 
 
 class OffsetOutOfRange(Exception):
@@ -116,6 +128,9 @@ class TopicLog:
         self._committed: int | None = None
         #: The end of what the last fsync covered (``fsync_end``).
         self.synced = 0
+        #: Bumped when records are taken back (``truncate``, ``restart_at``): an fsync job
+        #: from before then covers records that are no longer these.
+        self._generation = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -315,6 +330,7 @@ class TopicLog:
         if self._committed is not None:
             self._committed = min(self._committed, self.latest)
         self.synced = min(self.synced, self.latest)
+        self._generation += 1
         self._unsynced = 0
         self.log.warning(
             "TOPICLOG(%s): truncated to offset %d (%d records dropped)", self.name, offset, dropped
@@ -338,24 +354,28 @@ class TopicLog:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         durable.fsync(self._fd)
         self.handed = self.synced = offset
+        self._generation += 1
         if self._committed is not None:
             self._committed = offset
         self._unsynced = 0
         self.log.warning("TOPICLOG(%s): emptied, starting again at offset %d", self.name, offset)
 
-    def fsync_fd(self) -> tuple[int, int] | None:
-        """For an fsync off the event loop: (a duplicate descriptor of the active segment, the
-        end offset it covers), or None when everything is synced. Segments before it were
+    def fsync_job(self) -> SyncJob | None:
+        """For an fsync off the event loop: a duplicate descriptor of the active segment and
+        the end offset it covers, or None when everything is synced. Segments before it were
         synced when they closed. The caller fsyncs and closes the descriptor, then calls
-        ``synced_to`` with the offset."""
+        ``synced_to`` with the job (only if the fsync succeeded)."""
         if self._fd < 0 or self.synced >= self.latest:
             return None
         self._unsynced = 0
-        return os.dup(self._fd), self.latest
+        return SyncJob(os.dup(self._fd), self.latest, self._generation)
 
-    def synced_to(self, offset: int) -> None:
-        if offset > self.synced:
-            self.synced = offset
+    def synced_to(self, job: SyncJob) -> None:
+        """``job``'s fsync succeeded: what it covers is durable, unless records were taken
+        back since it was taken (a leader's group fsync still running when it stepped down
+        and truncated): then it says nothing of the records now at those offsets."""
+        if job.generation == self._generation and job.end > self.synced:
+            self.synced = job.end
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
