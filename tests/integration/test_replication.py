@@ -12,7 +12,11 @@ import os
 import random
 import shutil
 import signal
+import socket
+import struct
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from pynsqd.protocol.log_record import decode_records
 from ..conftest import ServerThread, http_request
 from ..disks import fill, tmpfs
 from ..processes import NSQD
+from ..processes import NsqdProcess as Proc
 from ..waiting import until, wait_for
 from .replication_harness import (
     Cluster,
@@ -559,6 +564,105 @@ def _committed(cluster: Cluster) -> set[bytes]:
 
 #: ``scripts/replication-faults`` runs these with ten times the cycles (or any scale).
 SCALE = float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
+
+
+class Racer(threading.Thread):
+    """Connects to a port that is not open yet, again and again without waiting, and publishes
+    one body the instant the port accepts: a TCP PUB, or an HTTP ``/pub``."""
+
+    def __init__(self, port: int, kind: str, body: bytes, history: History) -> None:
+        super().__init__(daemon=True)
+        self.port, self.kind, self.body, self.history = port, kind, body, history
+        self.answer = ""
+
+    def run(self) -> None:
+        self.history.invoked.add(self.body)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline:
+                    self.answer = "never accepted"
+                    return
+                time.sleep(0.0002)  # (the gap this looks for was a millisecond wide)
+        try:
+            if self.kind == "tcp":
+                sock.sendall(
+                    b"  V2PUB "
+                    + TOPIC.encode()
+                    + b"\n"
+                    + struct.pack(">I", len(self.body))
+                    + self.body
+                )
+                reader = sock.makefile("rb")
+                size, _ = struct.unpack(">Ii", reader.read(8))
+                self.answer = reader.read(size - 4).decode(errors="replace")
+                ok = self.answer == "OK"
+            else:
+                sock.sendall(
+                    b"POST /pub?topic=%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n%s" % (TOPIC.encode(), len(self.body), self.body)
+                )
+                chunks = []
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+                self.answer = b"".join(chunks).decode(errors="replace")
+                ok = self.answer.startswith("HTTP/1.1 200")
+        except OSError as err:
+            self.answer = f"{type(err).__name__}: {err}"
+            ok = False
+        finally:
+            sock.close()
+        (self.history.ok if ok else self.history.failed).add(self.body)
+
+
+@pytest.mark.timeout(600)
+def test_a_publish_the_instant_a_restarted_node_accepts_is_kept(tmp_path: Path, etcd: Etcd) -> None:
+    """Found by the real-client suites against a replicated node (issue 43): a node restarted
+    after a peer took its partition over opened its TCP port before it had read etcd; a PUB in
+    that millisecond was answered OK as unreplicated, then truncated away when the node learnt
+    who led its partition ("truncated to offset N (1 records dropped)"). Now a replicated node
+    binds its ports but takes no connection until it has joined: a publish the instant it
+    accepts, over TCP and HTTP, is kept, or refused with a reason that is not "joining"."""
+    cluster = Cluster(tmp_path, etcd, 3)
+    history = History()
+    answers: list[str] = []
+    try:
+        replicate(cluster)
+        victim = cluster.node(1)
+        assert victim.proc is not None
+        tcp, web = victim.proc.port, victim.proc.http_port
+        for cycle in range(round(4 * SCALE)):
+            body = b"before-%d" % cycle
+            history.invoked.add(body)
+            assert victim.http("POST", f"/pub?topic={TOPIC}", body)[0] == 200
+            history.ok.add(body)
+            victim.kill()
+            wait_for(lambda: led_elsewhere(cluster, victim), "a peer to take the partition over")
+            racers = [
+                Racer(tcp, "tcp", b"tcp-%d" % cycle, history),
+                Racer(web, "http", b"http-%d" % cycle, history),
+            ]
+            for r in racers:
+                r.start()
+            victim.proc = Proc(
+                victim.data,
+                victim.log,
+                *cluster.flags(1),
+                f"--tcp-address=127.0.0.1:{tcp}",
+                f"--http-address=127.0.0.1:{web}",
+            )
+            for r in racers:
+                r.join(150)
+                answers.append(r.answer)
+            wait_in_sync(cluster, TOPIC, 1)
+        assert not [a for a in answers if "joining" in a or "NOT_JOINED" in a], answers
+        assert "records dropped" not in victim.log.read_text(), answers
+        verify(cluster, history)
+    finally:
+        cluster.stop()
 
 
 def test_a_node_back_with_an_empty_disk_is_a_new_member_and_loses_nothing(

@@ -228,9 +228,10 @@ def test_restart_at_empties_the_log_and_goes_on_from_the_offset(tmp_path: Path) 
 
 
 def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path: Path) -> None:
-    """Found by the kill -9 test: a restarted origin listens before it has read etcd, took a
+    """Found by the kill -9 test: a restarted origin listened before it had read etcd, took a
     publish to its replicated topic as unreplicated, answered OK, and then truncated it away
-    when it learnt that another node led its partition."""
+    when it learnt that another node led its partition. nsqd now takes no connection before it
+    has joined (test_replication's restart race); the gate stays as a guard."""
     from pynsqd.cluster.replicator import PublishRefused, Replicator
     from pynsqd.options import Options
 
@@ -251,8 +252,9 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
                 raise AssertionError("not used")
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
-    with pytest.raises(PublishRefused, match="joining"):
+    with pytest.raises(PublishRefused, match="not joined") as refused:
         replicator.gate("retained")
+    assert refused.value.code == "NOT_JOINED"
     assert replicator.gate("plain") is False  # never replicated: no retention
     replicator.ready = True
     assert replicator.gate("retained") is False  # the state says: not replicated

@@ -88,7 +88,12 @@ class Compaction:
 
 
 class PublishRefused(Exception):
-    """A publish this node cannot take for a replicated topic (the reason is the message)."""
+    """A publish this node cannot take for a replicated topic (the reason is the message;
+    ``code`` the HTTP API's error code for it)."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 class ReplicaHost(ChannelHost, Protocol):
@@ -143,6 +148,7 @@ class Replicator:
     async def start(self) -> None:
         """Join the cluster. Raises ``RuntimeError`` with the one line to show."""
         etcd = self.member.etcd
+        began = asyncio.get_running_loop().time()
         try:
             await etcd.wait_ready(10.0)
         except EtcdError as err:
@@ -165,11 +171,12 @@ class Replicator:
             asyncio.create_task(every(CHECKPOINT_EVERY, self.checkpoints.write, "checkpoint"))
         )
         log.info(
-            "CLUSTER(%s): node %d joined (etcd %s, lease TTL %ds)",
+            "CLUSTER(%s): node %d joined (etcd %s, lease TTL %ds) in %.1f ms",
             self.opts.cluster_name,
             self.node_id,
             ",".join(etcd.endpoints),
             self.member.ttl,
+            (asyncio.get_running_loop().time() - began) * 1000,
         )
 
     async def stop(self) -> None:
@@ -346,9 +353,10 @@ class Replicator:
         (``committed``/``wait``). Raises ``PublishRefused`` when another node leads this node's
         partition (it is catching up before it takes it back)."""
         if not self.ready and self.host.retention.get(topic) is not None:
-            # Joining (the listeners open before etcd is read): a retained topic may be
-            # replicated, and an OK now would promise what no replica holds.
-            raise PublishRefused("this node is still joining the cluster")
+            # Not reached from the network (nsqd takes no connection before it has joined);
+            # a guard: a retained topic may be replicated, and an OK now would promise what
+            # no replica holds.
+            raise PublishRefused("this node has not joined the cluster yet", "NOT_JOINED")
         settings = self.state.settings.get(topic)
         if settings is None or not settings.replicated:
             return False
@@ -361,7 +369,8 @@ class Replicator:
                 # The partition lives on elsewhere (this node lost its disk, or the topic):
                 # this log is about to be cut back to the leader's.
                 raise PublishRefused(
-                    f"this node's partition of {topic} is held elsewhere; it is copying it back"
+                    f"this node's partition of {topic} is held elsewhere; it is copying it back",
+                    "PARTITION_ELSEWHERE",
                 )
             # The topic's first replicated publish: it waits for its partition's placement,
             # and nothing from here on is handed to channels before it commits.
@@ -370,7 +379,8 @@ class Replicator:
                 Partition.hold_unplaced(tlog)
         elif not p.writable:
             raise PublishRefused(
-                f"node {p.leader} serves this node's partition of {topic} while it catches up"
+                f"node {p.leader} serves this node's partition of {topic} while it catches up",
+                "NOT_LEADER",
             )
         return True
 

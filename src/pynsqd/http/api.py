@@ -123,7 +123,7 @@ class API:
                     waits = replication.gate(topic_name)
                 topic.put_bodies(bodies, defer_ms)
             except PublishRefused as err:
-                raise HTTPError(503, "NOT_LEADER", {"reason": str(err)}) from err
+                raise HTTPError(503, err.code, {"reason": str(err)}) from err
             except OSError as err:
                 nsqd.set_health_error(err)
                 log.error("TOPIC(%s): failed to put messages - %s", topic_name, err)

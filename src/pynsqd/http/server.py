@@ -94,24 +94,44 @@ class HTTPService(Router):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, serve: bool = True) -> None:
+        """Bind --http-address and start statsd; with ``serve`` False the socket is bound
+        (its address known) but takes no connection until ``serve`` (a replicated node joins
+        its cluster in between)."""
         install_gc_timer()
         opts = self.nsqd.opts
         if opts.http_address:
             self._web = self.web_server(self.nsqd.loop)
-            self._server = await listen(self.nsqd.loop, self._web, opts.http_address)
+            self._server = await listen(
+                self.nsqd.loop, self._web, opts.http_address, start_serving=serve
+            )
             self.address = format_address(self._server.sockets[0])
-            log.info("HTTP: listening on %s", self.address)
+            if serve:
+                log.info("HTTP: listening on %s", self.address)
         if opts.statsd_address:
             self._statsd_task = self.nsqd.loop.create_task(StatsdPusher(self.nsqd).run())
 
-    async def start_https(self, address: str, ssl_context: ssl.SSLContext) -> None:
+    async def start_https(
+        self, address: str, ssl_context: ssl.SSLContext, *, serve: bool = True
+    ) -> None:
         """The same API over TLS on --https-address; nsqd starts it when TLS is configured."""
         if self._web is None:
             self._web = self.web_server(self.nsqd.loop)
-        self._https_server = await listen(self.nsqd.loop, self._web, address, ssl=ssl_context)
+        self._https_server = await listen(
+            self.nsqd.loop, self._web, address, ssl=ssl_context, start_serving=serve
+        )
         self.https_address = format_address(self._https_server.sockets[0])
-        log.info("HTTPS: listening on %s", self.https_address)
+        if serve:
+            log.info("HTTPS: listening on %s", self.https_address)
+
+    async def serve(self) -> None:
+        """Take connections on the sockets ``start`` and ``start_https`` bound unserved."""
+        if self._server is not None and not self._server.is_serving():
+            await self._server.start_serving()
+            log.info("HTTP: listening on %s", self.address)
+        if self._https_server is not None and not self._https_server.is_serving():
+            await self._https_server.start_serving()
+            log.info("HTTPS: listening on %s", self.https_address)
 
     async def stop(self) -> None:
         if self._https_server is not None:

@@ -471,7 +471,13 @@ class NSQD:
             self.load_metadata()
             self.persist_metadata()
             self.retention.resume_rewinds(self.topics)
-            self.tcp_server = await listen(self.loop, lambda: ClientV2(self), self.opts.tcp_address)
+            # A replicated node binds its sockets (their addresses go into its cluster record)
+            # but takes no connection until it has joined: a publish can never be answered
+            # before the node knows whether its partition is still its own.
+            serve = not self.opts.etcd_endpoints
+            self.tcp_server = await listen(
+                self.loop, lambda: ClientV2(self), self.opts.tcp_address, start_serving=serve
+            )
         except BaseException:
             for topic in list(self.topics.values()):
                 with contextlib.suppress(OSError):
@@ -482,17 +488,20 @@ class NSQD:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tcp_address = format_address(sock)
-        log.info("TCP: listening on %s", self.tcp_address)
+        if serve:
+            log.info("TCP: listening on %s", self.tcp_address)
         self.http = HTTPService(self)
         try:
-            await self.http.start()  # HTTP API and statsd
+            await self.http.start(serve=serve)  # HTTP API and statsd
         except BaseException:
             await self.stop()
             raise
         self.http_address = self.http.address
         if self.tls_context is not None and self.opts.https_address:
             try:
-                await self.http.start_https(self.opts.https_address, self.tls_context)
+                await self.http.start_https(
+                    self.opts.https_address, self.tls_context, serve=serve
+                )
             except BaseException:
                 await self.stop()
                 raise
@@ -504,6 +513,13 @@ class NSQD:
                 await self.replication.start()
             except BaseException:
                 self.replication = None
+                await self.stop()
+                raise
+            try:
+                await self.tcp_server.start_serving()
+                log.info("TCP: listening on %s", self.tcp_address)
+                await self.http.serve()
+            except BaseException:
                 await self.stop()
                 raise
         self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
