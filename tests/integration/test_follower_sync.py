@@ -100,10 +100,14 @@ def test_a_follower_acknowledges_only_what_it_has_fsynced(
         finally:
             await following.close()
             await runner.cleanup()
+            reported.append(copy.take_sync_error())
             copy.close()
 
+    reported: list[OSError | None] = []
     asyncio.run(main())
     assert fsyncs[0] == "failed"
+    # The failure reaches nsqd's health (/ping) as a failed background sync does.
+    assert isinstance(reported[0], OSError) and reported[0].errno == errno.EIO
     for offset, synced in acked:
         if offset > 0:
             assert synced and synced[-1] == "ok", (offset, synced, acked)

@@ -152,6 +152,7 @@ class Following:
                 continue
             except OSError as err:
                 failed += 1
+                tlog.sync_failed(err)  # /ping says so
                 if failed in (1, 10) or failed % 100 == 0:
                     log.error(
                         "CLUSTER: partition %s: fsync of offsets %d-%d failed - %s; they are "

@@ -205,6 +205,8 @@ class Leading:
         if done.cancelled() or err is not None:
             # Not synced: the next append or tick tries again; nothing commits past it.
             log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err or "cancelled")
+            if isinstance(err, OSError):
+                p.log.sync_failed(err)
             return
         p.log.synced_to(job)
         if p.role is Role.LEADER:

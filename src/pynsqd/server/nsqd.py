@@ -499,9 +499,7 @@ class NSQD:
         self.http_address = self.http.address
         if self.tls_context is not None and self.opts.https_address:
             try:
-                await self.http.start_https(
-                    self.opts.https_address, self.tls_context, serve=serve
-                )
+                await self.http.start_https(self.opts.https_address, self.tls_context, serve=serve)
             except BaseException:
                 await self.stop()
                 raise

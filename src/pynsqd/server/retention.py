@@ -511,6 +511,9 @@ class Retention:
             except OSError as err:
                 log.error("TOPIC(%s): failed to sync its replica log - %s", key, err)
                 self._on_error(err)
+            bg_err = replica.take_sync_error()  # a follower's fsync failed (already logged)
+            if bg_err is not None:
+                self._on_error(bg_err)
 
     def close_replicas(self) -> None:
         for key, replica in self.replicas.items():

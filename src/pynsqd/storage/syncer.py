@@ -13,8 +13,13 @@ One error contract: a failed job is logged, and its error is kept on the slot un
 ``take_sync_error`` (nsqd's ``--sync-timeout`` tick reports it: ``/ping`` turns unhealthy);
 ``failed`` stays set until the owner's next synchronous sync succeeds, so a close does not
 skip its own. A synchronous sync (``--sync-every=1``, a roll, a close) first ``cancel``s the
-waiting job (its snapshot is older) and waits for a running one. Replication's group commit is
-meant to be built on this engine.
+waiting job (its snapshot is older) and waits for a running one.
+
+Replication's fsyncs (a leader's group fsync, a follower's before it acknowledges) run on the
+event loop's executor instead, one in flight per partition and partitions in parallel (this
+engine runs one job at a time, and a coalesced job would drop a completion the commit point
+waits for); they keep this contract: a failure is ``report``ed on the log's slot (``/ping``),
+and nothing that waits on durability moves past it (``TopicLog.fsync_job``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,14 @@ class Syncer:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+
+    def report(self, slot: SyncSlot, err: OSError) -> None:
+        """A sync of the slot's files that ran elsewhere failed (replication's, on the loop's
+        executor; already logged): kept until the owner's ``take_sync_error``, as a failed job
+        of this engine."""
+        with self._cond:
+            slot.error = err
+            slot.failed = True
 
     def cancel(self, slot: SyncSlot) -> None:
         """Drop the slot's waiting job and wait until its running job (if any) has finished."""

@@ -394,6 +394,11 @@ class TopicLog:
         if fds:
             SYNCER.submit(self._slot, fds)
 
+    def sync_failed(self, err: OSError) -> None:
+        """An fsync of a ``fsync_job`` failed (already logged): reported as the background
+        engine's failures are (``take_sync_error``: ``/ping``)."""
+        SYNCER.report(self._slot, err)
+
     def take_sync_error(self) -> OSError | None:
         """The error of the last failed background sync, if any (reported once)."""
         return self._slot.take_error()
