@@ -133,3 +133,52 @@ def test_a_group_fsync_that_ends_after_a_truncation_marks_nothing_synced(tmp_pat
     tlog.synced_to(job2)
     assert tlog.synced == 6
     tlog.close()
+
+
+def test_after_a_failed_fsync_nothing_counts_as_synced_until_it_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed fsync the kernel may have dropped the pages and call the next fsync
+    clean: what the failed one covered stays unsafe until the log is cut there. A cut whose
+    own fsync fails leaves the log's state as the file's (found in review: it used to keep
+    the old end while the file was shorter), and is finished by the next try."""
+    from pynsqd.storage import durable, topiclog
+
+    tlog = _log(tmp_path / "t")
+    tlog.sync_every = 1000
+    tlog.append([Message(b"%016d" % i, b"x", 1) for i in range(4)])
+    job = tlog.fsync_job()
+    assert job is not None and (job.start, job.end) == (0, 4)
+    os.close(job.fd)
+    tlog.sync_failed(OSError(errno.EIO, "Input/output error"), job)
+    assert tlog.unsafe_from == 0
+    tlog.append([Message(b"%016d" % i, b"y", 1) for i in range(2)])
+    later = tlog.fsync_job()
+    assert later is not None
+    os.close(later.fd)
+    tlog.synced_to(later)  # "clean": still nothing past the unsafe point
+    assert tlog.synced == 0
+
+    calls = []
+
+    def failing_fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        durable_fsync(fd)
+
+    durable_fsync = durable.fsync
+    monkeypatch.setattr(topiclog.durable, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        tlog.truncate(0)
+    segment = Path(tlog.segments[-1].path)
+    assert tlog.latest == 0 and segment.stat().st_size == 0  # the log is what the file is
+    assert tlog.unsafe_from == 0
+    assert tlog.truncate(0) == 0 and tlog.unsafe_from is None  # the cut, finished
+    tlog.append([Message(b"%016d" % i, b"z", 1) for i in range(3)])
+    again = tlog.fsync_job()
+    assert again is not None
+    os.close(again.fd)
+    tlog.synced_to(again)
+    assert tlog.synced == 3
+    tlog.close()

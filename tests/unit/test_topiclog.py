@@ -404,3 +404,24 @@ def test_a_closed_segment_with_a_zero_tail_is_whole(
     assert (tl.earliest, tl.latest) == (0, 400)
     assert read_all(tl) == list(range(400))
     assert first.stat().st_size == size
+
+
+def test_read_messages_skips_only_a_damaged_record_and_gives_each_ones_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checksum mismatch in a record that is already open (not scanned again) costs that
+    record only; the ones after it in the same read are delivered, each with its own offset
+    (a put-back keeps per-offset attempts and due times: a gap must not shift them)."""
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 10)
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    with open(seg, "r+b") as f:  # the body of record 3, behind the open log's back
+        f.seek(3 * (HEADER_SIZE + 7) + HEADER_SIZE + 2)
+        f.write(b"X")
+    offsets: list[int] = []
+    with caplog.at_level(logging.ERROR):
+        msgs, nxt = tl.read_messages(0, 100, out=offsets)
+    assert "record at offset 3 is damaged; skipped" in caplog.text
+    assert offsets == [0, 1, 2, 4, 5, 6, 7, 8, 9] and nxt == 10
+    assert [m.body for m in msgs] == [b"m%06d" % i for i in offsets]
+    tl.close()

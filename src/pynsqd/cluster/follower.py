@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 import aiohttp
 
 from ..log import LOGGER_NAME
 from ..storage.durable import fsync_close
+from ..storage.topiclog import SyncJob, TopicLog
 from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
 from .partition import Partition, Role
@@ -56,6 +58,8 @@ class Following:
     def __init__(self, member: Membership) -> None:
         self.member = member
         self._fetchers: dict[PartitionKey, tuple[int, asyncio.Task[None]]] = {}
+        #: fsyncs or cuts failed in a row, per partition (the back-off and the log lines).
+        self._sync_failures: dict[PartitionKey, int] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closing = False
 
@@ -135,50 +139,64 @@ class Following:
         self, p: Partition, epoch: int, loop: asyncio.AbstractEventLoop
     ) -> bool:
         """With durability fsync, the next request acknowledges every record below its offset
-        (the leader commits on it): they are fsynced first. A failed fsync takes the records
-        it covered back (``truncate`` to what is synced: after a failed fsync the kernel may
-        have dropped their pages and call the next fsync clean) and they are fetched again;
-        while the disk fails this copy backs off and falls out of the in-sync set. Returns
-        False when the partition is no longer followed at ``epoch``."""
+        (the leader commits on it): they are fsynced first. A failed fsync leaves what it
+        covered unsafe (``TopicLog.unsafe_from``: the kernel may have dropped their pages and
+        call the next fsync clean): it is cut and fetched again, backing off while the disk
+        fails (this copy falls out of the in-sync set meanwhile). The fsync runs to its end
+        and reports to the log even if this task is cancelled. Returns False when the
+        partition is no longer followed at ``epoch``."""
         tlog = p.log
-        failed = 0
-        while p.settings.durability == "fsync" and tlog.synced < tlog.latest:
-            job = tlog.fsync_job()
-            if job is None:
-                break
-            try:
-                await loop.run_in_executor(None, fsync_close, job.fd)
-                tlog.synced_to(job)
+        key = (p.topic, p.origin)
+        while self._following(p, epoch):
+            cut = tlog.unsafe_from
+            if cut is not None:
+                try:
+                    tlog.truncate(cut)
+                    p.history.truncate(tlog.latest)
+                except OSError as err:
+                    await self._sync_trouble(p, key, f"cutting back to offset {cut} failed - {err}")
+                    continue
+                log.warning(
+                    "CLUSTER: partition %s: offsets from %d are fetched again (their fsync failed)",
+                    p.name,
+                    cut,
+                )
                 continue
-            except OSError as err:
-                failed += 1
-                tlog.sync_failed(err)  # /ping says so
-                if failed in (1, 10) or failed % 100 == 0:
-                    log.error(
-                        "CLUSTER: partition %s: fsync of offsets %d-%d failed - %s; they are "
-                        "fetched again (this copy falls out of the in-sync set until it can "
-                        "sync)",
-                        p.name,
-                        tlog.synced,
-                        job.end - 1,
-                        err,
-                    )
-            try:
-                tlog.truncate(tlog.synced)
-                p.history.truncate(tlog.latest)
-            except OSError as err:  # the disk fails: nothing is acknowledged, tried again
-                log.error("CLUSTER: partition %s: truncation failed - %s", p.name, err)
-            await asyncio.sleep(min(APPEND_RETRY * 2 ** min(failed - 1, 5), 2.0))
-            if not self._following(p, epoch):
+            if p.settings.durability != "fsync" or tlog.synced >= tlog.latest:
+                return True
+            job = tlog.fsync_job()
+            if job is None:  # the log is closed
                 return False
-        if failed:
-            log.info(
-                "CLUSTER: partition %s: synced again at offset %d after %d failed fsyncs",
+            done = loop.run_in_executor(None, fsync_close, job.fd)
+            done.add_done_callback(functools.partial(_fsynced, tlog, job))
+            try:
+                await asyncio.shield(done)
+            except OSError as err:
+                await self._sync_trouble(p, key, f"fsync failed - {err}")
+                continue
+            failed = self._sync_failures.pop(key, 0)
+            if failed:
+                log.info(
+                    "CLUSTER: partition %s: synced again at offset %d after %d failures",
+                    p.name,
+                    tlog.synced,
+                    failed,
+                )
+        return False
+
+    async def _sync_trouble(self, p: Partition, key: PartitionKey, what: str) -> None:
+        """A failed fsync or cut: said on the first failure in a row, the 10th and every
+        100th; then a pause that doubles up to 2 s."""
+        failed = self._sync_failures[key] = self._sync_failures.get(key, 0) + 1
+        if failed in (1, 10) or failed % 100 == 0:
+            log.error(
+                "CLUSTER: partition %s: %s; acknowledging nothing more until it works (this "
+                "copy falls out of the in-sync set meanwhile; %d failures in a row)",
                 p.name,
-                tlog.latest,
+                what,
                 failed,
             )
-        return True
+        await asyncio.sleep(min(APPEND_RETRY * 2 ** min(failed - 1, 5), 2.0))
 
     def _following(self, p: Partition, epoch: int) -> bool:
         return p.role is Role.FOLLOWER and p.epoch == epoch and not self._closing
@@ -276,3 +294,15 @@ class Following:
                 failed = 0
             p.leader_answered(answer.latest, answer.hw)
             tlog.hand_to(tlog.latest)
+
+
+def _fsynced(tlog: TopicLog, job: SyncJob, done: asyncio.Future[None]) -> None:
+    """A follower's fsync ended: its records count as synced, or as unsafe (reported to
+    ``/ping``), whoever was waiting for it."""
+    if done.cancelled():
+        return
+    err = done.exception()
+    if err is None:
+        tlog.synced_to(job)
+    elif isinstance(err, OSError):
+        tlog.sync_failed(err, job)

@@ -206,7 +206,11 @@ class Leading:
             # Not synced: the next append or tick tries again; nothing commits past it.
             log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err or "cancelled")
             if isinstance(err, OSError):
-                p.log.sync_failed(err)
+                # What it covered may be gone from the page cache while the next fsync says
+                # clean: the commit point stops below it (``TopicLog.unsafe_from``); publishes
+                # past it fail after --replication-timeout and /ping says why. A restart
+                # scans the log again.
+                p.log.sync_failed(err, job)
             return
         p.log.synced_to(job)
         if p.role is Role.LEADER:

@@ -96,6 +96,15 @@ class PublishRefused(Exception):
         self.code = code
 
 
+class NotYetWritable(Exception):
+    """A publish to ``topic`` must wait: another node serves this node's partition while this
+    node catches up to take it back (``Replicator.when_writable`` says when to try again)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(topic)
+        self.topic = topic
+
+
 class ReplicaHost(ChannelHost, Protocol):
     """What replication needs of nsqd (and, through ``ChannelHost``, its channels)."""
 
@@ -137,6 +146,10 @@ class Replicator:
         self.plan = Plan(self.node_id)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
+        #: Publishes waiting for this node's partition of a topic to be its own again.
+        self._unwritable: dict[
+            str, list[tuple[Callable[[str | None], None], asyncio.TimerHandle]]
+        ] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.compaction = Compaction(now)
         #: The cluster's state has been read once: until then no retained topic is known
@@ -190,6 +203,7 @@ class Replicator:
         await self.following.close()
         for p in self.partitions.values():
             p.fail_waiters("nsqd is exiting")
+        self._wake_writable("nsqd is exiting")
         await self.checkpoints.stop()
         await self.member.leave()
 
@@ -242,6 +256,8 @@ class Replicator:
             for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
                 if not await self._carry_out(p, action):
                     break
+        if self._unwritable:
+            self._wake_writable()
 
     def _retained(self, topic: str) -> bool:
         return topic in self.host.topics and self.host.retention.get(topic) is not None
@@ -378,11 +394,42 @@ class Replicator:
             if tlog is not None:
                 Partition.hold_unplaced(tlog)
         elif not p.writable:
-            raise PublishRefused(
-                f"node {p.leader} serves this node's partition of {topic} while it catches up",
-                "NOT_LEADER",
-            )
+            raise NotYetWritable(topic)
         return True
+
+    def when_writable(self, topic: str, done: Callable[[str | None], None]) -> None:
+        """After ``NotYetWritable``: ``done(None)`` once this node's partition of ``topic`` may
+        take publishes again (it took it back; the publish goes through ``gate`` again), or
+        ``done(reason)`` after ``--replication-timeout`` (or when nsqd stops). A publish
+        waits here rather than being refused: a client sees a slow OK, as from a node that
+        commits slowly, not an error only a replicated node gives."""
+        timeout = self.opts.replication_timeout
+
+        def timed_out() -> None:
+            waiters = self._unwritable.get(topic, [])
+            if entry in waiters:
+                waiters.remove(entry)
+            p = self.partitions.get((topic, self.node_id))
+            leader = f"node {p.leader}" if p is not None else "another node"
+            done(
+                f"{leader} served this node's partition of {topic} for all of "
+                f"--replication-timeout={timeout:g}s while this node caught up to take it back"
+            )
+
+        handle = asyncio.get_running_loop().call_later(timeout, timed_out)
+        entry = (done, handle)
+        self._unwritable.setdefault(topic, []).append(entry)
+
+    def _wake_writable(self, why: str | None = None) -> None:
+        """Publishes waiting for their partition (``when_writable``) whose partition can take
+        them now (or all of them, with ``why``: nsqd stops)."""
+        for topic in list(self._unwritable):
+            p = self.partitions.get((topic, self.node_id))
+            if why is None and p is not None and not p.writable:
+                continue
+            for done, handle in self._unwritable.pop(topic):
+                handle.cancel()
+                done(why)
 
     def committed(self, topic: str, end: int) -> bool:
         """Whether a publish ending at ``end`` may be answered now."""

@@ -302,61 +302,28 @@ class Retention:
         stop: int,
         progress: PositionFile,
     ) -> Replayed:
-        offset, count = start, 0
-        stopped: str | None = None
-        while offset < stop:
-            stopped = self._rewind_stopped(topic, channel, tlog)
-            if stopped is not None:
-                break
-            try:
-                records = tlog.read_records(max(offset, tlog.earliest), REWIND_BATCH)
-            except OffsetOutOfRange:
-                break  # retention removed the rest meanwhile
-            except OSError as err:
-                log.error(
-                    "CHANNEL(%s:%s): rewind failed to read - %s", topic.name, channel.name, err
-                )
-                stopped = "REWIND_INTERRUPTED"
-                break
-            msgs = [Message(r.id, r.body, r.timestamp) for r in records if r.offset < stop]
-            if (channel.max_depth or channel.max_bytes) and channel.bound_policy == "reject":
-                fit = channel.fitting(msgs)
-                if fit < len(msgs):  # what a publisher could not add, a rewind cannot either
-                    msgs, stopped = msgs[:fit], "CHANNEL_FULL"
-            if not msgs:
-                break
-            kept = channel.put_many(msgs)  # kept in memory if the disk fails: never lost
-            if kept is not None:
-                log.error(
-                    "CHANNEL(%s:%s): rewind failed to store - %s", topic.name, channel.name, kept
-                )
-            if channel.bound_policy == "drop-oldest" and (channel.max_depth or channel.max_bytes):
-                channel.trim()
-            count += len(msgs)
-            offset = records[len(msgs) - 1].offset + 1
-            if stopped is not None:
-                break
-            try:
-                progress.save(offset, sync=tlog.sync_every <= 1)
-            except OSError as err:  # a crash would repeat from an earlier offset: no loss
-                log.error(
-                    "CHANNEL(%s:%s): rewind failed to save its progress - %s",
-                    topic.name,
-                    channel.name,
-                    err,
-                )
-            await asyncio.sleep(0)
+        """A rewind's (and a create-at-offset's) put-back: bounds as for a publisher, progress
+        saved per batch, stopped by whatever ends the rewind."""
+        result = await self.put_back(
+            topic,
+            channel,
+            tlog,
+            [(start, stop)],
+            stopped_by=lambda: self._rewind_stopped(topic, channel, tlog),
+            as_publisher=True,
+            progress=progress,
+        )
         log.info(
             "CHANNEL(%s:%s): rewound to offset %d, %d messages put back (offsets %d-%d)%s",
             topic.name,
             channel.name,
             start,
-            count,
+            result.count,
             start,
-            offset - 1,
-            f"; stopped early: {stopped}" if stopped else "",
+            result.next - 1,
+            f"; stopped early: {result.stopped}" if result.stopped else "",
         )
-        return Replayed(start, offset, count, stopped)
+        return result
 
     async def replay_ranges(
         self,
@@ -368,35 +335,73 @@ class Retention:
         due: Mapping[int, int] | None = None,
     ) -> int:
         """Put the messages at ``ranges`` of ``tlog`` (a topic's log or a copy of another
-        node's partition) into ``channel``, a batch per loop turn, with their IDs and due
-        times (a channel taking over a partition's pending messages: ``cluster/checkpoints.py``).
-        The ranges are committed offsets (visible or not yet: a node restarting knows its high
-        watermark again only once its followers fetch). Offsets retention removed meanwhile are
-        skipped, and said so. ``attempts``: deliveries so far, by offset (a takeover goes on
-        counting); ``due``: when a REQ's delay ends, by offset (wall clock, ms: the message
-        stays deferred until then). A long one says how far it is every ``PROGRESS_EVERY``
+        node's partition) into ``channel`` with their IDs, attempts and due times: a channel
+        taking over a partition's pending messages (``cluster/checkpoints.py``). The ranges are
+        committed offsets (visible or not yet: a node restarting knows its high watermark again
+        only once its followers fetch); acknowledged messages, so a bound cannot refuse them.
+        Returns how many were put back."""
+        result = await self.put_back(
+            topic,
+            channel,
+            tlog,
+            ranges,
+            stopped_by=lambda: self._adoption_stopped(topic, channel),
+            as_publisher=False,
+            attempts=attempts,
+            due=due,
+        )
+        return result.count
+
+    async def put_back(
+        self,
+        topic: Topic,
+        channel: Channel,
+        tlog: TopicLog,
+        ranges: list[tuple[int, int]],
+        *,
+        stopped_by: Callable[[], str | None],
+        as_publisher: bool,
+        progress: PositionFile | None = None,
+        attempts: Mapping[int, int] | None = None,
+        due: Mapping[int, int] | None = None,
+    ) -> Replayed:
+        """The one routine that puts a log's records back into a channel: rewind,
+        create-at-offset and a replicated channel's adoption or rebuild. A batch per loop turn
+        (``read_messages``: checksums checked, DPUB due times kept, offsets as the log holds
+        them, gaps included); ``stopped_by`` is asked before each batch. ``as_publisher``: a
+        channel bound with policy reject takes what fits and stops (``CHANNEL_FULL``), as it
+        would for a publisher; otherwise (acknowledged messages) a bound cannot refuse them.
+        drop-oldest trims as after any publish. ``progress``: saved after each batch (a crash
+        goes on from it). ``attempts``/``due``: by offset, deliveries so far and when a REQ's
+        delay ends (wall clock, ms), for a takeover to go on from. Offsets retention removed
+        are skipped and said so; a long run says how far it is every ``PROGRESS_EVERY``
         seconds."""
-        count = 0
+        first = ranges[0][0] if ranges else 0
+        offset, count = first, 0
         total = sum(stop - start for start, stop in ranges)
         said = time.monotonic()
+        stopped: str | None = None
+        bounded = bool(channel.max_depth or channel.max_bytes)
         for start, stop in ranges:
             offset = start
             if offset < tlog.earliest:
-                log.error(
+                log.warning(
                     "CHANNEL(%s:%s): offsets %d-%d are no longer retained; not put back",
                     topic.name,
                     channel.name,
                     offset,
                     min(stop, tlog.earliest) - 1,
                 )
-                offset = tlog.earliest
+                offset = min(tlog.earliest, stop)
             while offset < stop:
-                if channel.exiting or topic.channels.get(channel.name) is not channel:
-                    return count
-                try:
-                    msgs, nxt = tlog.read_messages(offset, REWIND_BATCH, upto=stop)
-                except OffsetOutOfRange:
+                stopped = stopped_by()
+                if stopped is not None:
                     break
+                offsets: list[int] = []
+                try:
+                    msgs, nxt = tlog.read_messages(offset, REWIND_BATCH, upto=stop, out=offsets)
+                except OffsetOutOfRange:
+                    break  # retention removed the rest meanwhile
                 except OSError as err:
                     log.error(
                         "CHANNEL(%s:%s): failed to read offsets from %d - %s",
@@ -405,27 +410,44 @@ class Retention:
                         offset,
                         err,
                     )
+                    stopped = "REWIND_INTERRUPTED"
                     break
                 if not msgs or nxt <= offset:
+                    offset = max(offset, min(nxt, stop))
                     break
+                if as_publisher and bounded and channel.bound_policy == "reject":
+                    fit = channel.fitting(msgs)
+                    if fit < len(msgs):  # what a publisher could not add, this cannot either
+                        msgs, stopped = msgs[:fit], "CHANNEL_FULL"
+                        nxt = offsets[fit] if fit < len(offsets) else nxt
                 if attempts:  # a REQ's due time is kept only beside its attempts
-                    for off, m in enumerate(msgs, offset):
+                    for off, m in zip(offsets, msgs, strict=False):
                         m.attempts = attempts.get(off, 0)
                         if due and off in due:
                             m.defer_until_ns = due[off] * 1_000_000
-                # Acknowledged messages: a bound cannot refuse them (as a REQ past the bound);
-                # drop-oldest trims as after any publish.
-                kept = channel.put_many(msgs, mixed=True)
-                if kept is not None:
-                    log.error(
-                        "CHANNEL(%s:%s): failed to store - %s", topic.name, channel.name, kept
-                    )
-                if channel.bound_policy == "drop-oldest" and (
-                    channel.max_depth or channel.max_bytes
-                ):
-                    channel.trim()
-                count += len(msgs)
+                if msgs:
+                    # kept in memory if the disk fails: never lost
+                    kept = channel.put_many(msgs, mixed=not as_publisher)
+                    if kept is not None:
+                        log.error(
+                            "CHANNEL(%s:%s): failed to store - %s", topic.name, channel.name, kept
+                        )
+                    if bounded and channel.bound_policy == "drop-oldest":
+                        channel.trim()
+                    count += len(msgs)
                 offset = nxt
+                if stopped is not None:
+                    break
+                if progress is not None:
+                    try:
+                        progress.save(offset, sync=tlog.sync_every <= 1)
+                    except OSError as err:  # a crash would repeat from an earlier offset
+                        log.error(
+                            "CHANNEL(%s:%s): failed to save its rewind's progress - %s",
+                            topic.name,
+                            channel.name,
+                            err,
+                        )
                 if time.monotonic() - said >= PROGRESS_EVERY:
                     said = time.monotonic()
                     log.info(
@@ -436,7 +458,15 @@ class Retention:
                         total,
                     )
                 await asyncio.sleep(0)
-        return count
+            # A read failure ends a rewind; an adoption goes on with its next range.
+            if stopped is not None and (as_publisher or stopped != "REWIND_INTERRUPTED"):
+                break
+        return Replayed(first, offset, count, stopped)
+
+    def _adoption_stopped(self, topic: Topic, channel: Channel) -> str | None:
+        if channel.exiting or topic.channels.get(channel.name) is not channel:
+            return "CHANNEL_DELETED"
+        return None
 
     def _rewind_stopped(self, topic: Topic, channel: Channel, tlog: TopicLog) -> str | None:
         if self._exiting():

@@ -77,6 +77,7 @@ class SyncJob(NamedTuple):
     taken (a truncation or restart since then makes it stale: ``synced_to`` ignores it)."""
 
     fd: int
+    start: int
     end: int
     generation: int
 
@@ -131,6 +132,10 @@ class TopicLog:
         #: Bumped when records are taken back (``truncate``, ``restart_at``): an fsync job
         #: from before then covers records that are no longer these.
         self._generation = 0
+        #: Where a failed fsync (``sync_failed``) left durability unknown: after a failed
+        #: fsync the kernel may have dropped the dirty pages and calls the next fsync clean,
+        #: so nothing at or after it counts as synced again until it is cut (``truncate``).
+        self.unsafe_from: int | None = None
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -296,7 +301,11 @@ class TopicLog:
         """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
         newest segments first, each step leaving a log that opens as a prefix of the old one;
         fsync'd before it returns. Returns how many records went. Raises OSError."""
+        self._generation += 1  # an fsync job from before says nothing of what follows
         if offset >= self.latest:
+            if self.unsafe_from is not None and offset <= self.unsafe_from and self._fd >= 0:
+                durable.fsync(self._fd)  # a cut whose own fsync failed: done now
+                self.unsafe_from = None
             return 0
         dropped = self.latest - max(offset, self.earliest)
         SYNCER.cancel(self._slot)
@@ -317,7 +326,6 @@ class TopicLog:
         else:
             pos, keep = seg.position(offset)
         os.ftruncate(self._fd, pos)
-        durable.fsync(self._fd)
         seg.size = pos
         seg.next = keep if offset > seg.base else seg.base
         i = bisect.bisect_left(seg.idx_pos, pos)
@@ -330,8 +338,10 @@ class TopicLog:
         if self._committed is not None:
             self._committed = min(self._committed, self.latest)
         self.synced = min(self.synced, self.latest)
-        self._generation += 1
         self._unsynced = 0
+        durable.fsync(self._fd)  # the state above is the file's, whether or not this fails
+        if self.unsafe_from is not None and offset <= self.unsafe_from:
+            self.unsafe_from = None
         self.log.warning(
             "TOPICLOG(%s): truncated to offset %d (%d records dropped)", self.name, offset, dropped
         )
@@ -355,6 +365,7 @@ class TopicLog:
         durable.fsync(self._fd)
         self.handed = self.synced = offset
         self._generation += 1
+        self.unsafe_from = None
         if self._committed is not None:
             self._committed = offset
         self._unsynced = 0
@@ -368,14 +379,18 @@ class TopicLog:
         if self._fd < 0 or self.synced >= self.latest:
             return None
         self._unsynced = 0
-        return SyncJob(os.dup(self._fd), self.latest, self._generation)
+        return SyncJob(os.dup(self._fd), self.synced, self.latest, self._generation)
 
     def synced_to(self, job: SyncJob) -> None:
         """``job``'s fsync succeeded: what it covers is durable, unless records were taken
         back since it was taken (a leader's group fsync still running when it stepped down
-        and truncated): then it says nothing of the records now at those offsets."""
-        if job.generation == self._generation and job.end > self.synced:
-            self.synced = job.end
+        and truncated): then it says nothing of the records now at those offsets. Never past
+        ``unsafe_from``."""
+        if job.generation != self._generation:
+            return
+        end = job.end if self.unsafe_from is None else min(job.end, self.unsafe_from)
+        if end > self.synced:
+            self.synced = end
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
@@ -394,10 +409,14 @@ class TopicLog:
         if fds:
             SYNCER.submit(self._slot, fds)
 
-    def sync_failed(self, err: OSError) -> None:
-        """An fsync of a ``fsync_job`` failed (already logged): reported as the background
-        engine's failures are (``take_sync_error``: ``/ping``)."""
+    def sync_failed(self, err: OSError, job: SyncJob) -> None:
+        """``job``'s fsync failed (already logged): reported as the background engine's
+        failures are (``take_sync_error``: ``/ping``), and what it covered is unsafe until it
+        is cut (``unsafe_from``)."""
         SYNCER.report(self._slot, err)
+        if job.generation == self._generation:
+            start = max(job.start, self.earliest)
+            self.unsafe_from = start if self.unsafe_from is None else min(self.unsafe_from, start)
 
     def take_sync_error(self) -> OSError | None:
         """The error of the last failed background sync, if any (reported once)."""
@@ -557,12 +576,18 @@ class TopicLog:
         return list(decode_records(data, verify=False))
 
     def read_messages(
-        self, offset: int, max_count: int, upto: int | None = None
+        self,
+        offset: int,
+        max_count: int,
+        upto: int | None = None,
+        out: list[int] | None = None,
     ) -> tuple[list[Message], int]:
         """The topic's backlog, as messages for its channels (checksums checked: a damaged
         record is logged and skipped rather than delivered), and the offset after them.
         ``upto``: read below it, though not yet visible (offsets the caller knows were
-        committed: a channel rebuilt after a crash, before the high watermark is known again)."""
+        committed: a channel rebuilt after a crash, before the high watermark is known again).
+        ``out``: each message's offset is appended to it (a put-back that stops part-way or
+        keeps per-offset state; offsets may have gaps)."""
         offset = max(offset, self.earliest)
         limit = self.visible if upto is None else min(upto, self.latest)
         if offset >= limit:
@@ -585,11 +610,16 @@ class TopicLog:
                 self.log.error(
                     "TOPICLOG(%s): record at offset %d is damaged; skipped", self.name, rec_offset
                 )
-                break
+                if stop > end:
+                    break  # its length is wrong: where the next record starts is not known
+                pos = stop  # a checksum mismatch: this record only
+                continue
             m = Message(msg_id, data[pos + HEADER_SIZE : stop], ts)
             if defer_ms:
                 m.defer_until_ns = ts + defer_ms * 1_000_000
             msgs.append(m)
+            if out is not None:
+                out.append(rec_offset)
             pos = stop
         return msgs, rng.next
 
