@@ -156,6 +156,66 @@ def test_nsq_stat_names_a_missing_channel(nsqd: ServerThread) -> None:
     assert res.stderr == b"nsq_stat: failed to find channel(nope) in stats metadata for topic(t)\n"
 
 
+def test_nsq_stat_finds_the_nodes_through_nsqlookupd(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    """Through the client's one nsqlookupd reader: the nodes' numbers summed (one node here
+    holds 2, the other 3), whichever address kind each node registered."""
+    lookupd = LookupdThread()
+    try:
+        host, port = lookupd.tcp_address
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+        servers = [
+            make_nsqd(
+                lookupd_tcp_addresses=[f"{host}:{port}"],
+                broadcast_address="127.0.0.1",
+                data_path=str(tmp_path / name),
+            )
+            for name in ("a", "b")
+        ]
+        for server, n in zip(servers, (2, 3), strict=True):
+            with server.connect() as c:
+                c.sub("t", "c", rdy=0)
+                with server.connect() as p:
+                    p.mpub("t", [b"m"] * n)
+
+        def both_registered() -> bool:
+            res = tool(
+                "nsq_stat",
+                "--topic=t",
+                "--channel=c",
+                f"--lookupd-http-address={lookupd.http_url.removeprefix('http://')}",
+                "--interval=100ms",
+                "--count=1",
+            )
+            row = res.stdout.decode().splitlines()[2].split() if res.returncode == 0 else []
+            return row[2:4] == ["|", "5"]  # total depth
+
+        wait_for(both_registered, "nsq_stat to sum both nodes' depth through nsqlookupd")
+    finally:
+        lookupd.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--nsqd-http-address=127.0.0.1:1"],
+            b"nsq_stat: failed to get nsqd stats - nsqd 127.0.0.1:1 unreachable",
+        ),
+        (
+            ["--lookupd-http-address=127.0.0.1:1"],
+            b"nsq_stat: failed to get topic producers - no nsqlookupd answered",
+        ),
+    ],
+)
+def test_nsq_stat_names_what_did_not_answer_in_one_line(args: list[str], line: bytes) -> None:
+    res = tool("nsq_stat", "--topic=t", "--channel=c", *args)
+    assert res.returncode == 1
+    assert res.stderr.startswith(line) and res.stderr.count(b"\n") == 1, res.stderr
+
+
 def test_nsq_to_file_writes_gzip_files_and_fins_after_sync(
     nsqd: ServerThread, tmp_path: Path
 ) -> None:

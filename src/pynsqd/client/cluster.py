@@ -27,11 +27,17 @@ __all__ = [
     "LogOffsetOutOfRange",
     "NodeHTTPError",
     "channel_depth",
+    "channel_stats",
     "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
+    "lookup_topics",
+    "node_stats",
+    "producer_address",
+    "producers_of",
     "read_log",
     "topic_offsets",
+    "topics_of",
 ]
 
 ACCEPT = "application/vnd.nsq; version=1.0"
@@ -111,9 +117,13 @@ def _get_json(url: str, opts: ClientOptions) -> tuple[int, Any]:
 
 
 # -- nsqlookupd ---------------------------------------------------------------------------------
+# The one reader of nsqlookupd's answers: the tools, nsq_stat, the Spark connector and
+# (through the parsers, over its own async HTTP) nsqadmin.
 
 
-def _host_port(p: dict[str, Any], port_key: str) -> str | None:
+def producer_address(p: dict[str, Any], port_key: str = "tcp_port") -> str | None:
+    """A lookupd producer's ``host:port`` (``broadcast_address``, else ``hostname``; IPv6 in
+    brackets) for ``port_key`` (``tcp_port`` or ``http_port``); None when it lacks one."""
     host = p.get("broadcast_address") or p.get("hostname")
     port = p.get(port_key)
     if not (host and port):
@@ -121,7 +131,8 @@ def _host_port(p: dict[str, Any], port_key: str) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _producers(body: Any) -> list[dict[str, Any]]:
+def producers_of(body: Any) -> list[dict[str, Any]]:
+    """The producers of a ``/lookup`` or ``/nodes`` answer."""
     if not isinstance(body, dict):
         return []
     # The V1 envelope is the plain object; very old nsqlookupd wrapped it in "data".
@@ -129,12 +140,25 @@ def _producers(body: Any) -> list[dict[str, Any]]:
     return [p for p in producers or [] if isinstance(p, dict)]
 
 
-def _query_all(
-    lookupd_addresses: Sequence[str], path: str, query: dict[str, str], timeout: float
-) -> list[dict[str, Any]]:
-    """The producers every lookupd that answers lists. Raises NsqLookupError when none
-    answered (a 404, no node has the topic yet, is an answer)."""
-    found: list[dict[str, Any]] = []
+def topics_of(body: Any) -> list[str]:
+    """The topics of a ``/topics`` answer."""
+    if not isinstance(body, dict):
+        return []
+    topics = body.get("topics", (body.get("data") or {}).get("topics"))
+    return [t for t in topics or [] if isinstance(t, str)]
+
+
+def _ask_all(
+    lookupd_addresses: Sequence[str],
+    path: str,
+    query: dict[str, str],
+    timeout: float,
+    *,
+    not_found_ok: bool,
+) -> list[Any]:
+    """The answer of every lookupd that answers ``path``. Raises NsqLookupError when none
+    did (with ``not_found_ok``, a 404 is an empty answer: no node has the topic yet)."""
+    bodies: list[Any] = []
     errors: list[str] = []
     answered = False
     opts = ClientOptions(timeout=timeout)
@@ -145,23 +169,32 @@ def _query_all(
         except (OSError, ValueError) as e:
             errors.append(f"{url}: {e}")
             continue
-        if status == 404:  # TOPIC_NOT_FOUND: nobody has the topic (yet)
+        if status == 404 and not_found_ok:  # TOPIC_NOT_FOUND: nobody has the topic (yet)
             answered = True
             continue
-        if status != 200:
+        if status != 200 or not isinstance(body, dict):
             errors.append(f"{url}: HTTP {status} {body}")
             continue
         answered = True
-        found += _producers(body)
+        bodies.append(body)
     if not answered:
         raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
-    return found
+    return bodies
+
+
+def _query_all(
+    lookupd_addresses: Sequence[str], path: str, query: dict[str, str], timeout: float
+) -> list[dict[str, Any]]:
+    """The producers every lookupd that answers lists. Raises NsqLookupError when none
+    answered (a 404, no node has the topic yet, is an answer)."""
+    bodies = _ask_all(lookupd_addresses, path, query, timeout, not_found_ok=True)
+    return [p for body in bodies for p in producers_of(body)]
 
 
 def _addresses(producers: list[dict[str, Any]], port_key: str) -> list[str]:
     out: list[str] = []
     for p in producers:
-        addr = _host_port(p, port_key)
+        addr = producer_address(p, port_key)
         if addr and addr not in out:
             out.append(addr)
     return out
@@ -182,24 +215,8 @@ def lookup_topics(lookupd_addresses: Sequence[str], timeout: float = 5.0) -> lis
     """Every topic the lookupds know (``/topics``), in order of first mention. Raises
     NsqLookupError when none answered."""
     found: list[str] = []
-    errors: list[str] = []
-    opts = ClientOptions(timeout=timeout)
-    answered = False
-    for lookupd in lookupd_addresses:
-        url = _url(lookupd, "/topics", {})
-        try:
-            status, body = _get_json(url, opts)
-        except (OSError, ValueError) as e:
-            errors.append(f"{url}: {e}")
-            continue
-        if status != 200 or not isinstance(body, dict):
-            errors.append(f"{url}: HTTP {status} {body}")
-            continue
-        answered = True
-        topics = body.get("topics", (body.get("data") or {}).get("topics"))
-        found += [t for t in topics or [] if isinstance(t, str) and t not in found]
-    if not answered:
-        raise NsqLookupError("no nsqlookupd answered: " + "; ".join(errors))
+    for body in _ask_all(lookupd_addresses, "/topics", {}, timeout, not_found_ok=False):
+        found += [t for t in topics_of(body) if t not in found]
     return found
 
 
@@ -215,7 +232,7 @@ def lookup_http_addresses(
     lookupd that answers. NsqLookupError when none answered."""
     out: dict[str, str] = {}
     for p in _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout):
-        tcp, http = _host_port(p, "tcp_port"), _host_port(p, "http_port")
+        tcp, http = producer_address(p, "tcp_port"), producer_address(p, "http_port")
         if tcp and http:
             out.setdefault(tcp, http)
     return out
@@ -224,25 +241,53 @@ def lookup_http_addresses(
 # -- nsqd's HTTP API ----------------------------------------------------------------------------
 
 
+def node_stats(
+    http_address: str,
+    opts: ClientOptions,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+) -> dict[str, Any]:
+    """One nsqd's ``/stats`` (JSON; narrowed to ``topic`` and ``channel`` when given).
+    Raises ConnectionError (unreachable), NodeHTTPError or ValueError (not its JSON)."""
+    query = {"format": "json"}
+    if topic is not None:
+        query["topic"] = topic
+    if channel is not None:
+        query["channel"] = channel
+    status, _, body = _node_get(http_address, "/stats", query, opts)
+    if status != 200:
+        raise NodeHTTPError(http_address, status, body.decode(errors="replace")[:200])
+    doc = jsonbound.loads(body)
+    if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+        doc = doc["data"]  # very old nsqd's envelope
+    if not isinstance(doc, dict):
+        raise ValueError(f"nsqd {http_address}: /stats is not a JSON object")
+    return doc
+
+
+def channel_stats(
+    http_address: str, topic: str, channel: str, opts: ClientOptions
+) -> dict[str, Any] | None:
+    """A channel's entry of one nsqd's ``/stats`` (None: the node has no such channel).
+    Raises as ``node_stats``."""
+    for t in node_stats(http_address, opts, topic=topic, channel=channel).get("topics") or []:
+        if not isinstance(t, dict) or t.get("topic_name") != topic:
+            continue
+        for c in t.get("channels") or []:
+            if isinstance(c, dict) and c.get("channel_name") == channel:
+                return c
+    return None
+
+
 def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 5.0) -> int | None:
     """A channel's ``depth`` on one nsqd (its ``/stats``), or None if it does not answer or
     has no such channel."""
-    query = {"format": "json", "topic": topic, "channel": channel}
     try:
-        status, body = _get_json(
-            _url(http_address, "/stats", query), ClientOptions(timeout=timeout)
-        )
-    except (OSError, ValueError):
+        c = channel_stats(http_address, topic, channel, ClientOptions(timeout=timeout))
+    except (NsqError, ConnectionError, ValueError):
         return None
-    if status != 200 or not isinstance(body, dict):
-        return None
-    for t in body.get("topics") or []:
-        if t.get("topic_name") != topic:
-            continue
-        for c in t.get("channels") or []:
-            if c.get("channel_name") == channel:
-                return int(c.get("depth", 0))
-    return None
+    return None if c is None else int(c.get("depth", 0))
 
 
 def _node_get(node: str, path: str, query: dict[str, str], opts: ClientOptions) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from ..client import ClientOptions
+from ..client import ClientOptions, producer_address, producers_of, topics_of
 from .options import AdminOptions
 
 COUNTERS = (
@@ -32,8 +32,8 @@ def _url(address: str, path: str) -> str:
 
 
 def _node(producer: dict[str, Any]) -> str:
-    """An nsqlookupd producer's nsqd HTTP address."""
-    return f"{producer.get('broadcast_address')}:{producer.get('http_port')}"
+    """An nsqlookupd producer's nsqd HTTP address (``pynsqd.client``'s reading of it)."""
+    return producer_address(producer, "http_port") or "?"
 
 
 def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
@@ -107,7 +107,7 @@ class Cluster:
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
                 errors.append(f"nsqlookupd {lookupd}: {e}")
                 continue
-            out[lookupd] = [p for p in doc.get("producers") or [] if isinstance(p, dict)]
+            out[lookupd] = producers_of(doc)
         return out, errors
 
     async def nodes(
@@ -386,7 +386,7 @@ class Cluster:
                 doc = await self._get(lookupd, "/topics")
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
                 continue
-            known += [t for t in doc.get("topics") or [] if t not in known]
+            known += [t for t in topics_of(doc) if t not in known]
         return [t for t in known if t not in produced]
 
     async def create(self, topic: str, channel: str) -> list[str]:

@@ -8,22 +8,21 @@ and the current depth and counters, summed over the nodes. The header repeats ev
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
+from ..client import (
+    ClientOptions,
+    NsqError,
+    NsqLookupError,
+    channel_stats,
+    lookup_http_addresses,
+)
 from ..internal.optiontable import opt
 from .common import parse
 
 PROGRAM = "nsq_stat"
-
-
-class StatError(Exception):
-    """A node did not answer, or not with JSON."""
 
 
 FIELDS = (
@@ -60,46 +59,29 @@ class StatOptions:
     )
 
 
-def _get(address: str, path: str, timeout: float) -> Any:
-    url = f"http://{address}{path}"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            doc = json.loads(r.read())
-    except (OSError, ValueError) as err:
-        raise StatError(f"{url} - {err}") from None
-    return doc.get("data", doc) if isinstance(doc, dict) and "data" in doc else doc
-
-
 def _nodes(opts: StatOptions) -> list[str]:
-    """The HTTP addresses of the nsqd nodes with the topic."""
-    timeout = opts.http_client_request_timeout
+    """The HTTP addresses of the nsqd nodes with the topic (the given ones, or those the
+    lookupds name). Raises NsqLookupError."""
     if opts.nsqd_http_addresses:
         return list(opts.nsqd_http_addresses)
-    nodes: list[str] = []
-    topic = urllib.parse.quote(opts.topic)
-    for lookupd in opts.lookupd_http_addresses:
-        for p in _get(lookupd, f"/lookup?topic={topic}", timeout).get("producers") or []:
-            node = f"{p.get('broadcast_address')}:{p.get('http_port')}"
-            if node not in nodes:
-                nodes.append(node)
-    return nodes
+    found = lookup_http_addresses(
+        opts.lookupd_http_addresses, opts.topic, opts.http_client_request_timeout
+    )
+    return list(dict.fromkeys(found.values()))
 
 
 def _channel_totals(opts: StatOptions) -> dict[str, int] | None:
+    """The channel's numbers summed over the nodes; None when no node has it. Raises
+    NsqLookupError, NsqError, ConnectionError or ValueError."""
     totals = dict.fromkeys(FIELDS, 0)
     found = False
-    query = urllib.parse.urlencode({"format": "json", "topic": opts.topic, "channel": opts.channel})
+    client = ClientOptions(timeout=opts.http_client_request_timeout)
     for node in _nodes(opts):
-        stats = _get(node, f"/stats?{query}", opts.http_client_request_timeout)
-        for t in stats.get("topics") or []:
-            if t.get("topic_name") != opts.topic:
-                continue
-            for c in t.get("channels") or []:
-                if c.get("channel_name") == opts.channel:
-                    found = True
-                    for k in FIELDS:
-                        totals[k] += int(c.get(k) or 0)
+        c = channel_stats(node, opts.topic, opts.channel, client)
+        if c is not None:
+            found = True
+            for k in FIELDS:
+                totals[k] += int(c.get(k) or 0)
     return totals if found else None
 
 
@@ -133,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         while not opts.count or i <= opts.count:
             try:
                 c = _channel_totals(opts)
-            except StatError as err:
+            except NsqLookupError as err:  # Go's words
+                print(f"{PROGRAM}: failed to get topic producers - {err}", file=sys.stderr)
+                return 1
+            except (NsqError, ConnectionError, ValueError) as err:
                 print(f"{PROGRAM}: failed to get nsqd stats - {err}", file=sys.stderr)
                 return 1
             if c is None:
