@@ -28,6 +28,7 @@ from pynsqd.client import (
     NsqLookupError,
     Reactor,
     channel_depth,
+    find_nodes,
     lookup_http_addresses,
     lookup_producers,
 )
@@ -116,23 +117,21 @@ class ConsumerPool:
 
     def start(self) -> None:
         """Connect to every node; raise NsqSourceError if none can be reached at all."""
-        nodes = list(self.opts.nsqd_addresses)
         errors: list[str] = []
         self._reactor = Reactor("nsq-source-reader")
-        if self.opts.lookupd_addresses:
-            try:
-                found = lookup_producers(
-                    self.opts.lookupd_addresses, self.opts.topic, self.opts.client.connect_timeout
-                )
-            except NsqLookupError as e:
-                if not nodes:
-                    raise NsqSourceError(
-                        "option 'nsqlookupdHttpAddresses' "
-                        f"({','.join(self.opts.lookupd_addresses)}): {e}"
-                    ) from e
-                log.warning("nsqlookupd lookup failed: %s", e)
-                found = []
-            nodes += [n for n in found if n not in nodes]
+        nodes, lookup_err = find_nodes(
+            self.opts.nsqd_addresses,
+            self.opts.lookupd_addresses,
+            self.opts.topic,
+            self.opts.client.connect_timeout,
+        )
+        if lookup_err is not None:
+            if not self.opts.nsqd_addresses:
+                raise NsqSourceError(
+                    "option 'nsqlookupdHttpAddresses' "
+                    f"({','.join(self.opts.lookupd_addresses)}): {lookup_err}"
+                ) from lookup_err
+            log.warning("nsqlookupd lookup failed: %s", lookup_err)
         connected = 0
         for node in nodes:
             try:

@@ -38,7 +38,7 @@ from pynsqd.client import (
     NodeHTTPError,
     NsqError,
     NsqLookupError,
-    lookup_http_addresses,
+    find_nodes,
     read_log,
     topic_offsets,
 )
@@ -97,19 +97,11 @@ def discover(opts: LogOptions, *, strict: bool = False) -> list[str]:
     """The addresses to ask: the given ones and those nsqlookupd lists for the topic. A lookupd
     that does not answer is logged, unless ``strict`` and no address was given: then nothing
     could be known, which is an error rather than "no data"."""
-    nodes = list(opts.nodes)
-    if not opts.lookupd:
-        return nodes
-    try:
-        found = lookup_http_addresses(opts.lookupd, opts.topic, opts.http.timeout)
-    except NsqLookupError as e:
-        if strict and not nodes:
-            raise NsqLookupError(f"option 'nsqlookupdHttpAddresses': {e}") from None
-        log.warning("nsq log source: %s", e)
-        return nodes
-    for node in found.values():
-        if node not in nodes:
-            nodes.append(node)
+    nodes, err = find_nodes(opts.nodes, opts.lookupd, opts.topic, opts.http.timeout, port="http")
+    if err is not None:
+        if strict and not opts.nodes:
+            raise NsqLookupError(f"option 'nsqlookupdHttpAddresses': {err}") from None
+        log.warning("nsq log source: %s", err)
     return nodes
 
 

@@ -33,9 +33,7 @@ from pynsqd.client import (
     Connection,
     NsqConnectionError,
     NsqError,
-    NsqLookupError,
-    lookup_nodes,
-    lookup_producers,
+    find_nodes,
 )
 from pynsqd.protocol import encode
 
@@ -96,26 +94,21 @@ class Publisher:
 
     def nodes(self, topic: str) -> list[str]:
         if self._nodes is None:
-            nodes = list(self.opts.nsqd_addresses)
-            if self.opts.lookupd_addresses:
-                timeout = self.opts.client.connect_timeout
-                try:
-                    # Sorted, so that every task sees one list whenever it asks, and task i
-                    # starts on node i modulo their number: an even spread.
-                    found = sorted(
-                        {
-                            *lookup_producers(self.opts.lookupd_addresses, topic, timeout),
-                            *lookup_nodes(self.opts.lookupd_addresses, timeout),
-                        }
-                    )
-                except NsqLookupError as e:
-                    if not nodes:
-                        raise NsqSinkError(
-                            f"option 'nsqlookupdHttpAddresses' "
-                            f"({','.join(self.opts.lookupd_addresses)}): {e}"
-                        ) from e
-                    found = []
-                nodes += [n for n in found if n not in nodes]
+            # Sorted, so that every task sees one list whenever it asks, and task i starts on
+            # node i modulo their number: an even spread.
+            nodes, err = find_nodes(
+                self.opts.nsqd_addresses,
+                self.opts.lookupd_addresses,
+                topic,
+                self.opts.client.connect_timeout,
+                every_node=True,
+                sort_found=True,
+            )
+            if err is not None and not self.opts.nsqd_addresses:
+                raise NsqSinkError(
+                    f"option 'nsqlookupdHttpAddresses' "
+                    f"({','.join(self.opts.lookupd_addresses)}): {err}"
+                ) from err
             if not nodes:
                 raise NsqSinkError(
                     "option 'nsqlookupdHttpAddresses': no nsqd is registered with nsqlookupd"

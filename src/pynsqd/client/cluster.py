@@ -28,6 +28,7 @@ __all__ = [
     "NodeHTTPError",
     "channel_depth",
     "channel_stats",
+    "find_nodes",
     "lookup_http_addresses",
     "lookup_nodes",
     "lookup_producers",
@@ -236,6 +237,35 @@ def lookup_http_addresses(
         if tcp and http:
             out.setdefault(tcp, http)
     return out
+
+
+def find_nodes(
+    given: Sequence[str],
+    lookupd_addresses: Sequence[str],
+    topic: str,
+    timeout: float = 5.0,
+    *,
+    port: str = "tcp",
+    every_node: bool = False,
+    sort_found: bool = False,
+) -> tuple[list[str], NsqLookupError | None]:
+    """The nodes to use: ``given`` first, then those the lookupds list for ``topic`` (and,
+    with ``every_node``, every registered node), each once; ``port`` picks their TCP or HTTP
+    address; ``sort_found`` sorts what the lookupds named (every caller then sees one list).
+    A lookupd failure is returned beside the given nodes, for the caller to raise (nothing
+    given: nothing could be known) or log in its own words."""
+    nodes = list(dict.fromkeys(given))
+    if not lookupd_addresses:
+        return nodes, None
+    key = f"{port}_port"
+    try:
+        producers = _query_all(lookupd_addresses, "/lookup", {"topic": topic}, timeout)
+        if every_node:
+            producers += _query_all(lookupd_addresses, "/nodes", {}, timeout)
+    except NsqLookupError as e:
+        return nodes, e
+    found = [a for a in _addresses(producers, key) if a not in nodes]
+    return nodes + (sorted(found) if sort_found else found), None
 
 
 # -- nsqd's HTTP API ----------------------------------------------------------------------------
