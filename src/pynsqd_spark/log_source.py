@@ -16,9 +16,7 @@ nsqlookupd) is ``pynsqd.client``'s: this module keeps only the Spark side.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -33,13 +31,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import LongType, StructField, StructType
 
 from pynsqd.client import (
-    LogChunk,
-    LogOffsetOutOfRange,
-    NodeHTTPError,
+    LogIdentityError,
+    NodeLog,
     NsqError,
     NsqLookupError,
+    RangeUnreadable,
     find_nodes,
-    read_log,
+    read_range,
+    survey_logs,
     topic_offsets,
 )
 
@@ -50,7 +49,6 @@ log = logging.getLogger("pynsqd_spark.log")
 
 LOG_SCHEMA = StructType([*SOURCE_SCHEMA.fields, StructField("offset", LongType())])
 _ARROW_SCHEMA = to_arrow_schema(LOG_SCHEMA, timezone="UTC")
-_READ_BYTES = 16 << 20
 
 
 class NsqDataLoss(RuntimeError):
@@ -60,7 +58,7 @@ class NsqDataLoss(RuntimeError):
 # -- talking to a node (pynsqd.client's cluster side) ----------------------------------------
 
 
-class NsqLogIdentityError(RuntimeError):
+class NsqLogIdentityError(LogIdentityError):
     """Two nsqd processes answer with one storage id (a copied data directory): their logs
     differ, so the query cannot key its offsets by it."""
 
@@ -69,21 +67,8 @@ class NsqReadError(RuntimeError):
     """A planned range could not be read within ``readRetryTimeoutMs``."""
 
 
-@dataclass(frozen=True)
-class NodeLog:
-    """One log of the topic, as a survey found it. ``key`` is its identity, which the query's
-    offsets are keyed by: a node's storage id (``storage/identity.py``), whatever address
-    reached it (from a node too old to say, the address); for a replicated topic, the
-    partition (``<cluster>/<origin node id>``), which ``replicas`` serve (in-sync copies,
-    the leader first), each read with ``partition=``."""
-
-    key: str
-    address: str
-    earliest: int
-    latest: int
-    instance: str = ""
-    partition: int | None = None
-    replicas: tuple[str, ...] = ()
+def _warn(message: str) -> None:
+    log.warning("nsq log source: %s", message)
 
 
 def node_offsets(
@@ -108,71 +93,12 @@ def discover(opts: LogOptions, *, strict: bool = False) -> list[str]:
 def survey(
     opts: LogOptions, addresses: Iterable[str], *, strict: bool = False
 ) -> dict[str, NodeLog]:
-    """Each log of the topic the addresses serve, by identity: two addresses reaching one
-    process count once (the first), two processes answering with one storage id are refused;
-    a replicated topic's partitions, each with the copies that can serve it. A node that
-    cannot be asked (down, restarting) is logged and left out, unless ``strict``."""
-    found: dict[str, NodeLog] = {}
-    copies: dict[str, list[tuple[str, int, dict[str, Any]]]] = {}
-    todo = list(dict.fromkeys(addresses))
-    for address in todo:
-        try:
-            doc = node_offsets(address, opts)
-            held = doc.get("partitions")
-            if isinstance(held, list) and doc.get("cluster") is not None:
-                # The cluster's other nodes hold copies too: asked as well (one given node
-                # is enough to find them all; one that is down is logged and passed over).
-                nodes = doc.get("nodes")
-                if isinstance(nodes, dict):
-                    todo += [a for a in nodes.values() if isinstance(a, str) and a not in todo]
-                # Its own log is its own partition: keyed, like every copy, by partition.
-                for q in held:
-                    key = f"{doc['cluster']}/{int(q['partition'])}"
-                    copies.setdefault(key, []).append((address, int(doc["node_id"]), q))
-                continue
-            here = NodeLog(
-                str(doc.get("storage_id") or address),
-                address,
-                int(doc["earliest"]),
-                int(doc["latest"]),
-                str(doc.get("instance") or ""),
-            )
-        except (NsqError, ConnectionError, ValueError, KeyError, TypeError) as e:
-            if strict:
-                raise
-            log.warning("nsq log source: %s", e)
-            continue
-        seen = found.get(here.key)
-        if seen is None:
-            found[here.key] = here
-        elif seen.instance != here.instance:
-            raise NsqLogIdentityError(
-                f"nsq log source: nsqd {seen.address} and {here.address} both answer with "
-                f"storage id {here.key} but are different processes (a copied data "
-                f"directory?): give each node its own --data-path"
-            )
-    for key, entries in copies.items():
-        found[key] = _partition(key, entries)
-    return found
-
-
-def _partition(key: str, entries: list[tuple[str, int, dict[str, Any]]]) -> NodeLog:
-    """A replicated partition from the copies found: readable up to the highest committed
-    offset (the leader's), from the copies its leader counts in sync (all found, when the
-    leader is not among them: it is down, or being replaced), the leader first."""
-    leaders = [e for e in entries if e[2].get("role") == "leader"]
-    leader = max(leaders, key=lambda e: int(e[2].get("epoch", 0))) if leaders else None
-    isr = {int(n) for n in leader[2].get("isr", [])} if leader is not None else None
-    usable = [e for e in entries if isr is None or e[1] in isr] or entries
-    usable.sort(key=lambda e: (e is not leader, -int(e[2]["committed"])))
-    return NodeLog(
-        key,
-        usable[0][0],
-        max(int(e[2]["earliest"]) for e in usable),
-        max(int(e[2]["committed"]) for e in usable),
-        partition=int(usable[0][2]["partition"]),
-        replicas=tuple(dict.fromkeys(e[0] for e in usable)),
-    )
+    """Each log of the topic the addresses serve, by identity (``pynsqd.client``'s
+    ``survey_logs``): a node that cannot be asked is logged and left out, unless ``strict``."""
+    try:
+        return survey_logs(opts.topic, addresses, opts.http, strict=strict, warn=_warn)
+    except LogIdentityError as e:
+        raise NsqLogIdentityError(f"nsq log source: {e}") from None
 
 
 def _rekey(offsets: Mapping[str, int], logs: Mapping[str, NodeLog]) -> dict[str, int]:
@@ -200,25 +126,6 @@ def retained_everywhere(options: Mapping[str, str]) -> str | None:
         return str(e)
 
 
-def _retrying(address: str, key: str, opts: LogOptions, what: str) -> Iterator[float]:
-    """Yields before each try of a read (the time waited so far); raises NsqReadError once
-    ``readRetryTimeoutMs`` is spent. The caller breaks out when a try succeeds."""
-    began = time.monotonic()
-    wait = opts.read_retry_backoff_ms / 1000
-    tries = 0
-    while True:
-        yield time.monotonic() - began
-        tries += 1
-        spent = time.monotonic() - began
-        if spent + wait > opts.read_retry_timeout_ms / 1000:
-            raise NsqReadError(
-                f"nsq log source: nsqd {address} (storage {key}) topic {opts.topic}: {what} "
-                f"unreadable after {tries} tries in {spent:.1f}s (option readRetryTimeoutMs)"
-            )
-        time.sleep(wait)
-        wait = min(wait * 2, 2.0)
-
-
 def fetch(
     node: str,
     opts: LogOptions,
@@ -229,101 +136,39 @@ def fetch(
     partition: int | None = None,
 ) -> Iterator[tuple[int, int, bytes, int, bytes]]:
     """Records ``[start, end)`` of one log: (offset, timestamp ns, id, attempts, body), read
-    at ``node`` or, for a replicated partition, at the first of ``replicas`` that has them
-    committed. A node that does not answer (restarting) is tried again, after the other
-    copies, for ``readRetryTimeoutMs``; one that answers with another log than ``key`` is an
-    error. Records pruned before ``start`` was read raise ``NsqDataLoss`` (or, without
-    ``failOnDataLoss``, are skipped and logged)."""
-    candidates = list(dict.fromkeys([node, *replicas]))
-    offset = start
-    while offset < end:
-        what = f"offsets {offset}-{end - 1}"
-        chunk: LogChunk | None = None
-        errors: list[str] = []
-        for waited in _retrying(node, key or node, opts, what):
-            if errors:
-                log.warning(
-                    "nsq log source: nsqd %s topic %s: %s: retrying (%.1fs so far) - %s",
-                    node,
-                    opts.topic,
-                    what,
-                    waited,
-                    "; ".join(errors),
-                )
-            errors = []
-            for i, address in enumerate(candidates):
-                last = i == len(candidates) - 1
-                try:
-                    got = read_log(
-                        address,
-                        opts.topic,
-                        offset,
-                        opts.http,
-                        max_messages=end - offset,
-                        max_bytes=_READ_BYTES,
-                        partition=partition,
-                    )
-                except ConnectionError as e:
-                    errors.append(str(e))
-                    continue
-                except NodeHTTPError as e:
-                    if e.status < 500 and partition is None:
-                        raise
-                    errors.append(str(e))  # a copy that lost the partition: another has it
-                    continue
-                except LogOffsetOutOfRange as e:
-                    if e.earliest <= offset:
-                        if not last:
-                            errors.append(str(e))
-                            continue
-                        raise
-                    if not last:  # pruned here: another copy may still have them
-                        errors.append(str(e))
-                        continue
-                    message = (
-                        f"nsq log source: nsqd {address} topic {opts.topic}: offsets {offset}-"
-                        f"{min(e.earliest, end) - 1} were removed by retention before they "
-                        f"were read"
-                    )
-                    if opts.fail_on_data_loss:
-                        raise NsqDataLoss(message + " (failOnDataLoss=false skips them)") from None
-                    log.warning("%s; skipped %d records", message, min(e.earliest, end) - offset)
-                    offset = e.earliest
-                    break
-                if partition is not None and got.next <= offset:
-                    # This copy has not learnt yet that the range is committed: another may.
-                    errors.append(f"nsqd {address} has committed less than offset {offset + 1}")
-                    continue
-                chunk = got
-                if i:  # the copies that failed go last for the next chunks (a paused one
-                    # would cost a timeout each time)
-                    candidates = candidates[i:] + candidates[:i]
-                break
-            if chunk is not None or not errors:
-                break
-        if chunk is None:
-            continue  # records skipped (failOnDataLoss=false): from the new offset
-        planned = partition is None and key and key != node  # on a storage id: check it
-        if planned and chunk.storage_id and chunk.storage_id != key:
-            raise NsqLogIdentityError(
-                f"nsq log source: nsqd {node} topic {opts.topic}: the node there now has "
-                f"storage id {chunk.storage_id}, the range was planned on {key}"
-            )
-        if chunk.first > offset:  # a gap the node skipped (records lost to damage, or pruned)
-            log.warning(
-                "nsq log source: nsqd %s topic %s: offsets %d-%d are not in the log; skipped",
-                node,
-                opts.topic,
-                offset,
-                min(chunk.first, end) - 1,
-            )
-        for r in chunk.records:
-            if r.offset >= end:
-                return
+    with failover between its copies by ``pynsqd.client``'s ``read_range``, for
+    ``readRetryTimeoutMs``. Records pruned before ``start`` was read raise ``NsqDataLoss`` (or,
+    without ``failOnDataLoss``, are skipped and logged)."""
+
+    def pruned(address: str, first: int, stop: int) -> None:
+        message = (
+            f"nsq log source: nsqd {address} topic {opts.topic}: offsets {first}-{stop - 1} "
+            f"were removed by retention before they were read"
+        )
+        if opts.fail_on_data_loss:
+            raise NsqDataLoss(message + " (failOnDataLoss=false skips them)")
+        log.warning("%s; skipped %d records", message, stop - first)
+
+    try:
+        for r in read_range(
+            opts.topic,
+            node,
+            start,
+            end,
+            opts.http,
+            key=key,
+            replicas=replicas,
+            partition=partition,
+            retry_timeout=opts.read_retry_timeout_ms / 1000,
+            retry_backoff=opts.read_retry_backoff_ms / 1000,
+            on_pruned=pruned,
+            warn=_warn,
+        ):
             yield r.offset, r.timestamp, r.id, r.attempts, r.body
-        if chunk.next <= offset:
-            return  # the node has nothing more (retention moved past, or caught up)
-        offset = chunk.next
+    except RangeUnreadable as e:
+        raise NsqReadError(f"nsq log source: {e} (option readRetryTimeoutMs)") from None
+    except LogIdentityError as e:
+        raise NsqLogIdentityError(f"nsq log source: {e}") from None
 
 
 # -- partitions and readers ---------------------------------------------------------------------

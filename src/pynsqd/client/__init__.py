@@ -5,9 +5,13 @@
   reads many subscribed connections on one thread); the Spark connector, the command-line
   tools and the tests use it;
 - ``aio.py``: the same over asyncio streams;
-- ``cluster.py``: the cluster's HTTP side: nsqlookupd, a channel's depth, a replayable
-  topic's offsets and log (checked records): ``read_log`` returns a ``LogChunk`` of
-  ``LogRecord`` (offset, timestamp in ns, id, attempts, defer_ms, body), each CRC checked.
+- ``cluster.py``: the cluster's HTTP side: nsqlookupd (the one reader: nodes, producers,
+  topics), a node's ``/stats``, a replayable topic's offsets and log (checked records):
+  ``read_log`` returns a ``LogChunk`` of ``LogRecord`` (offset, timestamp in ns, id,
+  attempts, defer_ms, body), each CRC checked;
+- ``logs.py``: a topic's logs across a cluster (``survey_logs``: one per node, or one per
+  replicated partition with its in-sync copies) and ``read_range`` with failover between
+  copies; the Spark connector and ``nsq_log`` use it.
 
 It speaks to pynsqd and Go nsqd alike."""
 
@@ -33,6 +37,7 @@ from .cluster import (
 )
 from .connection import Connection, Reactor
 from .errors import NsqConnectionError, NsqError, NsqLookupError, parse_address
+from .logs import LogIdentityError, NodeLog, RangeUnreadable, read_range, survey_logs
 from .options import ClientOptions
 
 __all__ = [
@@ -40,12 +45,15 @@ __all__ = [
     "ClientOptions",
     "Connection",
     "LogChunk",
+    "LogIdentityError",
     "LogOffsetOutOfRange",
     "LogRecord",
     "NodeHTTPError",
+    "NodeLog",
     "NsqConnectionError",
     "NsqError",
     "NsqLookupError",
+    "RangeUnreadable",
     "Reactor",
     "channel_depth",
     "channel_stats",
@@ -59,6 +67,8 @@ __all__ = [
     "producer_address",
     "producers_of",
     "read_log",
+    "read_range",
+    "survey_logs",
     "topic_offsets",
     "topics_of",
 ]
