@@ -671,6 +671,32 @@ def test_a_publish_the_instant_a_restarted_node_accepts_is_kept(tmp_path: Path, 
         cluster.stop()
 
 
+def test_replica_fetches_need_no_client_secret_when_nodes_use_auth(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    """Found running the real-client suites against a replicated node (issue 43): with
+    --auth-http-address the leader answered its followers' fetches 401 (they have no client's
+    secret), the in-sync set stayed at the leader alone and every publish timed out. The
+    nodes' fetches carry the cluster's secret (made in etcd by the first node to join); a
+    fetch stream without it still needs a client's secret."""
+    from .secure_client import AuthServer
+
+    authd = AuthServer()
+    cluster = Cluster(tmp_path, etcd, 3, f"--auth-http-address={authd.address}")
+    try:
+        replicate(cluster)  # every partition led by its origin with three in sync
+        for n in cluster.nodes:
+            status, body = n.http("POST", f"/pub?topic={TOPIC}", b"m%d" % n.node_id)
+            assert status == 200, body
+        p = cluster.partition(TOPIC, 1)
+        assert p is not None and p["committed"] == 1 and len(p["isr"]) == 3
+        status, body = cluster.node(1).http("GET", f"/topic/replicate?topic={TOPIC}&partition=1")
+        assert status == 401, (status, body)
+    finally:
+        cluster.stop()
+        authd.close()
+
+
 def test_a_node_back_with_an_empty_disk_is_a_new_member_and_loses_nothing(
     tmp_path: Path, etcd: Etcd
 ) -> None:

@@ -23,11 +23,16 @@ import json
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["FetchAnswer", "FetchRequest"]
+__all__ = ["REPLICA_SECRET_HEADER", "FetchAnswer", "FetchRequest"]
 
 _LEN = struct.Struct(">I")
 #: A request is a few small numbers and a storage id.
 MAX_REQUEST_BYTES = 4096
+
+
+#: The header a replica fetch carries the cluster's secret in (``records.ClusterSecret``): a
+#: leader whose nodes have --auth-http-address lets it through without a client's secret.
+REPLICA_SECRET_HEADER = "X-Nsq-Replica-Secret"
 
 
 @dataclass(frozen=True)

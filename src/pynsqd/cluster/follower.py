@@ -29,7 +29,7 @@ import aiohttp
 from ..log import LOGGER_NAME
 from ..storage.durable import fsync_close
 from ..storage.topiclog import SyncJob, TopicLog
-from .fetch import FetchAnswer, FetchRequest
+from .fetch import REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
 from .membership import Membership
 from .partition import Partition, Role
 
@@ -117,6 +117,7 @@ class Following:
                 async with self._get_session().ws_connect(
                     url,
                     params=query,
+                    headers={REPLICA_SECRET_HEADER: self.member.secret},
                     max_msg_size=largest,
                     autoping=True,
                     timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from ..log import LOGGER_NAME
 from ..options import Options
 from ..storage.identity import storage_id
 from .etcd import Compare, EtcdClient, EtcdError, put_op, range_op
-from .records import Keys, Member, NodeRecord, RecordError
+from .records import ClusterSecret, Keys, Member, NodeRecord, RecordError
 
 __all__ = ["Membership"]
 
@@ -57,6 +58,8 @@ class Membership:
         self.lease = 0
         #: Until when the lease is known to live (monotonic): commits stop after it.
         self.lease_until = 0.0
+        #: The cluster's secret (``ClusterSecret``): this node's replica fetches carry it.
+        self.secret = ""
 
     @property
     def lease_alive(self) -> bool:
@@ -106,6 +109,25 @@ class Membership:
             f"{other.data_path if other else '?'}); "
             "every node needs its own --node-id"
         )
+
+    async def load_secret(self) -> None:
+        """The cluster's secret: made by the first node that joins (a create-only txn: two
+        first nodes agree on one), read by every other. Raises ``EtcdError``."""
+        key = self.keys.secret()
+        mine = ClusterSecret(secrets.token_hex(32))
+        result = await self.etcd.txn(
+            [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, mine.encode())], [range_op(key)]
+        )
+        if result.succeeded:
+            self.secret = mine.token
+            return
+        held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+        try:
+            if held is None:
+                raise RecordError("secret: missing")
+            self.secret = ClusterSecret.decode(held.value).token
+        except RecordError as err:
+            raise EtcdError(f"the cluster's secret key {key} is unreadable - {err}") from None
 
     def _previous_life(self, other: NodeRecord) -> bool:
         """Whether a registration of this node id is this node's own, from before a restart:

@@ -14,6 +14,7 @@ key                                           record                 written by
                                                                      the key's mod_revision)
 ``parts/<topic>/<origin>/channels/<holder>``  ``ChannelCheckpoint``  the holder; an adopter
                                               or ``Tombstone``       writes the tombstone
+``secret``                                    ``ClusterSecret``      the first node to join
 ============================================  =====================  ==========================
 
 A value that does not decode raises ``RecordError`` (a ``ValueError``): ``ClusterState.parse``
@@ -32,6 +33,7 @@ from .settings import ReplicationSettings, SettingsError
 __all__ = [
     "Assignment",
     "ChannelCheckpoint",
+    "ClusterSecret",
     "ClusterState",
     "InSync",
     "Keys",
@@ -91,6 +93,9 @@ class Keys:
 
     def checkpoint(self, topic: str, origin: int, holder: int) -> str:
         return self.part(topic, origin, f"channels/{holder}")
+
+    def secret(self) -> str:
+        return f"{self.prefix}/secret"
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,25 @@ class ChannelCheckpoint:
         if self.handed is not None:
             doc["handed"] = self.handed
         return _encode(doc)
+
+
+@dataclass(frozen=True)
+class ClusterSecret:
+    """``secret``: what a node's replica fetches carry to the leader (``X-Nsq-Replica-Secret``)
+    in place of a client's auth secret, when nodes have ``--auth-http-address``. Whoever can
+    read the cluster's keys in etcd is a member anyway."""
+
+    token: str
+
+    def encode(self) -> bytes:
+        return _encode({"token": self.token})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ClusterSecret:
+        token = _doc(raw, "secret").get("token")
+        if not isinstance(token, str) or len(token) < 32:
+            raise RecordError("secret: no token")
+        return cls(token)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -167,6 +168,7 @@ class Replicator:
         except EtcdError as err:
             raise RuntimeError(f"--etcd-endpoints: {err}") from None
         await self.member.register()
+        await self.member.load_secret()
         await self._refresh()
         mine = {
             part: holders[self.node_id]
@@ -430,6 +432,12 @@ class Replicator:
             for done, handle in self._unwritable.pop(topic):
                 handle.cancel()
                 done(why)
+
+    def is_replica(self, secret: str) -> bool:
+        """Whether a fetch stream's ``REPLICA_SECRET_HEADER`` is the cluster's secret (one of
+        its nodes is fetching: no client auth applies)."""
+        mine = self.member.secret
+        return bool(mine) and hmac.compare_digest(secret.encode(), mine.encode())
 
     def committed(self, topic: str, end: int) -> bool:
         """Whether a publish ending at ``end`` may be answered now."""

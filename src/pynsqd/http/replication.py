@@ -24,7 +24,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_ws import WebSocketResponse
 
 from ..cluster.etcd import EtcdError
-from ..cluster.fetch import MAX_REQUEST_BYTES, FetchAnswer, FetchRequest
+from ..cluster.fetch import MAX_REQUEST_BYTES, REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
 from ..cluster.replicator import Replicator
 from ..cluster.settings import SettingsError
 from ..internal.httpapi import HTTPError, Params
@@ -96,7 +96,8 @@ class ReplicationAPI:
         origin = partition_id(params)
         if origin is None:
             raise HTTPError(400, "INVALID_ARG_PARTITION")
-        await authorize_log_read(self.nsqd, request, params, name)
+        if not replication.is_replica(request.headers.get(REPLICA_SECRET_HEADER, "")):
+            await authorize_log_read(self.nsqd, request, params, name)
         # No compression (the records go as stored); a close waits a second at most for the
         # follower's answer (a paused follower must not hold up a stopping nsqd).
         ws = WebSocketResponse(
