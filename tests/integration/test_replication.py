@@ -697,6 +697,47 @@ def test_replica_fetches_need_no_client_secret_when_nodes_use_auth(
         authd.close()
 
 
+def test_a_partition_placed_on_a_dead_node_is_re_placed(tmp_path: Path, etcd: Etcd) -> None:
+    """Found running the real-client suites against a replicated node (issue 43): a node
+    killed with kill -9 counts as live until its lease lapses, a topic placed in that time got
+    a dead copy, was never re-placed, and with two dead copies never reached min in-sync.
+    Now the leader moves a copy whose node has been gone for five lease TTLs to a live node,
+    and the partition commits with all its copies again (min_insync=3: it could not before).
+    Here the copy's node dies after the placement and never comes back."""
+    from pynsqd.cluster.plan import rendezvous
+
+    cluster = Cluster(tmp_path, etcd, 4)
+    try:
+        # A topic whose rendezvous placement from node 1 over nodes 1-4 includes node 3.
+        topic = next(
+            f"fresh{i}" for i in range(100) if 3 in rendezvous(f"fresh{i}", 1, [1, 2, 3, 4], 3)
+        )
+        for n in cluster.nodes:
+            assert n.http("POST", f"/topic/create?topic={topic}")[0] == 200
+        status, body = cluster.node(1).http(
+            "POST", f"/topic/replication?topic={topic}&replicas=3&min_insync=3"
+        )
+        assert status == 200, body
+        wait_for(
+            lambda: (p := cluster.partition(topic, 1)) is not None and len(p["isr"]) == 3,
+            "three in sync",
+            60,
+        )
+        assert sorted(cluster.partition(topic, 1)["isr"]) == [1, 2, 3]  # type: ignore[index]
+        cluster.node(3).kill()  # and it never comes back
+
+        def placed_on_three_live() -> bool:
+            p = cluster.partition(topic, 1)
+            return p is not None and sorted(m for m in p["isr"]) == [1, 2, 4]
+
+        wait_for(placed_on_three_live, f"partition {topic}/1 re-placed on nodes 1, 2, 4", 60)
+        status, body = cluster.node(1).http("POST", f"/pub?topic={topic}", b"after")
+        assert status == 200, body
+        assert "gone for" in cluster.node(1).log.read_text()
+    finally:
+        cluster.stop()
+
+
 def test_a_node_back_with_an_empty_disk_is_a_new_member_and_loses_nothing(
     tmp_path: Path, etcd: Etcd
 ) -> None:

@@ -259,6 +259,60 @@ def test_rendezvous_moves_few_copies_when_a_node_joins() -> None:
     assert all(r[0] == 1 and len(set(r)) == 3 for r in after.values())
 
 
+def _assigned(*replicas: int) -> Any:
+    from pynsqd.cluster.records import PartRecords
+
+    return PartRecords(Stored(KEYS.part("t", 1, "assignment"), Assignment(replicas), 5))
+
+
+def _nodes(*ids: int) -> ClusterState:
+    state = ClusterState()
+    state.nodes = {n: NodeRecord(n, f"s{n}", f"h{n}:1") for n in ids}
+    return state
+
+
+def test_a_copy_on_a_node_gone_for_replace_after_moves_to_a_live_node() -> None:
+    """Found running the real-client suites against a replicated node (issue 43): a node
+    killed with kill -9 counts as live until its lease lapses, a topic placed then got two
+    dead copies, was never re-placed, and never reached min in-sync: every publish failed."""
+    plan = Plan(1, replace_after=10.0)
+    settings = ReplicationSettings(3, 2)
+    rec = _assigned(1, 2, 3)
+    state = _nodes(1, 2, 4, 5)  # node 3 is gone
+    assert plan.to_replace(PART, rec, settings, state, now=100.0) is None  # just missing
+    assert plan.to_replace(PART, rec, settings, state, now=109.0) is None
+    replace = plan.to_replace(PART, rec, settings, state, now=110.0)
+    assert replace is not None and replace.gone == (3,)
+    best = rendezvous("t", 1, [4, 5], 2)[1]
+    assert replace.assignment.replicas == (1, 2, best)  # in place, the others untouched
+    # A node that comes back in time keeps its copy (the clock restarts for it).
+    plan2 = Plan(1, replace_after=10.0)
+    assert plan2.to_replace(PART, rec, settings, state, now=0.0) is None
+    assert plan2.to_replace(PART, rec, settings, _nodes(1, 2, 3, 4), now=5.0) is None
+    assert plan2.to_replace(PART, rec, settings, state, now=12.0) is None  # missing again: anew
+
+
+def test_no_live_spare_keeps_the_gone_copy_and_the_origin_is_never_moved() -> None:
+    plan = Plan(2, replace_after=10.0)  # node 2 leads node 1's partition (a takeover)
+    settings = ReplicationSettings(3, 2)
+    rec = _assigned(1, 2, 3)
+    state = _nodes(2, 3)  # the origin (1) is gone, and no other node is live
+    for now in (0.0, 20.0, 40.0):
+        assert plan.to_replace(PART, rec, settings, state, now=now) is None
+    with_spare = _nodes(2, 3, 4)
+    assert plan.to_replace(PART, rec, settings, with_spare, now=60.0) is None  # origin stays
+
+
+def test_a_short_placement_grows_as_nodes_join() -> None:
+    plan = Plan(1)
+    settings = ReplicationSettings(3, 2)
+    rec = _assigned(1, 2)  # placed when only two nodes were live
+    assert plan.to_replace(PART, rec, settings, _nodes(1, 2), now=0.0) is None
+    replace = plan.to_replace(PART, rec, settings, _nodes(1, 2, 3), now=1.0)
+    assert replace is not None and replace.gone == ()
+    assert replace.assignment.replicas == (1, 2, 3)
+
+
 # -- three nodes over a fake etcd, on a fake clock ---------------------------------------------
 
 

@@ -28,6 +28,7 @@ def make(tmp_path: Path, **settings: object) -> Partition:
     s = ReplicationSettings(**{"replicas": 3, "min_insync": 2, **settings})  # type: ignore[arg-type]
     p = Partition("t", 1, ME, tlog, EpochHistory(tlog.directory), s)
     p.isr = [ME, F2, F3]
+    p.replicas = [ME[0], F2[0], F3[0]]
     p.become_leader(7, now=0.0)
     return p
 
@@ -100,6 +101,12 @@ def test_the_in_sync_set_drops_laggards_and_dead_nodes_and_takes_back_the_caught
     p.isr = new
     p.fetched(F3, 4, now=7.0)
     assert p.isr_change(now=7.0, lag_max=5.0, live=lambda m: True) == [ME, F3]
+    # Re-placed away from F3 (the assignment no longer names it): it leaves, and a caught-up
+    # fetch from a node the assignment does not name never joins.
+    p.isr = [ME, F3]
+    p.replicas = [ME[0], F2[0], 4]
+    p.fetched((5, "e"), 4, now=8.0)
+    assert p.isr_change(now=8.0, lag_max=5.0, live=lambda m: True) == [ME]
 
 
 def test_the_epoch_history_says_where_a_follower_must_cut(tmp_path: Path) -> None:

@@ -181,18 +181,25 @@ class Partition:
         self, now: float, lag_max: float, live: Callable[[Member], bool]
     ) -> list[Member] | None:
         """The in-sync set the leader should record now (None: keep it): followers caught up
-        join; followers that have not caught up within ``lag_max``, or whose node is no longer
-        a live member of the cluster (``live``), leave."""
+        join; followers that have not caught up within ``lag_max``, whose node is no longer
+        a live member of the cluster (``live``), or that the assignment no longer names
+        (``replicas``: re-placed), leave."""
         if self.role is not Role.LEADER:
             return None
         new = [
             m
             for m in self.isr
-            if m == self.me or (live(m) and now - self.caught_up_at.get(m, 0.0) <= lag_max)
+            if m == self.me
+            or (
+                m[0] in self.replicas
+                and live(m)
+                and now - self.caught_up_at.get(m, 0.0) <= lag_max
+            )
         ]
         for m, at in self.caught_up_at.items():
             if (
                 m not in new
+                and m[0] in self.replicas
                 and live(m)
                 and now - at <= lag_max
                 and self.acks.get(m, -1) >= self.log.latest

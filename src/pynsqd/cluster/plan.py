@@ -21,6 +21,12 @@ fetch tasks, channel adoption); nothing here touches a socket, a file or a clock
 - **Led by another node**: follow it at its epoch (a fetch task, started again every tick in
   case one died or a failed take-back stopped it). The origin, in sync and caught up with a
   takeover leader (which never appends), takes its partition back.
+- **Placement** (``to_place``, ``to_replace``). A node places its own partition of a replicated
+  topic by rendezvous hashing over the live nodes. Its leader re-places it: a copy on a node
+  that has not been a member for ``replace_after`` seconds (it died, or never came back) moves
+  to a live node that holds none, and a partition placed on fewer nodes than its settings want
+  (too few were live) grows as nodes join. The origin keeps its copy (it takes its partition
+  back when it returns); a node that leaves the assignment stops holding its copy.
 
 Past defects the kill -9 soaks found, each a case in ``tests/unit/test_plan.py``: a node that
 took back a partition and failed must follow again on the next tick; a fetch stopped by a failed
@@ -58,6 +64,7 @@ __all__ = [
     "Offline",
     "Place",
     "Plan",
+    "Replace",
     "Resign",
     "ResumeChannels",
     "StartFetch",
@@ -145,6 +152,14 @@ class TakeBack:
 
 
 @dataclass(frozen=True)
+class Replace:
+    """The leader's new assignment of a partition: ``gone`` replaced (or copies added)."""
+
+    assignment: Assignment
+    gone: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Place:
     """Create this node's own partition of a replicated topic: assignment and in-sync set."""
 
@@ -214,6 +229,10 @@ class Plan:
     node_id: int
     leaderless_since: dict[PartKey, float] = field(default_factory=dict)
     offline: set[PartKey] = field(default_factory=set)
+    #: Seconds a copy's node may be missing from the cluster before its copy is re-placed.
+    replace_after: float = 30.0
+    #: Since when each (partition, node) of an assignment has been missing.
+    missing_since: dict[tuple[PartKey, int], float] = field(default_factory=dict)
 
     def replicas(self, rec: PartRecords) -> tuple[int, ...] | None:
         """The copies of a partition when this node holds one of them, else None."""
@@ -236,6 +255,47 @@ class Plan:
                 continue
             out.append(self._place(topic, settings, sorted(state.nodes)))
         return out
+
+    def to_replace(
+        self,
+        key: PartKey,
+        rec: PartRecords,
+        settings: ReplicationSettings,
+        state: ClusterState,
+        now: float,
+    ) -> Replace | None:
+        """The leader of ``key``: a new assignment when a copy's node has been gone for
+        ``replace_after`` seconds, or the partition has fewer copies than ``settings`` want
+        and a live node holds none; None when it stays."""
+        if rec.assignment is None:
+            return None
+        current = rec.assignment.value.replicas
+        gone: list[int] = []
+        for n in current:
+            if n in state.nodes or n in (key[1], self.node_id):
+                self.missing_since.pop((key, n), None)
+                continue
+            since = self.missing_since.setdefault((key, n), now)
+            if now - since >= self.replace_after:
+                gone.append(n)
+        # Live nodes holding no copy, best first for this partition: each replaces a gone
+        # copy (none there: the gone copy stays, its node may come back), then the
+        # partition grows to the copies its settings want.
+        spare = [n for n in sorted(state.nodes) if n not in current]
+        ranked = rendezvous(key[0], key[1], spare, len(spare) + 1)[1:]
+        new = list(current)
+        moved: list[int] = []
+        for n in gone:
+            if not ranked:
+                break
+            new[new.index(n)] = ranked.pop(0)
+            moved.append(n)
+            self.missing_since.pop((key, n), None)
+        while len(new) < settings.replicas and ranked:
+            new.append(ranked.pop(0))
+        if tuple(new) == current:
+            return None
+        return Replace(Assignment(tuple(new)), tuple(moved))
 
     def _place(self, topic: str, settings: ReplicationSettings, nodes: list[int]) -> Place:
         replicas = rendezvous(topic, self.node_id, nodes, settings.replicas)

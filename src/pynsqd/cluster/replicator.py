@@ -48,6 +48,7 @@ from .plan import (
     Offline,
     Place,
     Plan,
+    Replace,
     Resign,
     ResumeChannels,
     StartFetch,
@@ -55,10 +56,14 @@ from .plan import (
     StopFetch,
     TakeBack,
 )
-from .records import ClusterState, InSync, Tombstone
+from .records import ClusterState, InSync, PartKey, PartRecords, Tombstone
 from .settings import ReplicationSettings, SettingsError
 
 __all__ = ["PublishRefused", "ReplicaHost", "Replicator"]
+
+#: A copy's node missing from the cluster for this many lease TTLs is gone: its copy is
+#: re-placed on a live node (a restart comes back well within it).
+REPLACE_AFTER_TTLS = 5
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -144,7 +149,8 @@ class Replicator:
             self.member, host, self.partitions, lambda m: self.state.live(m)
         )
         #: The decisions (no I/O): ``cluster/plan.py``.
-        self.plan = Plan(self.node_id)
+        # A copy's node missing for five lease TTLs is gone (a restart comes back well within).
+        self.plan = Plan(self.node_id, replace_after=REPLACE_AFTER_TTLS * self.member.ttl)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
         #: Publishes waiting for this node's partition of a topic to be its own again.
@@ -233,10 +239,12 @@ class Replicator:
                 self.checkpoints.track(self.host.topics[topic])
         for place in self.plan.to_place(state, self._retained):
             await self._place(place)
+        held: set[PartKey] = set()
         for part, rec in state.parts.items():
             replicas = self.plan.replicas(rec)
             if replicas is None:
                 continue
+            held.add(part)
             p = self._partition(part[0], part[1], list(replicas))
             if p is None:
                 continue
@@ -258,8 +266,60 @@ class Replicator:
             for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
                 if not await self._carry_out(p, action):
                     break
+            wanted = state.settings.get(part[0])
+            if p.role is Role.LEADER and wanted is not None and self.ready:
+                replace = self.plan.to_replace(part, rec, wanted, state, self.now())
+                if replace is not None:
+                    await self._replace(p, rec, replace)
+        self._drop_unassigned(state, held)
         if self._unwritable:
             self._wake_writable()
+
+    async def _replace(self, p: Partition, rec: PartRecords, replace: Replace) -> None:
+        """The leader's new assignment of ``p``, guarded by the one it read and by its
+        leadership (a later leader, or another re-placement, wins; the next tick reads)."""
+        assert rec.assignment is not None
+        keys = self.member.keys
+        result = await self.member.etcd.txn(
+            [
+                Compare(rec.assignment.key, "MOD", "EQUAL", rec.assignment.mod_revision),
+                Compare(keys.part(p.topic, p.origin, "leader"), "MOD", "EQUAL", p.epoch),
+            ],
+            [put_op(rec.assignment.key, replace.assignment.encode())],
+        )
+        if not result.succeeded:
+            return
+        new = list(replace.assignment.replicas)
+        if replace.gone:
+            log.warning(
+                "CLUSTER: partition %s: node(s) %s gone for %gs: its copies re-placed, replicas "
+                "%s -> %s",
+                p.name,
+                list(replace.gone),
+                self.plan.replace_after,
+                p.replicas,
+                new,
+            )
+        else:
+            log.info("CLUSTER: partition %s: replicas %s -> %s", p.name, p.replicas, new)
+        p.replicas = new
+
+    def _drop_unassigned(self, state: ClusterState, held: set[PartKey]) -> None:
+        """Copies this node holds of partitions whose assignment no longer names it (the
+        leader re-placed them while this node was gone): no longer fetched or served. The
+        files stay (a later assignment may name this node again)."""
+        for key in [k for k in self.partitions if k not in held and k in state.parts]:
+            p = self.partitions[key]
+            if p.role is Role.LEADER or p.is_origin:
+                continue
+            self.following.stop(key)
+            p.role = Role.NONE
+            del self.partitions[key]
+            log.warning(
+                "CLUSTER: partition %s: this node no longer holds a copy (re-placed while it "
+                "was gone)",
+                p.name,
+            )
 
     def _retained(self, topic: str) -> bool:
         return topic in self.host.topics and self.host.retention.get(topic) is not None
