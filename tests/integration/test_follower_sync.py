@@ -91,7 +91,7 @@ def test_a_follower_acknowledges_only_what_it_has_fsynced(
         p = Partition("t", 2, (1, "a"), copy, EpochHistory(copy.directory), settings)
         p.follow(2, f"127.0.0.1:{port}", epoch=EPOCH)
         member: Any = SimpleNamespace(
-            node_id=1, storage="a", opts=SimpleNamespace(max_msg_size=1 << 20)
+            node_id=1, storage="a", secret="", opts=SimpleNamespace(max_msg_size=1 << 20)
         )
         following = Following(member)
         following.start(p)
