@@ -738,6 +738,40 @@ def test_a_partition_placed_on_a_dead_node_is_re_placed(tmp_path: Path, etcd: Et
         cluster.stop()
 
 
+def test_deleting_a_replicated_topic_removes_its_partition_everywhere(cluster: Cluster) -> None:
+    """Found running the real-client suites against a replicated node (issue 43): deleting a
+    replicated topic left its partition: the followers kept fetching, and the node answered
+    each fetch 500 after "reading for a follower failed - No such file or directory". Now its
+    partition's keys go from etcd, every copy is dropped (its files too), and the topic's
+    other partitions go on."""
+    replicate(cluster)
+    for n in cluster.nodes:
+        assert n.http("POST", f"/pub?topic={TOPIC}", b"m%d" % n.node_id)[0] == 200
+    copies = [cluster.directory / f"node{i}" / "replicas" / "1" / TOPIC for i in (2, 3)]
+    assert all(c.is_dir() for c in copies)
+    status, body = cluster.node(1).http("POST", f"/topic/delete?topic={TOPIC}")
+    assert status == 200, body
+
+    def gone_everywhere() -> bool:
+        held = [
+            q["partition"]
+            for n in cluster.nodes
+            for q in n.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
+        ]
+        return 1 not in held and not any(c.exists() for c in copies)
+
+    wait_for(gone_everywhere, "partition 1 dropped by every node, its copies' files removed", 30)
+    for origin in (2, 3):  # the other nodes' partitions of the topic go on, all in sync
+        wait_in_sync(cluster, TOPIC, origin)
+        node = cluster.node(origin)
+        assert node.http("POST", f"/pub?topic={TOPIC}", b"after")[0] == 200
+    assert "reading for a follower failed" not in cluster.node(1).log.read_text()
+    # Created and replicated again, the topic gets a new partition on node 1.
+    assert cluster.node(1).http("POST", f"/topic/create?topic={TOPIC}")[0] == 200
+    wait_in_sync(cluster, TOPIC, 1)
+    assert cluster.node(1).http("POST", f"/pub?topic={TOPIC}", b"again")[0] == 200
+
+
 def test_a_node_back_with_an_empty_disk_is_a_new_member_and_loses_nothing(
     tmp_path: Path, etcd: Etcd
 ) -> None:

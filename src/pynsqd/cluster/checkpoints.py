@@ -84,6 +84,10 @@ class RetainedLogs(Protocol):
     def get(self, name: str) -> TopicLog | None:
         """A retained topic's log (None: the topic keeps no log)."""
 
+    def drop_replica(self, topic: str, origin: int) -> None:
+        """This node's copy of another node's partition is no longer kept: closed and its
+        files removed."""
+
     def open_replica(self, topic: str, origin: int) -> TopicLog:
         """This node's copy of node ``origin``'s partition of ``topic``."""
 

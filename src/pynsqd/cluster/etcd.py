@@ -134,8 +134,11 @@ def range_op(key: str, *, prefix: bool = False) -> dict[str, Any]:
     return {"request_range": op}
 
 
-def delete_op(key: str) -> dict[str, Any]:
-    return {"request_delete_range": {"key": _b64(key)}}
+def delete_op(key: str, *, prefix: bool = False) -> dict[str, Any]:
+    op = {"key": _b64(key)}
+    if prefix:
+        op["range_end"] = _b64(prefix_end(key))
+    return {"request_delete_range": op}
 
 
 class EtcdClient:

@@ -83,6 +83,14 @@ class Leading:
         if p.is_origin:
             p.waiters.extend(self._pending.pop(p.topic, []))
 
+    def unwatch(self, p: Partition) -> None:
+        """A partition this node no longer holds: its publishes fail, its fetches end."""
+        key = (p.topic, p.origin)
+        event = self._appended.pop(key, None)
+        if event is not None:
+            event.set()  # a waiting fetch answers now (NOT_LEADER)
+        p.log.on_append = None
+
     # -- taking the lead ------------------------------------------------------------------
 
     def _value(self) -> bytes:

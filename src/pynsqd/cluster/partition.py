@@ -191,9 +191,7 @@ class Partition:
             for m in self.isr
             if m == self.me
             or (
-                m[0] in self.replicas
-                and live(m)
-                and now - self.caught_up_at.get(m, 0.0) <= lag_max
+                m[0] in self.replicas and live(m) and now - self.caught_up_at.get(m, 0.0) <= lag_max
             )
         ]
         for m, at in self.caught_up_at.items():

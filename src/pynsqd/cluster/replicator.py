@@ -153,6 +153,8 @@ class Replicator:
         self.plan = Plan(self.node_id, replace_after=REPLACE_AFTER_TTLS * self.member.ttl)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
+        #: This node's partitions of deleted topics whose keys etcd has not deleted yet.
+        self._deleting: set[PartKey] = set()
         #: Publishes waiting for this node's partition of a topic to be its own again.
         self._unwritable: dict[
             str, list[tuple[Callable[[str | None], None], asyncio.TimerHandle]]
@@ -272,6 +274,8 @@ class Replicator:
                 if replace is not None:
                     await self._replace(p, rec, replace)
         self._drop_unassigned(state, held)
+        if self._deleting:
+            await self._delete_keys()
         if self._unwritable:
             self._wake_writable()
 
@@ -304,17 +308,64 @@ class Replicator:
             log.info("CLUSTER: partition %s: replicas %s -> %s", p.name, p.replicas, new)
         p.replicas = new
 
+    def topic_deleted(self, topic: str) -> None:
+        """nsqd deleted ``topic``: this node's partition of it goes, here and everywhere (its
+        keys are deleted from etcd, every node holding a copy drops it on its next read).
+        Publishes waiting for it fail; its followers' fetches are refused."""
+        key = (topic, self.node_id)
+        p = self.partitions.pop(key, None)
+        if p is not None:
+            self._forget(p, "the topic was deleted")
+        if key in self.state.parts or p is not None:
+            self._deleting.add(key)
+            self._tasks.append(asyncio.create_task(self._delete_keys()))
+
+    async def _delete_keys(self) -> None:
+        """The keys of this node's deleted partitions (tried again every tick until etcd
+        takes it)."""
+        for topic, origin in list(self._deleting):
+            prefix = self.member.keys.part(topic, origin, "")
+            try:
+                await self.member.etcd.txn([], [delete_op(prefix, prefix=True)])
+            except EtcdError as err:
+                log.warning("CLUSTER: partition %s/%d: deleting it failed - %s", topic, origin, err)
+                continue
+            self._deleting.discard((topic, origin))
+            log.info("CLUSTER: partition %s/%d: deleted (its topic was deleted)", topic, origin)
+
+    def _forget(self, p: Partition, why: str) -> None:
+        """Stop holding ``p``: no fetch, no leading, waiting publishes fail with ``why``."""
+        key = (p.topic, p.origin)
+        self.following.stop(key)
+        if p.role is Role.LEADER:
+            p.step_down(why)
+        p.fail_waiters(why)
+        p.role = Role.NONE
+        self.leading.unwatch(p)
+        self.plan.forget([key])
+
     def _drop_unassigned(self, state: ClusterState, held: set[PartKey]) -> None:
         """Copies this node holds of partitions whose assignment no longer names it (the
         leader re-placed them while this node was gone): no longer fetched or served. The
         files stay (a later assignment may name this node again)."""
-        for key in [k for k in self.partitions if k not in held and k in state.parts]:
+        for key in [k for k in self.partitions if k not in held]:
             p = self.partitions[key]
+            if key not in state.parts:
+                # Its keys are gone: its origin deleted the topic. The copy goes too.
+                del self.partitions[key]
+                self._forget(p, "the topic was deleted on its origin node")
+                if not p.is_origin:
+                    self.host.retention.drop_replica(p.topic, p.origin)
+                log.warning(
+                    "CLUSTER: partition %s: deleted on its origin node; this node's copy is "
+                    "removed",
+                    p.name,
+                )
+                continue
             if p.role is Role.LEADER or p.is_origin:
                 continue
-            self.following.stop(key)
-            p.role = Role.NONE
             del self.partitions[key]
+            self._forget(p, "this node no longer holds a copy")
             log.warning(
                 "CLUSTER: partition %s: this node no longer holds a copy (re-placed while it "
                 "was gone)",

@@ -163,6 +163,8 @@ class NSQD:
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
         self.retention.forget(name)
+        if self.replication is not None:
+            self.replication.topic_deleted(name)
         if not topic.ephemeral:
             self.persist_metadata()
         return True

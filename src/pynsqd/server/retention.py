@@ -111,6 +111,19 @@ class Retention:
         """The topic was deleted (it closed its log)."""
         self.logs.pop(name, None)
 
+    def drop_replica(self, topic: str, origin: int) -> None:
+        """This node's copy of another node's partition of ``topic`` is no longer kept (the
+        topic was deleted there): closed, its files removed."""
+        tlog = self.replicas.pop(f"{topic}/{origin}", None)
+        if tlog is None:
+            return
+        try:
+            tlog.delete()
+        except OSError as err:
+            log.error(
+                "TOPIC(%s): failed to remove its copy of node %d's log - %s", topic, origin, err
+            )
+
     def open_replica(self, topic: str, origin: int) -> TopicLog:
         """This node's copy of another node's partition of ``topic`` (``cluster/``), kept in
         ``replicas/<origin>/<topic>/`` with the flags' retention. Raises OSError."""
