@@ -1,22 +1,30 @@
 """Unmodified NSQ client libraries as independent oracles: pynsq (tornado) and gnsq (gevent).
 
 A Writer publishes N messages with PUB, MPUB and DPUB; a Reader receives all N: none lost,
-none duplicated. Each library's event loop runs in the test thread under a hard timeout, while
-nsqd runs on its own loop in the background thread of the ``nsqd`` fixture.
+none duplicated. Each library's event loop runs in the test thread under a hard timeout. The
+same tests run against three kinds of node (the ``node`` fixture): a plain nsqd (in this
+process, on its own loop in a background thread), a node of a replicated cluster (three
+processes and a real etcd, every topic retained with three copies: publishes are answered once
+committed), and such a node whose peer is killed with kill -9 in the middle of the test. What
+the tests check of the server they read from its ``/stats``, as any client could.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, make_options
+from tests.integration.replication_harness import Cluster, Etcd
 from tests.real_clients import gnsq_running, gnsq_wait, run_tornado
-from tests.waiting import wait_for_async
+from tests.waiting import wait_for, wait_for_async
 
 N = 300  # messages per publishing method
 
@@ -36,13 +44,78 @@ def assert_exactly_once(received: list[bytes], expected: list[bytes]) -> None:
     assert set(counts) == set(expected)
 
 
+class Node:
+    """The node the clients use, and what its ``/stats`` says."""
+
+    def __init__(
+        self, tcp_port: int, http_port: int, midway: Callable[[], None], replicated: bool
+    ) -> None:
+        self.tcp_port, self.http_port = tcp_port, http_port
+        self._midway = midway
+        self.replicated = replicated
+
+    def midway(self) -> None:
+        """Called by a test while its traffic flows: a peer dies here, in that variant."""
+        self._midway()
+
+    def topic(self, topic: str) -> dict[str, Any] | None:
+        url = f"http://127.0.0.1:{self.http_port}/stats?format=json&topic={topic}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            doc = json.loads(r.read())
+        return next((t for t in doc["topics"] if t["topic_name"] == topic), None)
+
+    def channel(self, topic: str, channel: str) -> dict[str, Any]:
+        t = self.topic(topic)
+        assert t is not None, f"no topic {topic}"
+        return next(c for c in t["channels"] if c["channel_name"] == channel)
+
+    def settled(self, topic: str, channel: str) -> tuple[int, int, int]:
+        """(depth, in flight, deferred) of a channel, once the FINs sent have arrived."""
+        c: dict[str, Any] = {}
+
+        def empty() -> bool:
+            c.update(self.channel(topic, channel))
+            return c["in_flight_count"] == 0
+
+        wait_for(empty, f"{topic}/{channel}'s in-flight messages to be finished", 10)
+        if self.replicated:  # the topic really was replicated: its partition has three copies
+            url = f"http://127.0.0.1:{self.http_port}/topic/replication?topic={topic}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                doc = json.loads(r.read())
+            own = [q for q in doc["partitions"] if q["role"] == "leader"]
+            assert doc["replicas"] == 3 and len(own) == 1, doc
+        return c["depth"], c["in_flight_count"], c["deferred_count"]
+
+
+@pytest.fixture(params=["plain", "replicated", "replicated, a peer killed"])
+def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
+    if request.param == "plain":
+        server = ServerThread(make_options(tmp_path))
+        try:
+            yield Node(server.tcp_port, server.http_port, lambda: None, replicated=False)
+        finally:
+            server.stop()
+        return
+    etcd = Etcd(tmp_path)
+    cluster = Cluster(tmp_path, etcd, 3, "--replicas=3")
+    try:
+        n1 = cluster.node(1)
+        assert n1.proc is not None
+        killed = request.param.endswith("killed")
+        midway = cluster.node(3).kill if killed else (lambda: None)
+        yield Node(n1.proc.port, n1.proc.http_port, midway, replicated=True)
+    finally:
+        cluster.stop()
+        etcd.stop()
+
+
 # -- pynsq (tornado) ---------------------------------------------------------------------
 
 
-def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
+def test_pynsq_writer_and_reader(node: Node) -> None:
     import nsq
 
-    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    addr = f"127.0.0.1:{node.tcp_port}"
     expected = expected_bodies("pynsq")
 
     async def main() -> None:
@@ -73,6 +146,7 @@ def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
             dpub_bodies = expected[2 * N :]
             for body in pub_bodies:
                 writer.pub("clients", body, callback=on_pub)
+            node.midway()
             for i in range(0, N, 50):
                 writer.mpub("clients", mpub_bodies[i : i + 50], callback=on_pub)
             for body in dpub_bodies:
@@ -90,16 +164,18 @@ def test_pynsq_writer_and_reader(nsqd: ServerThread) -> None:
                 conn.close()
 
     run_tornado(main)
-    ch = nsqd.call(lambda: nsqd.nsqd.topics["clients"].channels["pynsq"])
-    assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), len(ch.deferred))) == (0, 0, 0)
+    assert node.settled("clients", "pynsq") == (0, 0, 0)
 
 
-def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None:
+def test_pynsq_requeue_competing_readers_and_fan_out(node: Node) -> None:
     import nsq
 
-    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    addr = f"127.0.0.1:{node.tcp_port}"
     expected = [b"m-%d" % i for i in range(200)]
-    topics = nsqd.nsqd.topics
+
+    def channels() -> int:
+        t = node.topic("fan")
+        return len(t["channels"]) if t is not None else 0
 
     async def main() -> None:
         attempts: dict[str, list[tuple[bytes, int]]] = {"a": [], "b": [], "other": []}
@@ -134,12 +210,10 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
         writer = nsq.Writer([addr], reconnect_interval=60)
         try:
             await wait_for_async(lambda: bool(writer.conns), "the writer to connect")
-            await wait_for_async(
-                lambda: nsqd.call(lambda: len(getattr(topics.get("fan"), "channels", ()))) == 2,
-                "both channels",
-            )
+            await wait_for_async(lambda: channels() == 2, "both channels")
             oks: list[Any] = []
             writer.mpub("fan", expected[:100], callback=lambda c, d: oks.append(d))
+            node.midway()
             for body in expected[100:]:
                 writer.pub("fan", body, callback=lambda c, d: oks.append(d))
             await wait_for_async(lambda: len(oks) == 101, "every OK")
@@ -165,11 +239,11 @@ def test_pynsq_requeue_competing_readers_and_fan_out(nsqd: ServerThread) -> None
 # -- gnsq (gevent) -----------------------------------------------------------------------
 
 
-def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
+def test_gnsq_producer_and_consumer(node: Node) -> None:
     gevent = pytest.importorskip("gevent")
     import gnsq
 
-    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    addr = f"127.0.0.1:{node.tcp_port}"
     expected = expected_bodies("gnsq")
     received: list[bytes] = []
 
@@ -189,6 +263,7 @@ def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
         consumer.start(block=False)
         for body in expected[:N]:
             assert producer.publish("clients", body) == b"OK"
+        node.midway()
         for i in range(N, 2 * N, 50):
             assert producer.multipublish("clients", expected[i : i + 50]) == b"OK"
         for body in expected[2 * N :]:
@@ -199,16 +274,15 @@ def test_gnsq_producer_and_consumer(nsqd: ServerThread) -> None:
     with gnsq_running(gevent, producer, consumer):
         main()
     assert_exactly_once(received, expected)
-    ch = nsqd.call(lambda: nsqd.nsqd.topics["clients"].channels["gnsq"])
-    assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), len(ch.deferred))) == (0, 0, 0)
+    assert node.settled("clients", "gnsq") == (0, 0, 0)
 
 
-def test_gnsq_requeue_then_finish(nsqd: ServerThread) -> None:
+def test_gnsq_requeue_then_finish(node: Node) -> None:
     gevent = pytest.importorskip("gevent")
     import gnsq
     from gnsq.errors import NSQRequeueMessage
 
-    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    addr = f"127.0.0.1:{node.tcp_port}"
     expected = [b"r-%d" % i for i in range(100)]
     seen: list[tuple[bytes, int]] = []
     consumer = gnsq.Consumer(
@@ -230,12 +304,14 @@ def test_gnsq_requeue_then_finish(nsqd: ServerThread) -> None:
     with gnsq_running(gevent, producer, consumer):
         producer.start()
         consumer.start(block=False)
-        assert producer.multipublish("requeue", expected) == b"OK"
+        assert producer.multipublish("requeue", expected[:50]) == b"OK"
+        node.midway()
+        assert producer.multipublish("requeue", expected[50:]) == b"OK"
         gnsq_wait(gevent, lambda: len(seen), 2 * len(expected), "deliveries")
         gevent.sleep(0.3)
     assert sorted(seen) == sorted([(b, 1) for b in expected] + [(b, 2) for b in expected])
-    ch = nsqd.call(lambda: nsqd.nsqd.topics["requeue"].channels["c"])
-    assert nsqd.call(lambda: (ch.depth, len(ch.in_flight), ch.requeue_count)) == (0, 0, 100)
+    assert node.settled("requeue", "c")[:2] == (0, 0)
+    assert node.channel("requeue", "c")["requeue_count"] == 100
 
 
 def test_gnsq_large_messages_through_the_disk_queue(

@@ -242,8 +242,8 @@ def test_the_fetch_stream_answers_hostile_input_with_one_clear_refusal(cluster: 
         async with aiohttp.ClientSession() as session:
             query = {"topic": TOPIC, "partition": "1"}
             async with session.ws_connect(url, params=query) as ws:
-                for epoch_asked in (epoch + 1000, epoch):
-                    req = FetchRequest(0, epoch_asked, 0, 99, "test", 0, 1 << 20)
+                for epoch_asked, replica in ((epoch + 1000, 99), (epoch, 99), (epoch, 2)):
+                    req = FetchRequest(0, epoch_asked, 0, replica, "test", 0, 1 << 20)
                     await ws.send_bytes(req.encode())
                     got.append(FetchAnswer.decode((await ws.receive()).data))
                 await ws.send_bytes(b"not a fetch")
@@ -253,17 +253,22 @@ def test_the_fetch_stream_answers_hostile_input_with_one_clear_refusal(cluster: 
 
     import asyncio
 
-    stale, ok, bad, closed = asyncio.run(talk())
+    stale, stranger, ok, bad, closed = asyncio.run(talk())
     assert isinstance(stale, FetchAnswer) and (stale.status, stale.message) == (
         409,
         "EPOCH_MISMATCH",
+    )
+    # Node 99 holds no copy of the partition (the assignment does not name it).
+    assert isinstance(stranger, FetchAnswer) and (stranger.status, stranger.message) == (
+        409,
+        "NOT_REPLICA",
     )
     assert isinstance(ok, FetchAnswer) and ok.status == 200
     assert [r.body for r in decode_records(ok.records)] == [b"a", b"b", b"c"]
     assert isinstance(bad, FetchAnswer) and (bad.status, bad.message) == (400, "INVALID_ARG_FETCH")
     assert closed in ("CLOSE", "CLOSED", "CLOSING")
-    # An unknown replica's fetch is not an acknowledgement the HW counts on: the partition
-    # still leads at the same epoch, with its in-sync set unchanged.
+    # A fetch from another storage than the member's is not an acknowledgement the HW counts
+    # on: the partition still leads at the same epoch, with its in-sync set unchanged.
     p = wait_leader(cluster, TOPIC, 1)
     assert p["epoch"] == epoch and sorted(p["isr"]) == [1, 2, 3]
     assert "Traceback" not in n1.log.read_text()

@@ -234,14 +234,14 @@ class Leading:
         p = self.partitions.get((topic, origin))
         if p is None or p.role is not Role.LEADER:
             return FetchAnswer(409, "NOT_LEADER", epoch=p.epoch if p else 0)
-        if req.replica not in p.replicas:
-            # Not (or no longer) a copy of this partition: it was re-placed while that node
-            # was gone; its own next read of the assignment stops it.
-            return FetchAnswer(409, "NOT_REPLICA", epoch=p.epoch)
         if req.epoch != p.epoch:
             # Even a later epoch is only a claim: etcd says who leads (the next tick reads it),
             # so a stray or hostile fetch cannot unseat a leader.
             return FetchAnswer(409, "EPOCH_MISMATCH", epoch=p.epoch)
+        if req.replica not in p.replicas:
+            # Not (or no longer) a copy of this partition: it was re-placed while that node
+            # was gone; its own next read of the assignment stops it.
+            return FetchAnswer(409, "NOT_REPLICA", epoch=p.epoch)
         end = p.end_for(req.last_epoch)
         if req.offset > end:
             return FetchAnswer(409, "TRUNCATE", epoch=p.epoch, truncate_to=end)

@@ -153,6 +153,8 @@ class Replicator:
         self.plan = Plan(self.node_id, replace_after=REPLACE_AFTER_TTLS * self.member.ttl)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
+        #: Topics whose default settings (``--replicas``) are being written to etcd.
+        self._writing_defaults: set[str] = set()
         #: This node's partitions of deleted topics whose keys etcd has not deleted yet.
         self._deleting: set[PartKey] = set()
         #: Publishes waiting for this node's partition of a topic to be its own again.
@@ -239,6 +241,10 @@ class Replicator:
         for topic, settings in state.settings.items():
             if settings.replicated and topic in self.host.topics:
                 self.checkpoints.track(self.host.topics[topic])
+        if self.defaults.replicated:
+            for name in self.host.topics:
+                if name not in state.settings and self._retained(name):
+                    self._write_defaults(name)
         for place in self.plan.to_place(state, self._retained):
             await self._place(place)
         held: set[PartKey] = set()
@@ -487,6 +493,11 @@ class Replicator:
             # no replica holds.
             raise PublishRefused("this node has not joined the cluster yet", "NOT_JOINED")
         settings = self.state.settings.get(topic)
+        if settings is None and self.defaults.replicated and self._retained(topic):
+            # A new retained topic under --replicas: replicated from its first publish (its
+            # settings go to etcd now; the publish waits for its partition's placement).
+            settings = self.defaults
+            self._write_defaults(topic)
         if settings is None or not settings.replicated:
             return False
         t = self.host.topics.get(topic)
@@ -567,6 +578,32 @@ class Replicator:
         """A partition's log for plain readers (``partition=`` on ``/topic/log``)."""
         p = self.partitions.get((topic, origin))
         return p.log if p is not None else None
+
+    def _write_defaults(self, topic: str) -> None:
+        """``--replicas`` and the other flags' settings for a retained topic that has none in
+        etcd, written once (create-only: a ``POST /topic/replication`` or another node's
+        write wins); the next read of the cluster places its partitions."""
+        if topic in self._writing_defaults:
+            return
+        self._writing_defaults.add(topic)
+
+        async def write() -> None:
+            key = self.member.keys.topic(topic)
+            try:
+                await self.member.etcd.txn(
+                    [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self.defaults.encode())]
+                )
+                log.info(
+                    "CLUSTER: topic %s replicated with the flags' settings (replicas %d)",
+                    topic,
+                    self.defaults.replicas,
+                )
+            except EtcdError as err:
+                log.warning("CLUSTER: topic %s: writing its settings failed - %s", topic, err)
+            finally:
+                self._writing_defaults.discard(topic)
+
+        self._tasks.append(asyncio.create_task(write()))
 
     async def set_settings(
         self, topic: str, get: Callable[[str], str | None]
