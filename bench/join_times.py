@@ -110,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--signal", choices=("kill", "term"), default="kill")
+    ap.add_argument("--keep", action="store_true", help="keep the nodes' logs and data")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="pynsqd-join-")
     etcd, url = _etcd(base)
@@ -179,9 +180,14 @@ def main() -> None:
                 n.proc.wait(30)
         etcd.send_signal(signal.SIGTERM)
         etcd.wait(30)
-        shutil.rmtree(base, ignore_errors=True)
+        if args.keep:
+            print(f"logs and data kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     for name, xs in (("join", joins), ("accepting", accepting), ("first OK", first_ok)):
-        print(f"{name}: median {statistics.median(xs):.1f} ms, worst {max(xs):.1f} ms (n={len(xs)})")
+        print(
+            f"{name}: median {statistics.median(xs):.1f} ms, worst {max(xs):.1f} ms (n={len(xs)})"
+        )
 
 
 def _ping(port: int) -> bool:

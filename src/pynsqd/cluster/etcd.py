@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -279,12 +280,22 @@ class EtcdClient:
                 await asyncio.sleep(0.1)
 
 
-async def every(seconds: float, step: Callable[[], Awaitable[object]], doing: str) -> None:
-    """Run ``step`` every ``seconds`` until cancelled: an etcd failure is one warning line
-    (``failed to <doing>``) and the next round tries again; anything else is logged with its
-    traceback, and the loop goes on."""
+async def every(
+    seconds: float,
+    step: Callable[[], Awaitable[object]],
+    doing: str,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Run ``step`` every ``seconds`` (or as soon as ``wake`` is set) until cancelled: an etcd
+    failure is one warning line (``failed to <doing>``) and the next round tries again;
+    anything else is logged with its traceback, and the loop goes on."""
     while True:
-        await asyncio.sleep(seconds)
+        if wake is None:
+            await asyncio.sleep(seconds)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), seconds)
+            wake.clear()
         try:
             await step()
         except EtcdError as err:

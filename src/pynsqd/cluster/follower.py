@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -55,8 +56,10 @@ PartitionKey = tuple[str, int]
 class Following:
     """The fetch tasks of the partitions this node follows."""
 
-    def __init__(self, member: Membership) -> None:
+    def __init__(self, member: Membership, kick: Callable[[], None] = lambda: None) -> None:
         self.member = member
+        #: Read the cluster now: this origin caught up with the node serving its partition.
+        self.kick = kick
         self._fetchers: dict[PartitionKey, tuple[int, asyncio.Task[None]]] = {}
         #: fsyncs or cuts failed in a row, per partition (the back-off and the log lines).
         self._sync_failures: dict[PartitionKey, int] = {}
@@ -244,7 +247,8 @@ class Following:
                     tlog.restart_at(answer.start)
                     p.history.truncate(-1)
                     continue
-                await asyncio.sleep(RETRY_AFTER)  # not (or no longer) the leader: the plan decides
+                self.kick()  # not (or no longer) the leader: the plan decides, now
+                await asyncio.sleep(RETRY_AFTER)
                 continue
             if answer.status != 200:
                 log.warning(
@@ -295,6 +299,8 @@ class Following:
                 failed = 0
             p.leader_answered(answer.latest, answer.hw)
             tlog.hand_to(tlog.latest)
+            if p.is_origin and tlog.latest >= answer.latest:
+                self.kick()  # caught up: the take-back need not wait for the next tick
 
 
 def _fsynced(tlog: TopicLog, job: SyncJob, done: asyncio.Future[None]) -> None:

@@ -67,6 +67,9 @@ class Leading:
         self.topics = topics
         self.opts = opts
         self.live = live
+        #: Read the cluster now (the replicator's): a follower outside the in-sync set
+        #: caught up, so the set can grow this round.
+        self.kick: Callable[[], None] = lambda: None
         self._syncing: set[PartitionKey] = set()
         self._sync_again: set[PartitionKey] = set()
         #: Set on an append or a new HW: the followers' waiting fetches answer.
@@ -158,6 +161,9 @@ class Leading:
                 [m[0] for m in new],
             )
             p.isr, p.isr_revision = new, result.revision
+            event = self._appended.get((p.topic, p.origin))
+            if event is not None:
+                event.set()  # waiting fetches answer now: an origin back in sync takes back
         self.kick_sync(p)
         self.advance(p)
 
@@ -248,7 +254,10 @@ class Leading:
         if req.offset < p.log.earliest:
             # Retention here removed what the follower needs next: it starts again from here.
             return FetchAnswer(409, "RESET", epoch=p.epoch, start=p.log.earliest)
-        p.fetched((req.replica, req.storage), req.offset, self.member.now())
+        member = (req.replica, req.storage)
+        p.fetched(member, req.offset, self.member.now())
+        if member not in p.isr and req.offset >= p.log.latest:
+            self.kick()
         self.advance(p)
         wait_ms = min(req.wait_ms, MAX_WAIT_MS)
         if req.offset >= p.log.latest and wait_ms:

@@ -144,7 +144,11 @@ class Replicator:
         self.leading = Leading(
             self.member, self.partitions, host.topics, opts, lambda m: self.state.live(m)
         )
-        self.following = Following(self.member)
+        #: Set to read the cluster now rather than at the next tick (a follower that caught
+        #: up, a leader whose in-sync set can grow: a take-back in one round, not three).
+        self._wake = asyncio.Event()
+        self.following = Following(self.member, self._wake.set)
+        self.leading.kick = self._wake.set
         self.checkpoints = Checkpoints(
             self.member, host, self.partitions, lambda m: self.state.live(m)
         )
@@ -191,7 +195,9 @@ class Replicator:
         self.checkpoints.hold_adopted()
         self.ready = True
         self._tasks.append(asyncio.create_task(self.member.keepalive_loop(self._lease_expired)))
-        self._tasks.append(asyncio.create_task(every(TICK, self._refresh, "read the cluster")))
+        self._tasks.append(
+            asyncio.create_task(every(TICK, self._refresh, "read the cluster", self._wake))
+        )
         self._tasks.append(
             asyncio.create_task(every(CHECKPOINT_EVERY, self.checkpoints.write, "checkpoint"))
         )
