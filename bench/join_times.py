@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -122,7 +123,7 @@ def main() -> None:
         for n in nodes:
             n.start()
         for n in nodes:
-            _wait(lambda n=n: b"joined (etcd" in open(n.log, "rb").read(), "the first join")
+            _wait(lambda n=n: b"joined (etcd" in Path(n.log).read_bytes(), "the first join")
             _wait(lambda n=n: n.partitions() is not None and _ping(n.web), "HTTP")
         for n in nodes:
             _http(n.web, "POST", f"/topic/create?topic={TOPIC}")
