@@ -330,3 +330,14 @@ def test_etcd_history_is_compacted_to_what_the_previous_round_saw() -> None:
     assert c.due(400) == 200
     clock[0] = 900.0
     assert c.due(500) == 400
+
+
+def test_an_in_sync_change_of_storage_alone_is_logged_as_one() -> None:
+    """Found in a node's log (issue 43): "in sync [2, 3, 1] -> [2, 3, 1]", a change the log
+    did not show: node 1 came back with a new data directory (a new member)."""
+    from pynsqd.cluster.leader import _members
+
+    old, new = [(2, "b"), (1, "a")], [(2, "b"), (1, "z")]
+    assert _members(old, new) == [2, "1 (storage a)"]
+    assert _members(new, old) == [2, "1 (storage z)"]
+    assert _members([(2, "b")], [(2, "b"), (3, "c")]) == [2]

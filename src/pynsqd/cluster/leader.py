@@ -157,8 +157,8 @@ class Leading:
             log.info(
                 "CLUSTER: partition %s: in sync %s -> %s",
                 p.name,
-                [m[0] for m in p.isr],
-                [m[0] for m in new],
+                _members(p.isr, new),
+                _members(new, p.isr),
             )
             p.isr, p.isr_revision = new, result.revision
             event = self._appended.get((p.topic, p.origin))
@@ -319,6 +319,17 @@ class Leading:
         handle = asyncio.get_running_loop().call_later(self.opts.replication_timeout, timed_out)
         waiter = Waiter(end, settle)
         queue.append(waiter)
+
+
+def _members(these: list[Member], other: list[Member]) -> list[int | str]:
+    """Node ids for the log; a node that is in both sets with another data directory (it came
+    back with an empty disk: a new member) shows its storage id too, so that a change of
+    storage never reads as "[1, 2] -> [1, 2]"."""
+    ids_elsewhere = {m[0]: m for m in other}
+    return [
+        f"{m[0]} (storage {m[1]})" if m[0] in ids_elsewhere and ids_elsewhere[m[0]] != m else m[0]
+        for m in these
+    ]
 
 
 def _read(tlog: TopicLog, offset: int, max_bytes: int) -> bytes:
