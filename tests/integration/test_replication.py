@@ -274,6 +274,31 @@ def test_the_fetch_stream_answers_hostile_input_with_one_clear_refusal(cluster: 
     assert "Traceback" not in n1.log.read_text()
 
 
+def test_a_fetch_stream_dropped_while_it_opens_is_no_error(cluster: Cluster) -> None:
+    """Found in fault runs (issue 41): a follower whose connection reset while its replica
+    stream opened made the leader log a traceback and a 500. Twenty upgrades reset at once:
+    nothing logged as an error, the partition goes on."""
+    import base64
+    import os
+
+    replicate(cluster)
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", n1.proc.http_port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall(
+            f"GET /topic/replicate?topic={TOPIC}&partition=1 HTTP/1.1\r\nHost: x\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset, not a close
+    assert n1.http("POST", f"/pub?topic={TOPIC}", b"after")[0] == 200  # it still commits
+    text = n1.log.read_text()
+    assert "Traceback" not in text and " 500 GET /topic/replicate" not in text
+
+
 def test_settings_changed_under_load_answer_and_lose_nothing(cluster: Cluster) -> None:
     """``POST /topic/replication`` raced against publishes on every node: acks, durability and
     min_insync flipped 24 times; each change is answered 200, publishing goes on under every

@@ -105,7 +105,10 @@ class ReplicationAPI:
         )
         if not ws.can_prepare(request).ok:
             raise HTTPError(400, "WEBSOCKET_REQUIRED")
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:  # the follower went while its stream opened: it fetches again
+            return ws
         self.streams.add(ws)
         try:
             async for msg in ws:
