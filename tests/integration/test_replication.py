@@ -8,6 +8,7 @@ state (``/topic/replication``), never on time.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -117,6 +118,28 @@ def test_replication_needs_etcd_and_retention(
         assert status == 400
     finally:
         c.stop()
+
+
+def test_the_first_documented_command_works_on_a_missing_topic(cluster: Cluster) -> None:
+    """Found by a new user (issue 41): ``POST /topic/replication`` on a topic not yet created
+    answered 404 TOPIC_NOT_FOUND (the docs never said to create it first), a GET for a topic
+    that exists nowhere answered 200 with empty partitions, and replicas above the live nodes
+    was taken silently."""
+    n = cluster.node(1)
+    assert n.http("GET", "/topic/replication?topic=nope")[0] == 404
+    status, body = n.http("POST", "/topic/replication?topic=fresh&replicas=3&min_insync=9")
+    assert status == 400 and b"INVALID_ARG_MIN_INSYNC" in body
+    assert n.http("GET", "/topic/replication?topic=fresh")[0] == 404  # bad settings: nothing made
+    status, body = n.http("POST", "/topic/replication?topic=fresh&replicas=3")
+    assert status == 200, body
+    assert "warning" not in json.loads(body)
+    wait_in_sync(cluster, "fresh", 1)
+    assert n.http("POST", "/pub?topic=fresh", b"x") == (200, b"OK")
+    # Another node holds a copy of node 1's partition without having the topic itself.
+    assert cluster.node(2).json("GET", "/topic/replication?topic=fresh")["replicas"] == 3
+    status, body = n.http("POST", "/topic/replication?topic=wide&replicas=5")
+    assert status == 200, body
+    assert "replicas=5 but 3 nodes are live" in json.loads(body)["warning"]
 
 
 def test_settings_are_checked_and_shown(cluster: Cluster) -> None:

@@ -632,6 +632,13 @@ class Replicator:
         await self._refresh()
         return settings
 
+    async def replicated_anywhere(self, topic: str) -> bool:
+        """Whether ``topic`` has settings in etcd, asked now (the last read may be a tick
+        old). Raises EtcdError."""
+        if topic in self.state.settings:
+            return True
+        return await self.member.etcd.get(self.member.keys.topic(topic)) is not None
+
     def settings_for(self, topic: str) -> ReplicationSettings | None:
         return self.state.settings.get(topic)
 

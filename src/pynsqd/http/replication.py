@@ -26,7 +26,7 @@ from aiohttp.web_ws import WebSocketResponse
 from ..cluster.etcd import EtcdError
 from ..cluster.fetch import MAX_REQUEST_BYTES, REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
 from ..cluster.replicator import Replicator
-from ..cluster.settings import SettingsError
+from ..cluster.settings import ReplicationSettings, SettingsError
 from ..internal.httpapi import HTTPError, Params
 from ..internal.names import is_valid_name
 from ..log import LOGGER_NAME
@@ -68,12 +68,26 @@ class ReplicationAPI:
 
     async def get(self, request: BaseRequest, params: Params) -> Any:
         name, replication = self._topic(params)
+        if self.nsqd.get_existing_topic(name) is None and not replication.describe(name):
+            try:
+                anywhere = await replication.replicated_anywhere(name)
+            except EtcdError as err:
+                raise HTTPError(503, "ETCD_UNAVAILABLE", {"reason": str(err)}) from err
+            if not anywhere:  # not here, not replicated anywhere, no copy held here
+                raise HTTPError(404, "TOPIC_NOT_FOUND")
         return self._describe(name, replication)
 
     async def set(self, request: BaseRequest, params: Params) -> Any:
         name, replication = self._topic(params)
-        if self.nsqd.get_existing_topic(name) is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        try:  # bad settings create nothing
+            ReplicationSettings.parse(
+                params.get, replication.settings_for(name) or replication.defaults
+            )
+        except SettingsError as err:
+            raise HTTPError(400, err.code, {"reason": str(err)}) from err
+        # A missing topic is created, as /pub and /topic/create do (the first documented
+        # command used to answer 404 TOPIC_NOT_FOUND).
+        self.nsqd.get_topic(name)
         wanted = params.get("replicas")
         if self.nsqd.retention.get(name) is None and wanted not in (None, "1"):
             raise HTTPError(
@@ -82,12 +96,19 @@ class ReplicationAPI:
                 {"reason": "replication copies the retained log: POST /topic/retention first"},
             )
         try:
-            await replication.set_settings(name, params.get)
+            settings = await replication.set_settings(name, params.get)
         except SettingsError as err:
             raise HTTPError(400, err.code, {"reason": str(err)}) from err
         except EtcdError as err:
             raise HTTPError(503, "ETCD_UNAVAILABLE", {"reason": str(err)}) from err
-        return self._describe(name, replication)
+        answer = self._describe(name, replication)
+        live = len(replication.node_addresses())
+        if settings.replicas > live:
+            answer["warning"] = (
+                f"replicas={settings.replicas} but {live} nodes are live: its partitions are "
+                f"placed on {live} and gain copies as nodes join"
+            )
+        return answer
 
     async def replicate(self, request: BaseRequest, params: Params) -> Any:
         """A follower's fetch stream: one ``FetchRequest`` in, one ``FetchAnswer`` out, until
