@@ -525,8 +525,16 @@ def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -
         assert n1.http("POST", "/pub?topic=plain", b"unaffected") == (200, b"OK")
         wait_for(lambda: publish() == 503, "commits to stall without etcd")
         assert n1.http("POST", "/pub?topic=plain", b"unaffected") == (200, b"OK")
+        # The refusal names etcd (issue 41 found a bare "replication timeout"), and the outage
+        # is one line in the log, not six a second.
+        status, answer = n1.http("POST", f"/pub?topic={TOPIC}", b"named")
+        assert status == 503 and b"etcd unreachable for" in answer, answer
+        outage = n1.log.read_text().rpartition("INFO: nsqd v")[2]
+        assert outage.count("CLUSTER: etcd unreachable") == 1, outage[-3000:]
+        assert "failed to read the cluster" not in outage and "keepalive failed" not in outage
         etcd.start()
         wait_for(lambda: publish() == 200, "commits to resume with etcd back")
+        assert "etcd answers again after" in n1.log.read_text()
         wait_in_sync(cluster, TOPIC, 1)
         have = {r[2] for r in cluster.read_partition(TOPIC, 1, n1)}
         assert set(acked) <= have

@@ -48,8 +48,17 @@ log = logging.getLogger("pynsqd")
 CALL_TIMEOUT = 2.0
 
 
+#: While etcd is unreachable, a reminder line this often (the first failure is said at once).
+OUTAGE_REMINDER = 30.0
+
+
 class EtcdError(Exception):
-    """etcd could not be reached, or refused the call (the message says which and why)."""
+    """etcd could not be reached, or refused the call (the message says which and why).
+    ``unreachable``: no endpoint answered (the client says so once per outage)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def _b64(data: str | bytes) -> str:
@@ -151,6 +160,51 @@ class EtcdClient:
         self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
         self._current = 0
         self._session: aiohttp.ClientSession | None = None
+        #: Since when (loop time) no endpoint has answered, and why; None: etcd answers.
+        self.down_since: float | None = None
+        self.down_reason = ""
+        self._failed_calls = 0
+        self._reminded_at = 0.0
+
+    def _unreachable(self, reason: str) -> EtcdError:
+        """No endpoint answered: said once per outage, then every ``OUTAGE_REMINDER`` s."""
+        now = asyncio.get_running_loop().time()
+        self._failed_calls += 1
+        self.down_reason = reason
+        if self.down_since is None:
+            self.down_since = self._reminded_at = now
+            log.warning(
+                "CLUSTER: etcd unreachable (%s); commits, elections and membership wait for it "
+                "(--etcd-endpoints=%s)",
+                reason,
+                ",".join(self.endpoints),
+            )
+        elif now - self._reminded_at >= OUTAGE_REMINDER:
+            self._reminded_at = now
+            log.warning(
+                "CLUSTER: etcd still unreachable after %.0fs (%d calls failed; %s)",
+                now - self.down_since,
+                self._failed_calls,
+                reason,
+            )
+        return EtcdError(f"etcd unreachable ({reason})", unreachable=True)
+
+    def _answered(self) -> None:
+        if self.down_since is not None:
+            log.info(
+                "CLUSTER: etcd answers again after %.1fs (%d calls failed)",
+                asyncio.get_running_loop().time() - self.down_since,
+                self._failed_calls,
+            )
+            self.down_since = None
+            self._failed_calls = 0
+
+    def outage(self) -> str | None:
+        """While etcd is unreachable: for how long and why, for a client's error."""
+        if self.down_since is None:
+            return None
+        since = asyncio.get_running_loop().time() - self.down_since
+        return f"etcd unreachable for {since:.0f}s ({self.down_reason})"
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -179,6 +233,7 @@ class EtcdClient:
                 last = f"{self.endpoints[index]}: {type(err).__name__} {err}".rstrip()
                 continue
             self._current = index
+            self._answered()
             try:
                 doc = json.loads(text) if text else {}
             except ValueError:
@@ -189,7 +244,7 @@ class EtcdClient:
             if isinstance(doc.get("result"), dict):  # streamed calls (keepalive) answer so
                 doc = doc["result"]
             return dict(doc)
-        raise EtcdError(f"etcd unreachable ({last})")
+        raise self._unreachable(last)
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -299,6 +354,7 @@ async def every(
         try:
             await step()
         except EtcdError as err:
-            log.warning("CLUSTER: failed to %s - %s", doing, err)
+            if not err.unreachable:  # an outage is said by the client, once
+                log.warning("CLUSTER: failed to %s - %s", doing, err)
         except Exception:
             log.exception("CLUSTER: internal error (%s)", doing)

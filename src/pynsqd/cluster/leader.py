@@ -314,7 +314,9 @@ class Leading:
                 if waiter in q:
                     q.remove(waiter)
             hw = part.hw if part is not None else 0
-            settle(f"replication timeout (committed below {hw}, this publish ends at {end})")
+            outage = self.member.etcd.outage()
+            why = f"; {outage}" if outage is not None else ""
+            settle(f"replication timeout (committed below {hw}, this publish ends at {end}{why})")
 
         handle = asyncio.get_running_loop().call_later(self.opts.replication_timeout, timed_out)
         waiter = Waiter(end, settle)

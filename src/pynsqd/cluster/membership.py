@@ -158,7 +158,8 @@ class Membership:
             try:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as err:
-                log.warning("CLUSTER: lease keepalive failed - %s", err)
+                if not err.unreachable:  # an outage is said by the client, once
+                    log.warning("CLUSTER: lease keepalive failed - %s", err)
                 continue
             if ttl > 0:
                 self.lease_until = sent + ttl - 0.5
