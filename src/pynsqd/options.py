@@ -27,6 +27,12 @@ def default_node_id() -> int:
     return zlib.crc32(digest) % 1024
 
 
+def node_id_for_storage(storage: str) -> int:
+    """A replicated node's default --node-id: from its data directory's storage id, so that
+    nodes sharing a host (and a hostname) differ, and one data directory keeps its id."""
+    return zlib.crc32(storage.encode()) % 1024
+
+
 def _hostname() -> str:
     return socket.gethostname()
 
@@ -323,7 +329,19 @@ class Options:
     )
     snappy: bool = opt(True, "enable snappy feature negotiation (client compression)")
 
+    def options_given(self, names: set[str]) -> None:
+        """``internal/flags.resolve``: the options set by a flag or the config file."""
+        object.__setattr__(self, "_node_id_default", "node_id" not in names)
+
+    @property
+    def node_id_is_default(self) -> bool:
+        """--node-id was not given (nor ``id`` in the config file)."""
+        return bool(getattr(self, "_node_id_default", False))
+
     def __post_init__(self) -> None:
+        # Whether --node-id was left to its default (a replicated node then takes its id from
+        # its data directory: two nodes on one host would share the hostname's).
+        object.__setattr__(self, "_node_id_default", self.node_id == -1)
         if self.node_id == -1:
             self.node_id = default_node_id()
         if not self.broadcast_address:

@@ -84,9 +84,45 @@ def test_a_second_node_with_the_same_id_is_refused_with_one_line(
         assert len(errors) == 1, run.stderr.decode()
         assert "--node-id=1 is already in cluster 'test'" in errors[0]
         assert "Traceback" not in run.stderr.decode()
+        # Nothing but the start and its FATAL line (issue 41: closing lines came first, and
+        # aiohttp's "Unclosed connector" after).
+        lines = run.stderr.decode().splitlines()
+        assert len(lines) == 3 and "nsqd v" in lines[0] and "FATAL" in lines[2], lines
         assert c.node(1).alive
     finally:
         c.stop()
+
+
+def test_replicated_nodes_on_one_host_get_their_own_default_ids(tmp_path: Path, etcd: Etcd) -> None:
+    """Found by a new user (issue 41): without --node-id a node takes the hostname's hash, so
+    two on one host collided. A replicated node's default id is its data directory's."""
+    from pynsqd.options import node_id_for_storage
+
+    from ..processes import NsqdProcess
+
+    flags = [
+        *(f"--etcd-endpoints={u}" for u in etcd.urls),
+        "--cluster-name=t",
+        "--retention-time=1h",
+    ]
+    procs = []
+    try:
+        for name in ("a", "b"):
+            data = tmp_path / name
+            data.mkdir()
+            procs.append(NsqdProcess(data, tmp_path / f"{name}.log", *flags))
+        ids = []
+        for name, proc in zip(("a", "b"), procs, strict=True):
+            assert "joined" in proc.output(), proc.output()
+            storage = (tmp_path / name / "cluster.id").read_text().strip()
+            assert f"ID: {node_id_for_storage(storage)} (from the data directory" in proc.output()
+            status, body = proc.http("GET", "/info")
+            assert status == 200, body
+            ids.append(json.loads(body)["node_id"])
+        assert ids[0] != ids[1]
+    finally:
+        for proc in procs:
+            proc.stop()
 
 
 def test_replication_needs_etcd_and_retention(

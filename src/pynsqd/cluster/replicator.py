@@ -210,6 +210,14 @@ class Replicator:
             (asyncio.get_running_loop().time() - began) * 1000,
         )
 
+    async def abort(self) -> None:
+        """``start`` failed: nothing more is written to etcd (a refused duplicate must not
+        touch the keys of the node it duplicates); the clients are closed."""
+        for t in self._tasks:
+            t.cancel()
+        await self.following.close()
+        await self.member.etcd.close()
+
     async def stop(self) -> None:
         """Leave: fail waiting publishes, stop fetching, give up the lease (its leaderships
         go with it, so followers take over at once)."""

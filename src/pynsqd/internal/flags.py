@@ -376,6 +376,9 @@ def resolve(
     opts = options()
     for name, value in {**config, **command_line.values}.items():
         setattr(opts, name, value)
+    given = getattr(opts, "options_given", None)
+    if given is not None:  # the program learns which options were set, not defaulted
+        given(set(config) | set(command_line.values))
     if not opts.broadcast_address:
         opts.broadcast_address = options().broadcast_address
     validate(opts, warnings)

@@ -25,7 +25,7 @@ from ..http.server import HTTPService
 from ..internal import process
 from ..internal.listener import format_address, listen
 from ..internal.names import is_ephemeral, is_valid_name
-from ..options import Options
+from ..options import Options, node_id_for_storage
 from ..protocol.identify import ProtocolConfig
 from ..storage.atomic import remove_leftovers
 from ..storage.diskqueue import DiskQueue
@@ -462,12 +462,18 @@ class NSQD:
         from .protocol_v2 import ClientV2
 
         log.info("nsqd v%s (built w/pynsqd-%s)", NSQD_VERSION, __version__)
-        log.info("ID: %d", self.opts.node_id)
         self.tls_context = server_context(self.opts)  # raises TLSConfigError
         self._dir_lock.lock()  # raises DirLockError
         try:
             check_writable(self.data_path)  # raises DirLockError
             self.storage_id = storage_id(self.data_path)
+            if self.opts.etcd_endpoints and self.opts.node_id_is_default:
+                # Nodes sharing a host share a hostname: a replicated node's default id is
+                # its data directory's.
+                self.opts.node_id = node_id_for_storage(self.storage_id)
+                log.info("ID: %d (from the data directory; --node-id sets it)", self.opts.node_id)
+            else:
+                log.info("ID: %d", self.opts.node_id)
             self._remove_leftovers()
             self._load_settings()
             self.load_metadata()
@@ -496,14 +502,14 @@ class NSQD:
         try:
             await self.http.start(serve=serve)  # HTTP API and statsd
         except BaseException:
-            await self.stop()
+            await self._stop_after_failed_start()
             raise
         self.http_address = self.http.address
         if self.tls_context is not None and self.opts.https_address:
             try:
                 await self.http.start_https(self.opts.https_address, self.tls_context, serve=serve)
             except BaseException:
-                await self.stop()
+                await self._stop_after_failed_start()
                 raise
             self.https_address = self.http.https_address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
@@ -512,8 +518,10 @@ class NSQD:
             try:
                 await self.replication.start()
             except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.replication.abort()
                 self.replication = None
-                await self.stop()
+                await self._stop_after_failed_start()
                 raise
             try:
                 await self.tcp_server.start_serving()
@@ -523,6 +531,16 @@ class NSQD:
                 await self.stop()
                 raise
         self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
+
+    async def _stop_after_failed_start(self) -> None:
+        """A start that failed says one thing, its FATAL line (``internal/process.py``): the
+        closing of what it had opened is done without its INFO lines."""
+        level = log.level
+        log.setLevel(max(level, logging.WARNING))
+        try:
+            await self.stop()
+        finally:
+            log.setLevel(level)
 
     async def stop(self) -> None:
         """nsqd's Exit: close listeners and clients, then flush every queue to its backend."""
