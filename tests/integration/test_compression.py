@@ -148,7 +148,9 @@ def test_deflate_bomb_is_fed_in_pieces(nsqd: ServerThread) -> None:
         assert isinstance(conn.sock, Layered)
         conn.sock.send_raw(data)
         conn.sock.settimeout(60)
-        with nsqd.connect() as other:  # served while the pieces are parsed
+        # Served while the pieces are parsed (30 s: a guard against a hang on a loaded
+        # machine; the parse takes milliseconds alone).
+        with Conn(nsqd.tcp_address, timeout=30) as other:
             other.pub("other", b"x")
         assert conn.read_response() == b"OK"
 

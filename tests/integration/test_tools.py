@@ -65,6 +65,59 @@ def test_to_nsq_delimiter_and_every_destination(
         assert server.call(lambda s=server: s.nsqd.topics["t"].message_count) == 3
 
 
+def test_nsq_tail_tails_every_topic_given(nsqd: ServerThread) -> None:
+    """Found by a new user (issue 41): ``--topic=a --topic=b`` tailed only b, silently (Go
+    tails both)."""
+    addr = f"127.0.0.1:{nsqd.tcp_port}"
+    for topic in ("a", "b"):  # the channel exists before the messages (a fixed channel)
+        with nsqd.connect() as c:
+            c.sub(topic, "tail", rdy=0)
+    with nsqd.connect() as p:
+        p.pub("a", b"one")
+        p.pub("b", b"two")
+    res = tool(
+        "nsq_tail",
+        "--topic=a",
+        "--topic=b",
+        "--channel=tail",
+        f"--nsqd-tcp-address={addr}",
+        "--n=2",
+        "--print-topic",
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [b"a | one", b"b | two"]
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "line"),
+    [
+        ("to_nsq", ["--topic=bad topic!"], b"to_nsq: --topic: invalid topic name 'bad topic!'"),
+        ("nsq_tail", ["--topic=bad topic!"], b"nsq_tail: --topic: invalid topic name"),
+        ("nsq_tail", ["--topic=t", "--channel=c h"], b"nsq_tail: --channel: invalid channel"),
+    ],
+)
+def test_a_bad_name_is_named_before_anything_is_sent(
+    nsqd: ServerThread, name: str, args: list[str], line: bytes
+) -> None:
+    """Found by a new user (issue 41): ``to_nsq --topic='bad topic!'`` published to ``bad``
+    and said "published 1 messages to bad topic!"; nsq_tail blamed ``E_BAD_CHANNEL
+    "topic!"``."""
+    res = tool(name, *args, f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}", stdin=b"x\n")
+    assert res.returncode == 1
+    assert res.stderr.startswith(line) and res.stderr.count(b"\n") == 1, res.stderr
+    assert nsqd.call(lambda: sorted(nsqd.nsqd.topics)) == []  # nothing was published
+
+
+def test_nsq_log_says_how_to_get_a_log_for_a_topic_without_one(nsqd: ServerThread) -> None:
+    """Found by a new user (issue 41): raw ``HTTP 400 {"message":"TOPIC_NOT_RETAINED"}``."""
+    with nsqd.connect() as p:
+        p.pub("plain", b"x")
+    res = tool("nsq_log", "--topic=plain", f"--nsqd-http-address=127.0.0.1:{nsqd.http_port}")
+    assert res.returncode == 1
+    assert res.stderr.startswith(b"nsq_log: topic plain keeps no log on 127.0.0.1:")
+    assert b"--retention-time" in res.stderr and res.stderr.count(b"\n") == 1, res.stderr
+
+
 def test_nsq_tail_finds_the_nodes_through_nsqlookupd(
     make_nsqd: Callable[..., ServerThread],
 ) -> None:

@@ -97,3 +97,21 @@ def test_ephemeral() -> None:
 )
 def test_go_quote(raw: bytes, quoted: str) -> None:
     assert go_quote(raw) == quoted
+
+
+def test_the_client_refuses_a_name_that_would_split_the_command_line() -> None:
+    """Found by a new user (issue 41): ``to_nsq --topic='bad topic!'`` sent ``PUB bad
+    topic!`` and nsqd published to ``bad``. The tools check every rule (and name the flag);
+    the connections refuse what would break the framing and leave the rest to nsqd's code."""
+    import pytest
+
+    from pynsqd.client.errors import check_names
+
+    with pytest.raises(ValueError, match="invalid topic name 'bad topic!'"):
+        check_names("bad topic!", framing_only=True)
+    with pytest.raises(ValueError, match="invalid channel name"):
+        check_names("t", "c\nPUB x", framing_only=True)
+    check_names("bad!topic", framing_only=True)  # nsqd answers E_BAD_TOPIC for this one
+    with pytest.raises(ValueError, match="invalid topic name 'bad!topic'"):
+        check_names("bad!topic")
+    check_names("t#ephemeral", "c")

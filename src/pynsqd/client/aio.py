@@ -30,7 +30,7 @@ from ..protocol.frames import (
     Message,
     decode_message,
 )
-from .errors import NsqConnectionError, NsqError, parse_address
+from .errors import NsqConnectionError, NsqError, check_names, parse_address
 
 HEARTBEAT = b"_heartbeat_"
 
@@ -105,18 +105,22 @@ class AsyncConnection:
     # -- commands -----------------------------------------------------------------------------
 
     async def pub(self, topic: str, body: bytes) -> None:
+        check_names(topic, framing_only=True)
         self._writer.write(encode.pub(topic, body))
         await self._expect_ok()
 
     async def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+        check_names(topic, framing_only=True)
         self._writer.write(encode.mpub(topic, bodies))
         await self._expect_ok()
 
     async def dpub(self, topic: str, defer_ms: int, body: bytes) -> None:
+        check_names(topic, framing_only=True)
         self._writer.write(encode.dpub(topic, defer_ms, body))
         await self._expect_ok()
 
     async def subscribe(self, topic: str, channel: str, rdy: int = 1) -> None:
+        check_names(topic, channel, framing_only=True)
         self._writer.write(encode.sub(topic, channel))
         await self._expect_ok()
         await self.rdy(rdy)

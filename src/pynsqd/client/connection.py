@@ -42,7 +42,7 @@ from ..protocol.frames import (
     Frame,
     FrameReader,
 )
-from .errors import NsqConnectionError, NsqError, parse_address
+from .errors import NsqConnectionError, NsqError, check_names, parse_address
 from .options import ClientOptions
 
 __all__ = [
@@ -257,12 +257,15 @@ class Connection:
         return [self._read_response() for _ in commands]
 
     def pub(self, topic: str, body: bytes) -> None:
+        check_names(topic, framing_only=True)
         self._expect_ok(self.request(encode.pub(topic, body)))
 
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+        check_names(topic, framing_only=True)
         self._expect_ok(self.request(encode.mpub(topic, bodies)))
 
     def dpub(self, topic: str, defer_ms: int, body: bytes) -> None:
+        check_names(topic, framing_only=True)
         self._expect_ok(self.request(encode.dpub(topic, defer_ms, body)))
 
     def _expect_ok(self, resp: bytes) -> None:
@@ -288,6 +291,7 @@ class Connection:
         ``on_error`` gets error frames (non-fatal ones, like E_FIN_FAILED, and the fatal one
         before the close); ``on_close`` runs when the connection ends, with ``close_reason`` set.
         """
+        check_names(topic, channel, framing_only=True)
         self._expect_ok(self.request(encode.sub(topic, channel)))
         sock = self._sock
         assert sock is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..internal.names import is_valid_name
+
 __all__ = [
     "DEFAULT_LOOKUPD_HTTP_PORT",
     "DEFAULT_TCP_PORT",
@@ -9,6 +11,7 @@ __all__ = [
     "NsqConnectionError",
     "NsqError",
     "NsqLookupError",
+    "check_names",
     "parse_address",
 ]
 
@@ -50,6 +53,21 @@ class NsqConnectionError(ConnectionError):
 
 class NsqLookupError(ConnectionError):
     """No nsqlookupd answered."""
+
+
+def check_names(topic: str, channel: str | None = None, *, framing_only: bool = False) -> None:
+    """Raise ``ValueError`` naming a topic or channel nsqd would refuse, before anything is
+    sent (the tools: they name the flag). With ``framing_only`` (the connections), only a
+    name that would break the command line: a space or a line end splits it, and nsqd would
+    read a piece of the name as the topic (others are nsqd's to refuse, with its code)."""
+    for what, name in (("topic", topic), ("channel", channel)):
+        if name is None:
+            continue
+        bad = any(c in name for c in " \n\r\t") if framing_only else not is_valid_name(name)
+        if bad:
+            raise ValueError(
+                f"invalid {what} name {name!r}: 1-64 of [.a-zA-Z0-9_-], optionally #ephemeral"
+            )
 
 
 def parse_address(value: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:

@@ -29,6 +29,7 @@ from ..client import (
     NsqLookupError,
     lookup_producers,
 )
+from ..client.errors import check_names
 from ..internal.optiontable import opt
 from .common import ToolLog, go_client
 
@@ -74,6 +75,13 @@ def subscriptions(
     if not topics and not topics_found_later:
         print(f"{program}: --topic is required", file=sys.stderr)
         raise SystemExit(1)
+    try:
+        for topic in topics:
+            check_names(topic, channel)
+    except ValueError as err:  # named here, before nsqd blames a piece of it
+        flag = "--channel" if str(err).startswith("invalid channel") else "--topic"
+        print(f"{program}: {flag}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     if bool(opts.nsqd_tcp_addresses) == bool(opts.lookupd_http_addresses):
         print(
             f"{program}: use --nsqd-tcp-address or --lookupd-http-address, not both (or neither)",

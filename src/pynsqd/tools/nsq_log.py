@@ -21,6 +21,7 @@ from ..client import (
     ClientOptions,
     LogOffsetOutOfRange,
     LogRecord,
+    NodeHTTPError,
     NsqError,
     read_log,
     topic_offsets,
@@ -115,6 +116,17 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(FOLLOW_POLL)
             else:
                 break
+    except NodeHTTPError as err:
+        if "TOPIC_NOT_RETAINED" in err.text:
+            print(
+                f"{PROGRAM}: topic {opts.topic} keeps no log on {node} (TOPIC_NOT_RETAINED): "
+                "give it retention (nsqd --retention-time or --retention-bytes, or POST "
+                "/topic/retention) and read what is published from then on",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{PROGRAM}: {err}", file=sys.stderr)
+        return 1
     except (NsqError, ConnectionError, ValueError, KeyError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
         return 1

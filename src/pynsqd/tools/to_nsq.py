@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
+from ..client.errors import check_names
 from ..internal.optiontable import opt
 from .common import go_config, parse
 
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(PROGRAM, ToNsqOptions, argv)
     if not opts.topic:
         print(f"{PROGRAM}: --topic required", file=sys.stderr)
+        return 1
+    try:
+        check_names(opts.topic)
+    except ValueError as err:  # a space would split the command: it published to "bad"
+        print(f"{PROGRAM}: --topic: {err}", file=sys.stderr)
         return 1
     if len(opts.delimiter.encode()) != 1:
         print(f"{PROGRAM}: --delimiter must be a single byte", file=sys.stderr)
