@@ -239,7 +239,8 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
     publish to its replicated topic as unreplicated, answered OK, and then truncated it away
     when it learnt that another node led its partition. nsqd now takes no connection before it
     has joined (test_replication's restart race); the gate stays as a guard."""
-    from pynsqd.cluster.replicator import PublishRefused, Replicator
+    from pynsqd.cluster.gate import PublishRefused
+    from pynsqd.cluster.replicator import Replicator
     from pynsqd.options import Options
 
     class Host:
@@ -260,11 +261,11 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
     with pytest.raises(PublishRefused, match="not joined") as refused:
-        replicator.gate("retained")
+        replicator.publishing.gate("retained")
     assert refused.value.code == "NOT_JOINED"
-    assert replicator.gate("plain") is False  # never replicated: no retention
+    assert replicator.publishing.gate("plain") is False  # never replicated: no retention
     replicator.ready = True
-    assert replicator.gate("retained") is False  # the state says: not replicated
+    assert replicator.publishing.gate("retained") is False  # the state says: not replicated
 
 
 def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
@@ -274,8 +275,9 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     for it): they were handed to channels at once, uncommitted. And a node back with an empty
     disk re-creates the topic while its partition lives on elsewhere: its publishes went into
     a log about to be truncated to the leader's."""
+    from pynsqd.cluster.gate import PublishRefused
     from pynsqd.cluster.records import Assignment, PartRecords, Stored
-    from pynsqd.cluster.replicator import PublishRefused, Replicator
+    from pynsqd.cluster.replicator import Replicator
     from pynsqd.cluster.settings import ReplicationSettings
     from pynsqd.options import Options
 
@@ -304,12 +306,12 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     replicator.ready = True
     replicator.state.settings["t"] = ReplicationSettings(3, 2, "all", "fsync")
     assert tlog.visible == 1
-    assert replicator.gate("t") is True  # waits for its placement, then for its commit
+    assert replicator.publishing.gate("t") is True  # waits for its placement, then for its commit
     tlog.append([Message(b"%016d" % 2, b"first replicated", 1)])
     assert tlog.visible == 1  # not handed to channels before it commits
     replicator.state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2, 3)), 1))
     with pytest.raises(PublishRefused, match="elsewhere"):
-        replicator.gate("t")
+        replicator.publishing.gate("t")
 
 
 def test_etcd_history_is_compacted_to_what_the_previous_round_saw() -> None:

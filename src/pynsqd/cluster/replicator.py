@@ -1,19 +1,22 @@
 """Replicated topics: this node's part in the cluster, put together.
 
-Theory of operation (``docs/replication.md``; the rules are ``cluster/partition.py``'s). Four
-parts, each in its own file: ``membership.py`` (the lease, the registration, the key layout),
-``leader.py`` (taking the lead, the in-sync set, the group fsync, serving fetches, publishes that
-wait for their commit), ``follower.py`` (the fetch tasks) and this file, **the plan**: every
-``TICK`` seconds one range read of ``<K>/`` gives nodes, topics' settings and partitions, and
-``_reconcile`` brings each partition this node holds a copy of to what etcd says: leader,
-follower (a fetch task at the leader's epoch), or candidate (a leaderless partition whose
-in-sync set holds this node: it campaigns after a delay by rank, the origin first). It is also
-what the server and the HTTP API see (``gate``, ``committed``, ``wait``, ``fetch``,
-``describe``).
+Theory of operation (``docs/replication.md``; the rules are ``cluster/partition.py``'s and
+``cluster/plan.py``'s, without I/O). The parts, each in its own file: ``membership.py`` (the
+lease, the registration, the cluster's secret), ``leader.py`` (taking the lead, the in-sync
+set, the group fsync, serving fetches, publishes that wait for their commit), ``follower.py``
+(the fetch tasks), ``gate.py`` (what a publish asks: the gate, the wait for a take-back, the
+flags' default settings) and this file, **the shell of the plan**: every ``TICK`` seconds (or
+at once, when a follower caught up or an in-sync set can grow) one range read of ``<K>/``
+gives nodes, topics' settings and partitions, and ``Plan.decide`` answers for each partition
+this node holds a copy of with actions carried out here (``_carry_out``): lead, follow (a
+fetch task at the leader's epoch), campaign, take back, adopt; the leader re-places copies
+whose node is gone (``Plan.to_replace``); a deleted topic's partition goes (its keys, every
+copy). It is also what the server and the HTTP API see (``publishing``, ``committed``,
+``wait``, ``fetch``, ``describe``).
 
-**Publishing.** ``gate`` gives the protocol the origin partition of a replicated topic: a
-publish to a partition another node leads is refused; with ``acks=all`` its OK waits for the
-high watermark (``wait``), or ``E_PUB_FAILED`` after ``--replication-timeout``.
+**Publishing.** ``publishing.gate`` gives the protocol the origin partition of a replicated
+topic; with ``acks=all`` its OK waits for the high watermark (``wait``), or ``E_PUB_FAILED``
+after ``--replication-timeout``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .checkpoints import CHECKPOINT_EVERY, ChannelHost, Checkpoints
 from .etcd import Compare, EtcdError, delete_op, every, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
+from .gate import PublishGate
 from .leader import Leading
 from .membership import Membership
 from .partition import Partition, Role
@@ -59,7 +63,7 @@ from .plan import (
 from .records import ClusterState, InSync, PartKey, PartRecords, Tombstone
 from .settings import ReplicationSettings, SettingsError
 
-__all__ = ["PublishRefused", "ReplicaHost", "Replicator"]
+__all__ = ["ReplicaHost", "Replicator"]
 
 #: A copy's node missing from the cluster for this many lease TTLs is gone: its copy is
 #: re-placed on a live node (a restart comes back well within it).
@@ -91,24 +95,6 @@ class Compaction:
         self._next = self.now() + self.every
         target, self._seen = self._seen, revision
         return target or None
-
-
-class PublishRefused(Exception):
-    """A publish this node cannot take for a replicated topic (the reason is the message;
-    ``code`` the HTTP API's error code for it)."""
-
-    def __init__(self, reason: str, code: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
-class NotYetWritable(Exception):
-    """A publish to ``topic`` must wait: another node serves this node's partition while this
-    node catches up to take it back (``Replicator.when_writable`` says when to try again)."""
-
-    def __init__(self, topic: str) -> None:
-        super().__init__(topic)
-        self.topic = topic
 
 
 class ReplicaHost(ChannelHost, Protocol):
@@ -157,19 +143,28 @@ class Replicator:
         self.plan = Plan(self.node_id, replace_after=REPLACE_AFTER_TTLS * self.member.ttl)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
-        #: Topics whose default settings (``--replicas``) are being written to etcd.
-        self._writing_defaults: set[str] = set()
         #: This node's partitions of deleted topics whose keys etcd has not deleted yet.
         self._deleting: set[PartKey] = set()
-        #: Publishes waiting for this node's partition of a topic to be its own again.
-        self._unwritable: dict[
-            str, list[tuple[Callable[[str | None], None], asyncio.TimerHandle]]
-        ] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.compaction = Compaction(now)
         #: The cluster's state has been read once: until then no retained topic is known
-        #: unreplicated (``gate``).
+        #: unreplicated (``PublishGate.gate``).
         self.ready = False
+        #: What a publish asks: ``cluster/gate.py``.
+        self.publishing = PublishGate(
+            self.node_id,
+            self.defaults,
+            opts.replication_timeout,
+            state=lambda: self.state,
+            ready=lambda: self.ready,
+            partitions=self.partitions,
+            retained=host.retention.get,
+            topics=host.topics,
+            track=self.checkpoints.track,
+            etcd=self.member.etcd,
+            keys=self.member.keys,
+            spawn=lambda coro: self._tasks.append(asyncio.create_task(coro)),
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -229,7 +224,7 @@ class Replicator:
         await self.following.close()
         for p in self.partitions.values():
             p.fail_waiters("nsqd is exiting")
-        self._wake_writable("nsqd is exiting")
+        self.publishing.wake("nsqd is exiting")
         await self.checkpoints.stop()
         await self.member.leave()
 
@@ -258,7 +253,7 @@ class Replicator:
         if self.defaults.replicated:
             for name in self.host.topics:
                 if name not in state.settings and self._retained(name):
-                    self._write_defaults(name)
+                    self.publishing.write_defaults(name)
         for place in self.plan.to_place(state, self._retained):
             await self._place(place)
         held: set[PartKey] = set()
@@ -296,8 +291,7 @@ class Replicator:
         self._drop_unassigned(state, held)
         if self._deleting:
             await self._delete_keys()
-        if self._unwritable:
-            self._wake_writable()
+        self.publishing.wake()
 
     async def _replace(self, p: Partition, rec: PartRecords, replace: Replace) -> None:
         """The leader's new assignment of ``p``, guarded by the one it read and by its
@@ -497,78 +491,6 @@ class Replicator:
 
     # -- what the server and the HTTP API ask -----------------------------------------------
 
-    def gate(self, topic: str) -> bool:
-        """Before a publish to ``topic``: whether its OK must wait for the records to commit
-        (``committed``/``wait``). Raises ``PublishRefused`` when another node leads this node's
-        partition (it is catching up before it takes it back)."""
-        if not self.ready and self.host.retention.get(topic) is not None:
-            # Not reached from the network (nsqd takes no connection before it has joined);
-            # a guard: a retained topic may be replicated, and an OK now would promise what
-            # no replica holds.
-            raise PublishRefused("this node has not joined the cluster yet", "NOT_JOINED")
-        settings = self.state.settings.get(topic)
-        if settings is None and self.defaults.replicated and self._retained(topic):
-            # A new retained topic under --replicas: replicated from its first publish (its
-            # settings go to etcd now; the publish waits for its partition's placement).
-            settings = self.defaults
-            self._write_defaults(topic)
-        if settings is None or not settings.replicated:
-            return False
-        t = self.host.topics.get(topic)
-        if t is not None and t.origin is None:
-            self.checkpoints.track(t)  # before its first replicated publish takes IDs
-        p = self.partitions.get((topic, self.node_id))
-        if p is None:
-            if (topic, self.node_id) in self.state.parts:
-                # The partition lives on elsewhere (this node lost its disk, or the topic):
-                # this log is about to be cut back to the leader's.
-                raise PublishRefused(
-                    f"this node's partition of {topic} is held elsewhere; it is copying it back",
-                    "PARTITION_ELSEWHERE",
-                )
-            # The topic's first replicated publish: it waits for its partition's placement,
-            # and nothing from here on is handed to channels before it commits.
-            tlog = self.host.retention.get(topic)
-            if tlog is not None:
-                Partition.hold_unplaced(tlog)
-        elif not p.writable:
-            raise NotYetWritable(topic)
-        return True
-
-    def when_writable(self, topic: str, done: Callable[[str | None], None]) -> None:
-        """After ``NotYetWritable``: ``done(None)`` once this node's partition of ``topic`` may
-        take publishes again (it took it back; the publish goes through ``gate`` again), or
-        ``done(reason)`` after ``--replication-timeout`` (or when nsqd stops). A publish
-        waits here rather than being refused: a client sees a slow OK, as from a node that
-        commits slowly, not an error only a replicated node gives."""
-        timeout = self.opts.replication_timeout
-
-        def timed_out() -> None:
-            waiters = self._unwritable.get(topic, [])
-            if entry in waiters:
-                waiters.remove(entry)
-            p = self.partitions.get((topic, self.node_id))
-            leader = f"node {p.leader}" if p is not None else "another node"
-            done(
-                f"{leader} served this node's partition of {topic} for all of "
-                f"--replication-timeout={timeout:g}s while this node caught up to take it back"
-            )
-
-        handle = asyncio.get_running_loop().call_later(timeout, timed_out)
-        entry = (done, handle)
-        self._unwritable.setdefault(topic, []).append(entry)
-
-    def _wake_writable(self, why: str | None = None) -> None:
-        """Publishes waiting for their partition (``when_writable``) whose partition can take
-        them now (or all of them, with ``why``: nsqd stops)."""
-        for topic in list(self._unwritable):
-            p = self.partitions.get((topic, self.node_id))
-            if why is None and p is not None and not p.writable:
-                continue
-            for done, handle in self._unwritable.pop(topic):
-                handle.cancel()
-                done(why)
-
     def is_replica(self, secret: str) -> bool:
         """Whether a fetch stream's ``REPLICA_SECRET_HEADER`` is the cluster's secret (one of
         its nodes is fetching: no client auth applies)."""
@@ -592,32 +514,6 @@ class Replicator:
         """A partition's log for plain readers (``partition=`` on ``/topic/log``)."""
         p = self.partitions.get((topic, origin))
         return p.log if p is not None else None
-
-    def _write_defaults(self, topic: str) -> None:
-        """``--replicas`` and the other flags' settings for a retained topic that has none in
-        etcd, written once (create-only: a ``POST /topic/replication`` or another node's
-        write wins); the next read of the cluster places its partitions."""
-        if topic in self._writing_defaults:
-            return
-        self._writing_defaults.add(topic)
-
-        async def write() -> None:
-            key = self.member.keys.topic(topic)
-            try:
-                await self.member.etcd.txn(
-                    [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self.defaults.encode())]
-                )
-                log.info(
-                    "CLUSTER: topic %s replicated with the flags' settings (replicas %d)",
-                    topic,
-                    self.defaults.replicas,
-                )
-            except EtcdError as err:
-                log.warning("CLUSTER: topic %s: writing its settings failed - %s", topic, err)
-            finally:
-                self._writing_defaults.discard(topic)
-
-        self._tasks.append(asyncio.create_task(write()))
 
     async def set_settings(
         self, topic: str, get: Callable[[str], str | None]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..cluster.replicator import NotYetWritable, PublishRefused
+from ..cluster.gate import NotYetWritable, PublishRefused
 from ..core.e2e import go_float
 from ..core.errors import QueueFull
 from ..core.topic import Topic
@@ -139,13 +139,13 @@ class API:
         return "OK"
 
     async def _gate(self, topic_name: str) -> bool:
-        """``Replicator.gate``; a publish to a partition this node is taking back waits for
+        """``PublishGate.gate``; a publish to a partition this node is taking back waits for
         it (``--replication-timeout`` at most: then 503 NOT_LEADER with the reason)."""
         replication = self.nsqd.replication
         assert replication is not None
         while True:
             try:
-                return replication.gate(topic_name)
+                return replication.publishing.gate(topic_name)
             except NotYetWritable:
                 answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
 
@@ -153,7 +153,7 @@ class API:
                     if not answer.done():
                         answer.set_result(why)
 
-                replication.when_writable(topic_name, done)
+                replication.publishing.when_writable(topic_name, done)
                 why = await answer
                 if why is not None:
                     raise PublishRefused(why, "NOT_LEADER") from None

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..cluster.replicator import NotYetWritable, PublishRefused
+from ..cluster.gate import NotYetWritable, PublishRefused
 from ..core.channel import Channel
 from ..core.errors import (
     AlreadyDeferred,
@@ -529,7 +529,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         waits = False
         try:
             if replication is not None:
-                waits = replication.gate(topic_name)
+                waits = replication.publishing.gate(topic_name)
             topic.put_bodies(bodies, defer_ms)
         except OSError as err:
             self.nsqd.set_health_error(err)
@@ -541,7 +541,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             # behind it), then goes through the gate again.
             assert replication is not None
             self.pause(Pause.WRITABLE)
-            replication.when_writable(
+            replication.publishing.when_writable(
                 topic_name, lambda why: self._writable(cmd, topic_name, bodies, defer_ms, why)
             )
             return

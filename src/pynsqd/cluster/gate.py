@@ -1,0 +1,191 @@
+"""Before a publish to a retained topic: may this node take it, and must its OK wait for a commit?
+
+Theory of operation (``docs/replication.md``, "Joining" and "Take-back"). ``PublishGate.gate``
+answers for every PUB, MPUB and DPUB (``server/protocol_v2.py``) and HTTP publish
+(``http/api.py``) of a node with ``--etcd-endpoints``, from the cluster's state as the last read
+found it: a topic that is not replicated goes through untouched (False); a replicated one's
+OK waits for its records to commit (True; ``Replicator.wait``); its first publish also waits
+for its partition's placement. A new retained topic under ``--replicas`` gets the flags'
+settings written to etcd (create-only), so it is replicated from its first publish. While
+another node serves this node's partition (this node came back and is taking it back), a
+publish waits (``NotYetWritable`` -> ``when_writable``) until the partition is this node's
+again, or ``--replication-timeout``: a client sees a slow OK, not an error only a replicated
+node gives. The refusals that remain (``PublishRefused``) carry the HTTP API's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from ..core.topic import Topic
+from ..log import LOGGER_NAME
+from ..storage.topiclog import TopicLog
+from .etcd import Compare, EtcdClient, EtcdError, put_op
+from .partition import Partition
+from .records import ClusterState, Keys
+from .settings import ReplicationSettings
+
+__all__ = ["NotYetWritable", "PublishGate", "PublishRefused"]
+
+log = logging.getLogger(LOGGER_NAME)
+
+PartitionKey = tuple[str, int]
+Done = Callable[[str | None], None]
+
+
+class PublishRefused(Exception):
+    """A publish this node cannot take for a replicated topic (the reason is the message;
+    ``code`` the HTTP API's error code for it)."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class NotYetWritable(Exception):
+    """A publish to ``topic`` must wait: another node serves this node's partition while this
+    node catches up to take it back (``PublishGate.when_writable`` says when to try again)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(topic)
+        self.topic = topic
+
+
+class PublishGate:
+    """The publish side of a replicated node: the gate, the waits for a take-back, and the
+    flags' default settings for new topics."""
+
+    def __init__(
+        self,
+        node_id: int,
+        defaults: ReplicationSettings,
+        timeout: float,
+        *,
+        state: Callable[[], ClusterState],
+        ready: Callable[[], bool],
+        partitions: dict[PartitionKey, Partition],
+        retained: Callable[[str], TopicLog | None],
+        topics: Mapping[str, Topic],
+        track: Callable[[Topic], None],
+        etcd: EtcdClient,
+        keys: Keys,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self.node_id = node_id
+        self.defaults = defaults
+        self.timeout = timeout
+        self._state = state
+        self._ready = ready
+        self._partitions = partitions
+        self._retained = retained
+        self._topics = topics
+        self._track = track
+        self._etcd = etcd
+        self._keys = keys
+        self._spawn = spawn
+        #: Publishes waiting for this node's partition of a topic to be its own again.
+        self._unwritable: dict[str, list[tuple[Done, asyncio.TimerHandle]]] = {}
+        #: Topics whose default settings (``--replicas``) are being written to etcd.
+        self._writing_defaults: set[str] = set()
+
+    def gate(self, topic: str) -> bool:
+        """Before a publish to ``topic``: whether its OK must wait for the records to commit
+        (``Replicator.committed``/``wait``). Raises ``NotYetWritable`` while another node
+        serves this node's partition, ``PublishRefused`` when this node cannot take it."""
+        retained = self._retained(topic) is not None
+        if not self._ready() and retained:
+            # Not reached from the network (nsqd takes no connection before it has joined);
+            # a guard: a retained topic may be replicated, and an OK now would promise what
+            # no replica holds.
+            raise PublishRefused("this node has not joined the cluster yet", "NOT_JOINED")
+        state = self._state()
+        settings = state.settings.get(topic)
+        if settings is None and self.defaults.replicated and retained and topic in self._topics:
+            # A new retained topic under --replicas: replicated from its first publish (its
+            # settings go to etcd now; the publish waits for its partition's placement).
+            settings = self.defaults
+            self.write_defaults(topic)
+        if settings is None or not settings.replicated:
+            return False
+        t = self._topics.get(topic)
+        if t is not None and t.origin is None:
+            self._track(t)  # before its first replicated publish takes IDs
+        p = self._partitions.get((topic, self.node_id))
+        if p is None:
+            if (topic, self.node_id) in state.parts:
+                # The partition lives on elsewhere (this node lost its disk, or the topic):
+                # this log is about to be cut back to the leader's.
+                raise PublishRefused(
+                    f"this node's partition of {topic} is held elsewhere; it is copying it back",
+                    "PARTITION_ELSEWHERE",
+                )
+            # The topic's first replicated publish: it waits for its partition's placement,
+            # and nothing from here on is handed to channels before it commits.
+            tlog = self._retained(topic)
+            if tlog is not None:
+                Partition.hold_unplaced(tlog)
+        elif not p.writable:
+            raise NotYetWritable(topic)
+        return True
+
+    def when_writable(self, topic: str, done: Done) -> None:
+        """After ``NotYetWritable``: ``done(None)`` once this node's partition of ``topic`` may
+        take publishes again (it took it back; the publish goes through ``gate`` again), or
+        ``done(reason)`` after ``--replication-timeout`` (or when nsqd stops)."""
+
+        def timed_out() -> None:
+            waiters = self._unwritable.get(topic, [])
+            if entry in waiters:
+                waiters.remove(entry)
+            p = self._partitions.get((topic, self.node_id))
+            leader = f"node {p.leader}" if p is not None else "another node"
+            done(
+                f"{leader} served this node's partition of {topic} for all of "
+                f"--replication-timeout={self.timeout:g}s while this node caught up to take "
+                "it back"
+            )
+
+        handle = asyncio.get_running_loop().call_later(self.timeout, timed_out)
+        entry = (done, handle)
+        self._unwritable.setdefault(topic, []).append(entry)
+
+    def wake(self, why: str | None = None) -> None:
+        """After each read of the cluster: publishes waiting for their partition
+        (``when_writable``) whose partition can take them now; with ``why`` (nsqd stops),
+        all of them, failed."""
+        for topic in list(self._unwritable):
+            p = self._partitions.get((topic, self.node_id))
+            if why is None and p is not None and not p.writable:
+                continue
+            for done, handle in self._unwritable.pop(topic):
+                handle.cancel()
+                done(why)
+
+    def write_defaults(self, topic: str) -> None:
+        """``--replicas`` and the other flags' settings for a retained topic that has none in
+        etcd, written once (create-only: a ``POST /topic/replication`` or another node's
+        write wins); the next read of the cluster places its partitions."""
+        if topic in self._writing_defaults:
+            return
+        self._writing_defaults.add(topic)
+
+        async def write() -> None:
+            key = self._keys.topic(topic)
+            try:
+                await self._etcd.txn(
+                    [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self.defaults.encode())]
+                )
+                log.info(
+                    "CLUSTER: topic %s replicated with the flags' settings (replicas %d)",
+                    topic,
+                    self.defaults.replicas,
+                )
+            except EtcdError as err:
+                log.warning("CLUSTER: topic %s: writing its settings failed - %s", topic, err)
+            finally:
+                self._writing_defaults.discard(topic)
+
+        self._spawn(write())
