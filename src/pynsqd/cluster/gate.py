@@ -8,14 +8,13 @@ OK waits for its records to commit (True; ``Replicator.wait``); its first publis
 for its partition's placement. A new retained topic under ``--replicas`` gets the flags'
 settings written to etcd (create-only), so it is replicated from its first publish. While
 another node serves this node's partition (this node came back and is taking it back), a
-publish waits (``NotYetWritable`` -> ``when_writable``) until the partition is this node's
-again, or ``--replication-timeout``: a client sees a slow OK, not an error only a replicated
-node gives. The refusals that remain (``PublishRefused``) carry the HTTP API's code.
+publish is refused (``PublishRefused``, with the HTTP API's code): a wait for the take-back
+was built and taken out again, as it lost acknowledged deliveries in the replicated channels'
+kill test (the closing note of that session).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -28,12 +27,11 @@ from .partition import Partition
 from .records import ClusterState, Keys
 from .settings import ReplicationSettings
 
-__all__ = ["NotYetWritable", "PublishGate", "PublishRefused"]
+__all__ = ["PublishGate", "PublishRefused"]
 
 log = logging.getLogger(LOGGER_NAME)
 
 PartitionKey = tuple[str, int]
-Done = Callable[[str | None], None]
 
 
 class PublishRefused(Exception):
@@ -45,15 +43,6 @@ class PublishRefused(Exception):
         self.code = code
 
 
-class NotYetWritable(Exception):
-    """A publish to ``topic`` must wait: another node serves this node's partition while this
-    node catches up to take it back (``PublishGate.when_writable`` says when to try again)."""
-
-    def __init__(self, topic: str) -> None:
-        super().__init__(topic)
-        self.topic = topic
-
-
 class PublishGate:
     """The publish side of a replicated node: the gate, the waits for a take-back, and the
     flags' default settings for new topics."""
@@ -62,7 +51,6 @@ class PublishGate:
         self,
         node_id: int,
         defaults: ReplicationSettings,
-        timeout: float,
         *,
         state: Callable[[], ClusterState],
         ready: Callable[[], bool],
@@ -76,7 +64,6 @@ class PublishGate:
     ) -> None:
         self.node_id = node_id
         self.defaults = defaults
-        self.timeout = timeout
         self._state = state
         self._ready = ready
         self._partitions = partitions
@@ -86,15 +73,13 @@ class PublishGate:
         self._etcd = etcd
         self._keys = keys
         self._spawn = spawn
-        #: Publishes waiting for this node's partition of a topic to be its own again.
-        self._unwritable: dict[str, list[tuple[Done, asyncio.TimerHandle]]] = {}
         #: Topics whose default settings (``--replicas``) are being written to etcd.
         self._writing_defaults: set[str] = set()
 
     def gate(self, topic: str) -> bool:
         """Before a publish to ``topic``: whether its OK must wait for the records to commit
-        (``Replicator.committed``/``wait``). Raises ``NotYetWritable`` while another node
-        serves this node's partition, ``PublishRefused`` when this node cannot take it."""
+        (``Replicator.committed``/``wait``). Raises ``PublishRefused`` when this node cannot
+        take it (another node serves its partition while it catches up to take it back)."""
         retained = self._retained(topic) is not None
         if not self._ready() and retained:
             # Not reached from the network (nsqd takes no connection before it has joined);
@@ -128,41 +113,11 @@ class PublishGate:
             if tlog is not None:
                 Partition.hold_unplaced(tlog)
         elif not p.writable:
-            raise NotYetWritable(topic)
-        return True
-
-    def when_writable(self, topic: str, done: Done) -> None:
-        """After ``NotYetWritable``: ``done(None)`` once this node's partition of ``topic`` may
-        take publishes again (it took it back; the publish goes through ``gate`` again), or
-        ``done(reason)`` after ``--replication-timeout`` (or when nsqd stops)."""
-
-        def timed_out() -> None:
-            waiters = self._unwritable.get(topic, [])
-            if entry in waiters:
-                waiters.remove(entry)
-            p = self._partitions.get((topic, self.node_id))
-            leader = f"node {p.leader}" if p is not None else "another node"
-            done(
-                f"{leader} served this node's partition of {topic} for all of "
-                f"--replication-timeout={self.timeout:g}s while this node caught up to take "
-                "it back"
+            raise PublishRefused(
+                f"node {p.leader} serves this node's partition of {topic} while it catches up",
+                "NOT_LEADER",
             )
-
-        handle = asyncio.get_running_loop().call_later(self.timeout, timed_out)
-        entry = (done, handle)
-        self._unwritable.setdefault(topic, []).append(entry)
-
-    def wake(self, why: str | None = None) -> None:
-        """After each read of the cluster: publishes waiting for their partition
-        (``when_writable``) whose partition can take them now; with ``why`` (nsqd stops),
-        all of them, failed."""
-        for topic in list(self._unwritable):
-            p = self._partitions.get((topic, self.node_id))
-            if why is None and p is not None and not p.writable:
-                continue
-            for done, handle in self._unwritable.pop(topic):
-                handle.cancel()
-                done(why)
+        return True
 
     def write_defaults(self, topic: str) -> None:
         """``--replicas`` and the other flags' settings for a retained topic that has none in

@@ -154,7 +154,6 @@ class Replicator:
         self.publishing = PublishGate(
             self.node_id,
             self.defaults,
-            opts.replication_timeout,
             state=lambda: self.state,
             ready=lambda: self.ready,
             partitions=self.partitions,
@@ -224,7 +223,6 @@ class Replicator:
         await self.following.close()
         for p in self.partitions.values():
             p.fail_waiters("nsqd is exiting")
-        self.publishing.wake("nsqd is exiting")
         await self.checkpoints.stop()
         await self.member.leave()
 
@@ -291,7 +289,6 @@ class Replicator:
         self._drop_unassigned(state, held)
         if self._deleting:
             await self._delete_keys()
-        self.publishing.wake()
 
     async def _replace(self, p: Partition, rec: PartRecords, replace: Replace) -> None:
         """The leader's new assignment of ``p``, guarded by the one it read and by its

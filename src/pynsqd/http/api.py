@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..cluster.gate import NotYetWritable, PublishRefused
+from ..cluster.gate import PublishRefused
 from ..core.e2e import go_float
 from ..core.errors import QueueFull
 from ..core.topic import Topic
@@ -120,7 +120,7 @@ class API:
             waits = False
             try:
                 if replication is not None:
-                    waits = await self._gate(topic_name)
+                    waits = replication.publishing.gate(topic_name)
                 topic.put_bodies(bodies, defer_ms)
             except PublishRefused as err:
                 raise HTTPError(503, err.code, {"reason": str(err)}) from err
@@ -137,26 +137,6 @@ class API:
             if waits:
                 await self._wait_commit(topic_name, topic)
         return "OK"
-
-    async def _gate(self, topic_name: str) -> bool:
-        """``PublishGate.gate``; a publish to a partition this node is taking back waits for
-        it (``--replication-timeout`` at most: then 503 NOT_LEADER with the reason)."""
-        replication = self.nsqd.replication
-        assert replication is not None
-        while True:
-            try:
-                return replication.publishing.gate(topic_name)
-            except NotYetWritable:
-                answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
-
-                def done(why: str | None, answer: asyncio.Future[str | None] = answer) -> None:
-                    if not answer.done():
-                        answer.set_result(why)
-
-                replication.publishing.when_writable(topic_name, done)
-                why = await answer
-                if why is not None:
-                    raise PublishRefused(why, "NOT_LEADER") from None
 
     async def _wait_commit(self, topic_name: str, topic: Topic) -> None:
         """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503

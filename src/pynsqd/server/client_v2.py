@@ -24,7 +24,6 @@ class Pause(enum.Enum):
     AUTH = "auth"
     INFLATE = "inflate"
     COMMIT = "commit"  # a publish to a replicated topic waits for its records to commit
-    WRITABLE = "writable"  # ... or for its partition, which this node is taking back
 
 
 class ClientV2State:

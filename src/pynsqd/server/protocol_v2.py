@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..cluster.gate import NotYetWritable, PublishRefused
+from ..cluster.gate import PublishRefused
 from ..core.channel import Channel
 from ..core.errors import (
     AlreadyDeferred,
@@ -536,15 +536,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         except (QueueFull, PublishRefused) as err:  # pynsqd: pushed back, or not this node's
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
-        except NotYetWritable:
-            # The node is taking its partition back: the publish waits (later commands wait
-            # behind it), then goes through the gate again.
-            assert replication is not None
-            self.pause(Pause.WRITABLE)
-            replication.publishing.when_writable(
-                topic_name, lambda why: self._writable(cmd, topic_name, bodies, defer_ms, why)
-            )
-            return
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         if waits and replication is not None and topic.log is not None:
             end = topic.log.latest
@@ -554,25 +545,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
                 return
         self.send_frame(OK_FRAME)
-
-    def _writable(
-        self, cmd: str, topic_name: str, bodies: list[bytes], defer_ms: int, why: str | None
-    ) -> None:
-        """A publish that waited for its partition (``Pause.WRITABLE``): published now (it
-        may wait again, for its commit), or failed with the reason."""
-        if self.closed:
-            return
-        if why is not None:
-            self.fatal(FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}"))
-            return
-        self.paused = None
-        try:
-            self._publish(cmd, topic_name, bodies, defer_ms)
-        except ProtocolError as err:
-            self.fatal(err)
-            return
-        if self.paused is None:  # answered: the commands behind it go on
-            self.resume()
 
     def _committed(self, cmd: str, why: str | None) -> None:
         if self.closed:
