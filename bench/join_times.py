@@ -10,7 +10,7 @@ node 1 (``kill -9``, or SIGTERM with ``--signal term``), waits until a peer lead
   start-up, opening the data, the join; nothing is accepted before the join);
 - **first OK**: from the process's start to the first PUB to its own topic answered OK (after a
   kill -9 the node first catches up with the peer that took its partition over, then takes it
-  back; a PUB refused meanwhile is sent again).
+  back; a PUB refused meanwhile is sent again every 5 ms).
 
 Prints the median and the worst of each, in ms (``docs/replication.md`` quotes them).
 
