@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import HEADER_SIZE, LogRecord, decode_records
+from ..protocol.log_record import HEADER_SIZE
 from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
@@ -564,16 +564,6 @@ class TopicLog:
             if max_bytes <= 0:
                 break
         return ranges
-
-    def read_records(self, offset: int, max_messages: int) -> list[LogRecord]:
-        """Decoded records from ``offset`` (for rewinding a channel)."""
-        rng = self.read_range(offset, max_messages, 64 << 20)
-        if rng is None:
-            return []
-        with open(rng.path, "rb") as f:
-            f.seek(rng.start)
-            data = f.read(rng.end - rng.start)
-        return list(decode_records(data, verify=False))
 
     def read_messages(
         self,
