@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pynsqd.internal import flags
+from pynsqd.internal import checks, flags
 from pynsqd.internal.flags import CommandLine, HelpRequested, UsageError
 from pynsqd.internal.version import version_string
 from pynsqd.log import LOG_LEVELS, configure_logging
@@ -41,6 +41,17 @@ def _validate(opts: Options, warnings: list[str]) -> None:
             f" (--tls-required={opts.tls_required})",
             1,
         )
+    if checks.workers_count(opts.workers) > 1:
+        if opts.etcd_endpoints:
+            raise UsageError(
+                "--workers above 1 does not work with --etcd-endpoints yet (replicated topics)", 1
+            )
+        if opts.retention_time or opts.retention_bytes:
+            raise UsageError(
+                "--workers above 1 does not work with --retention-time or --retention-bytes yet"
+                " (replayable topics)",
+                1,
+            )
     for name in opts.enable_experiment:
         if name not in EXPERIMENTS:
             warnings.append(f"--enable-experiment={name} is not an experiment nsqd knows")
@@ -90,13 +101,24 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"nsqd: {e.message}", file=sys.stderr)
         return e.exit_code
-    configure_logging(opts.log_level, opts.log_prefix)
-    for warning in warnings:
-        log.warning("%s", warning)
     # Imported here so that parsing never pays for (or depends on) the server.
+    from pynsqd.server.workers import WorkerSpec, worker_options
+
+    worker = WorkerSpec.from_env()
+    if worker is not None:  # one worker of --workers N, started by its supervisor
+        worker_options(opts, worker)
+    configure_logging(opts.log_level, opts.log_prefix)
+    if worker is None:
+        for warning in warnings:
+            log.warning("%s", warning)
+    count = checks.workers_count(opts.workers)
+    if worker is None and count > 1:
+        from pynsqd.server.supervisor import run_supervisor
+
+        return run_supervisor(opts, args, count)
     from pynsqd.server.nsqd import run
 
-    return run(opts)
+    return run(opts, worker)
 
 
 __all__ = [

@@ -135,6 +135,11 @@ class Options:
         "pynsqd: after reading from a client, keep polling the sockets for this long before sleeping, so a client waiting for each answer (PUB, then OK) is served without a wake-up; 0 turns it off",
         kind="duration",
     )
+    workers: str = opt(
+        "1",
+        "pynsqd: serve the same addresses from this many worker processes, one per core ('auto': the cores this process may use); each keeps its data in <data-path>/worker-<i>",
+        check=checks.check_workers,
+    )
     # -- replayable topics (pynsqd; off by default)
     retention_time: float = opt(
         0.0,

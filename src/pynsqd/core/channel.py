@@ -37,6 +37,7 @@ from .errors import (
     QueueFull,
     TooManyConsumers,
 )
+from .lending import Lending
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
 from .offsets import DoneWindow, is_offset_id
 from .queue import MessageQueue
@@ -90,6 +91,7 @@ class Channel:
         "expired_count",
         "held",
         "in_flight",
+        "lending",
         "loop",
         "max_attempts",
         "max_bytes",
@@ -172,6 +174,9 @@ class Channel:
         self.held = False
         #: Messages not delivered because another node took their partition's state over.
         self.stale_count = 0
+        #: With ``--workers``: messages other workers' channels lend to this one's consumers
+        #: (``core/lending.py``). None: one process (no cost).
+        self.lending: Lending | None = None
 
     def set_lifecycle(
         self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str, max_bytes: int = 0
@@ -341,9 +346,13 @@ class Channel:
         self._pump_pending = False
         if self.paused or self.exiting or self.held:
             return
+        if len(self.queue):
+            self._pump_queue()
+        if self.lending is not None:
+            self._pump_lent(self.lending)
+
+    def _pump_queue(self) -> None:
         queue = self.queue
-        if not len(queue):
-            return
         ready = [
             c for c in self.clients.values() if c.rdy > c.in_flight_count and not c.write_paused
         ]
@@ -369,6 +378,41 @@ class Channel:
             if not len(queue):
                 return
             ready = still_ready
+
+    def _pump_lent(self, lending: Lending) -> None:
+        """Lent messages to consumers with room left after this channel's own, then the
+        relay is told how much room is left (it asks the other workers for that much)."""
+        if lending.queue:
+            for client in list(self.clients.values()):
+                window = client.rdy - client.in_flight_count
+                if window <= 0 or client.write_paused:
+                    continue
+                room = client.output_room()
+                if room <= 0:
+                    continue
+                batch = lending.take(window, room)
+                if not batch:
+                    break
+                self._deliver_lent(client, batch)
+                if not lending.queue:
+                    break
+        lending.demand.demand_changed()
+
+    def _deliver_lent(self, client: ConsumerLike, batch: list[Message]) -> None:
+        # Screened, counted and attempted by the channel that lent them.
+        now = self.loop.time()
+        fly = self.in_flight.setdefault
+        sent = []
+        for msg in batch:
+            if fly(msg.id, msg) is not msg:  # not expected (ids carry the worker's node id)
+                self.lending.give_back(msg)  # type: ignore[union-attr]
+                continue
+            msg.client = client
+            msg.delivery_ts = now
+            sent.append(msg)
+        self.tq.push_many(sent, now + client.msg_timeout)
+        client.in_flight_count += len(sent)
+        client.send_messages(sent)
 
     def _screen(self, batch: list[Message]) -> list[Message]:
         """Expired messages are dropped; those that used up their attempts go to the
@@ -517,7 +561,10 @@ class Channel:
             self.windows.mark_done(ids[:done])
         if self._behind:
             self._release(ids[:done])
-        if done and len(self.queue):
+        if self.lending is not None and done:
+            self.lending.finished(ids[:done])
+            self.schedule_pump()
+        elif done and len(self.queue):
             self.schedule_pump()
         if err is not None:
             raise err
@@ -534,6 +581,9 @@ class Channel:
         msg.client = None
         client.in_flight_count -= 1
         client.requeue_count += 1
+        if self.lending is not None and self.lending.give_back(msg, int(timeout * 1000)):
+            self.schedule_pump()  # counted by the channel that lent it
+            return
         self.requeue_count += 1
         if self.windows is not None:
             due_ms = time.time_ns() // 1_000_000 + int(timeout * 1000) if timeout > 0 else 0
@@ -556,6 +606,8 @@ class Channel:
         deadline = min(now + client.msg_timeout, msg.delivery_ts + self.max_msg_timeout)
         self.tq.remove(msg)
         self.tq.push(msg, deadline)
+        if self.lending is not None:
+            self.lending.touched(msg_id)
 
     # -- timeouts and deferrals -----------------------------------------------------------
 
@@ -563,6 +615,7 @@ class Channel:
         ready: list[Message] = []
         timed_out: dict[int, int] = {}
         owners: dict[int, ConsumerLike] = {}
+        lending = self.lending
         for msg in msgs:
             client = msg.client
             if client is not None:  # an in-flight message whose deadline passed
@@ -570,6 +623,8 @@ class Channel:
                 msg.client = None
                 timed_out[client.id] = timed_out.get(client.id, 0) + 1
                 owners[client.id] = client
+                if lending is not None and lending.give_back(msg):
+                    continue
             elif msg.id not in self.deferred:
                 continue  # a second copy deferred under the same ID already came due
             elif msg.defer_until_ns:  # a DPUB: due by the wall clock
@@ -606,12 +661,16 @@ class Channel:
         if self.max_consumers and len(self.clients) >= self.max_consumers:
             raise TooManyConsumers(self.topic.name, self.name, self.max_consumers)
         self.clients[client.id] = client
+        if self.lending is not None:
+            self.lending.demand.consumers_changed()
 
     def remove_client(self, client: ConsumerLike) -> None:
         """A consumer left: requeue its in-flight messages at once (README: differences)."""
         if self.clients.pop(client.id, None) is None:
             return
         self.requeue_client_messages(client)
+        if self.lending is not None:
+            self.lending.demand.consumers_changed()
         if self.ephemeral and not self.clients and not self.exiting:
             self.topic.channel_emptied_of_clients(self)
 
@@ -626,6 +685,12 @@ class Channel:
             self.tq.remove(m)
             m.client = None
         client.in_flight_count -= len(mine)
+        if self.lending is not None:
+            give_back = self.lending.give_back
+            mine = [m for m in mine if not give_back(m)]
+            if not mine:
+                self.schedule_pump()
+                return
         self.requeue_count += len(mine)
         if self.windows is not None:
             self.windows.note_attempts(mine)
@@ -663,6 +728,8 @@ class Channel:
         for c in self.clients.values():
             c.in_flight_count = 0
         self.queue.empty()
+        if self.lending is not None:
+            self.lending.forget()
         if self.windows is not None:
             self.windows.emptied(self.topic.log_handed())
 
@@ -734,7 +801,10 @@ class Channel:
 
         now, now_ns = self.loop.time(), time_ns()
         pending = []
+        lent = self.lending.lent if self.lending is not None else {}
         for due, m in self.tq.clear_with_due():
+            if m.id in lent:
+                continue  # another worker's: its channel takes it back when the link closes
             if m.client is None:
                 # Capped so that a corrupt far-future due time cannot overflow int64 on disk.
                 delay_ns = min(max(1, int((due - now) * 1e9)), MAX_DEFER_NS)

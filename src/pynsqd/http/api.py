@@ -270,6 +270,8 @@ class API:
         topics, producers = get_stats(
             nsqd, params.get("topic") or "", params.get("channel") or "", include_clients
         )
+        if nsqd.workers is not None:  # --workers: the node's figures, every worker's summed
+            topics, producers = await nsqd.workers.combine_stats(request, topics, producers)
         memory = mem_stats() if include_mem else None
         if params.get("format") != "json":
             return print_stats(

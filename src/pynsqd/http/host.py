@@ -7,17 +7,24 @@ imports the server (core sees its owners the same way, through ``TopicOwner``/``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
+
+from aiohttp.web_request import BaseRequest
 
 from ..cluster.replicator import Replicator
 from ..core.channel import Channel
 from ..core.replay import Replayed
 from ..core.topic import Topic
+from ..internal.listener import SharedListener
 from ..options import Options
 from ..protocol.commands import ClientState
 from ..protocol.identify import ProtocolConfig
 from ..storage.topiclog import TopicLog
+
+Json = dict[str, Any]
+Handler = Callable[[BaseRequest, Any], Awaitable[Any]]
 
 
 class StatsClient(Protocol):
@@ -73,6 +80,26 @@ class LogOwner(Protocol):
         """A channel just created starts at ``start`` of its topic's log."""
 
 
+class WorkersHost(Protocol):
+    """``--workers``: this worker's part in a node of several (``server/workers.py``)."""
+
+    def listener(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> SharedListener | None:
+        """The node's shared socket ``name`` (http, https) or this worker's (admin)."""
+
+    def fanned(self, handler: Handler) -> Handler:
+        """``handler`` made on every worker, answered once."""
+
+    async def combine_stats(
+        self, request: BaseRequest, topics: list[Json] | None, producers: list[Json] | None
+    ) -> tuple[list[Json] | None, list[Json] | None]:
+        """This worker's /stats with the others': the node's."""
+
+
 class NSQDHost(Protocol):
     """The nsqd the HTTP side serves."""
 
@@ -126,3 +153,6 @@ class NSQDHost(Protocol):
 
     def lookupd_addresses_changed(self) -> None:
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""
+
+    @property
+    def workers(self) -> WorkersHost | None: ...

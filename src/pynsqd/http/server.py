@@ -19,7 +19,7 @@ from aiohttp.web_response import Response, StreamResponse
 
 from ..internal import debug
 from ..internal.httpapi import Params
-from ..internal.listener import format_address, listen, split_host_port
+from ..internal.listener import SharedListener, format_address, listen, split_host_port
 from ..internal.memstats import install_gc_timer
 from ..internal.router import (
     V1_HEADER,
@@ -41,6 +41,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(LOGGER_NAME)
 
+#: Admin calls that ``--workers`` makes on every worker (their POST, and PUT /config/:opt).
+FANNED = frozenset(
+    {
+        "/topic/create",
+        "/topic/delete",
+        "/topic/empty",
+        "/topic/pause",
+        "/topic/unpause",
+        "/channel/create",
+        "/channel/delete",
+        "/channel/empty",
+        "/channel/pause",
+        "/channel/unpause",
+        "/topic/config",
+        "/channel/config",
+    }
+)
+
 
 class HTTPService(Router):
     """The HTTP API on ``--http-address`` plus the statsd task."""
@@ -53,8 +71,9 @@ class HTTPService(Router):
         self.address = ""
         self.https_address = ""
         self._web: web_server.Server | None = None
-        self._server: asyncio.Server | None = None
-        self._https_server: asyncio.Server | None = None
+        self._server: asyncio.Server | SharedListener | None = None
+        self._https_server: asyncio.Server | SharedListener | None = None
+        self._admin: SharedListener | None = None  # --workers: this worker's private socket
         self._statsd_task: asyncio.Task[None] | None = None
         add = self.add
         add("GET", "/ping", "plain", api.ping)
@@ -100,7 +119,20 @@ class HTTPService(Router):
         its cluster in between)."""
         install_gc_timer()
         opts = self.nsqd.opts
-        if opts.http_address:
+        workers = self.nsqd.workers
+        if workers is not None:  # the node's socket, shared by its workers, and this one's own
+            self._web = web = self.web_server(self.nsqd.loop)
+            self._admin = workers.listener("admin", web)
+            if self._admin is not None:
+                await self._admin.start_serving()
+            self._server = workers.listener("http", web)
+            if self._server is not None:
+                if serve:
+                    await self._server.start_serving()
+                self.address = format_address(self._server.sockets[0])
+                if serve:
+                    log.info("HTTP: listening on %s", self.address)
+        elif opts.http_address:
             self._web = self.web_server(self.nsqd.loop)
             self._server = await listen(
                 self.nsqd.loop, self._web, opts.http_address, start_serving=serve
@@ -117,9 +149,17 @@ class HTTPService(Router):
         """The same API over TLS on --https-address; nsqd starts it when TLS is configured."""
         if self._web is None:
             self._web = self.web_server(self.nsqd.loop)
-        self._https_server = await listen(
-            self.nsqd.loop, self._web, address, ssl=ssl_context, start_serving=serve
-        )
+        workers = self.nsqd.workers
+        shared = workers.listener("https", self._web, ssl_context) if workers is not None else None
+        if shared is not None:
+            self._https_server = shared
+            if serve:
+                await shared.start_serving()
+        else:
+            self._https_server = await listen(
+                self.nsqd.loop, self._web, address, ssl=ssl_context, start_serving=serve
+            )
+        assert self._https_server is not None
         self.https_address = format_address(self._https_server.sockets[0])
         if serve:
             log.info("HTTPS: listening on %s", self.https_address)
@@ -140,6 +180,8 @@ class HTTPService(Router):
         if self._server is not None:
             log.info("HTTP: closing %s", self.address)
             self._server.close()
+        if self._admin is not None:
+            self._admin.close()
         if self._statsd_task is not None:
             self._statsd_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,9 +210,18 @@ class HTTPService(Router):
 
     def find_route(self, path: str) -> Methods | None:
         methods = self.routes.get(path)
+        config = False
         if methods is None and path.startswith("/config/") and "/" not in path[8:] and path[8:]:
-            config = self._config_handler(path[8:])
-            methods = {"GET": ("v1", config), "PUT": ("v1", config)}
+            handler = self._config_handler(path[8:])
+            methods = {"GET": ("v1", handler), "PUT": ("v1", handler)}
+            config = True
+        workers = self.nsqd.workers
+        if methods is not None and workers is not None and (config or path in FANNED):
+            # --workers: an admin call is made on every worker, answered once.
+            methods = {
+                m: (kind, workers.fanned(h) if m in ("POST", "PUT") else h)
+                for m, (kind, h) in methods.items()
+            }
         return methods
 
     def _config_handler(self, opt: str) -> Handler:

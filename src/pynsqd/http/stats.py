@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -215,6 +216,77 @@ def get_stats(
         found = [client_stats(c) for c in nsqd.clients.values() if c.pub_counts]
         producers = found or None
     return out, producers
+
+
+# -- a node of several workers (``--workers``) ---------------------------------------------
+
+#: The user agent of a connection between workers (``server/relay.py``): not a client.
+_LINK_AGENT_PREFIX = "pynsqd-worker-link/"
+
+
+def _is_link(client: Json) -> bool:
+    return str(client.get("user_agent", "")).startswith(_LINK_AGENT_PREFIX)
+
+
+def _add_into(
+    into: Json, other: Json, lists: dict[str, Callable[[list[Json], list[Json]], list[Json]]]
+) -> None:
+    for key, value in other.items():
+        if key in lists:
+            into[key] = lists[key](into.get(key) or [], value or [])
+        elif (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and isinstance(into.get(key), int)
+        ):
+            into[key] += value
+        elif key not in into:
+            into[key] = value
+
+
+def _merge_channels(a: list[Json], b: list[Json]) -> list[Json]:
+    by = {c["channel_name"]: c for c in a}
+    for c in b:
+        if c["channel_name"] in by:
+            _add_into(by[c["channel_name"]], c, {"clients": lambda x, y: x + y})
+        else:
+            by[c["channel_name"]] = dict(c)
+    return [by[k] for k in sorted(by)]
+
+
+def merge_stats(
+    parts: list[tuple[list[Json] | None, list[Json] | None]],
+) -> tuple[list[Json] | None, list[Json] | None]:
+    """Every worker's ``get_stats`` → the node's: counts summed per topic and channel (by
+    name), clients and producers listed together; the workers' links to each other are not
+    clients, and what they hold in flight is counted once, where it is delivered."""
+    topics: dict[str, Json] = {}
+    producers: list[Json] = []
+    seen_topics = False
+    for part_topics, part_producers in parts:
+        if part_topics is not None:
+            seen_topics = True
+        for t in part_topics or []:
+            t = dict(t, channels=[dict(c) for c in t.get("channels") or []])
+            name = t["topic_name"]
+            if name in topics:
+                _add_into(topics[name], t, {"channels": _merge_channels})
+            else:
+                t["channels"] = _merge_channels([], t["channels"])
+                topics[name] = t
+        producers.extend(p for p in part_producers or [] if not _is_link(p))
+    for t in topics.values():
+        for c in t["channels"]:
+            clients = c.get("clients")
+            if clients:
+                links = [x for x in clients if _is_link(x)]
+                c["clients"] = [x for x in clients if not _is_link(x)]
+                c["in_flight_count"] = max(
+                    0, c["in_flight_count"] - sum(x.get("in_flight_count", 0) for x in links)
+                )
+    if not seen_topics:
+        return None, None
+    return [topics[k] for k in sorted(topics)], producers or None
 
 
 # -- the text form ------------------------------------------------------------------------

@@ -195,6 +195,43 @@ def check_percentiles(values: list[float]) -> list[float]:
     return sorted(set(values), reverse=True)
 
 
+#: ``--workers``: at most this many worker processes.
+MAX_WORKERS = 256
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, within its cgroup's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def check_workers(value: str) -> str:
+    """``auto`` or a count of worker processes, 1 to 256."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError("must be a number of worker processes or 'auto'") from None
+    if not 1 <= n <= MAX_WORKERS:
+        raise ValueError(f"must be 1 to {MAX_WORKERS} or 'auto'")
+    return str(n)
+
+
+def workers_count(value: str) -> int:
+    return usable_cores() if value == "auto" else int(value)
+
+
 def check_cluster_name(value: str) -> str:
     if not value or len(value) > 64 or not all(c.isalnum() or c in "._-" for c in value):
         raise ValueError("must be 1-64 letters, digits, '.', '_' or '-'")

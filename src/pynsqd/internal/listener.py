@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
+
+log = logging.getLogger("pynsqd")
 
 
 def is_unix_address(address: str) -> bool:
@@ -71,3 +75,66 @@ def listen_backlog() -> int:
     except (OSError, ValueError):
         return socket.SOMAXCONN
     return max(value, socket.SOMAXCONN)
+
+
+class SharedListener:
+    """Accepts on a socket other workers accept on too: one connection per wake-up, so a
+    burst of connections is spread instead of taken by the first worker to wake. The
+    ``asyncio.Server`` methods nsqd uses."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.loop = loop
+        self.sockets = [sock]
+        self._sock = sock
+        self._factory = factory
+        self._ssl = ssl_context
+        self._serving = False
+        sock.setblocking(False)
+
+    async def start_serving(self) -> None:
+        if not self._serving:
+            self._serving = True
+            self.loop.add_reader(self._sock.fileno(), self._accept)
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    def _accept(self) -> None:
+        try:
+            conn, _addr = self._sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return  # another worker took it
+        except OSError as err:  # EMFILE and friends: pause, as Go's accept loop does
+            log.error("WORKERS: accept failed - %s; retrying in 1s", err)
+            self.loop.remove_reader(self._sock.fileno())
+            self.loop.call_later(1.0, self._resume)
+            return
+        conn.setblocking(False)
+        if conn.family in (socket.AF_INET, socket.AF_INET6):
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.loop.create_task(self._connect(conn))
+
+    def _resume(self) -> None:
+        if self._serving:
+            self.loop.add_reader(self._sock.fileno(), self._accept)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl)
+        except (TimeoutError, OSError, ssl.SSLError) as err:
+            log.debug("WORKERS: connection dropped while opening - %s", err)
+            conn.close()
+
+    def close(self) -> None:
+        if self._serving:
+            self._serving = False
+            self.loop.remove_reader(self._sock.fileno())
+
+    async def wait_closed(self) -> None:
+        return None

@@ -23,7 +23,7 @@ from ..core.message import ENCODED_OVERHEAD, Message
 from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import process
-from ..internal.listener import format_address, listen
+from ..internal.listener import SharedListener, format_address, listen
 from ..internal.names import is_ephemeral, is_valid_name
 from ..options import Options, node_id_for_storage
 from ..protocol.identify import ProtocolConfig
@@ -47,6 +47,7 @@ from .busypoll import BusyPoll
 from .lookup import Lookup
 from .retention import Retention
 from .tls import server_context
+from .workers import Workers, WorkerSpec
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -78,7 +79,12 @@ def protocol_config(opts: Options) -> ProtocolConfig:
 
 
 class NSQD:
-    def __init__(self, opts: Options, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        opts: Options,
+        loop: asyncio.AbstractEventLoop | None = None,
+        worker: WorkerSpec | None = None,
+    ) -> None:
         self.opts = opts
         self.loop = loop or asyncio.get_running_loop()
         self.protocol_config = protocol_config(opts)
@@ -87,9 +93,10 @@ class NSQD:
         self.start_time = int(time.time())
         self.exiting = False
         self.health_error: str | None = None
-        self.tcp_server: asyncio.Server | None = None
+        self.tcp_server: asyncio.Server | SharedListener | None = None
         self.tcp_address = ""
         self.http: HTTPService | None = None
+        self._link_server: SharedListener | None = None
         self.http_address = ""
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
@@ -122,6 +129,8 @@ class NSQD:
         #: Until the cluster's state is read, channels do not deliver and logs do not hand off
         #: (a replicated channel is restored from its checkpoint first).
         self._joining = bool(opts.etcd_endpoints)
+        #: One worker of ``--workers N`` (``server/workers.py``): None in a single process.
+        self.workers: Workers | None = Workers(self, worker) if worker is not None else None
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -147,6 +156,8 @@ class NSQD:
             self.lookup.topic_created(topic)
             if not self._loading_metadata:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
+                if self.workers is not None:
+                    self.workers.topic_created(name)
             if not topic.ephemeral:
                 self._persist_metadata_soon()
         return topic
@@ -160,6 +171,9 @@ class NSQD:
             return False
         log.info("TOPIC(%s): deleting", name)
         self.lookup.topic_deleted(topic)
+        if self.workers is not None:
+            for ch in list(topic.channels.values()):
+                self.workers.detach(ch)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
         self.retention.forget(name)
@@ -189,11 +203,15 @@ class NSQD:
             )
         self._apply_channel_settings(topic.name, ch)
         ch.held = self._joining
+        if self.workers is not None:
+            self.workers.attach(ch)
         if not ch.ephemeral:
             self._persist_metadata_soon()  # once the topic has added it
         return ch
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        if self.workers is not None:
+            self.workers.detach(channel)
         self._disk_backends.pop(f"{topic.name}:{channel.name}", None)
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
         self.lookup.channel_deleted(topic, channel.name)
@@ -449,6 +467,8 @@ class NSQD:
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """Register with exactly these lookupds from now on (``PUT /config/...``)."""
         self.opts.lookupd_tcp_addresses = list(addresses)
+        if self.workers is not None and not self.workers.is_lead:
+            return  # worker 0 registers the node
         if not self.exiting and self.tcp_address:
             self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
 
@@ -483,9 +503,16 @@ class NSQD:
             # but takes no connection until it has joined: a publish can never be answered
             # before the node knows whether its partition is still its own.
             serve = not self.opts.etcd_endpoints
-            self.tcp_server = await listen(
-                self.loop, lambda: ClientV2(self), self.opts.tcp_address, start_serving=serve
-            )
+            if self.workers is not None:
+                self.tcp_server = self.workers.listener("tcp", lambda: ClientV2(self))
+                self._link_server = self.workers.listener("link", lambda: ClientV2(self, link=True))
+                assert self.tcp_server is not None and self._link_server is not None
+                await self._link_server.start_serving()
+                await self.tcp_server.start_serving()
+            else:
+                self.tcp_server = await listen(
+                    self.loop, lambda: ClientV2(self), self.opts.tcp_address, start_serving=serve
+                )
         except BaseException:
             for topic in list(self.topics.values()):
                 with contextlib.suppress(OSError):
@@ -530,6 +557,10 @@ class NSQD:
             except BaseException:
                 await self.stop()
                 raise
+        if self.workers is not None:
+            self.workers.started()
+            if not self.workers.is_lead:
+                return
         self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
 
     async def _stop_after_failed_start(self) -> None:
@@ -549,6 +580,10 @@ class NSQD:
         self.exiting = True
         if self.replication is not None:
             await self.replication.stop()
+        if self.workers is not None:
+            await self.workers.stop()
+            if self._link_server is not None:
+                self._link_server.close()
         await self.lookup.close()
         if self.tcp_server is not None:
             log.info("TCP: closing %s", self.tcp_address)
@@ -586,6 +621,7 @@ class NSQD:
         log.info("NSQ: bye")
 
 
-def run(opts: Options) -> int:
-    """Run nsqd until SIGTERM or SIGINT; the console script's body."""
-    return process.run(lambda loop: NSQD(opts, loop), "nsqd", log)
+def run(opts: Options, worker: WorkerSpec | None = None) -> int:
+    """Run nsqd until SIGTERM or SIGINT; the console script's body (one worker's, with
+    ``worker``)."""
+    return process.run(lambda loop: NSQD(opts, loop, worker), "nsqd", log)

@@ -29,6 +29,7 @@ E_TOUCH_FAILED) are written and the connection goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -96,9 +97,16 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     handlers; the upgrade (``upgrade.py``) and the AUTH session (``auth_session.py``) are its
     helpers."""
 
-    def __init__(self, nsqd: ConnectionContext) -> None:
+    #: A link from another worker of this node (``--workers``; ``server/relay.py``): over a
+    #: private unix socket, so neither TLS nor AUTH is asked of it.
+    is_link = False
+
+    def __init__(self, nsqd: ConnectionContext, *, link: bool = False) -> None:
         opts = nsqd.opts
         config = nsqd.protocol_config
+        if link:
+            self.is_link = True
+            config = dataclasses.replace(config, tls_required=False)
         super().__init__(
             nsqd.next_client_id(), config, opts.msg_timeout, opts.output_buffer_timeout
         )
@@ -157,7 +165,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             self.remote_address = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
             self.client_id = self.hostname = host
         else:
-            self.remote_address = str(peer or "")
+            self.remote_address = str(peer or "") or ("worker-link" if self.is_link else "")
         self._last_read = self.loop.time()
         self._arm_heartbeat()
         self.nsqd.add_client(self)
@@ -580,6 +588,8 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self._auth_session().start(cmd.secret)
 
     def _authorized(self, name: str, topic: str, channel: str, cmd: Event) -> bool:
+        if self.is_link:
+            return True  # another worker of this node, over its private socket
         return self._auth_session().authorized(name, topic, channel, cmd)
 
     def _auth_session(self) -> AuthSession:

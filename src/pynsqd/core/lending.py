@@ -1,0 +1,120 @@
+"""Messages a channel delivers for another worker's channel (``--workers``).
+
+Theory of operation. With several worker processes behind one address, each worker keeps its
+own topics and channels (its own disk and ids); a message stays in the worker its producer's
+connection landed on. When a worker's channel has consumers and nothing of its own left to give
+them, its relay (``server/relay.py``) pulls from the same channel of the other workers: each
+link is an ordinary V2 consumer there, so that worker's channel keeps the message's one copy,
+its attempts, timeout, TTL, dead-lettering and its FIN. Here the message is *lent*: it waits in
+``queue`` until a consumer has room, is delivered and tracked in flight like any other, and
+its end (FIN, REQ, a timeout here, its consumer leaving) goes back over the link it came by;
+it never enters this worker's queue or disk. A message is lent exactly while its id is in
+``lent``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from .message import Message
+
+
+class Lender(Protocol):
+    """The link a lent message came by: its end goes back there."""
+
+    def fin(self, ids: list[bytes]) -> None: ...
+    def req(self, msg_id: bytes, timeout_ms: int) -> None: ...
+    def touch(self, msg_id: bytes) -> None: ...
+
+
+class Demand(Protocol):
+    """The relay: told when this channel's room for lent messages may have changed."""
+
+    def demand_changed(self) -> None: ...
+    def consumers_changed(self) -> None: ...
+
+
+class _Gone:
+    """The lender of a message whose link closed: its end goes nowhere (the other worker
+    already took its copy back)."""
+
+    def fin(self, ids: list[bytes]) -> None:
+        pass
+
+    def req(self, msg_id: bytes, timeout_ms: int) -> None:
+        pass
+
+    def touch(self, msg_id: bytes) -> None:
+        pass
+
+
+GONE = _Gone()
+
+
+class Lending:
+    __slots__ = ("demand", "lent", "queue")
+
+    def __init__(self, demand: Demand) -> None:
+        self.demand = demand
+        #: id -> the link it came by, for every lent message here (queued or in flight).
+        self.lent: dict[bytes, Lender] = {}
+        #: Lent messages not yet delivered to a consumer.
+        self.queue: deque[Message] = deque()
+
+    def add(self, msgs: list[Message], lender: Lender) -> None:
+        lent = self.lent
+        for m in msgs:
+            lent[m.id] = lender
+        self.queue.extend(msgs)
+
+    def take(self, n: int, room: int) -> list[Message]:
+        """Up to ``n`` queued lent messages, their bodies within ``room`` bytes (at least one)."""
+        q = self.queue
+        out: list[Message] = []
+        size = 0
+        while q and len(out) < n:
+            m = q[0]
+            size += len(m.body)
+            if out and size > room:
+                break
+            out.append(q.popleft())
+        return out
+
+    def finished(self, ids: list[bytes]) -> None:
+        """FIN'd here: each to its lender, one FIN run per lender."""
+        by: dict[int, tuple[Lender, list[bytes]]] = {}
+        pop = self.lent.pop
+        for i in ids:
+            lender = pop(i, None)
+            if lender is not None:
+                by.setdefault(id(lender), (lender, []))[1].append(i)
+        for lender, run in by.values():
+            lender.fin(run)
+
+    def give_back(self, msg: Message, timeout_ms: int = 0) -> bool:
+        """REQ, a timeout here or its consumer gone: back to its lender (True if it was lent)."""
+        lender = self.lent.pop(msg.id, None)
+        if lender is None:
+            return False
+        lender.req(msg.id, timeout_ms)
+        return True
+
+    def touched(self, msg_id: bytes) -> None:
+        lender = self.lent.get(msg_id)
+        if lender is not None:
+            lender.touch(msg_id)
+
+    def forget(self, lender: Lender | None = None) -> None:
+        """The link is gone (its worker requeues what it lent), or the channel is emptied or
+        closed: drop what it lent that waits here; in flight ones end with their consumer."""
+        if lender is None:
+            for m in self.queue:
+                self.lent.pop(m.id, None)
+            self.queue.clear()
+            self.lent = dict.fromkeys(self.lent, GONE)
+            return
+        self.queue = deque(m for m in self.queue if self.lent.get(m.id) is not lender)
+        lent = self.lent
+        for i in [i for i, v in lent.items() if v is lender]:
+            lent[i] = GONE  # in flight here: still not this worker's, so never kept here

@@ -1,0 +1,243 @@
+"""A channel's pull from the other workers (``--workers``): the relay and its links.
+
+Theory of operation. A worker's channel that has consumers of its own opens one link to the
+same channel on every other worker: a V2 consumer connection over that worker's private unix
+socket (``SUB topic channel``; no TLS, no AUTH: the socket lives in the data directory, mode
+0700). A link asks for nothing while this channel has messages of its own to give: its RDY is
+what it already has out plus a share of the consumers' free room, and that share is 0 while
+this channel's queue is not empty. So a message crosses workers only when a consumer here
+would otherwise wait, and a producer pays nothing for it until then. What a link brings is lent
+to the channel (``core/lending.py``) and its FIN, REQ and TOUCH go back over the link; the
+other worker keeps its copy, so killing either worker loses nothing acknowledged: its link
+drops and the lending worker requeues what was out (nsqd's semantics for a consumer that
+disconnects). A link that drops while consumers remain is opened again (the other worker is
+being restarted), after 50 ms, doubling to 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, cast
+
+from .. import __version__
+from ..core.message import Message
+from ..protocol import encode
+from ..protocol.frames import (
+    FRAME_TYPE_ERROR,
+    FRAME_TYPE_MESSAGE,
+    FrameReader,
+    decode_message,
+)
+
+if TYPE_CHECKING:
+    from ..core.channel import Channel
+    from .workers import Workers
+
+log = logging.getLogger("pynsqd")
+
+#: The user agent of a link: the other worker's /stats leaves these connections out of the
+#: node's figures (they are the node talking to itself).
+LINK_AGENT = f"pynsqd-worker-link/{__version__}"
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 1.0
+
+
+class Link(asyncio.Protocol):
+    """One consumer connection to another worker's copy of the channel."""
+
+    def __init__(self, relay: Relay, peer: int) -> None:
+        self.relay = relay
+        self.peer = peer
+        self.transport: asyncio.Transport | None = None
+        self.frames = FrameReader()
+        #: Messages this link brought that are not FIN'd or REQ'd yet (the other worker's
+        #: in-flight count for this connection).
+        self.outstanding = 0
+        self.rdy = 0
+        self.closed = False
+
+    # -- the connection -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        ch = self.relay.channel
+        opts = self.relay.workers.opts
+        self.transport.write(
+            b"  V2"
+            + encode.identify(
+                {
+                    "client_id": f"worker-{self.relay.workers.index}",
+                    "hostname": "worker",
+                    "user_agent": LINK_AGENT,
+                    "feature_negotiation": False,
+                    "output_buffer_timeout": -1,
+                    "msg_timeout": int(opts.max_msg_timeout * 1000),
+                }
+            )
+            + encode.sub(ch.topic.name, ch.name)
+        )
+        self.relay.demand_changed()
+
+    def data_received(self, data: bytes) -> None:
+        self.frames.feed(data)
+        try:
+            frames = self.frames.frames()
+        except ValueError as err:
+            log.error("WORKERS: link to worker %d sent a bad frame - %s", self.peer, err)
+            self.close()
+            return
+        msgs: list[Message] = []
+        for frame in frames:
+            if frame.frame_type == FRAME_TYPE_MESSAGE:
+                m = decode_message(frame.data)
+                msgs.append(Message(m.id, m.body, m.timestamp, m.attempts))
+            elif frame.frame_type == FRAME_TYPE_ERROR:
+                # E_FIN_FAILED and friends: the other worker timed the message out first.
+                log.debug("WORKERS: link to worker %d: %r", self.peer, frame.data)
+            elif frame.data == b"_heartbeat_":
+                self._write(encode.nop())
+        if msgs:
+            self.outstanding += len(msgs)
+            self.relay.lend(msgs, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        self.relay.link_lost(self)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- commands (core.lending.Lender) ---------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def fin(self, ids: list[bytes]) -> None:
+        self.outstanding -= len(ids)
+        self._write(b"".join([b"FIN " + i + b"\n" for i in ids]))
+
+    def req(self, msg_id: bytes, timeout_ms: int) -> None:
+        self.outstanding -= 1
+        self._write(encode.req(msg_id, timeout_ms))
+
+    def touch(self, msg_id: bytes) -> None:
+        self._write(encode.touch(msg_id))
+
+    def set_rdy(self, n: int) -> None:
+        if n != self.rdy and self.transport is not None and not self.closed:
+            self.rdy = n
+            self.transport.write(encode.rdy(n))
+
+
+class Relay:
+    """One channel's links to the other workers (``core.lending.Demand``)."""
+
+    def __init__(self, workers: Workers, channel: Channel) -> None:
+        self.workers = workers
+        self.channel = channel
+        self.links: dict[int, Link] = {}
+        self._backoff: dict[int, float] = {}
+        self._retry: dict[int, asyncio.TimerHandle] = {}
+        self.closed = False
+
+    def _wanted(self) -> bool:
+        ch = self.channel
+        return (
+            not self.closed
+            and not ch.exiting
+            and any(not getattr(c, "is_link", False) for c in ch.clients.values())
+        )
+
+    def consumers_changed(self) -> None:
+        if self._wanted():
+            for peer in self.workers.peers():
+                if peer not in self.links and peer not in self._retry:
+                    self._open(peer)
+        else:
+            self._close_links()
+
+    def _open(self, peer: int) -> None:
+        link = Link(self, peer)
+        self.links[peer] = link
+        path = self.workers.link_path(peer)
+
+        async def connect() -> None:
+            try:
+                await self.workers.loop.create_unix_connection(lambda: link, path)
+            except OSError as err:
+                log.debug("WORKERS: link to worker %d failed - %s", peer, err)
+                link.closed = True
+                self.link_lost(link)
+
+        self.workers.loop.create_task(connect())
+
+    def link_lost(self, link: Link) -> None:
+        if self.links.get(link.peer) is link:
+            del self.links[link.peer]
+        lending = self.channel.lending
+        if lending is not None:
+            lending.forget(link)
+        if self._wanted() and link.peer not in self._retry:
+            delay = self._backoff.get(link.peer, RECONNECT_MIN / 2) * 2
+            self._backoff[link.peer] = min(delay, RECONNECT_MAX)
+
+            def retry(peer: int = link.peer) -> None:
+                del self._retry[peer]
+                if self._wanted() and peer not in self.links:
+                    self._open(peer)
+
+            self._retry[link.peer] = self.workers.loop.call_later(delay, retry)
+
+    def lend(self, msgs: list[Message], link: Link) -> None:
+        self._backoff.pop(link.peer, None)
+        lending = self.channel.lending
+        if lending is None or self.closed:
+            for m in msgs:
+                link.req(m.id, 0)
+            return
+        lending.add(msgs, link)
+        self.channel.schedule_pump()
+
+    def demand_changed(self) -> None:
+        """Each link may bring what it has out plus its share of the room the consumers have
+        left, and no share while this channel has messages of its own."""
+        links = self.links
+        if not links:
+            return
+        ch = self.channel
+        share = 0
+        if not (ch.paused or ch.exiting or ch.held or len(ch.queue)):
+            free = 0
+            for c in ch.clients.values():
+                if not getattr(c, "is_link", False):
+                    free += max(0, c.rdy - c.in_flight_count)
+            lending = ch.lending
+            if lending is not None:
+                free -= len(lending.queue)
+            if free > 0:
+                share = -(-free // len(links))
+        cap = self.workers.opts.max_rdy_count
+        for link in links.values():
+            link.set_rdy(min(cap, link.outstanding + share))
+
+    def _close_links(self) -> None:
+        for handle in self._retry.values():
+            handle.cancel()
+        self._retry.clear()
+        for link in list(self.links.values()):
+            link.close()
+        self.links.clear()
+        if self.channel.lending is not None:
+            self.channel.lending.forget()
+
+    def close(self) -> None:
+        self.closed = True
+        self._close_links()
+
+
+__all__ = ["LINK_AGENT", "Link", "Relay"]

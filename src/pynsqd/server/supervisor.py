@@ -1,0 +1,204 @@
+"""``nsqd --workers N``: the supervisor, a small process that owns the node's sockets and keeps
+N workers running.
+
+Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` and
+``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
+(mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
+``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
+arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``server/workers.py``).
+Because the supervisor holds every listening socket, the node's ports never close while a worker
+restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
+
+- A worker that exits is started again at once (then after 0.1 s, doubling to 5 s, while it
+  keeps exiting within 10 s of its start). A worker that fails its first start stops the node:
+  its FATAL line has been printed, and the supervisor exits 1.
+- SIGTERM or SIGINT: every worker is sent SIGTERM and flushes as nsqd does; the supervisor exits
+  when they have (after 60 s it kills what is left).
+- The supervisor killed with kill -9: each worker holds the read end of a pipe whose write end
+  only the supervisor has; its end of file makes the worker stop cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+
+from ..internal.listener import is_unix_address, listen_backlog, split_host_port
+from ..options import Options
+from .workers import WorkerSpec
+
+log = logging.getLogger("pynsqd")
+
+RESTART_BACKOFF_MIN = 0.1
+RESTART_BACKOFF_MAX = 5.0
+#: A worker that ran this long before exiting is restarted at once.
+STABLE_AFTER = 10.0
+STOP_GRACE = 60.0
+
+
+def bind(address: str) -> socket.socket:
+    """A listening socket on ``address`` as nsqd binds it (``host:port`` or a unix path)."""
+    try:
+        if is_unix_address(address):
+            if os.path.exists(address):
+                os.unlink(address)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(address)
+        else:
+            host, port = split_host_port(address)
+            family, kind, proto, _, addr = socket.getaddrinfo(
+                host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+        sock.listen(listen_backlog())
+    except OSError as err:
+        reason = os.strerror(err.errno).lower() if err.errno else str(err)
+        raise OSError(f"listen ({address}) failed - {reason}") from None
+    return sock
+
+
+class Supervisor:
+    def __init__(self, opts: Options, argv: list[str], count: int) -> None:
+        self.opts = opts
+        self.argv = argv
+        self.count = count
+        self.shared: dict[str, socket.socket] = {}
+        self.private: list[dict[str, socket.socket]] = []
+        self.links: list[str] = []
+        self.admins: list[str] = []
+        self.private_dir = ""
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.ever_ready: set[int] = set()
+        self.failure = 0
+        self.stop = asyncio.Event()
+
+    def bind_all(self) -> None:
+        opts = self.opts
+        self.shared["tcp"] = bind(opts.tcp_address)
+        if opts.http_address:
+            self.shared["http"] = bind(opts.http_address)
+        if opts.https_address and opts.tls_cert:
+            self.shared["https"] = bind(opts.https_address)
+        # Short paths (sun_path holds 107 bytes), private to this user.
+        self.private_dir = tempfile.mkdtemp(prefix="pynsqd-workers-")
+        for i in range(self.count):
+            link = os.path.join(self.private_dir, f"{i}.link")
+            admin = os.path.join(self.private_dir, f"{i}.admin")
+            self.private.append({"link": bind(link), "admin": bind(admin)})
+            self.links.append(link)
+            self.admins.append(admin)
+        base = opts.data_path or os.getcwd()
+        for i in range(self.count):
+            os.makedirs(os.path.join(base, f"worker-{i}"), mode=0o700, exist_ok=True)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        self._alive_r, self._alive_w = os.pipe()
+        self._ready_r, self._ready_w = os.pipe()
+        os.set_blocking(self._ready_r, False)
+        loop.add_reader(self._ready_r, self._on_ready)
+        log.info(
+            "WORKERS: %d worker processes on %s (data in %s/worker-<i>)",
+            self.count,
+            ", ".join(s for s in (self.opts.tcp_address, self.opts.http_address) if s),
+            self.opts.data_path or os.getcwd(),
+        )
+        tasks = [loop.create_task(self._keep(i)) for i in range(self.count)]
+        await self.stop.wait()
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        _done, pending = await asyncio.wait(tasks, timeout=STOP_GRACE)
+        if pending:
+            for proc in list(self.procs.values()):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await asyncio.wait(pending)
+        loop.remove_reader(self._ready_r)
+        self.close()
+        log.info("WORKERS: every worker has stopped")
+        return self.failure
+
+    def _on_ready(self) -> None:
+        try:
+            data = os.read(self._ready_r, 4096)
+        except BlockingIOError:
+            return
+        for line in data.split():
+            i = int(line)
+            proc = self.procs.get(i)
+            log.info("WORKERS: worker %d (pid %s) serving", i, proc.pid if proc else "?")
+            self.ever_ready.add(i)
+
+    async def _keep(self, i: int) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = 0.0
+        while not self.stop.is_set():
+            fds = {name: s.fileno() for name, s in self.shared.items()}
+            fds.update({name: s.fileno() for name, s in self.private[i].items()})
+            fds["alive"] = self._alive_r
+            fds["ready"] = self._ready_w
+            spec = WorkerSpec(i, self.count, fds, self.links, self.admins)
+            env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
+            )
+            self.procs[i] = proc
+            started = loop.time()
+            code = await proc.wait()
+            del self.procs[i]
+            if self.stop.is_set():
+                return
+            if i not in self.ever_ready:
+                log.critical("WORKERS: worker %d failed to start (exit %d); stopping", i, code)
+                self.failure = 1
+                self.stop.set()
+                return
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            if loop.time() - started > STABLE_AFTER:
+                backoff = 0.0
+            else:
+                backoff = min(max(backoff * 2, RESTART_BACKOFF_MIN), RESTART_BACKOFF_MAX)
+            log.error(
+                "WORKERS: worker %d (pid %d) ended (%s); starting it again%s",
+                i,
+                proc.pid,
+                how,
+                f" in {backoff:g}s" if backoff else "",
+            )
+            if backoff:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), backoff)
+
+    def close(self) -> None:
+        for fd in (self._alive_w, self._alive_r, self._ready_r, self._ready_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for sock in list(self.shared.values()) + [s for p in self.private for s in p.values()]:
+            sock.close()
+        if self.private_dir:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
+
+
+def run_supervisor(opts: Options, argv: list[str], count: int) -> int:
+    """The console script's body for ``--workers N`` (N > 1)."""
+    sup = Supervisor(opts, argv, count)
+    try:
+        sup.bind_all()
+    except OSError as err:
+        log.critical("failed to start nsqd - %s", err)
+        if sup.private_dir:
+            shutil.rmtree(sup.private_dir, ignore_errors=True)
+        return 1
+    return asyncio.run(sup.run())

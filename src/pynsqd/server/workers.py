@@ -1,0 +1,293 @@
+"""One worker of ``nsqd --workers N``: its share of the host's sockets and its peers.
+
+Theory of operation. The supervisor (``server/supervisor.py``) binds the node's addresses once
+(``--tcp-address``, ``--http-address``, ``--https-address``) and each worker's two private unix
+sockets (``<data-path>/worker-<i>/link.sock`` for links, ``admin.sock`` for HTTP between
+workers), then starts the workers with those descriptors and a ``WorkerSpec`` in the
+environment. Every worker accepts on the shared sockets, one connection per wake-up, so
+connections spread over the workers that are free to take them, and a worker that dies leaves
+the listening socket open: what arrives while it restarts waits in the kernel's queue.
+
+A worker is an nsqd of its own (its data directory, node id, topics, channels) with three
+additions, all here or in ``server/relay.py``: a channel with consumers pulls what the other
+workers' copies hold (relay), an admin call made to one worker is made to every worker and
+answered once (``fanned``), and ``/stats`` answers for the node (``combine_stats``). A topic
+made by a publish on one worker is made on the others too (so nsqlookupd, which only worker 0
+registers with, and ``/stats`` list it); channels reach the others through the links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ..core.lending import Lending
+from ..http.stats import merge_stats
+from ..internal.listener import SharedListener
+from .relay import Relay
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession
+    from aiohttp.web_request import BaseRequest
+
+    from ..core.channel import Channel
+    from ..options import Options
+    from .nsqd import NSQD
+
+log = logging.getLogger("pynsqd")
+
+#: An HTTP request one worker makes of another: made there alone, not again on every worker.
+WORKER_HEADER = "X-Pynsqd-Worker"
+FAN_OUT_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """What the supervisor tells a worker (in ``PYNSQD_WORKER``, JSON)."""
+
+    index: int
+    count: int
+    #: Inherited descriptors: tcp, http, https (shared); link, admin (this worker's unix
+    #: sockets); alive (read end of a pipe the supervisor holds open); ready (write end).
+    fds: dict[str, int]
+    #: Every worker's link and admin socket paths, by index.
+    links: list[str]
+    admins: list[str]
+
+    ENV = "PYNSQD_WORKER"
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls) -> WorkerSpec | None:
+        raw = os.environ.get(cls.ENV)
+        if not raw:
+            return None
+        return cls(**json.loads(raw))
+
+
+def worker_options(opts: Options, spec: WorkerSpec) -> None:
+    """A worker's own options: its data directory, node id and log prefix."""
+    base = opts.data_path or os.getcwd()
+    opts.data_path = os.path.join(base, f"worker-{spec.index}")
+    opts.node_id = (opts.node_id + spec.index) % 1024
+    prefix = opts.log_prefix
+    bare = prefix.rstrip()
+    if bare.endswith("]"):  # "[nsqd] " -> "[nsqd w1] "
+        opts.log_prefix = f"{bare[:-1]} w{spec.index}]{prefix[len(bare) :]}"
+    else:
+        opts.log_prefix = f"{prefix}w{spec.index} "
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    return socket.socket(fileno=fd)
+
+
+class Workers:
+    """This worker's view of the others (``nsqd.workers``; None without ``--workers``)."""
+
+    def __init__(self, nsqd: NSQD, spec: WorkerSpec) -> None:
+        self.nsqd = nsqd
+        self.spec = spec
+        self.index = spec.index
+        self.opts = nsqd.opts
+        self.loop = nsqd.loop
+        #: Topics a peer's fan-out is making here: not announced back.
+        self._quiet: set[str] = set()
+        self._sessions: dict[int, ClientSession] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._alive_fd = spec.fds.get("alive", -1)
+
+    @property
+    def is_lead(self) -> bool:
+        """Worker 0 registers the node with nsqlookupd."""
+        return self.index == 0
+
+    def peers(self) -> list[int]:
+        return [i for i in range(self.spec.count) if i != self.index]
+
+    def link_path(self, peer: int) -> str:
+        return self.spec.links[peer]
+
+    # -- sockets --------------------------------------------------------------------------
+
+    def listener(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> SharedListener | None:
+        fd = self.spec.fds.get(name)
+        if fd is None:
+            return None
+        return SharedListener(self.loop, inherited_socket(fd), factory, ssl_context)
+
+    def started(self) -> None:
+        """Serving: tell the supervisor, and stop when it goes (its end of a pipe closes)."""
+        ready = self.spec.fds.get("ready")
+        if ready is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready, b"%d\n" % self.index)
+        if self._alive_fd >= 0:
+            self.loop.add_reader(self._alive_fd, self._supervisor_gone)
+
+    def _supervisor_gone(self) -> None:
+        try:
+            data = os.read(self._alive_fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return
+        self.loop.remove_reader(self._alive_fd)
+        log.error("WORKERS: the supervisor is gone; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # -- channels -------------------------------------------------------------------------
+
+    def attach(self, channel: Channel) -> None:
+        """A new channel pulls from the other workers while it has consumers."""
+        channel.lending = Lending(Relay(self, channel))
+
+    @staticmethod
+    def detach(channel: Channel) -> None:
+        lending = channel.lending
+        if lending is not None and isinstance(lending.demand, Relay):
+            lending.demand.close()
+
+    # -- topics made here are made on every worker ----------------------------------------
+
+    def topic_created(self, name: str) -> None:
+        if name in self._quiet:
+            return
+        self._spawn(self.fan_out("POST", "/topic/create?topic=" + urllib.parse.quote(name), b""))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- HTTP between workers -------------------------------------------------------------
+
+    def _session(self, peer: int) -> ClientSession:
+        session = self._sessions.get(peer)
+        if session is None or session.closed:
+            import aiohttp
+
+            session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.spec.admins[peer]),
+                timeout=aiohttp.ClientTimeout(total=FAN_OUT_TIMEOUT),
+            )
+            self._sessions[peer] = session
+        return session
+
+    async def _ask(self, peer: int, method: str, path_qs: str, body: bytes) -> tuple[int, bytes]:
+        import aiohttp
+
+        try:
+            async with self._session(peer).request(
+                method,
+                "http://worker" + path_qs,
+                data=body or None,
+                headers={WORKER_HEADER: str(self.index)},
+            ) as resp:
+                return resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            return 0, str(err).encode()
+
+    async def fan_out(self, method: str, path_qs: str, body: bytes) -> None:
+        """Make the same call of every other worker; a worker that fails it is logged (one
+        being restarted reads the change from its own disk or its peers' announcements)."""
+        peers = self.peers()
+        answers = await asyncio.gather(*(self._ask(p, method, path_qs, body) for p in peers))
+        for peer, (status, text) in zip(peers, answers, strict=True):
+            if status == 0 or status >= 500:
+                log.warning(
+                    "WORKERS: %s %s on worker %d failed - %s",
+                    method,
+                    path_qs,
+                    peer,
+                    text[:200].decode(errors="replace") or status,
+                )
+
+    def from_worker(self, request: BaseRequest) -> bool:
+        """A call another worker made (over this worker's private admin socket)."""
+        if WORKER_HEADER not in request.headers:
+            return False
+        transport = request.transport
+        sockname = transport.get_extra_info("sockname") if transport is not None else None
+        return isinstance(sockname, str) and sockname == self.spec.admins[self.index]
+
+    def fanned(
+        self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
+    ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
+        """An admin handler made on this worker, then on every other, answered once with
+        this worker's answer (nsqd's status codes: a refusal here is not fanned out)."""
+
+        async def handler_on_every_worker(request: BaseRequest, params: Any) -> Any:
+            if self.from_worker(request):
+                topic = request.query.get("topic", "")
+                self._quiet.add(topic)
+                try:
+                    return await handler(request, params)
+                finally:
+                    self._quiet.discard(topic)
+            body = await request.read() if request.can_read_body else b""
+            result = await handler(request, params)
+            await self.fan_out(request.method, request.path_qs, body)
+            return result
+
+        return handler_on_every_worker
+
+    async def combine_stats(
+        self,
+        request: BaseRequest,
+        topics: list[dict[str, Any]] | None,
+        producers: list[dict[str, Any]] | None,
+    ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+        """This worker's /stats with every other worker's: the node's."""
+        if self.from_worker(request):
+            return topics, producers
+        query = dict(request.query)
+        query["format"] = "json"
+        query["include_mem"] = "false"
+        path_qs = "/stats?" + urllib.parse.urlencode(query)
+        peers = self.peers()
+        answers = await asyncio.gather(*(self._ask(p, "GET", path_qs, b"") for p in peers))
+        parts: list[tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]] = [
+            (topics, producers)
+        ]
+        for peer, (status, text) in zip(peers, answers, strict=True):
+            if status != 200:
+                log.warning("WORKERS: /stats of worker %d failed (%s)", peer, status or text)
+                continue
+            data = json.loads(text)
+            parts.append((data.get("topics"), data.get("producers")))
+        return merge_stats(parts)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        if self._alive_fd >= 0:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(self._alive_fd)
+        for topic in list(self.nsqd.topics.values()):
+            for ch in list(topic.channels.values()):
+                self.detach(ch)
+        for task in list(self._tasks):
+            task.cancel()
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
