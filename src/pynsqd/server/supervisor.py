@@ -10,7 +10,7 @@ Because the supervisor holds every listening socket, the node's ports never clos
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
 - A worker that exits is started again at once (then after 0.1 s, doubling to 5 s, while it
-  keeps exiting within 10 s of its start). A worker that fails its first start stops the node:
+  keeps exiting within 10 s of each start). A worker that fails its first start stops the node:
   its FATAL line has been printed, and the supervisor exits 1.
 - SIGTERM or SIGINT: every worker is sent SIGTERM and flushes as nsqd does; the supervisor exits
   when they have (after 60 s it kills what is left).
@@ -143,7 +143,7 @@ class Supervisor:
 
     async def _keep(self, i: int) -> None:
         loop = asyncio.get_running_loop()
-        backoff = 0.0
+        quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
             fds = {name: s.fileno() for name, s in self.shared.items()}
             fds.update({name: s.fileno() for name, s in self.private[i].items()})
@@ -166,10 +166,13 @@ class Supervisor:
                 self.stop.set()
                 return
             how = f"signal {-code}" if code < 0 else f"exit {code}"
-            if loop.time() - started > STABLE_AFTER:
-                backoff = 0.0
-            else:
-                backoff = min(max(backoff * 2, RESTART_BACKOFF_MIN), RESTART_BACKOFF_MAX)
+            quick_exits = 0 if loop.time() - started > STABLE_AFTER else quick_exits + 1
+            # At once the first time; then 0.1 s, doubling to 5 s while it keeps exiting.
+            backoff = (
+                min(RESTART_BACKOFF_MIN * 2 ** (quick_exits - 2), RESTART_BACKOFF_MAX)
+                if quick_exits > 1
+                else 0.0
+            )
             log.error(
                 "WORKERS: worker %d (pid %d) ended (%s); starting it again%s",
                 i,

@@ -1,0 +1,303 @@
+"""``nsqd --workers N`` as real processes: one node to its clients, whichever worker a
+connection lands on; admin calls seen by every worker; a worker killed with kill -9 loses
+nothing acknowledged; SIGTERM and the supervisor's death stop every worker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..processes import NsqdProcess
+from ..waiting import wait_for
+from ..wire import Conn
+
+SERVING = re.compile(r"WORKERS: worker (\d+) \(pid (\d+)\) serving")
+
+
+def node_of(msg_id: bytes) -> int:
+    """The node id inside a message id (``core/guid.py``): each worker has its own."""
+    return (int(msg_id, 16) >> 12) & 0x3FF
+
+
+def worker_pids(node: NsqdProcess) -> dict[int, int]:
+    """The live pid of each worker, from the supervisor's "serving" lines (the last wins)."""
+    pids: dict[int, int] = {}
+    for i, pid in SERVING.findall(node.output()):
+        pids[int(i)] = int(pid)
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+        if f.read().split()[2] == "Z":
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def started(tmp_path: Path, *flags: str, name: str = "nsqd") -> Iterator[NsqdProcess]:
+    node = NsqdProcess(tmp_path / "data", tmp_path / f"{name}.log", *flags)
+    wait_for(lambda: len(worker_pids(node)) == workers_flag(flags), "every worker to serve")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def workers_flag(flags: tuple[str, ...]) -> int:
+    return next(int(f.split("=")[1]) for f in flags if f.startswith("--workers="))
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "nsqd.log").touch()
+    return tmp_path
+
+
+def publish_spread(
+    node: NsqdProcess, topic: str, n_conns: int, per_conn: int, tag: str = ""
+) -> set[bytes]:
+    """Publish from ``n_conns`` connections open at once (they spread over the workers)."""
+    conns = [node.connect() for _ in range(n_conns)]
+    bodies: set[bytes] = set()
+    try:
+        for c in conns:
+            c.identify()
+        for i, c in enumerate(conns):
+            batch = [f"{topic}{tag}-{i}-{j}".encode() for j in range(per_conn)]
+            c.mpub(topic, batch)
+            bodies.update(batch)
+    finally:
+        for c in conns:
+            c.close()
+    return bodies
+
+
+def consume(c: Conn, n: int) -> list[tuple[bytes, bytes, int]]:
+    """``n`` messages (id, body, attempts), each FIN'd."""
+    out = []
+    for _ in range(n):
+        m = c.read_message()
+        c.fin(m.id)
+        out.append((m.id, m.body, m.attempts))
+    return out
+
+
+def test_one_consumer_connection_gets_what_every_worker_took(data: Path) -> None:
+    with started(data, "--workers=3") as node:
+        published = publish_spread(node, "spread", 30, 10)
+        with node.connect() as c:
+            c.identify()
+            c.sub("spread", "ch", rdy=25)
+            got = consume(c, len(published))
+            c.expect_nothing()
+        bodies = [b for _, b, _ in got]
+        assert sorted(bodies) == sorted(published)  # each once, on one connection
+        assert len({node_of(i) for i, _, _ in got}) >= 2, "the publishes all landed on one worker"
+        stats = node.stats()
+        (topic,) = stats["topics"]
+        assert topic["message_count"] == len(published)  # summed over the workers
+        (ch,) = topic["channels"]
+        assert (ch["depth"], ch["in_flight_count"], ch["message_count"]) == (0, 0, len(published))
+        assert [c["user_agent"] for c in ch["clients"]] == []  # the links are not clients
+
+
+def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:
+    with started(data, "--workers=2") as node:
+        published = publish_spread(node, "req", 20, 5)
+        with node.connect() as c:
+            c.identify({"msg_timeout": 60000})
+            c.sub("req", "ch", rdy=10)
+            first: dict[bytes, bytes] = {}
+            again: set[bytes] = set()
+            while len(first) < len(published):
+                m = c.read_message()
+                if m.id in first:
+                    assert m.attempts == 2 and m.body == first[m.id]
+                    c.fin(m.id)
+                    again.add(m.id)
+                    continue
+                first[m.id] = m.body
+                c.touch(m.id)
+                c.req(m.id, 0)
+            finished = len(published)
+            # Every REQ'd message comes back once more, with its attempts counted by its worker.
+            seconds = consume_until_done(c, first, already=again)
+            assert seconds == set(first)
+            c.expect_nothing()
+        (topic,) = node.stats()["topics"]
+        (ch,) = topic["channels"]
+        assert ch["requeue_count"] == finished
+        assert (ch["depth"], ch["in_flight_count"]) == (0, 0)
+
+
+def consume_until_done(c: Conn, first: dict[bytes, bytes], already: set[bytes]) -> set[bytes]:
+    done = set(already)
+    while True:
+        try:
+            c.sock.settimeout(2)
+            m = c.read_message()
+        except TimeoutError:
+            return done
+        finally:
+            c.sock.settimeout(5)
+        assert m.attempts == 2 and first[m.id] == m.body
+        c.fin(m.id)
+        done.add(m.id)
+        if len(done) == len(first):
+            return done
+
+
+def test_admin_calls_take_effect_on_every_worker_and_answer_once(data: Path) -> None:
+    with started(data, "--workers=3") as node:
+        assert node.http("POST", "/topic/create?topic=adm")[0] == 200
+        assert node.http("POST", "/channel/create?topic=adm&channel=ch")[0] == 200
+        assert node.http("POST", "/channel/pause?topic=adm&channel=ch")[0] == 200
+        published = publish_spread(node, "adm", 20, 5)
+        with node.connect() as c:
+            c.identify()
+            c.sub("adm", "ch", rdy=200)
+            c.expect_nothing(0.3)  # paused on every worker: nothing crosses either
+            (ch,) = node.stats()["topics"][0]["channels"]
+            assert ch["paused"] is True and ch["depth"] == len(published)
+            assert node.http("POST", "/channel/unpause?topic=adm&channel=ch")[0] == 200
+            got = consume(c, len(published))
+            assert sorted(b for _, b, _ in got) == sorted(published)
+        publish_spread(node, "adm", 10, 3)
+        wait_for(lambda: node.stats()["topics"][0]["channels"][0]["depth"] == 30, "the depth")
+        assert node.http("POST", "/channel/empty?topic=adm&channel=ch")[0] == 200
+        assert node.stats()["topics"][0]["channels"][0]["depth"] == 0
+        # nsqd's answers, once: a missing topic is 404 from the worker asked.
+        status, body = node.http("POST", "/topic/delete?topic=nope")
+        assert (status, json.loads(body)) == (404, {"message": "TOPIC_NOT_FOUND"})
+        assert node.http("POST", "/topic/delete?topic=adm")[0] == 200
+        assert node.stats()["topics"] == []
+
+
+def test_a_worker_killed_with_kill_9_loses_nothing_acknowledged(data: Path) -> None:
+    flags = ("--workers=2", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        published = publish_spread(node, "durable", 20, 10)
+        before = worker_pids(node)
+        os.kill(before[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(node).get(1, before[1]) != before[1], "worker 1 restarted")
+        ended = f"WORKERS: worker 1 (pid {before[1]}) ended (signal 9); starting it again\n"
+        assert ended in node.output()
+        published |= publish_spread(node, "durable", 5, 2, tag="after")
+        with node.connect() as c:
+            c.identify()
+            c.sub("durable", "ch", rdy=50)
+            got = consume(c, len(published))
+            c.expect_nothing()
+        bodies = [b for _, b, _ in got]
+        assert set(bodies) == published, (published - set(bodies), len(bodies) - len(set(bodies)))
+        assert len(bodies) == len(published)
+
+
+def test_messages_in_flight_from_a_killed_worker_come_again(data: Path) -> None:
+    """A consumer with messages in flight, and the worker that holds one of them killed with
+    kill -9: every other message arrives, whichever worker the consumer's connection is on (if
+    it is the one killed, the consumer connects again). The message in flight at the kill is
+    lost as with one process (nsqd's semantics: ``docs/persistence.md``)."""
+    flags = ("--workers=2", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        published = publish_spread(node, "inflight", 20, 10)
+        ids = {
+            int(n): int(i)
+            for i, n in re.findall(r"\[nsqd w(\d+)\][^\n]*INFO: ID: (\d+)", node.output())
+        }
+        pids = worker_pids(node)
+        seen: set[bytes] = set()
+        c = node.connect()
+        c.identify({"msg_timeout": 60000})
+        c.sub("inflight", "ch", rdy=30)
+        m = c.read_message()  # in flight, not FIN'd: its worker dies now
+        os.kill(pids[ids[node_of(m.id)]], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        published.discard(m.body)  # in flight at the kill: may be lost, as with one process
+        while not published <= seen and time.monotonic() < deadline:
+            try:
+                m = c.read_message()
+            except (ConnectionError, OSError):
+                c.close()
+                wait_for(
+                    lambda: (
+                        len(worker_pids(node)) == 2 and all(map(alive, worker_pids(node).values()))
+                    ),
+                    "restart",
+                )
+                c = node.connect()
+                c.identify({"msg_timeout": 60000})
+                c.sub("inflight", "ch", rdy=30)
+                continue
+            seen.add(m.body)
+            c.fin(m.id)
+        c.close()
+        assert not published - seen, (sorted(published - seen)[:20], node.output()[-3000:])
+
+
+def test_sigterm_stops_every_worker_and_flushes_what_they_hold(data: Path) -> None:
+    with started(data, "--workers=2") as node:  # messages in memory (--mem-queue-size 10000)
+        published = publish_spread(node, "kept", 20, 5)
+        pids = list(worker_pids(node).values())
+        assert node.stop() == 0
+        assert not any(alive(p) for p in pids)
+    with started(data, "--workers=2", name="again") as node, node.connect() as c:
+        c.identify()
+        c.sub("kept", "ch", rdy=50)
+        got = consume(c, len(published))
+        assert sorted(b for _, b, _ in got) == sorted(published)
+
+
+def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
+    with started(data, "--workers=2") as node:
+        pids = list(worker_pids(node).values())
+        node.p.kill()
+        node.p.wait()
+        wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop", timeout=10)
+        assert "the supervisor is gone; stopping" in node.output()
+
+
+def test_one_worker_is_one_process_as_before(data: Path) -> None:
+    node = NsqdProcess(data / "data", data / "nsqd.log", "--workers=1")
+    try:
+        with node.connect() as c:
+            c.identify()
+            c.pub("one", b"x")
+        assert "WORKERS" not in node.output()
+        assert (data / "data" / "one.diskqueue.meta.dat").exists() or not (
+            data / "data" / "worker-0"
+        ).exists()
+    finally:
+        node.stop()
+    assert not (data / "data" / "worker-0").exists()
+
+
+def test_workers_refuse_what_they_do_not_do_yet(data: Path) -> None:
+    import subprocess
+
+    from ..processes import NSQD
+
+    r = subprocess.run(
+        [NSQD, "--workers=2", "--retention-time=1h", f"--data-path={data}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 1
+    assert "--workers above 1 does not work with --retention-time" in r.stderr
+    r = subprocess.run([NSQD, "--workers=two"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "for flag -workers: must be a number" in r.stderr
