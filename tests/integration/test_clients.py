@@ -2,10 +2,11 @@
 
 A Writer publishes N messages with PUB, MPUB and DPUB; a Reader receives all N: none lost,
 none duplicated. Each library's event loop runs in the test thread under a hard timeout. The
-same tests run against three kinds of node (the ``node`` fixture): a plain nsqd (in this
+same tests run against four kinds of node (the ``node`` fixture): a plain nsqd (in this
 process, on its own loop in a background thread), a node of a replicated cluster (three
 processes and a real etcd, every topic retained with three copies: publishes are answered once
-committed), and such a node whose peer is killed with kill -9 in the middle of the test. What
+committed), such a node whose peer is killed with kill -9 in the middle of the test, and
+``nsqd --workers 4`` (one node over four processes: the clients' connections land on any). What
 the tests check of the server they read from its ``/stats``, as any client could.
 """
 
@@ -23,6 +24,7 @@ import pytest
 
 from tests.conftest import ServerThread, make_options
 from tests.integration.replication_harness import Cluster, Etcd
+from tests.processes import NsqdProcess
 from tests.real_clients import gnsq_running, gnsq_wait, run_tornado
 from tests.waiting import wait_for, wait_for_async
 
@@ -87,8 +89,17 @@ class Node:
         return c["depth"], c["in_flight_count"], c["deferred_count"]
 
 
-@pytest.fixture(params=["plain", "replicated", "replicated, a peer killed"])
+@pytest.fixture(params=["plain", "replicated", "replicated, a peer killed", "4 workers"])
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
+    if request.param == "4 workers":  # nsqd --workers 4: one node over four processes
+        (tmp_path / "data").mkdir()
+        proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4")
+        try:
+            wait_for(lambda: proc.output().count(") serving") == 4, "every worker to serve")
+            yield Node(proc.port, proc.http_port, lambda: None, replicated=False)
+        finally:
+            proc.stop()
+        return
     if request.param == "plain":
         server = ServerThread(make_options(tmp_path))
         try:
