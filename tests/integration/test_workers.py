@@ -301,3 +301,30 @@ def test_workers_refuse_what_they_do_not_do_yet(data: Path) -> None:
     assert "--workers above 1 does not work with --retention-time" in r.stderr
     r = subprocess.run([NSQD, "--workers=two"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "for flag -workers: must be a number" in r.stderr
+
+
+def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: Path) -> None:
+    from .lookupd_helpers import LookupdThread, get_json
+
+    lookupd = LookupdThread()
+    try:
+        host, port = lookupd.tcp_address
+        flags = ("--workers=3", f"--lookupd-tcp-address={host}:{port}", "--broadcast-address=n1")
+        with started(data, *flags) as node:
+            publish_spread(node, "seen", 12, 1)  # the topic is made on whichever workers
+            with node.connect() as c:  # a channel made by a SUB on whichever worker
+                c.identify()
+                c.sub("seen", "sub-made", rdy=1)
+
+                def registered() -> bool:
+                    doc = get_json(f"{lookupd.http_url}/lookup?topic=seen")
+                    return "sub-made" in doc["channels"]
+
+                wait_for(registered, "the channel at nsqlookupd")
+            doc = get_json(f"{lookupd.http_url}/nodes")
+            assert [(p["broadcast_address"], p["tcp_port"]) for p in doc["producers"]] == [
+                ("n1", node.port)
+            ]
+            assert get_json(f"{lookupd.http_url}/topics")["topics"] == ["seen"]
+    finally:
+        lookupd.stop()

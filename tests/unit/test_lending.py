@@ -1,0 +1,163 @@
+"""A channel's lent messages (``--workers``: ``core/lending.py``) on a fake clock: delivered
+after the channel's own, and every end of one (FIN, REQ, timeout, its consumer leaving, TOUCH)
+goes back to the link it came by, never into this channel's queue; and ``/stats`` of several
+workers summed (``http/stats.merge_stats``)."""
+
+from __future__ import annotations
+
+from pynsqd.core.lending import Lending
+from pynsqd.core.message import Message
+from pynsqd.http.stats import merge_stats
+
+from .fakeloop import FakeLoop
+from .test_channel import Consumer, _publish, _topic
+
+
+class Link:
+    """A lender that records what goes back to it."""
+
+    def __init__(self) -> None:
+        self.fins: list[bytes] = []
+        self.reqs: list[tuple[bytes, int]] = []
+        self.touches: list[bytes] = []
+
+    def fin(self, ids: list[bytes]) -> None:
+        self.fins.extend(ids)
+
+    def req(self, msg_id: bytes, timeout_ms: int) -> None:
+        self.reqs.append((msg_id, timeout_ms))
+
+    def touch(self, msg_id: bytes) -> None:
+        self.touches.append(msg_id)
+
+
+class Demand:
+    def __init__(self) -> None:
+        self.changes = 0
+        self.consumers = 0
+
+    def demand_changed(self) -> None:
+        self.changes += 1
+
+    def consumers_changed(self) -> None:
+        self.consumers += 1
+
+
+def lent(n: int, prefix: bytes = b"L") -> list[Message]:
+    return [Message(b"%016x" % (0xF000 + i), prefix + b"%d" % i, 1, attempts=1) for i in range(n)]
+
+
+def setup(rdy: int = 10, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    loop = FakeLoop()
+    topic, _owner = _topic(loop)
+    ch = topic.get_channel("c")
+    demand = Demand()
+    ch.lending = Lending(demand)
+    consumer = Consumer(rdy=rdy, msg_timeout=timeout)
+    ch.add_client(consumer)
+    return loop, topic, ch, demand, consumer
+
+
+def test_own_messages_first_then_lent_ones_and_fin_goes_back() -> None:
+    loop, topic, ch, demand, consumer = setup(rdy=3)
+    assert demand.consumers == 1
+    link = Link()
+    ch.lending.add(lent(2), link)  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    _publish(loop, topic, 2)
+    loop.run_ready()
+    got = consumer.take()
+    assert [m.body for m in got] == [b"m0", b"m1", b"L0"]  # the channel's own first
+    assert got[2].attempts == 1  # counted by the worker that lent it, not again here
+    ch.finish_many(consumer, [m.id for m in got])
+    loop.run_ready()
+    assert link.fins == [got[2].id]
+    (last,) = consumer.take()
+    assert last.body == b"L1"
+    assert demand.changes > 0
+
+
+def test_req_timeout_and_a_leaving_consumer_give_lent_messages_back() -> None:
+    loop, _topic, ch, _demand, consumer = setup(rdy=3, timeout=5.0)
+    link = Link()
+    ch.lending.add(lent(3), link)  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    loop.run_ready()
+    a, b, c = consumer.take()
+    ch.touch(consumer, a.id)
+    assert link.touches == [a.id]
+    ch.requeue(consumer, a.id, 2.0)
+    assert link.reqs == [(a.id, 2000)]
+    loop.advance(5.1)  # b and c time out here: back to their worker, not into this queue
+    assert sorted(link.reqs[1:]) == sorted([(b.id, 0), (c.id, 0)])
+    assert ch.depth == 0 and not ch.in_flight and ch.requeue_count == 0
+    ch.lending.add(lent(1, b"M"), link)  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    loop.run_ready()
+    (d,) = consumer.take()
+    ch.remove_client(consumer)
+    assert link.reqs[-1] == (d.id, 0)
+    assert ch.depth == 0
+
+
+def test_a_closed_links_messages_are_dropped_here_not_kept() -> None:
+    loop, _topic, ch, _demand, consumer = setup(rdy=1, timeout=5.0)
+    link = Link()
+    ch.lending.add(lent(3), link)  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    loop.run_ready()
+    assert len(consumer.take()) == 1
+    ch.lending.forget(link)  # type: ignore[union-attr]
+    loop.advance(5.1)  # a times out: its worker already took it back; nothing kept here
+    assert link.reqs == [] and ch.depth == 0 and not ch.in_flight
+    loop.run_ready()
+    assert consumer.take() == []  # the two that waited here went with the link
+
+
+def test_a_channel_closed_keeps_no_lent_message_on_its_disk() -> None:
+    loop, topic, ch, _demand, consumer = setup(rdy=5)
+    ch.lending.add(lent(2), Link())  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    _publish(loop, topic, 1)
+    loop.run_ready()
+    assert len(consumer.take()) == 3
+    ch.close(delete=False)
+    assert [m.body for m in ch.queue.backend.read_many(10)] == [b"m0"]
+
+
+def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
+    link_client = {"user_agent": "pynsqd-worker-link/0.1.0", "in_flight_count": 4}
+    real = {"user_agent": "pynsq/0.9", "in_flight_count": 4}
+    w0 = [
+        {
+            "topic_name": "t",
+            "depth": 1,
+            "paused": False,
+            "channels": [
+                {"channel_name": "c", "depth": 2, "in_flight_count": 4, "clients": [real]}
+            ],
+        }
+    ]
+    w1 = [
+        {
+            "topic_name": "t",
+            "depth": 3,
+            "paused": False,
+            "channels": [
+                {"channel_name": "c", "depth": 5, "in_flight_count": 4, "clients": [link_client]},
+                {"channel_name": "d", "depth": 1, "in_flight_count": 0, "clients": []},
+            ],
+        },
+        {"topic_name": "a", "depth": 0, "paused": True, "channels": []},
+    ]
+    topics, producers = merge_stats([(w0, None), (w1, [link_client, real])])
+    assert topics is not None
+    assert [t["topic_name"] for t in topics] == ["a", "t"]
+    t = topics[1]
+    assert t["depth"] == 4 and t["paused"] is False
+    c, d = t["channels"]
+    # The link's 4 in flight are the 4 the consumer holds: counted once.
+    assert (c["depth"], c["in_flight_count"], c["clients"]) == (7, 4, [real])
+    assert d["channel_name"] == "d"
+    assert producers == [real]
+    assert merge_stats([(None, None), (None, None)]) == (None, None)
