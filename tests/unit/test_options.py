@@ -51,6 +51,7 @@ PYNSQD_FLAGS = {
     "max-channel-bytes",
     "channel-bound-policy",
     "busy-poll",
+    "workers",
     # replicated topics (docs/replication.md)
     "etcd-endpoints",
     "cluster-name",
