@@ -163,6 +163,10 @@ class Options:
         "pynsqd: the cluster's name in etcd (its keys live under /pynsqd/<name>/); nodes with the same name and etcd form one cluster",
         check=checks.check_cluster_name,
     )
+    host_label: str = opt(
+        "",
+        "pynsqd: the host this node runs on, for placing a replicated partition's copies on distinct hosts first, as Kafka's broker.rack (default: this machine's hostname)",
+    )
     etcd_lease_ttl: float = opt(
         3.0,
         "pynsqd: how long a node that stops answering etcd keeps its membership and its partitions' leadership (whole seconds, at least 2)",

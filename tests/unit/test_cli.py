@@ -333,6 +333,7 @@ def test_max_message_size_sets_max_msg_size_with_a_warning(
 
 SAMPLES: dict[str, tuple[str, Any]] = {
     "workers": ("4", "4"),
+    "host_label": ("rack-a", "rack-a"),
     # field name: (text on the command line, parsed value)
     "log_level": ("DEBUG", "debug"),
     "log_prefix": ("[x] ", "[x] "),

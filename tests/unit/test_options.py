@@ -52,6 +52,7 @@ PYNSQD_FLAGS = {
     "channel-bound-policy",
     "busy-poll",
     "workers",
+    "host-label",
     # replicated topics (docs/replication.md)
     "etcd-endpoints",
     "cluster-name",

@@ -313,6 +313,46 @@ def test_a_short_placement_grows_as_nodes_join() -> None:
     assert replace.assignment.replicas == (1, 2, 3)
 
 
+def _hosted(hosts: dict[int, str]) -> ClusterState:
+    state = ClusterState()
+    state.nodes = {n: NodeRecord(n, f"s{n}", f"h{n}:1", host=h) for n, h in hosts.items()}
+    return state
+
+
+def test_copies_go_to_distinct_hosts_first() -> None:
+    """Issue 40: several nodes (or workers) on one host; a lost host must not take every copy.
+    Nodes 1-3 on host a, 4-5 on b, 6 on c: every partition of node 1 gets a, b and c."""
+    state = _hosted({1: "a", 2: "a", 3: "a", 4: "b", 5: "b", 6: "c"})
+    state.settings = {f"t{i}": ReplicationSettings(3, 2) for i in range(50)}
+    places = Plan(1).to_place(state, lambda t: True)
+    for p in places:
+        hosts = [state.nodes[n].host for n in p.assignment.replicas]
+        assert p.assignment.replicas[0] == 1 and sorted(hosts) == ["a", "b", "c"], p
+        assert not p.same_host
+    # The hash still chooses among a host's nodes: both of b's are used across topics.
+    assert {n for p in places for n in p.assignment.replicas if n in (4, 5)} == {4, 5}
+
+
+def test_fewer_hosts_than_copies_share_a_host_and_say_so() -> None:
+    state = _hosted({1: "a", 2: "a", 3: "b"})
+    state.settings = {"t": ReplicationSettings(3, 2)}
+    (place,) = Plan(1).to_place(state, lambda t: True)
+    assert sorted(place.assignment.replicas) == [1, 2, 3] and place.same_host
+    state.settings = {"t": ReplicationSettings(2, 2)}
+    (place,) = Plan(1).to_place(state, lambda t: True)
+    assert place.assignment.replicas == (1, 3) and not place.same_host
+
+
+def test_a_gone_copy_is_replaced_on_a_host_that_holds_none() -> None:
+    plan = Plan(1, replace_after=10.0)
+    rec = _assigned(1, 2, 3)  # hosts a, b, c; node 3 (c) dies
+    state = _hosted({1: "a", 2: "b", 4: "a", 5: "b", 6: "b", 7: "d"})
+    assert plan.to_replace(PART, rec, ReplicationSettings(3, 2), state, now=0.0) is None
+    replace = plan.to_replace(PART, rec, ReplicationSettings(3, 2), state, now=10.0)
+    assert replace is not None and replace.assignment.replicas == (1, 2, 7)
+    assert not replace.same_host
+
+
 # -- three nodes over a fake etcd, on a fake clock ---------------------------------------------
 
 

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 
@@ -55,6 +56,8 @@ class Membership:
         self.me: Member = (self.node_id, self.storage)
         self.http = _advertised(opts, http_address)
         self.tcp = tcp_address
+        #: Copies of a partition go to distinct hosts first (``cluster/plan.py``).
+        self.host_label = opts.host_label or socket.gethostname()
         self.lease = 0
         #: Until when the lease is known to live (monotonic): commits stop after it.
         self.lease_until = 0.0
@@ -69,7 +72,12 @@ class Membership:
 
     def _info(self) -> bytes:
         return NodeRecord(
-            self.node_id, self.storage, self.http, self.tcp, os.path.abspath(self.data_path)
+            self.node_id,
+            self.storage,
+            self.http,
+            self.tcp,
+            os.path.abspath(self.data_path),
+            self.host_label,
         ).encode()
 
     async def register(self) -> None:

@@ -38,7 +38,7 @@ until the node has restored its own channels.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .records import (
@@ -157,6 +157,7 @@ class Replace:
 
     assignment: Assignment
     gone: tuple[int, ...]
+    same_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,8 @@ class Place:
     topic: str
     assignment: Assignment
     short: bool  # fewer live nodes than the settings' replicas: placed on those there are
+    #: Fewer hosts than copies: some copies share a host (a lost host loses them together).
+    same_host: bool = False
 
 
 Action = (
@@ -211,14 +214,50 @@ class Facts:
         return self.key[1] == self.me[0]
 
 
-def rendezvous(topic: str, origin: int, nodes: Iterable[int], count: int) -> list[int]:
-    """The origin, then the ``count - 1`` other live nodes with the highest hash for it."""
+def rendezvous(
+    topic: str,
+    origin: int,
+    nodes: Iterable[int],
+    count: int,
+    hosts: Mapping[int, str] | None = None,
+) -> list[int]:
+    """The origin, then the ``count - 1`` other live nodes with the highest hash for it; with
+    ``hosts`` (node -> host label), nodes on a host that holds no copy yet first."""
 
     def weight(n: int) -> bytes:
         return hashlib.sha256(f"{topic}/{origin}/{n}".encode()).digest()
 
     others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
-    return [origin, *others[: count - 1]]
+    if not hosts:
+        return [origin, *others[: count - 1]]
+    return [origin, *spread(others, count - 1, {host_of(hosts, origin)}, hosts)]
+
+
+def host_of(hosts: Mapping[int, str], node: int) -> str:
+    """A node's host label; a node without one is a host of its own."""
+    return hosts.get(node) or f"node {node}"
+
+
+def spread(ranked: list[int], count: int, used: set[str], hosts: Mapping[int, str]) -> list[int]:
+    """``count`` of ``ranked`` (best first): those on hosts not in ``used`` first, then the rest
+    (more copies than hosts: some share one)."""
+    chosen: list[int] = []
+    rest: list[int] = []
+    for n in ranked:
+        if len(chosen) == count:
+            break
+        h = host_of(hosts, n)
+        if h in used:
+            rest.append(n)
+        else:
+            chosen.append(n)
+            used.add(h)
+    return chosen + rest[: count - len(chosen)]
+
+
+def shares_a_host(replicas: Iterable[int], hosts: Mapping[int, str]) -> bool:
+    labels = [host_of(hosts, n) for n in replicas]
+    return len(set(labels)) < len(labels)
 
 
 @dataclass
@@ -253,7 +292,7 @@ class Plan:
                 continue
             if not retained(topic):
                 continue
-            out.append(self._place(topic, settings, sorted(state.nodes)))
+            out.append(self._place(topic, settings, state))
         return out
 
     def to_replace(
@@ -282,7 +321,11 @@ class Plan:
         # copy (none there: the gone copy stays, its node may come back), then the
         # partition grows to the copies its settings want.
         spare = [n for n in sorted(state.nodes) if n not in current]
+        hosts = state.hosts()
         ranked = rendezvous(key[0], key[1], spare, len(spare) + 1)[1:]
+        # Hosts that keep a copy are taken: a replacement goes to another host first.
+        used = {host_of(hosts, n) for n in current if n not in gone}
+        ranked = spread(ranked, len(ranked), used, hosts)
         new = list(current)
         moved: list[int] = []
         for n in gone:
@@ -295,11 +338,17 @@ class Plan:
             new.append(ranked.pop(0))
         if tuple(new) == current:
             return None
-        return Replace(Assignment(tuple(new)), tuple(moved))
+        return Replace(Assignment(tuple(new)), tuple(moved), shares_a_host(new, hosts))
 
-    def _place(self, topic: str, settings: ReplicationSettings, nodes: list[int]) -> Place:
-        replicas = rendezvous(topic, self.node_id, nodes, settings.replicas)
-        return Place(topic, Assignment(tuple(replicas)), len(replicas) < settings.replicas)
+    def _place(self, topic: str, settings: ReplicationSettings, state: ClusterState) -> Place:
+        hosts = state.hosts()
+        replicas = rendezvous(topic, self.node_id, sorted(state.nodes), settings.replicas, hosts)
+        return Place(
+            topic,
+            Assignment(tuple(replicas)),
+            len(replicas) < settings.replicas,
+            shares_a_host(replicas, hosts),
+        )
 
     def decide(
         self,

@@ -131,6 +131,8 @@ class NodeRecord:
     http: str
     tcp: str = ""
     data_path: str = ""
+    #: ``--host-label``: copies of a partition go to distinct hosts first ("": unknown).
+    host: str = ""
 
     def encode(self) -> bytes:
         return _encode(
@@ -140,6 +142,7 @@ class NodeRecord:
                 "http": self.http,
                 "tcp": self.tcp,
                 "data_path": self.data_path,
+                "host": self.host,
             }
         )
 
@@ -153,6 +156,7 @@ class NodeRecord:
                 str(doc.get("http", "")),
                 str(doc.get("tcp", "")),
                 str(doc.get("data_path", "")),
+                str(doc.get("host", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise RecordError(f"node: {err!r}") from None
@@ -324,6 +328,10 @@ class ClusterState:
     )
     #: Keys that did not decode: (key, mod_revision, why).
     unreadable: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def hosts(self) -> dict[int, str]:
+        """Each live node's host label (``--host-label``)."""
+        return {n: rec.host for n, rec in self.nodes.items()}
 
     @classmethod
     def parse(cls, keys: Keys, kvs: Iterable[KeyValue]) -> ClusterState:

@@ -317,6 +317,12 @@ class Replicator:
             )
         else:
             log.info("CLUSTER: partition %s: replicas %s -> %s", p.name, p.replicas, new)
+        if replace.same_host:
+            log.warning(
+                "CLUSTER: partition %s: fewer hosts than copies: replicas %s share a host",
+                p.name,
+                new,
+            )
         p.replicas = new
 
     def topic_deleted(self, topic: str) -> None:
@@ -395,6 +401,14 @@ class Replicator:
                 self.state.settings[place.topic].replicas,
                 len(self.state.nodes),
                 list(place.assignment.replicas),
+            )
+        if place.same_host:
+            log.warning(
+                "CLUSTER: topic %s: fewer hosts than copies: replicas %s share a host (hosts %s;"
+                " --host-label)",
+                place.topic,
+                list(place.assignment.replicas),
+                sorted(set(self.state.hosts().values())),
             )
         keys = self.member.keys
         assignment = keys.part(place.topic, self.node_id, "assignment")
