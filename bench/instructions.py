@@ -136,6 +136,120 @@ class Pubsub:
             )
 
 
+class _Workers:
+    """What a relay asks of its worker (``server/workers.Workers``), for the bench."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.opts = ctx.opts
+        self.loop = ctx.loop
+        self.index = 0
+
+    def peers(self) -> list[int]:
+        return [1]
+
+    def link_path(self, peer: int) -> str:
+        return ""
+
+
+class Pipe(Transport):
+    """One direction of a link's unix socket: writes are handed over by ``pump``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        return data
+
+
+class CrossPubsub(Pubsub):
+    """``--cross``: the MPUB lands on worker B; both consumers are on worker A, so every
+    message crosses: B delivers it to A's link, A lends it to its consumers, their FINs go back
+    over the link (``server/relay.py``, ``core/lending.py``). Two fake loops, no sockets."""
+
+    def __init__(self, size: int, batch: int) -> None:
+        from pynsqd.core.lending import Lending
+        from pynsqd.server.relay import Link, Relay
+
+        super().__init__(size, batch)  # worker A: its two consumers, subscribed
+        a_ctx, a_loop = self.ctx, self.loop
+        self.b_loop = b_loop = FakeLoop()
+        self.b_ctx = b_ctx = Context(b_loop, mem_queue_size=1_000_000)
+        b_ctx.make_channel = lambda topic, name: Channel(  # type: ignore[method-assign]
+            topic,
+            name,
+            b_loop,
+            mem_queue_size=1_000_000,
+            backend=DummyBackend(),
+            max_msg_timeout=b_ctx.opts.max_msg_timeout,
+        )
+        self.ctx, self.loop = b_ctx, b_loop
+        self.publisher = self._connect(Transport())  # publishes on worker B
+        self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
+        self.ctx, self.loop = a_ctx, a_loop
+        self.to_b, self.to_a = Pipe(), Pipe()
+        self.b_link = ClientV2(b_ctx, link=True)  # type: ignore[arg-type]
+        self.b_link.connection_made(self.to_a)  # type: ignore[arg-type]
+        channel = a_ctx.get_topic("t").channels["c"]
+        self.relay = relay = Relay(_Workers(a_ctx), channel)  # type: ignore[arg-type]
+        channel.lending = Lending(relay)
+        self.link = link = Link(relay, 1)
+        relay.links[1] = link
+        link.connection_made(self.to_b)  # type: ignore[arg-type]
+        self.pump_links()
+
+    def pump_links(self) -> None:
+        """Bytes across the link both ways until neither side has more."""
+        while True:
+            self.b_loop.run_ready()
+            self.b_link.flush()
+            down, up = self.to_a.take(), self.to_b.take()
+            if not down and not up:
+                return
+            if up:
+                self.b_link.data_received(up)
+            if down:
+                self.link.data_received(down)
+            self.loop.run_ready()
+
+    def run(self, cycles: int) -> float:
+        spent = 0.0
+        clock = time.perf_counter
+        for _ in range(cycles):
+            t0 = clock()
+            self.publisher.data_received(self.mpub)
+            self.pump_links()
+            for client, _ in self.subs:
+                client.flush()
+            spent += clock() - t0
+            fins = [(c, fins_for(b"".join(s.chunks))) for c, s in self.subs]
+            for _, sink in self.subs:
+                sink.chunks.clear()
+            t0 = clock()
+            for client, data in fins:
+                if data:
+                    client.data_received(data)
+            self.loop.run_ready()
+            self.pump_links()
+            spent += clock() - t0
+        return spent
+
+    def check(self, cycles: int) -> None:
+        b_topic: Topic = self.b_ctx.get_topic("t")
+        b_channel = b_topic.channels["c"]
+        finished = sum(c.finish_count for c, _ in self.subs)
+        if finished != b_topic.message_count or b_channel.depth or b_channel.in_flight:
+            raise SystemExit(
+                f"harness broken: published {b_topic.message_count} on B, finished {finished}"
+                f" on A, B's depth {b_channel.depth}, in flight {len(b_channel.in_flight)}"
+            )
+
+
 def harness_only(size: int, batch: int, cycles: int) -> None:
     """The harness's per-cycle work alone, over frames like the server's."""
     frames = [
@@ -165,6 +279,7 @@ def instructions(args: argparse.Namespace, what: str) -> float:
             str(args.size),
             "--batch",
             str(args.batch),
+            *(["--cross"] if args.cross and what == "pubsub" else []),
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts each run
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
@@ -181,20 +296,30 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=200, help="message size in bytes")
     ap.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     ap.add_argument("--time", action="store_true", help="also print ns per message (min of 7)")
+    ap.add_argument(
+        "--cross",
+        action="store_true",
+        help="--workers: every message crosses from the worker it was published on to the "
+        "consumers' worker",
+    )
     ap.add_argument("--inner", choices=["pubsub", "harness"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner == "harness":
         harness_only(args.size, args.batch, args.cycles)
         return 0
+    kind = CrossPubsub if args.cross else Pubsub
     if args.inner == "pubsub":
-        bench = Pubsub(args.size, args.batch)
+        bench = kind(args.size, args.batch)
         bench.run(args.cycles)
         bench.check(args.cycles)
         return 0
-    bench = Pubsub(args.size, args.batch)
+    bench = kind(args.size, args.batch)
     bench.run(20)
     bench.check(20)
-    print(f"in-process pubsub, {args.batch} x {args.size}-byte messages per MPUB, 2 consumers")
+    where = ", every message crossing workers" if args.cross else ""
+    print(
+        f"in-process pubsub, {args.batch} x {args.size}-byte messages per MPUB, 2 consumers{where}"
+    )
     if args.time:
         best = min(bench.run(args.cycles) for _ in range(7))
         print(f"  {best / (args.cycles * args.batch) * 1e9:,.0f} ns per message (min of 7)")

@@ -83,14 +83,20 @@ class Lending:
 
     def finished(self, ids: list[bytes]) -> None:
         """FIN'd here: each to its lender, one FIN run per lender."""
-        by: dict[int, tuple[Lender, list[bytes]]] = {}
+        runs: dict[Lender, list[bytes]] = {}
+        last: Lender | None = None
+        run: list[bytes] = []
         pop = self.lent.pop
         for i in ids:
             lender = pop(i, None)
-            if lender is not None:
-                by.setdefault(id(lender), (lender, []))[1].append(i)
-        for lender, run in by.values():
-            lender.fin(run)
+            if lender is None:
+                continue
+            if lender is not last:  # FINs come in runs from one link
+                last = lender
+                run = runs.setdefault(lender, [])
+            run.append(i)
+        for lender, fins in runs.items():
+            lender.fin(fins)
 
     def give_back(self, msg: Message, timeout_ms: int = 0) -> bool:
         """REQ, a timeout here or its consumer gone: back to its lender (True if it was lent)."""

@@ -4,11 +4,11 @@ Theory of operation. A worker's channel that has consumers of its own opens one 
 same channel on every other worker: a V2 consumer connection over that worker's private unix
 socket (``SUB topic channel``; no TLS, no AUTH: the socket lives in the data directory, mode
 0700). A link asks for nothing while this channel has messages of its own to give: its RDY is
-what it already has out plus a share of the consumers' free room, and that share is 0 while
-this channel's queue is not empty. So a message crosses workers only when a consumer here
-would otherwise wait, and a producer pays nothing for it until then. What a link brings is lent
-to the channel (``core/lending.py``) and its FIN, REQ and TOUCH go back over the link; the
-other worker keeps its copy, so killing either worker loses nothing acknowledged: its link
+its share of the consumers' RDY while the channel's own queue is empty and a consumer has room,
+else 0 (a change is one RDY command; what is already out stays out). So a message crosses
+workers only when a consumer here would otherwise wait, and a producer pays nothing for it
+until then. What a link brings is lent to the channel (``core/lending.py``) and its FIN, REQ
+and TOUCH go back over the link; the other worker keeps its copy, so killing either worker loses nothing acknowledged: its link
 drops and the lending worker requeues what was out (nsqd's semantics for a consumer that
 disconnects). A link that drops while consumers remain is opened again (the other worker is
 being restarted), after 50 ms, doubling to 1 s.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from typing import TYPE_CHECKING, cast
 
 from .. import __version__
@@ -26,9 +27,11 @@ from ..protocol import encode
 from ..protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
-    FrameReader,
-    decode_message,
+    MESSAGE_FIXED,
+    MESSAGE_OVERHEAD,
 )
+
+_FRAME_HEADER = struct.Struct(">ll")
 
 if TYPE_CHECKING:
     from ..core.channel import Channel
@@ -50,7 +53,7 @@ class Link(asyncio.Protocol):
         self.relay = relay
         self.peer = peer
         self.transport: asyncio.Transport | None = None
-        self.frames = FrameReader()
+        self.buf = bytearray()
         #: Messages this link brought that are not FIN'd or REQ'd yet (the other worker's
         #: in-flight count for this connection).
         self.outstanding = 0
@@ -80,23 +83,41 @@ class Link(asyncio.Protocol):
         self.relay.demand_changed()
 
     def data_received(self, data: bytes) -> None:
-        self.frames.feed(data)
-        try:
-            frames = self.frames.frames()
-        except ValueError as err:
-            log.error("WORKERS: link to worker %d sent a bad frame - %s", self.peer, err)
-            self.close()
-            return
+        # Message frames straight into Messages (no Frame objects: a link carries many).
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
         msgs: list[Message] = []
-        for frame in frames:
-            if frame.frame_type == FRAME_TYPE_MESSAGE:
-                m = decode_message(frame.data)
-                msgs.append(Message(m.id, m.body, m.timestamp, m.attempts))
-            elif frame.frame_type == FRAME_TYPE_ERROR:
+        header = _FRAME_HEADER.unpack_from
+        fixed = MESSAGE_FIXED.unpack_from
+        while end - pos >= 8:
+            size, ftype = header(buf, pos)
+            if size < 4 + (MESSAGE_OVERHEAD if ftype == FRAME_TYPE_MESSAGE else 0):
+                log.error("WORKERS: link to worker %d sent a bad frame (%d bytes)", self.peer, size)
+                self.close()
+                return
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            start = pos + 8
+            if ftype == FRAME_TYPE_MESSAGE:
+                ts, attempts = fixed(buf, start)
+                msgs.append(
+                    Message(
+                        bytes(buf[start + 10 : start + 26]),
+                        bytes(buf[start + 26 : stop]),
+                        ts,
+                        attempts,
+                    )
+                )
+            elif ftype == FRAME_TYPE_ERROR:
                 # E_FIN_FAILED and friends: the other worker timed the message out first.
-                log.debug("WORKERS: link to worker %d: %r", self.peer, frame.data)
-            elif frame.data == b"_heartbeat_":
+                log.debug("WORKERS: link to worker %d: %r", self.peer, bytes(buf[start:stop]))
+            elif buf[start:stop] == b"_heartbeat_":
                 self._write(encode.nop())
+            pos = stop
+        if pos:
+            del buf[:pos]
         if msgs:
             self.outstanding += len(msgs)
             self.relay.lend(msgs, self)
@@ -204,26 +225,25 @@ class Relay:
         self.channel.schedule_pump()
 
     def demand_changed(self) -> None:
-        """Each link may bring what it has out plus its share of the room the consumers have
-        left, and no share while this channel has messages of its own."""
+        """Each link's RDY is its share of the consumers' RDY (their window, so it does not
+        move with every message), and 0 while this channel has messages of its own or none of
+        its consumers has room: a change is one RDY command, at most one per loop turn."""
         links = self.links
         if not links:
             return
         ch = self.channel
-        share = 0
+        want = 0
         if not (ch.paused or ch.exiting or ch.held or len(ch.queue)):
-            free = 0
+            window = room = 0
             for c in ch.clients.values():
                 if not getattr(c, "is_link", False):
-                    free += max(0, c.rdy - c.in_flight_count)
+                    window += c.rdy
+                    room += c.rdy - c.in_flight_count
             lending = ch.lending
-            if lending is not None:
-                free -= len(lending.queue)
-            if free > 0:
-                share = -(-free // len(links))
-        cap = self.workers.opts.max_rdy_count
+            if room > (len(lending.queue) if lending is not None else 0):
+                want = min(self.workers.opts.max_rdy_count, -(-window // len(links)))
         for link in links.values():
-            link.set_rdy(min(cap, link.outstanding + share))
+            link.set_rdy(want)
 
     def _close_links(self) -> None:
         for handle in self._retry.values():
