@@ -2,16 +2,16 @@
 
 Theory of operation. A worker's channel that has consumers of its own opens one link to the
 same channel on every other worker: a V2 consumer connection over that worker's private unix
-socket (``SUB topic channel``; no TLS, no AUTH: the socket lives in the data directory, mode
+socket (``SUB topic channel``; no TLS, no AUTH: the socket lives in a private directory, mode
 0700). A link asks for nothing while this channel has messages of its own to give: its RDY is
 its share of the consumers' RDY while the channel's own queue is empty and a consumer has room,
 else 0 (a change is one RDY command; what is already out stays out). So a message crosses
 workers only when a consumer here would otherwise wait, and a producer pays nothing for it
 until then. What a link brings is lent to the channel (``core/lending.py``) and its FIN, REQ
-and TOUCH go back over the link; the other worker keeps its copy, so killing either worker loses nothing acknowledged: its link
-drops and the lending worker requeues what was out (nsqd's semantics for a consumer that
-disconnects). A link that drops while consumers remain is opened again (the other worker is
-being restarted), after 50 ms, doubling to 1 s.
+and TOUCH go back over the link; the other worker keeps its copy, so killing either worker
+loses nothing acknowledged: the link drops and the lending worker requeues what was out
+(nsqd's rule for a consumer that disconnects). A link that drops while consumers remain is
+opened again (the other worker is being restarted), after 50 ms, doubling to 1 s.
 """
 
 from __future__ import annotations
