@@ -328,3 +328,64 @@ def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: P
             assert get_json(f"{lookupd.http_url}/topics")["topics"] == ["seen"]
     finally:
         lookupd.stop()
+
+
+def test_workers_killed_at_random_instants_under_load_lose_nothing_acknowledged(
+    data: Path,
+) -> None:
+    """Publishers on several connections publish without pause; workers are killed with
+    kill -9 at random instants (three cycles); a publisher whose connection dies connects
+    again (to whichever worker). Then one consumer drains the node: every message that was
+    acknowledged is there."""
+    import random
+    import threading
+
+    flags = ("--workers=3", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        acked: set[bytes] = set()
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def publisher(n: int) -> None:
+            seq = 0
+            while not stop.is_set():
+                try:
+                    with node.connect() as c:
+                        c.identify()
+                        while not stop.is_set():
+                            body = f"p{n}-{seq}".encode()
+                            seq += 1
+                            c.pub("soak", body)  # raises if the connection died first
+                            with lock:
+                                acked.add(body)
+                except (ConnectionError, OSError, AssertionError):
+                    continue
+
+        threads = [threading.Thread(target=publisher, args=(n,), daemon=True) for n in range(6)]
+        for t in threads:
+            t.start()
+        rng = random.Random(40)
+        for cycle in range(3):
+            wait_for(lambda c=cycle: len(acked) > 300 * (c + 1), "publishes to be acknowledged")
+            pids = worker_pids(node)
+            victim = rng.choice(sorted(pids))
+            time.sleep(rng.random() * 0.05)  # a random instant in the stream of publishes
+            os.kill(pids[victim], signal.SIGKILL)
+            wait_for(
+                lambda v=victim, p=pids[victim]: worker_pids(node).get(v) not in (None, p),
+                "the killed worker to serve again",
+            )
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        with lock:
+            expected = set(acked)
+        got: set[bytes] = set()
+        with node.connect() as c:
+            c.identify()
+            c.sub("soak", "ch", rdy=200)
+            while not expected <= got:
+                m = c.read_message()
+                got.add(m.body)
+                c.fin(m.id)
+        assert expected <= got
