@@ -162,6 +162,7 @@ FAULT_FILES = {
     "test_retained_faults.py",
     "test_crash_safety.py",
     "test_persistence_process.py",
+    "test_workers.py",
 }
 SYSTEM_FILES = {
     "test_clients.py",
