@@ -113,6 +113,13 @@ def test_one_consumer_connection_gets_what_every_worker_took(data: Path) -> None
         (ch,) = topic["channels"]
         assert (ch["depth"], ch["in_flight_count"], ch["message_count"]) == (0, 0, len(published))
         assert [c["user_agent"] for c in ch["clients"]] == []  # the links are not clients
+        status, text = node.http("GET", "/metrics")
+        assert status == 200
+        # One node in Prometheus too: the topic's count is every worker's, summed.
+        assert f'nsq_topic_messages_total{{topic="spread"}} {float(len(published))}' in (
+            text.decode()
+        ), text.decode()[:3000]
+        assert "nsq_build_info{" in text.decode() and "nsq_healthy 1.0" in text.decode()
 
 
 def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:

@@ -91,6 +91,10 @@ class WorkersHost(Protocol):
     ) -> SharedListener | None:
         """The node's shared socket ``name`` (http, https) or this worker's (admin)."""
 
+    async def peer_answers(self, request: BaseRequest, path_qs: str) -> list[bytes] | None:
+        """Every other worker's answer to ``GET path_qs`` (None: ``request`` came from a
+        worker, answer for this one alone)."""
+
     def fanned(self, handler: Handler) -> Handler:
         """``handler`` made on every worker, answered once."""
 

@@ -256,3 +256,56 @@ def make_registry(nsqd: NSQDHost) -> CollectorRegistry:
 
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
+
+
+# -- a node of several workers (``--workers``) ---------------------------------------------
+
+#: Samples that are the same kind of fact on every worker: not summed.
+_COMBINE: dict[str, Callable[[list[float]], float]] = {
+    "nsq_build_info": max,
+    "nsq_healthy": min,
+    "nsq_start_time_seconds": min,
+    "nsq_topics": max,
+    "process_start_time_seconds": min,
+    "python_info": max,
+}
+
+
+class _Merged:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def merge_metrics(texts: list[bytes]) -> bytes:
+    """Every worker's ``/metrics`` → the node's: each sample (name and labels) summed over
+    the workers, except facts that are the same on each (build info, health: the worst,
+    start time: the first) and quantiles (the highest)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    order: list[str] = []
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text.decode("utf-8", "replace")):
+            if fam.name not in families:
+                families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+                values[fam.name] = {}
+                order.append(fam.name)
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                values[fam.name].setdefault(key, []).append(s.value)
+    merged = []
+    for name in order:
+        fam = families[name]
+        for (sample, labels), vs in values[name].items():
+            how = _COMBINE.get(sample) or _COMBINE.get(name)
+            if how is None:
+                how = max if any(k == "quantile" for k, _ in labels) else sum
+            fam.add_sample(sample, dict(labels), how(vs))
+        merged.append(fam)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(merged))
+    return generate_latest(registry)

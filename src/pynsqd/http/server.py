@@ -236,7 +236,13 @@ class HTTPService(Router):
 
         if self.registry is None:
             self.registry = metrics.make_registry(self.nsqd)
-        resp = Response(status=200, body=metrics.render(self.registry))
+        body = metrics.render(self.registry)
+        workers = self.nsqd.workers
+        if workers is not None:  # --workers: the node's figures, every worker's summed
+            others = await workers.peer_answers(request, "/metrics")
+            if others is not None:
+                body = metrics.merge_metrics([body, *others])
+        resp = Response(status=200, body=body)
         resp.headers["Content-Type"] = metrics.CONTENT_TYPE
         return resp
 

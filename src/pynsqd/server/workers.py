@@ -251,6 +251,19 @@ class Workers:
 
         return handler_on_every_worker
 
+    async def peer_answers(self, request: BaseRequest, path_qs: str) -> list[bytes] | None:
+        if self.from_worker(request):
+            return None
+        peers = self.peers()
+        answers = await asyncio.gather(*(self._ask(p, "GET", path_qs, b"") for p in peers))
+        out = []
+        for peer, (status, text) in zip(peers, answers, strict=True):
+            if status != 200:
+                log.warning("WORKERS: %s of worker %d failed (%s)", path_qs, peer, status or text)
+                continue
+            out.append(text)
+        return out
+
     async def combine_stats(
         self,
         request: BaseRequest,
