@@ -148,6 +148,35 @@ def one_round(kind: str, k: int, args: argparse.Namespace) -> dict[str, float]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+def plot(json_path: str, png_path: str) -> None:
+    """Messages per second against cores, one panel per workload, Go beside pynsqd."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(json_path) as f:
+        doc = json.load(f)
+    rows = doc["table"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.4))
+    for ax, w in zip(axes, workloads, strict=True):
+        pts = sorted((r["k"], r["go"], r["py"]) for r in rows if r["workload"] == w)
+        ks = [k for k, _, _ in pts]
+        ax.plot(ks, [g / 1e3 for _, g, _ in pts], "o-", label="Go nsqd (GOMAXPROCS=k)")
+        ax.plot(ks, [p / 1e3 for _, _, p in pts], "s-", label="pynsqd (--workers k)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_title(w)
+        ax.set_xlabel("cores (k)")
+        ax.set_ylabel("k msgs/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=90)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--go-bin", required=True, help="Go NSQ 1.3.0's bin directory")
@@ -158,7 +187,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--runfor", type=float, default=4.0)
     p.add_argument("--out", default="")
+    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="only draw a run's curves")
     args = p.parse_args()
+    if args.plot:
+        plot(*args.plot)
+        return 0
     n = os.cpu_count() or 1
     args.shared = {int(x) for x in args.shared.split(",") if x}
     ks = [int(x) for x in args.cores.split(",") if x] + sorted(args.shared)
