@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,9 +97,34 @@ def consume(c: Conn, n: int) -> list[tuple[bytes, bytes, int]]:
     return out
 
 
+def publish_on_worker(node: NsqdProcess, worker: int, topic: str, bodies: list[bytes]) -> None:
+    """An MPUB made on one given worker: over its own admin socket (where the node's public
+    sockets would let the kernel choose)."""
+    import http.client
+
+    found = re.search(r"their own sockets in (\S+)\)", node.output())
+    assert found is not None
+    conn = http.client.HTTPConnection("worker", timeout=10)
+    conn.sock = _unix(f"{found.group(1)}/{worker}.admin")
+    conn.request("POST", f"/mpub?topic={topic}", body=b"\n".join(bodies))
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def _unix(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    return s
+
+
 def test_one_consumer_connection_gets_what_every_worker_took(data: Path) -> None:
     with started(data, "--workers=3") as node:
-        published = publish_spread(node, "spread", 30, 10)
+        published = publish_spread(node, "spread", 30, 10)  # wherever the kernel puts them
+        on_each = [[f"w{w}-{i}".encode() for i in range(20)] for w in range(3)]
+        for w, bodies in enumerate(on_each):
+            publish_on_worker(node, w, "spread", bodies)
+            published |= set(bodies)
         with node.connect() as c:
             c.identify()
             c.sub("spread", "ch", rdy=25)
@@ -106,7 +132,7 @@ def test_one_consumer_connection_gets_what_every_worker_took(data: Path) -> None
             c.expect_nothing()
         bodies = [b for _, b, _ in got]
         assert sorted(bodies) == sorted(published)  # each once, on one connection
-        assert len({node_of(i) for i, _, _ in got}) >= 2, "the publishes all landed on one worker"
+        assert len({node_of(i) for i, _, _ in got}) == 3  # from every worker
         stats = node.stats()
         (topic,) = stats["topics"]
         assert topic["message_count"] == len(published)  # summed over the workers

@@ -109,10 +109,11 @@ class Supervisor:
         os.set_blocking(self._ready_r, False)
         loop.add_reader(self._ready_r, self._on_ready)
         log.info(
-            "WORKERS: %d worker processes on %s (data in %s/worker-<i>)",
+            "WORKERS: %d worker processes on %s (data in %s/worker-<i>; their own sockets in %s)",
             self.count,
             ", ".join(s for s in (self.opts.tcp_address, self.opts.http_address) if s),
             self.opts.data_path or os.getcwd(),
+            self.private_dir,
         )
         tasks = [loop.create_task(self._keep(i)) for i in range(self.count)]
         await self.stop.wait()
