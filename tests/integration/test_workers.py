@@ -97,8 +97,8 @@ def consume(c: Conn, n: int) -> list[tuple[bytes, bytes, int]]:
     return out
 
 
-def publish_on_worker(node: NsqdProcess, worker: int, topic: str, bodies: list[bytes]) -> None:
-    """An MPUB made on one given worker: over its own admin socket (where the node's public
+def on_worker(node: NsqdProcess, worker: int, path: str, body: bytes) -> None:
+    """A POST made on one given worker: over its own admin socket (where the node's public
     sockets would let the kernel choose)."""
     import http.client
 
@@ -106,9 +106,13 @@ def publish_on_worker(node: NsqdProcess, worker: int, topic: str, bodies: list[b
     assert found is not None
     conn = http.client.HTTPConnection("worker", timeout=10)
     conn.sock = _unix(f"{found.group(1)}/{worker}.admin")
-    conn.request("POST", f"/mpub?topic={topic}", body=b"\n".join(bodies))
+    conn.request("POST", path, body=body)
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def publish_on_worker(node: NsqdProcess, worker: int, topic: str, bodies: list[bytes]) -> None:
+    on_worker(node, worker, f"/mpub?topic={topic}", b"\n".join(bodies))
 
 
 def _unix(path: str) -> socket.socket:
@@ -422,3 +426,44 @@ def test_workers_killed_at_random_instants_under_load_lose_nothing_acknowledged(
                 got.add(m.body)
                 c.fin(m.id)
         assert expected <= got
+
+
+def test_lifecycle_and_dpub_hold_per_message_on_the_worker_that_has_it(data: Path) -> None:
+    """max-attempts set once (made on every worker): a message REQ'd by a consumer on another
+    worker is counted by the worker that holds it and dead-lettered there; its dead-letter
+    topic's consumer gets every one. A DPUB made on one worker comes due there and reaches a
+    consumer connected anywhere."""
+    with started(data, "--workers=3") as node:
+        status, _ = node.http("POST", "/channel/config?topic=life&channel=ch&max_attempts=2")
+        assert status == 200
+        bodies = {w: [f"w{w}-{i}".encode() for i in range(10)] for w in range(3)}
+        for w, b in bodies.items():
+            publish_on_worker(node, w, "life", b)
+        everything = {x for b in bodies.values() for x in b}
+        with node.connect() as c:
+            c.identify()
+            c.sub("life", "ch", rdy=30)
+            attempts: dict[bytes, list[int]] = {}
+            while sum(map(len, attempts.values())) < 2 * len(everything):
+                m = c.read_message()
+                attempts.setdefault(m.body, []).append(m.attempts)
+                c.req(m.id, 0)  # never finished: after two deliveries it is dead-lettered
+            c.expect_nothing(0.3)
+        assert attempts == {b: [1, 2] for b in everything}
+        with node.connect() as c:
+            c.identify()
+            c.sub("life.dead", "d", rdy=30)
+            dead = {body for _, body, _ in consume(c, len(everything))}
+        assert dead == everything
+        (topic,) = [t for t in node.stats()["topics"] if t["topic_name"] == "life"]
+        (ch,) = topic["channels"]
+        assert ch["lifecycle"]["dead_letter_count"] == len(everything) and ch["depth"] == 0
+        assert ch["lifecycle"]["max_attempts"] == 2
+
+        with node.connect() as c:
+            c.identify()
+            c.sub("later", "ch", rdy=10)
+            for w in range(3):
+                on_worker(node, w, "/pub?topic=later&defer=300", f"due-{w}".encode())
+            due = sorted(c.read_message().body for _ in range(3))
+        assert due == [b"due-0", b"due-1", b"due-2"]

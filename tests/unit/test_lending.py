@@ -134,7 +134,13 @@ def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
             "depth": 1,
             "paused": False,
             "channels": [
-                {"channel_name": "c", "depth": 2, "in_flight_count": 4, "clients": [real]}
+                {
+                    "channel_name": "c",
+                    "depth": 2,
+                    "in_flight_count": 4,
+                    "clients": [real],
+                    "lifecycle": {"max_attempts": 2, "dead_letter_count": 3},
+                }
             ],
         }
     ]
@@ -144,7 +150,13 @@ def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
             "depth": 3,
             "paused": False,
             "channels": [
-                {"channel_name": "c", "depth": 5, "in_flight_count": 4, "clients": [link_client]},
+                {
+                    "channel_name": "c",
+                    "depth": 5,
+                    "in_flight_count": 4,
+                    "clients": [link_client],
+                    "lifecycle": {"max_attempts": 2, "dead_letter_count": 4},
+                },
                 {"channel_name": "d", "depth": 1, "in_flight_count": 0, "clients": []},
             ],
         },
@@ -158,6 +170,7 @@ def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
     c, d = t["channels"]
     # The link's 4 in flight are the 4 the consumer holds: counted once.
     assert (c["depth"], c["in_flight_count"], c["clients"]) == (7, 4, [real])
+    assert c["lifecycle"] == {"max_attempts": 2, "dead_letter_count": 7}  # a setting, a count
     assert d["channel_name"] == "d"
     assert producers == [real]
     assert merge_stats([(None, None), (None, None)]) == (None, None)

@@ -228,18 +228,22 @@ def _is_link(client: Json) -> bool:
     return str(client.get("user_agent", "")).startswith(_LINK_AGENT_PREFIX)
 
 
-def _add_into(
-    into: Json, other: Json, lists: dict[str, Callable[[list[Json], list[Json]], list[Json]]]
-) -> None:
+_Lists = dict[str, Callable[[list[Json], list[Json]], list[Json]]]
+
+
+def _add_into(into: Json, other: Json, lists: _Lists, *, counts_only: bool = False) -> None:
+    """``other``'s figures added into ``into``: numbers summed (in a nested object such as
+    ``lifecycle``, only counts: its settings are the same on every worker), lists by
+    ``lists``, anything else kept from the first."""
     for key, value in other.items():
         if key in lists:
             into[key] = lists[key](into.get(key) or [], value or [])
-        elif (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and isinstance(into.get(key), int)
-        ):
-            into[key] += value
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key] = dict(into[key])
+            _add_into(into[key], value, {}, counts_only=True)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(into.get(key), int) and (not counts_only or key.endswith("count")):
+                into[key] += value
         elif key not in into:
             into[key] = value
 
