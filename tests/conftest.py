@@ -174,6 +174,7 @@ SYSTEM_FILES = {
     "test_cli_process.py",
     "test_nsqd_process.py",
     "test_client_guide.py",
+    "test_cluster_script.py",
 }
 TIERS = ("fault", "system", "integration", "unit")
 

@@ -1,0 +1,144 @@
+"""``scripts/cluster``: a local replicated cluster in one command, and the commands it prints
+to try next, run as printed (issue 41): publish, look at the replication, tail through
+nsqlookupd, kill -9 a node and publish again; then ``scripts/cluster stop`` stops everything."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ..waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "cluster.py"
+PORTS = (2379, 2380, 4160, 4161, 4150, 4151, 4250, 4251, 4350, 4351, 4171)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def post(url: str, body: bytes) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as r:
+        return bytes(r.read())
+
+
+def started(proc: subprocess.Popen[bytes], log: Path) -> Callable[[], bool]:
+    return lambda: "stops everything" in log.read_text() or proc.poll() is not None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from pynsqd.client.cluster import NodeHTTPError  # noqa: F401  (the client is installed)
+
+    if not (ROOT / ".venv" / "opt" / "etcd").exists() and not __import__("shutil").which("etcd"):
+        pytest.fail("etcd is missing: scripts/bootstrap installs it")
+    for _ in range(10):
+        offset = random.randrange(10_000, 40_000, 10)
+        directory = tmp_path / f"cluster-{offset}"
+        log = tmp_path / f"cluster-{offset}.out"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SCRIPT),
+                    "--dir",
+                    str(directory),
+                    "--port-offset",
+                    str(offset),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(started(proc, log), "scripts/cluster to start", timeout=120)
+        if proc.poll() is None:
+            break
+        assert "is taken" in log.read_text(), log.read_text()  # a port raced away: again
+    else:
+        pytest.fail("no free range of ports in 10 tries")
+    try:
+        yield directory, log, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pids = directory / "pids"
+        if pids.exists():
+            for pid in map(int, pids.read_text().split()[1:]):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_the_cluster_starts_in_one_command_and_the_printed_commands_work(cluster) -> None:  # type: ignore[no-untyped-def]
+    directory, log, proc = cluster
+    text = log.read_text()
+    # The commands it prints, run as printed (curl's requests made with urllib).
+    tail, pub1, repl, kill, pub2 = (
+        re.search(r"\n  (\S+nsq_tail .+)\n", text),
+        re.search(r"curl -d 'hello' '(\S+)'", text),
+        re.search(r"curl '(\S+/topic/replication\S+)'", text),
+        re.search(r"kill -9 (\d+)", text),
+        re.search(r"curl -d 'after' '(\S+)'", text),
+    )
+    assert pub1 and repl and tail and kill and pub2, text
+    tailer = subprocess.Popen(
+        [*tail.group(1).split(), "-n", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        http_ports = re.findall(r"nsqd \d +tcp \S+  http 127.0.0.1:(\d+)", text)
+        assert len(http_ports) == 3, text
+
+        def subscribed(port: str) -> bool:
+            url = f"http://127.0.0.1:{port}/stats?format=json&topic=orders"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return b'"client_count":1' in r.read()
+
+        wait_for(lambda: all(map(subscribed, http_ports)), "nsq_tail on every node")
+        assert post(pub1.group(1), b"hello") == b"OK"
+        with urllib.request.urlopen(repl.group(1), timeout=10) as r:
+            doc = r.read().decode()
+        assert '"replicas":3' in doc and '"role":"leader"' in doc, doc
+        os.kill(int(kill.group(1)), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # node 2 takes publishes to its own partition once 2 copies hold them
+            try:
+                assert post(pub2.group(1), b"after") == b"OK"
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        out, err = tailer.communicate(timeout=90)
+    finally:
+        if tailer.poll() is None:
+            tailer.kill()
+            tailer.wait()
+    assert sorted(out.decode().split()) == ["after", "hello"], (out, err)
+    wait_for(lambda: "nsqd 1 exited (-9)" in log.read_text(), "the cluster to say so")
+    # scripts/cluster stop: every process it started is gone, and it says so.
+    pids = list(map(int, (directory / "pids").read_text().split()))
+    stop = subprocess.run(
+        [sys.executable, str(SCRIPT), "stop", "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert stop.returncode == 0 and "stopped the cluster" in stop.stdout, stop
+    assert proc.wait(timeout=30) == 0
+    assert not any(alive(p) for p in pids)
