@@ -16,6 +16,14 @@ from .log_source import LOG_SCHEMA, NsqLogBatchReader, NsqLogStreamReader, retai
 from .options import LogOptions, NsqOptionError, SinkOptions, SourceOptions
 from .sink import NsqArrowWriter, NsqStreamArrowWriter
 
+#: What a batch read needs, after the reason it cannot have it.
+BATCH_NEEDS_LOG = (
+    "batch reads (spark.read) need a replayable topic, which a channel cannot be (it is read "
+    "once). Give the topic retention on every node (nsqd --retention-time, or POST "
+    "/topic/retention) and name the nodes with 'nsqdHttpAddresses' or "
+    "'nsqlookupdHttpAddresses'; for a channel use spark.readStream"
+)
+
 
 class NsqDataSource(DataSource):
     """``format("nsq")``: ``readStream`` reads a topic/channel; ``write``/``writeStream`` publish.
@@ -41,7 +49,24 @@ class NsqDataSource(DataSource):
         return mode
 
     def schema(self) -> StructType:
-        return LOG_SCHEMA if self._mode() == "log" else SOURCE_SCHEMA
+        """Called by ``load()``: the options are checked here, so that a misspelled or missing
+        one is refused at ``load()``, naming it, not when the query starts."""
+        if self._mode() == "log":
+            LogOptions.parse(self.options)
+            return LOG_SCHEMA
+        try:
+            SourceOptions.parse(self.options)
+        except NsqOptionError as err:
+            why = getattr(self, "_why_not_log", None)
+            if why is None:
+                raise
+            # Mode auto could not read the log, and the options do not make a channel either:
+            # the log's reason first (a batch read needs it), then the channel's.
+            raise NsqOptionError(
+                f"{why}: the topic cannot be read as a log, and not as a channel either "
+                f"({err}). {BATCH_NEEDS_LOG}"
+            ) from None
+        return SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._mode() == "log":
@@ -51,13 +76,7 @@ class NsqDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         if self._mode() != "log":
             why = getattr(self, "_why_not_log", None) or "option 'mode' is 'channel'"
-            raise NsqOptionError(
-                "batch reads (spark.read) need a replayable topic: a channel cannot be read "
-                f"twice ({why}). Give the topic retention on every node (nsqd "
-                "--retention-time, or POST /topic/retention) and name the nodes with "
-                "'nsqdHttpAddresses' or 'nsqlookupdHttpAddresses'; for a channel use "
-                "spark.readStream"
-            )
+            raise NsqOptionError(f"{why}: {BATCH_NEEDS_LOG}")
         return NsqLogBatchReader(LogOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pynsqd import __version__
 from pynsqd.client import ClientOptions, parse_address
@@ -18,6 +20,22 @@ _NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
 class NsqOptionError(ValueError):
     """A data source option is missing or has a bad value; the message names the option."""
+
+
+def unknown_options(unknown: list[str], mode: str, valid: list[str]) -> NsqOptionError:
+    """Options no mode reads: each named, with the valid name nearest to it when there is one
+    (``chanel``: did you mean ``channel``?), then every valid one."""
+    by_lower = {v.lower(): v for v in valid}
+    hints = []
+    for k in unknown:
+        near = difflib.get_close_matches(k, list(by_lower), n=1, cutoff=0.75)
+        if near:
+            hints.append(f"{k!r}: did you mean {by_lower[near[0]]!r}?")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return NsqOptionError(
+        f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode {mode!r}{hint}; "
+        f"valid: {', '.join(valid)}"
+    )
 
 
 class OptionReader:
@@ -63,11 +81,7 @@ class OptionReader:
         known = set(self._asked) | {a.lower() for a in also} | {"path"}
         unknown = sorted(k for k in self._o if k not in known)
         if unknown:
-            valid = sorted({*self._asked.values(), *also})
-            raise NsqOptionError(
-                f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode {mode!r}; "
-                f"valid: {', '.join(valid)}"
-            )
+            raise unknown_options(unknown, mode, sorted({*self._asked.values(), *also}))
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         v = self.string(name, default).strip().lower()
@@ -129,12 +143,15 @@ def _client_options(o: OptionReader, msg_timeout_ms: int = 0) -> ClientOptions:
 def _nodes(o: OptionReader) -> tuple[list[str], list[str]]:
     nsqd = o.addresses("nsqdTcpAddresses", 4150)
     lookupd = o.addresses("nsqlookupdHttpAddresses", DEFAULT_LOOKUPD_HTTP_PORT)
+    return nsqd, lookupd
+
+
+def _some_nodes(nsqd: list[str], lookupd: list[str]) -> None:
     if not nsqd and not lookupd:
         raise NsqOptionError(
             "set option 'nsqdTcpAddresses' (host:port,...) or 'nsqlookupdHttpAddresses' "
             "(host:port,...)"
         )
-    return nsqd, lookupd
 
 
 @dataclass(frozen=True)
@@ -162,9 +179,13 @@ class SourceOptions:
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         o = OptionReader(options)
         topic = o.get("topic")
+        channel = o.get("channel")
+        # Every option is read before any is refused: a misspelled one is named first (a
+        # missing 'channel' is most often a misspelled one).
+        fields = cls._read(o)
+        o.reject_unknown("channel", also=("mode", "nsqdHttpAddresses"))
         if topic is None:
             raise NsqOptionError("option 'topic' is required (the NSQ topic to read)")
-        channel = o.get("channel")
         if channel is None:
             raise NsqOptionError(
                 "option 'channel' is required (the NSQ channel to consume; queries sharing a "
@@ -172,12 +193,15 @@ class SourceOptions:
             )
         check_name("topic", "topic", topic)
         check_name("channel", "channel", channel)
+        _some_nodes(fields["nsqd_addresses"], fields["lookupd_addresses"])
+        return cls(topic=topic, channel=channel, **fields)
+
+    @staticmethod
+    def _read(o: OptionReader) -> dict[str, Any]:
         nsqd, lookupd = _nodes(o)
         max_batch = o.integer("maxMessagesPerBatch", 10000, 1)
         msg_timeout = o.integer("msgTimeoutMs", 60000, 1000)
-        parsed = cls(
-            topic=topic,
-            channel=channel,
+        return dict(
             nsqd_addresses=nsqd,
             lookupd_addresses=lookupd,
             client=_client_options(o, msg_timeout),
@@ -196,9 +220,6 @@ class SourceOptions:
                 o.integer("maxBytesPerPartition", 8 * 1024 * 1024, 1), 1 << 30
             ),
         )
-        # Every option was read above; what is left (startingOffsets, a typo) is refused.
-        o.reject_unknown("channel", also=("mode", "nsqdHttpAddresses"))
-        return parsed
 
 
 @dataclass(frozen=True)
@@ -220,18 +241,10 @@ class SinkOptions:
     def parse(cls, options: Mapping[str, str], has_topic_column: bool) -> SinkOptions:
         o = OptionReader(options)
         topic = o.get("topic")
-        if topic is None and not has_topic_column:
-            raise NsqOptionError(
-                "option 'topic' is required unless the DataFrame has a 'topic' column"
-            )
-        if topic is not None:
-            check_name("topic", "topic", topic)
         nsqd, lookupd = _nodes(o)
         max_body = o.integer("maxBodySize", 5 * 1024 * 1024, 16)
         max_msg = o.integer("maxMsgSize", 1024 * 1024, 1)
-        if max_msg + 8 > max_body:
-            raise NsqOptionError("option 'maxMsgSize' must be at most 'maxBodySize' - 8")
-        return cls(
+        parsed = cls(
             topic=topic,
             nsqd_addresses=nsqd,
             lookupd_addresses=lookupd,
@@ -245,6 +258,22 @@ class SinkOptions:
             retry_backoff_ms=o.integer("retryBackoffMs", 200, 0),
             pipeline=o.integer("pipelineDepth", 4, 1),
         )
+        # Every option was read: a misspelled one is named before a missing one.
+        o.reject_unknown("sink", also=SPARK_SINK_OPTIONS)
+        if topic is None and not has_topic_column:
+            raise NsqOptionError(
+                "option 'topic' is required unless the DataFrame has a 'topic' column"
+            )
+        if topic is not None:
+            check_name("topic", "topic", topic)
+        _some_nodes(nsqd, lookupd)
+        if max_msg + 8 > max_body:
+            raise NsqOptionError("option 'maxMsgSize' must be at most 'maxBodySize' - 8")
+        return parsed
+
+
+#: Options Spark itself takes through ``.option()`` of a writer: not the sink's, not refused.
+SPARK_SINK_OPTIONS = ("checkpointLocation", "mode", "path", "queryName")
 
 
 # -- log mode ------------------------------------------------------------------------------
@@ -318,10 +347,7 @@ class LogOptions:
             k for k in o._o if k not in {n.lower() for n in LOG_OPTIONS} and k != "path"
         )
         if unknown:
-            raise NsqOptionError(
-                f"unknown option(s) {', '.join(repr(k) for k in unknown)} for mode 'log'; "
-                f"valid: {', '.join(LOG_OPTIONS)}"
-            )
+            raise unknown_options(unknown, "log", list(LOG_OPTIONS))
         topic = o.get("topic")
         if topic is None:
             raise NsqOptionError("option 'topic' is required")

@@ -24,7 +24,7 @@ from pynsqd.client import (
     parse_address,
 )
 from pynsqd_spark.consumer import ConsumerPool, NsqSourceError
-from pynsqd_spark.options import NsqOptionError, SinkOptions, SourceOptions
+from pynsqd_spark.options import LogOptions, NsqOptionError, SinkOptions, SourceOptions
 from pynsqd_spark.sink import Publisher, chunk_bodies
 
 from ..waiting import wait_for
@@ -382,6 +382,21 @@ def test_unknown_source_options_are_refused_with_the_valid_ones() -> None:
     assert "unknown option(s) 'bogusoption', 'startingoffsets' for mode 'channel'" in message
     assert "maxMessagesPerBatch" in message and "nsqdTcpAddresses" in message
     SourceOptions.parse({**base, "mode": "channel", "MAXMESSAGESPERBATCH": "5"})  # any case
+
+
+def test_a_misspelled_option_is_named_first_with_the_nearest_valid_name() -> None:
+    """Issue 41: ``chanel`` was reported as "option 'channel' is required"."""
+    with pytest.raises(NsqOptionError) as info:
+        SourceOptions.parse({"topic": "t", "chanel": "c", "nsqdTcpAddresses": "h:1"})
+    assert str(info.value).startswith(
+        "unknown option(s) 'chanel' for mode 'channel' ('chanel': did you mean 'channel'?)"
+    )
+    with pytest.raises(NsqOptionError, match="'nsqdtcpadress': did you mean 'nsqdTcpAddresses'"):
+        SourceOptions.parse({"topic": "t", "channel": "c", "nsqdTcpAdress": "h:1"})
+    with pytest.raises(NsqOptionError, match="'startingofsets': did you mean 'startingOffsets'"):
+        LogOptions.parse({"topic": "t", "nsqdHttpAddresses": "h:1", "startingOfsets": "x"})
+    with pytest.raises(NsqOptionError, match="'topik': did you mean 'topic'"):
+        SinkOptions.parse({"topik": "t", "nsqdTcpAddresses": "h:1"}, has_topic_column=True)
 
 
 def test_a_workers_python_without_the_package_is_one_line() -> None:
