@@ -220,7 +220,8 @@ def main() -> None:
         .orderBy("kind")
         .collect()
     )
-    print(f"\ntotals from Parquet ({out / 'totals'}):")
+    kept = "" if args.out else " (a temporary directory, removed at exit: --out DIR keeps it)"
+    print(f"\ntotals from Parquet ({out / 'totals'}{kept}):")
     ok = True
     for r in final:
         want_n, want_amount = sent[r.kind]

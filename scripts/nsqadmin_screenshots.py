@@ -1,7 +1,7 @@
 """Screenshots of pynsqd's nsqadmin, and of Go's beside it, over one real cluster.
 
     .venv/bin/python scripts/nsqadmin_screenshots.py \
-        [--go-nsqadmin "$(../shared/tools/nsq-go)/nsqadmin"]
+        [--go-nsqadmin PATH]   (Go's nsqadmin 1.3.0 binary, from NSQ's release, to draw it too)
 
 Starts an nsqlookupd and two pynsqd nodes on 127.0.0.1, publishes to a topic with a channel
 and a connected consumer, starts pynsqd's nsqadmin (and Go's, given its path) on the lookupd,
