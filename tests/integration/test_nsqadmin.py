@@ -382,6 +382,93 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     _shot(browser, "counter")
 
 
+def test_first_hour_frictions_in_the_browser(
+    browser: Any, admin: AdminThread, cluster: Any
+) -> None:
+    """Issue 41 item 4, each seen by a new user: a refusal and the typed text wiped by the
+    redraw while traffic flows; a topic created there not on the Topics page; no Total row
+    under one node; clients without their port; an empty rate chart with one time at both
+    ends; tombstone buttons with stray commas; the e2e table with no hint."""
+    import threading
+
+    from selenium.webdriver.common.by import By
+
+    lookupd, a, _b = cluster
+    wait = _wait(browser)
+    base = f"http://127.0.0.1:{admin.port}"
+    browser.get(f"{base}/counter")  # the first sample of this page: no line, no time axis
+    wait.until(lambda d: d.find_elements(By.ID, "rate-chart"))
+    assert _steady(lambda: browser.find_elements(By.CSS_SELECTOR, "#rate-chart text.waiting"))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#rate-chart [data-axis]")
+    browser.get(f"{base}/topics")
+    orders = "//table[@id='topics']//tr[td/a='orders']"
+    wait.until(lambda d: d.find_element(By.XPATH, orders))
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='topic']").click())
+    browser.switch_to.active_element.send_keys("bad name!")
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
+    wait.until(lambda d: "refused: INVALID_TOPIC" in d.find_element(By.ID, "refused").text)
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with a.connect() as p:
+            while not stop.is_set():
+                p.pub("orders", b"t")
+
+    pub = threading.Thread(target=traffic, daemon=True)
+    pub.start()
+    try:
+        cell = f"{orders}/td[3]"
+        first = _steady(lambda: browser.find_element(By.XPATH, cell).text)
+        wait.until(lambda d: d.find_element(By.XPATH, cell).text != first)  # redrawn
+        second = _steady(lambda: browser.find_element(By.XPATH, cell).text)
+        wait.until(lambda d: d.find_element(By.XPATH, cell).text != second)  # and again
+        assert "refused: INVALID_TOPIC" in _steady(
+            lambda: browser.find_element(By.ID, "refused").text
+        )
+        assert (
+            _steady(
+                lambda: browser.find_element(
+                    By.CSS_SELECTOR, "#create [name='topic']"
+                ).get_attribute("value")
+            )
+            == "bad name!"
+        )
+    finally:
+        stop.set()
+        pub.join(timeout=10)
+    # Created here: on the Topics page at once, as inactive (in nsqlookupd, on no node).
+    field = "#create [name='topic']"
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, field).clear())
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, field).click())
+    browser.switch_to.active_element.send_keys("brandnew")
+    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
+    fresh = "//table[@id='topics']//tr[td/a='brandnew']"
+    wait.until(lambda d: d.find_elements(By.XPATH, fresh))
+    assert "inactive" in _steady(lambda: browser.find_element(By.XPATH, fresh).text)
+    assert _steady(lambda: browser.find_element(By.ID, "refused").text) == ""
+    # billing is on node a alone: its nodes table still has a Total; the client has its port;
+    # no percentiles: the hint names the flag.
+    with a.connect() as c:
+        c.identify()
+        c.sub("orders", "billing", rdy=0)
+        browser.get(f"{base}/topics/orders/billing")
+        total = "//table[@id='nodes']//tr[@class='total']"
+        wait.until(lambda d: d.find_elements(By.XPATH, total))
+        client = "//table[@id='clients']//tr[2]/td[1]"
+        wait.until(lambda d: d.find_elements(By.XPATH, client))
+        assert re.search(r":\d+", _steady(lambda: browser.find_element(By.XPATH, client).text))
+        assert "--e2e-processing-latency-percentile" in _steady(
+            lambda: browser.find_element(By.ID, "e2e-hint").text
+        )
+    browser.get(f"{base}/lookup")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[data-tombstone]"))
+    cells = _steady(
+        lambda: [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table.lookup td")]
+    )
+    assert not any("," in c for c in cells), cells
+    assert lookupd  # the cluster's nsqlookupd: where the created topic went
+
+
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:
     from selenium.webdriver.common.by import By
 

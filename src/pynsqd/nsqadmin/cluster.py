@@ -167,6 +167,24 @@ class Cluster:
                 agg["paused"] = agg["paused"] or bool(t.get("paused"))
                 agg["channels"].update(c["channel_name"] for c in t.get("channels") or [])
                 agg["nodes"].append(node)
+        # Topics nsqlookupd knows that no node has yet (made by the create form): listed, as
+        # inactive, so that what was just created is there (Go lists them on /lookup only).
+        for lookupd in self.opts.lookupd_http_addresses:
+            try:
+                doc = await self._get(lookupd, "/topics")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
+                continue
+            for name in topics_of(doc):
+                if name not in topics:
+                    topics[name] = {
+                        "topic": name,
+                        "depth": 0,
+                        "message_count": 0,
+                        "paused": False,
+                        "channels": set(),
+                        "nodes": [],
+                        "inactive": True,
+                    }
         rows = []
         for name in sorted(topics):
             agg = topics[name]

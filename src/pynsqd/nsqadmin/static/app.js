@@ -42,15 +42,27 @@ function niceMax(v) {
   return 10 * p;
 }
 function clock(ms) { return new Date(ms).toTimeString().slice(0, 8); }
+// Samples further apart than this were taken with no page open: the line breaks there.
+const GAP_MS = 10000;
 function chart(id, label, unit, points) {
   // points: [[unix ms, value], ...]
   const W = 420, H = 150, L = 56, R = 10, T = 10, B = 24, w = W - L - R, h = H - T - B;
+  if (points.length < 2) {
+    // One sample is no line (and a rate needs two): say so, with no time axis.
+    return `<figure><figcaption>${esc(label)}</figcaption><svg class="chart" id="${id}" data-points="${points.length}" width="${W}" height="${H}" role="img" aria-label="${esc(label)}">` +
+      `<text x="${W / 2}" y="${H / 2}" text-anchor="middle" class="waiting">collecting samples (one every 2 s while this page is open)</text></svg></figure>`;
+  }
   const vals = points.map(p => p[1]);
   const max = niceMax(Math.max(0, ...vals));
   const t0 = points.length ? points[0][0] : Date.now(), t1 = points.length ? points[points.length - 1][0] : t0;
   const span = Math.max(1, t1 - t0);
   const x = t => L + (t - t0) * w / span, y = v => T + h - v * h / max;
-  const line = points.map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+  // One polyline per run of samples with no gap between them.
+  const runs = [[]];
+  points.forEach((p, i) => {
+    if (i && p[0] - points[i - 1][0] > GAP_MS) runs.push([]);
+    runs[runs.length - 1].push(`${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`);
+  });
   const grid = [0, 0.5, 1].map(f => {
     const v = max * f, yy = y(v).toFixed(1);
     return `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#ddd"/>` +
@@ -62,12 +74,14 @@ function chart(id, label, unit, points) {
     grid + `<text x="12" y="${T + h / 2}" class="unit" transform="rotate(-90 12 ${T + h / 2})" text-anchor="middle">${esc(unit)}</text>` +
     `<text x="${L}" y="${H - 6}" class="tick" data-axis="start">${points.length ? clock(t0) : ""}</text>` +
     `<text x="${W - R}" y="${H - 6}" class="tick" text-anchor="end" data-axis="end">${points.length ? clock(t1) : ""}</text>` +
-    `<polyline fill="none" stroke="#2a7ae2" stroke-width="2" points="${line}"/></svg></figure>`;
+    runs.map(r => `<polyline fill="none" stroke="#2a7ae2" stroke-width="2" points="${r.join(" ")}"/>`).join("") +
+    `</svg></figure>`;
 }
 function rates(history) {
   const out = [];
   for (let i = 1; i < history.length; i++) {
     const dt = (history[i][0] - history[i - 1][0]) / 1000;
+    if (dt * 1000 > GAP_MS) continue;  // across a gap: no rate (the line breaks there)
     out.push([history[i][0], dt > 0 ? Math.max(0, (history[i][2] - history[i - 1][2]) / dt) : 0]);
   }
   return out;
@@ -98,7 +112,7 @@ function table(id, first, cols, rows, total) {
   const head = `<tr><th>${esc(first)}</th>${cols.map(c => `<th>${esc(c[1])}</th>`).join("")}</tr>`;
   const body = rows.map(r => `<tr><td>${r.label}</td>${cols.map(c => `<td>${cell(r, c[0])}</td>`).join("")}</tr>`).join("");
   let foot = "";
-  if (total && rows.length > 1) {
+  if (total && rows.length) {
     const sum = {};
     for (const c of cols) sum[c[0]] = rows.reduce((a, r) => a + Number(r[c[0]] || 0), 0);
     sum.backend_depth = rows.reduce((a, r) => a + Number(r.backend_depth || 0), 0);
@@ -117,7 +131,15 @@ function buttons(isPaused) {
     .map(a => `<button data-action="${a}" class="${kinds[a]}">${a[0].toUpperCase() + a.slice(1)}</button>`).join("") +
     `<span id="refused" class="refused"></span></div>`;
 }
-function refused(e) { const el = document.getElementById("refused"); if (el) el.textContent = `refused: ${e.message}`; }
+// What the page says back (a refusal, a creation) and what is typed in the create form: kept
+// across the 2 s redraws until the next action, as Go's red banner stays.
+const said = {refused: "", created: "", topic: "", channel: ""};
+function showSaid() {
+  const r = document.getElementById("refused"), c = document.getElementById("created");
+  if (r) r.textContent = said.refused;
+  if (c) c.textContent = said.created;
+}
+function refused(e) { said.refused = `refused: ${e.message}`; said.created = ""; showSaid(); }
 async function act(path, action) {
   if (!confirm(`${action} ${path}?`)) return;
   const init = action === "delete" ? {method: "DELETE"} :
@@ -141,8 +163,10 @@ async function create(form) {
   const topic = form.topic.value.trim(), channel = form.channel.value.trim();
   try {
     await api("topics", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({topic, channel})});
-    document.getElementById("created").textContent = `created ${topic}${channel ? "/" + channel : ""}`;
-    form.reset();
+    Object.assign(said, {refused: "", created: `created ${topic}${channel ? "/" + channel : ""}`, topic: "", channel: ""});
+    (document.getElementById("create") || form).reset();
+    showSaid();
+    render();
   } catch (e) { refused(e); }
 }
 
@@ -161,14 +185,22 @@ async function channelPage(t, c) {
     `<h2>Nodes</h2>` + table("nodes", "Node", CHANNEL_COLS, nodes, true) +
     `<h2>Publish-to-FIN latency</h2><table id="e2e"><tr><th>Node</th><th>Samples</th><th>Percentiles (ms)</th></tr>` +
     d.nodes.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.e2e ? n.e2e.count : 0)}</td><td>${n.e2e && n.e2e.percentiles ? n.e2e.percentiles.map(p => `p${p.quantile * 100}: ${(p.value / 1e6).toFixed(1)}`).join(", ") : "–"}</td></tr>`).join("") + "</table>" +
+    (d.nodes.some(n => n.e2e && n.e2e.percentiles) ? "" : `<p class="hint" id="e2e-hint">No percentiles: start nsqd with <code>--e2e-processing-latency-percentile=0.99</code> (and more) to measure them.</p>`) +
     (d.nodes.some(n => n.lifecycle) ? `<h2>Lifecycle</h2><table id="lifecycle"><tr><th>Node</th><th>Dead-lettered</th><th>Expired</th><th>Dropped</th><th>Over bound</th><th>Max attempts</th><th>TTL</th><th>Max depth</th></tr>` +
       d.nodes.filter(n => n.lifecycle).map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.lifecycle.dead_letter_count)}</td><td>${num(n.lifecycle.expired_count)}</td><td>${num(n.lifecycle.dropped_count)}</td><td>${num(n.lifecycle.over_bound_count)}</td><td>${n.lifecycle.max_attempts || "–"}</td><td>${esc(n.lifecycle.msg_ttl || "–")}</td><td>${n.lifecycle.max_depth || "–"}</td></tr>`).join("") + "</table>" : "") +
     `<h2>Clients</h2>` + clientsTable(d.clients, false);
 }
 
+// A client as Go's nsqadmin names it: its id and the port it connects from (one host's clients
+// share a hostname).
+function clientName(k) {
+  const port = String(k.remote_address || "").split(":").pop();
+  const name = k.client_id || k.hostname || "";
+  return port && /^\d+$/.test(port) ? `${name}:${port}` : name;
+}
 function clientsTable(clients, where) {
   return `<table id="clients"><tr><th>Client</th>${where ? "<th>Topic / Channel</th>" : "<th>Node</th>"}<th>Address</th><th>Connected</th><th>User agent</th><th>In Flight</th><th>Ready</th><th>Finished</th><th>Requeued</th><th>TLS</th><th>Compression</th></tr>` +
-    clients.map(k => `<tr><td>${esc(k.client_id || k.hostname)}${k.hostname && k.hostname !== k.client_id ? ` <small>(${esc(k.hostname)})</small>` : ""}</td>` +
+    clients.map(k => `<tr><td>${esc(clientName(k))}${k.hostname && k.hostname !== k.client_id ? ` <small>(${esc(k.hostname)})</small>` : ""}</td>` +
       `<td>${where ? esc(`${k.topic} / ${k.channel}`) : link(`nodes/${k.node}`, k.node)}</td><td>${esc(k.remote_address || "")}</td>` +
       `<td title="${k.connect_ts ? new Date(k.connect_ts * 1000).toISOString() : ""}">${k.connect_ts ? ago(k.connect_ts) : ""}</td>` +
       `<td>${esc(k.user_agent || "")}</td><td>${num(k.in_flight_count)}</td><td>${num(k.ready_count)}</td><td>${num(k.finish_count)}</td><td>${num(k.requeue_count)}</td>` +
@@ -227,8 +259,8 @@ async function lookupPage() {
     d.lookupds.map(l =>
       `<h2>${esc(l.lookupd)}</h2><table class="lookup"><tr><th>Node</th><th>Version</th><th>Topics</th></tr>` +
       l.producers.map(p => `<tr><td>${link(`nodes/${p.node}`, p.node)}</td><td>${esc(p.version)}</td><td>` +
-        p.topics.map(t => t.tombstoned ? `<s>${esc(t.topic)}</s> (tombstoned)` :
-          `${esc(t.topic)} <button class="danger small" data-tombstone="${esc(t.topic)}" data-node="${esc(p.node)}">tombstone</button>`).join(", ") +
+        `<ul class="lookup-topics">` + p.topics.map(t => `<li>` + (t.tombstoned ? `<s>${esc(t.topic)}</s> (tombstoned)` :
+          `${esc(t.topic)} <button class="danger small" data-tombstone="${esc(t.topic)}" data-node="${esc(p.node)}">tombstone</button>`) + `</li>`).join("") + `</ul>` +
         "</td></tr>").join("") + "</table>").join("") + CREATE_FORM;
 }
 
@@ -244,7 +276,7 @@ async function topicsPage() {
   const d = await api("topics");
   crumbs([[null, "Topics"]]);
   return `<h1>Topics</h1><table id="topics"><tr><th>Topic</th><th>Depth</th><th>Messages</th><th>Channels</th><th>Nodes</th></tr>` +
-    d.topics.map(t => `<tr><td>${link(`topics/${t.topic}`, t.topic)}${paused(t.paused)}</td><td>${num(t.depth)}</td><td>${num(t.message_count)}</td><td>${t.channels}</td><td>${t.nodes.length}</td></tr>`).join("") +
+    d.topics.map(t => `<tr><td>${link(`topics/${t.topic}`, t.topic)}${paused(t.paused)}${t.inactive ? ' <span class="inactive" title="known to nsqlookupd, on no node yet">inactive</span>' : ""}</td><td>${num(t.depth)}</td><td>${num(t.message_count)}</td><td>${t.channels}</td><td>${t.nodes.length}</td></tr>`).join("") +
     "</table>" + CREATE_FORM;
 }
 
@@ -263,10 +295,10 @@ async function render() {
     // Nothing changed since the last draw: keep the page as it is (a selection, a hover).
     if (html === drawn) return;
     drawn = html;
-    // Keep a form being typed into, and the field that has the focus: redraw everything else.
+    // Keep what is typed in the form, and the field that has the focus: redraw the rest.
     const form = document.getElementById("create");
     const focused = form && form.contains(document.activeElement) ? document.activeElement.name : null;
-    const typed = focused ? [form.topic.value, form.channel.value] : null;
+    if (form) { said.topic = form.topic.value; said.channel = form.channel.value; }
     // Graphite's images are drawn once per page, not at every 2 s redraw: keep the old ones.
     const kept = {};
     main.querySelectorAll("img[id^='graphite-']").forEach(img => { kept[img.id] = img; });
@@ -275,11 +307,12 @@ async function render() {
       const old = kept[img.id];
       if (old && old.getAttribute("src") === img.getAttribute("src")) img.replaceWith(old);
     });
-    if (typed) {
-      const f = document.getElementById("create");
-      f.topic.value = typed[0]; f.channel.value = typed[1];
-      (f.elements[focused] || f.topic).focus();
+    const f0 = document.getElementById("create");
+    if (f0) {
+      f0.topic.value = said.topic; f0.channel.value = said.channel;
+      if (focused) (f0.elements[focused] || f0.topic).focus();
     }
+    showSaid();
     main.querySelectorAll("button[data-action]").forEach(b =>
       b.addEventListener("click", () => act(route.slice(1).join("/"), b.dataset.action)));
     main.querySelectorAll("button[data-tombstone]").forEach(b =>
