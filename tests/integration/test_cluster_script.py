@@ -142,3 +142,34 @@ def test_the_cluster_starts_in_one_command_and_the_printed_commands_work(cluster
     assert stop.returncode == 0 and "stopped the cluster" in stop.stdout, stop
     assert proc.wait(timeout=30) == 0
     assert not any(alive(p) for p in pids)
+
+
+def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    """docs/replication.md's "Running a cluster", every command as written (issue 41: only
+    node 1's command was shown, etcd wrote to /var/lib/etcd, --data-path had to exist): only
+    its ports and its directory are moved, so that it runs beside the rest of the suite."""
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.fail("the walk-through uses curl: install it (Debian: apt install curl)")
+    doc = (ROOT / "docs" / "replication.md").read_text()
+    part = doc.split("<!-- walkthrough -->", 1)[1].split("<!-- end of walkthrough -->", 1)[0]
+    script = "\n".join(re.findall(r"```\n(.*?)```", part, re.S))
+    assert script.count("scripts/nsqd ") == 3 and "/var/lib" not in script
+    offset = random.randrange(10_000, 40_000, 10)
+    for port in sorted({int(p) for p in re.findall(r"127\.0\.0\.1:(\d{4})\b", script)}):
+        script = re.sub(rf"\b{port}\b", str(port + offset), script)
+    script = script.replace("/tmp/pynsqd-demo", str(tmp_path / "demo"))
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    logs = "\n".join(
+        f"{p.name}: {p.read_text(errors='replace')[-600:]}"
+        for p in (tmp_path / "demo").glob("*.log")
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr, logs)
+    assert '"replicas":3' in result.stdout and result.stdout.rstrip().endswith("OK"), result
