@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from .. import __version__
 from ..core.message import Message
@@ -35,7 +35,21 @@ _FRAME_HEADER = struct.Struct(">ll")
 
 if TYPE_CHECKING:
     from ..core.channel import Channel
-    from .workers import Workers
+    from ..options import Options
+
+
+class RelayHost(Protocol):
+    """What a relay needs of its worker (``server/workers.Workers``)."""
+
+    @property
+    def opts(self) -> Options: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def index(self) -> int: ...
+    def peers(self) -> list[int]: ...
+    def link_path(self, peer: int) -> str: ...
+
 
 log = logging.getLogger("pynsqd")
 
@@ -158,7 +172,7 @@ class Link(asyncio.Protocol):
 class Relay:
     """One channel's links to the other workers (``core.lending.Demand``)."""
 
-    def __init__(self, workers: Workers, channel: Channel) -> None:
+    def __init__(self, workers: RelayHost, channel: Channel) -> None:
         self.workers = workers
         self.channel = channel
         self.links: dict[int, Link] = {}

@@ -29,7 +29,7 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.lending import Lending
 from ..http.stats import merge_stats
@@ -41,8 +41,19 @@ if TYPE_CHECKING:
     from aiohttp.web_request import BaseRequest
 
     from ..core.channel import Channel
+    from ..core.topic import Topic
     from ..options import Options
-    from .nsqd import NSQD
+
+
+class WorkerNode(Protocol):
+    """What a worker's part needs of its nsqd (``server/nsqd.NSQD``)."""
+
+    opts: Options
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
 
 log = logging.getLogger("pynsqd")
 
@@ -97,7 +108,7 @@ def inherited_socket(fd: int) -> socket.socket:
 class Workers:
     """This worker's view of the others (``nsqd.workers``; None without ``--workers``)."""
 
-    def __init__(self, nsqd: NSQD, spec: WorkerSpec) -> None:
+    def __init__(self, nsqd: WorkerNode, spec: WorkerSpec) -> None:
         self.nsqd = nsqd
         self.spec = spec
         self.index = spec.index
