@@ -460,6 +460,18 @@ def test_first_hour_frictions_in_the_browser(
         assert "--e2e-processing-latency-percentile" in _steady(
             lambda: browser.find_element(By.ID, "e2e-hint").text
         )
+    # A time when no page was open (no samples for 30 s) breaks the line, not a straight one.
+    from collections import deque
+
+    then = time.time() - 40
+    admin.call(
+        lambda: admin.service.history._series.__setitem__(
+            "orders", deque([(then, 3, 8), (then + 2, 3, 8), (then + 4, 3, 8)])
+        )
+    )
+    browser.get(f"{base}/topics/orders")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#depth-chart polyline"))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#depth-chart polyline")) == 2
     browser.get(f"{base}/lookup")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "button[data-tombstone]"))
     cells = _steady(

@@ -341,7 +341,7 @@ def test_workers_refuse_what_they_do_not_do_yet(data: Path) -> None:
 
 
 def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: Path) -> None:
-    from .lookupd_helpers import LookupdThread, get_json
+    from .lookupd_helpers import LookupdThread, get_json, http
 
     lookupd = LookupdThread()
     try:
@@ -353,9 +353,9 @@ def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: P
                 c.identify()
                 c.sub("seen", "sub-made", rdy=1)
 
-                def registered() -> bool:
-                    doc = get_json(f"{lookupd.http_url}/lookup?topic=seen")
-                    return "sub-made" in doc["channels"]
+                def registered() -> bool:  # 404 until worker 0 has registered the topic
+                    status, body, _ = http(f"{lookupd.http_url}/lookup?topic=seen")
+                    return status == 200 and "sub-made" in json.loads(body)["channels"]
 
                 wait_for(registered, "the channel at nsqlookupd")
             doc = get_json(f"{lookupd.http_url}/nodes")
