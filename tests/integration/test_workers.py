@@ -152,6 +152,29 @@ def test_one_consumer_connection_gets_what_every_worker_took(data: Path) -> None
         assert "nsq_build_info{" in text.decode() and "nsq_healthy 1.0" in text.decode()
 
 
+def test_client_connections_spread_over_the_workers(data: Path) -> None:
+    """Thirty connections opened one after another (each answered before the next): every one
+    of three workers takes its share, whichever wakes first (the full suite once saw all 30
+    land on one worker)."""
+    with started(data, "--workers=3") as node:
+        conns = [node.connect() for _ in range(30)]
+        try:
+            for c in conns:
+                c.identify()
+                c.pub("spread2", b"x")
+            with node.connect() as c:
+                c.identify()
+                c.sub("spread2", "ch", rdy=30)
+                ids = [c.read_message().id for _ in range(30)]
+        finally:
+            for c in conns:
+                c.close()
+        per_worker = [
+            sum(1 for i in ids if node_of(i) == n) for n in sorted(set(map(node_of, ids)))
+        ]
+        assert len(per_worker) == 3 and min(per_worker) >= 8, per_worker
+
+
 def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:
     with started(data, "--workers=2") as node:
         published = publish_spread(node, "req", 20, 5)

@@ -77,10 +77,15 @@ def listen_backlog() -> int:
     return max(value, socket.SOMAXCONN)
 
 
+#: A worker that holds more than its share of connections looks again after this long.
+ADMIT_AGAIN = 0.002
+
+
 class SharedListener:
     """Accepts on a socket other workers accept on too: one connection per wake-up, so a
-    burst of connections is spread instead of taken by the first worker to wake. The
-    ``asyncio.Server`` methods nsqd uses."""
+    burst of connections is spread instead of taken by the first worker to wake; with
+    ``admit``, a worker that already holds more than its share lets the others take the next
+    one (nginx's ``accept_disabled``). The ``asyncio.Server`` methods nsqd uses."""
 
     def __init__(
         self,
@@ -88,12 +93,15 @@ class SharedListener:
         sock: socket.socket,
         factory: Callable[[], asyncio.BaseProtocol],
         ssl_context: ssl.SSLContext | None = None,
+        admit: Callable[[], bool] | None = None,
     ) -> None:
         self.loop = loop
         self.sockets = [sock]
         self._sock = sock
         self._factory = factory
         self._ssl = ssl_context
+        self._admit = admit
+        self._later: asyncio.TimerHandle | None = None
         self._serving = False
         sock.setblocking(False)
 
@@ -106,6 +114,11 @@ class SharedListener:
         return self._serving
 
     def _accept(self) -> None:
+        if self._admit is not None and not self._admit():
+            self.loop.remove_reader(self._sock.fileno())
+            if self._later is None:
+                self._later = self.loop.call_later(ADMIT_AGAIN, self._resume)
+            return
         try:
             conn, _addr = self._sock.accept()
         except (BlockingIOError, InterruptedError):
@@ -113,7 +126,8 @@ class SharedListener:
         except OSError as err:  # EMFILE and friends: pause, as Go's accept loop does
             log.error("WORKERS: accept failed - %s; retrying in 1s", err)
             self.loop.remove_reader(self._sock.fileno())
-            self.loop.call_later(1.0, self._resume)
+            if self._later is None:
+                self._later = self.loop.call_later(1.0, self._resume)
             return
         conn.setblocking(False)
         if conn.family in (socket.AF_INET, socket.AF_INET6):
@@ -121,6 +135,7 @@ class SharedListener:
         self.loop.create_task(self._connect(conn))
 
     def _resume(self) -> None:
+        self._later = None
         if self._serving:
             self.loop.add_reader(self._sock.fileno(), self._accept)
 
@@ -132,6 +147,9 @@ class SharedListener:
             conn.close()
 
     def close(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         if self._serving:
             self._serving = False
             self.loop.remove_reader(self._sock.fileno())

@@ -455,9 +455,13 @@ class NSQD:
 
     def add_client(self, client: ClientV2) -> None:
         self.clients[client.id] = client
+        if self.workers is not None and not client.is_link:
+            self.workers.client_count(1)
 
     def remove_client(self, client: ClientV2) -> None:
-        self.clients.pop(client.id, None)
+        gone = self.clients.pop(client.id, None) is not None
+        if gone and self.workers is not None and not client.is_link:
+            self.workers.client_count(-1)
 
     def set_health_error(self, err: BaseException | None) -> None:
         self.health_error = None if err is None else str(err)

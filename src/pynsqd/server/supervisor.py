@@ -32,7 +32,7 @@ import tempfile
 
 from ..internal.listener import is_unix_address, listen_backlog, split_host_port
 from ..options import Options
-from .workers import WorkerSpec
+from .workers import ConnectionCounts, WorkerSpec
 
 log = logging.getLogger("pynsqd")
 
@@ -90,6 +90,8 @@ class Supervisor:
             self.shared["https"] = bind(opts.https_address)
         # Short paths (sun_path holds 107 bytes), private to this user.
         self.private_dir = tempfile.mkdtemp(prefix="pynsqd-workers-")
+        self.counts_path = os.path.join(self.private_dir, "connections")
+        self.counts = ConnectionCounts.create(self.counts_path, self.count)
         for i in range(self.count):
             link = os.path.join(self.private_dir, f"{i}.link")
             admin = os.path.join(self.private_dir, f"{i}.admin")
@@ -150,7 +152,7 @@ class Supervisor:
             fds.update({name: s.fileno() for name, s in self.private[i].items()})
             fds["alive"] = self._alive_r
             fds["ready"] = self._ready_w
-            spec = WorkerSpec(i, self.count, fds, self.links, self.admins)
+            spec = WorkerSpec(i, self.count, fds, self.links, self.admins, self.counts_path)
             env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
@@ -159,6 +161,7 @@ class Supervisor:
             started = loop.time()
             code = await proc.wait()
             del self.procs[i]
+            self.counts.set(i, ConnectionCounts.DOWN)  # no longer takes connections
             if self.stop.is_set():
                 return
             if i not in self.ever_ready:
@@ -191,6 +194,8 @@ class Supervisor:
                 os.close(fd)
         for sock in list(self.shared.values()) + [s for p in self.private for s in p.values()]:
             sock.close()
+        if getattr(self, "counts", None) is not None:
+            self.counts.close()
         if self.private_dir:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 

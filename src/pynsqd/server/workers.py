@@ -23,10 +23,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import mmap
 import os
 import signal
 import socket
 import ssl
+import struct
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -74,6 +76,8 @@ class WorkerSpec:
     #: Every worker's link and admin socket paths, by index.
     links: list[str]
     admins: list[str]
+    #: A file of ``count`` int64: each worker's client connections (``ConnectionCounts``).
+    counts: str = ""
 
     ENV = "PYNSQD_WORKER"
 
@@ -101,6 +105,40 @@ def worker_options(opts: Options, spec: WorkerSpec) -> None:
         opts.log_prefix = f"{prefix}w{spec.index} "
 
 
+class ConnectionCounts:
+    """Each worker's client connections, in a small file every worker maps: the supervisor
+    makes it (every slot ``DOWN``), a worker writes its own slot, reads the others' to decide
+    whether to accept (``Workers.admit``), and the supervisor writes ``DOWN`` when one exits."""
+
+    DOWN = (1 << 62) - 1
+    _SLOT = struct.Struct("<q")
+
+    def __init__(self, path: str, count: int) -> None:
+        self.count = count
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), count * 8)
+
+    @classmethod
+    def create(cls, path: str, count: int) -> ConnectionCounts:
+        with open(path, "wb") as f:
+            f.write(cls._SLOT.pack(cls.DOWN) * count)
+        return cls(path, count)
+
+    def set(self, index: int, value: int) -> None:
+        self._SLOT.pack_into(self._map, index * 8, value)
+
+    def least_but(self, index: int) -> int:
+        """The fewest connections of the other workers (``DOWN`` when none is up)."""
+        unpack = self._SLOT.unpack_from
+        return min(
+            (unpack(self._map, i * 8)[0] for i in range(self.count) if i != index),
+            default=self.DOWN,
+        )
+
+    def close(self) -> None:
+        self._map.close()
+
+
 def inherited_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=fd)
 
@@ -119,6 +157,10 @@ class Workers:
         self._sessions: dict[int, ClientSession] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._alive_fd = spec.fds.get("alive", -1)
+        self._clients = 0
+        self._counts = ConnectionCounts(spec.counts, spec.count) if spec.counts else None
+        if self._counts is not None:
+            self._counts.set(self.index, 0)
 
     @property
     def is_lead(self) -> bool:
@@ -142,7 +184,24 @@ class Workers:
         fd = self.spec.fds.get(name)
         if fd is None:
             return None
-        return SharedListener(self.loop, inherited_socket(fd), factory, ssl_context)
+        # The node's TCP port: a worker with more than its share of clients lets the others
+        # take the next one (HTTP's connections are short-lived: taken as they come).
+        admit = self.admit if name == "tcp" and self._counts is not None else None
+        return SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
+
+    # -- clients spread over the workers --------------------------------------------------
+
+    def client_count(self, delta: int) -> None:
+        """A client connection of this worker opened (+1) or closed (-1)."""
+        self._clients += delta
+        if self._counts is not None:
+            self._counts.set(self.index, self._clients)
+
+    def admit(self) -> bool:
+        """Whether this worker takes the next connection: it holds no more than one more than
+        the least loaded live worker (a worker that is down counts as full)."""
+        assert self._counts is not None
+        return self._clients <= self._counts.least_but(self.index) + 1
 
     def started(self) -> None:
         """Serving: tell the supervisor, and stop when it goes (its end of a pipe closes)."""
