@@ -201,6 +201,11 @@ LANES = {
     "test_retained_faults.py": "fault-2",
     "test_crash_safety.py": "fault-2",
     "test_persistence_process.py": "fault-2",
+    # Many processes each (a replicated cluster and its etcd; a supervisor and its workers):
+    # run in order with the other fault files, not beside them on the two cores, where their
+    # load makes etcd leases lapse in the replication tests.
+    "test_cluster_script.py": "fault-2",
+    "test_workers.py": "fault-1",
 }
 
 

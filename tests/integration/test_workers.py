@@ -240,6 +240,16 @@ def test_admin_calls_take_effect_on_every_worker_and_answer_once(data: Path) -> 
         wait_for(lambda: node.stats()["topics"][0]["channels"][0]["depth"] == 30, "the depth")
         assert node.http("POST", "/channel/empty?topic=adm&channel=ch")[0] == 200
         assert node.stats()["topics"][0]["channels"][0]["depth"] == 0
+        # PUT /config/:opt with its value in the body: on every worker (any one answers).
+        before = node.http("GET", "/config/log_level")[1]
+        conn = __import__("http.client").client.HTTPConnection("127.0.0.1", node.http_port)
+        conn.request("PUT", "/config/log_level", body=b"warn")
+        resp = conn.getresponse()
+        warn = resp.read()
+        conn.close()
+        assert resp.status == 200 and warn != before, (resp.status, warn, before)
+        for _ in range(6):  # whichever worker each request lands on
+            assert node.http("GET", "/config/log_level") == (200, warn)
         # nsqd's answers, once: a missing topic is 404 from the worker asked.
         status, body = node.http("POST", "/topic/delete?topic=nope")
         assert (status, json.loads(body)) == (404, {"message": "TOPIC_NOT_FOUND"})

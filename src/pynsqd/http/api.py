@@ -54,8 +54,16 @@ _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
 
 
+#: Where a body already read for this request is kept (``--workers``: an admin call read once,
+#: made here and on every other worker).
+BODY_READ = "pynsqd.body"
+
+
 async def read_body(request: BaseRequest, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of the body, or None if it is longer (the rest is not read)."""
+    if BODY_READ in request:
+        kept: bytes = request[BODY_READ]
+        return kept if len(kept) <= limit else None
     buf = bytearray()
     content = request.content
     try:

@@ -34,7 +34,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.lending import Lending
+from ..http.api import BODY_READ, read_body
 from ..http.stats import merge_stats
+from ..internal.httpapi import HTTPError
 from ..internal.listener import SharedListener
 from .relay import Relay
 
@@ -314,7 +316,12 @@ class Workers:
                     return await handler(request, params)
                 finally:
                     self._quiet.discard(topic)
-            body = await request.read() if request.can_read_body else b""
+            body = b""
+            if request.can_read_body:
+                read = await read_body(request, self.opts.max_msg_size)
+                if read is None:
+                    raise HTTPError(413, "INVALID_VALUE")
+                body = request[BODY_READ] = read  # the handler reads it from there
             result = await handler(request, params)
             await self.fan_out(request.method, request.path_qs, body)
             return result
