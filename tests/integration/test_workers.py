@@ -175,6 +175,27 @@ def test_client_connections_spread_over_the_workers(data: Path) -> None:
         assert len(per_worker) == 3 and min(per_worker) >= 8, per_worker
 
 
+def test_after_a_subs_ok_every_worker_publishes_to_the_channel(data: Path) -> None:
+    """nsqd's promise: what is published after a SUB's OK is that channel's. With workers the
+    channel must then exist on every worker (found by pynsq's own test: a publish on another
+    worker reached the channel made first, not the second, whose link was still opening)."""
+    with started(data, "--workers=3") as node:
+        for round_ in range(3):
+            topic = f"fresh{round_}"
+            with node.connect() as work, node.connect() as audit:
+                work.identify()
+                audit.identify()
+                work.sub(topic, "work", rdy=50)
+                audit.sub(topic, "audit", rdy=50)
+                bodies = [f"{w}-{i}".encode() for w in range(3) for i in range(5)]
+                for w in range(3):  # at once, on every worker
+                    mine = b"\n".join(bodies[w * 5 : w * 5 + 5])
+                    on_worker(node, w, f"/mpub?topic={topic}", mine)
+                for c in (work, audit):
+                    got = sorted(body for _, body, _ in consume(c, len(bodies)))
+                    assert got == sorted(bodies)
+
+
 def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:
     with started(data, "--workers=2") as node:
         published = publish_spread(node, "req", 20, 5)

@@ -90,6 +90,7 @@ class Context:
         # Off: on the fake loop a spinning callback would keep run_ready going forever.
         self.busy_poll = BusyPoll(loop, 0)  # type: ignore[arg-type]
         self.replication = None
+        self.workers = None  # one process
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self._ids = 0

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
 
 
+class ChannelsEverywhere(Protocol):
+    """``--workers``: a channel just made here is being made on every other worker."""
+
+    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
+        """Done once every worker has the channel (None: nothing to wait for)."""
+
+
 class ConnectionContext(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -36,6 +43,8 @@ class ConnectionContext(Protocol):
     def busy_poll(self) -> BusyPoll: ...
     @property
     def replication(self) -> Replicator | None: ...
+    @property
+    def workers(self) -> ChannelsEverywhere | None: ...
 
     def next_client_id(self) -> int: ...
     def add_client(self, client: ClientV2) -> None: ...

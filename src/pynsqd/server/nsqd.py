@@ -205,6 +205,8 @@ class NSQD:
         ch.held = self._joining
         if self.workers is not None:
             self.workers.attach(ch)
+            if not self._loading_metadata:
+                self.workers.channel_created(topic.name, name)
         if not ch.ephemeral:
             self._persist_metadata_soon()  # once the topic has added it
         return ch

@@ -483,6 +483,14 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             cmd.topic,
             cmd.channel,
         )
+        workers = self.nsqd.workers
+        made = workers.channel_everywhere(cmd.topic, cmd.channel) if workers else None
+        if made is not None and not made.done():
+            # --workers: OK once every worker has the channel, so that a message published
+            # through any worker after the OK is the channel's (nsqd's promise for a SUB).
+            self.pause(Pause.COMMIT)
+            made.add_done_callback(lambda _f: self._committed("SUB", None))
+            return
         self.send_frame(OK_FRAME)
 
     def RDY(self, cmd: Rdy) -> None:

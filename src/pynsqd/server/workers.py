@@ -38,6 +38,7 @@ from ..http.api import BODY_READ, read_body
 from ..http.stats import merge_stats
 from ..internal.httpapi import HTTPError
 from ..internal.listener import SharedListener
+from ..internal.names import is_ephemeral
 from .relay import Relay
 
 if TYPE_CHECKING:
@@ -156,6 +157,8 @@ class Workers:
         self.loop = nsqd.loop
         #: Topics a peer's fan-out is making here: not announced back.
         self._quiet: set[str] = set()
+        #: Channels made here being made on the other workers (``channel_created``).
+        self._made: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._sessions: dict[int, ClientSession] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._alive_fd = spec.fds.get("alive", -1)
@@ -239,12 +242,44 @@ class Workers:
         if lending is not None and isinstance(lending.demand, Relay):
             lending.demand.close()
 
-    # -- topics made here are made on every worker ----------------------------------------
+    # -- topics and channels made here are made on every worker ---------------------------
 
     def topic_created(self, name: str) -> None:
         if name in self._quiet:
             return
         self._spawn(self.fan_out("POST", "/topic/create?topic=" + urllib.parse.quote(name), b""))
+
+    def channel_created(self, topic: str, channel: str) -> None:
+        """A channel made here (a SUB, a link's SUB) is made on every other worker, so that
+        what is published through any of them after the SUB's OK is the channel's; the SUB
+        waits for it (``channel_everywhere``). An #ephemeral channel reaches the others
+        through the links alone (made everywhere, it would outlive its consumers there)."""
+        if topic in self._quiet or is_ephemeral(channel):
+            return
+        key = (topic, channel)
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._made[key] = done
+        query = urllib.parse.urlencode({"topic": topic, "channel": channel})
+
+        async def announce() -> None:
+            try:
+                await asyncio.wait_for(self.fan_out("POST", f"/channel/create?{query}", b""), 5.0)
+            except TimeoutError:
+                log.warning(
+                    "WORKERS: channel %s:%s not made on every worker in 5s; going on",
+                    topic,
+                    channel,
+                )
+            finally:
+                if self._made.get(key) is done:
+                    del self._made[key]
+                if not done.done():
+                    done.set_result(None)
+
+        self._spawn(announce())
+
+    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
+        return self._made.get((topic, channel))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
