@@ -13,7 +13,8 @@ additions, all here or in ``server/relay.py``: a channel with consumers pulls wh
 workers' copies hold (relay), an admin call made to one worker is made to every worker and
 answered once (``fanned``), and ``/stats`` answers for the node (``combine_stats``). A topic
 made by a publish on one worker is made on the others too (so nsqlookupd, which only worker 0
-registers with, and ``/stats`` list it); channels reach the others through the links.
+registers with, and ``/stats`` list it); a channel made by a SUB is made on the others before
+the SUB is answered (``channel_created``).
 """
 
 from __future__ import annotations
