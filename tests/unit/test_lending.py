@@ -174,3 +174,40 @@ def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
     assert d["channel_name"] == "d"
     assert producers == [real]
     assert merge_stats([(None, None), (None, None)]) == (None, None)
+
+
+def test_workers_option_counts_and_auto() -> None:
+    import pytest
+
+    from pynsqd.internal.checks import check_workers, usable_cores, workers_count
+
+    assert check_workers("auto") == "auto" and check_workers("04") == "4"
+    for bad in ("0", "-1", "257", "two", ""):
+        with pytest.raises(ValueError):
+            check_workers(bad)
+    assert workers_count("3") == 3
+    assert workers_count("auto") == usable_cores() >= 1
+
+
+def test_a_worker_with_more_than_its_share_lets_the_others_accept(tmp_path: object) -> None:
+    """``Workers.admit``'s arithmetic over the shared counts (``ConnectionCounts``): a worker
+    takes the next connection while it holds no more than one more than the least loaded live
+    worker; one that is down counts as full."""
+    import os
+
+    from pynsqd.server.workers import ConnectionCounts
+
+    path = os.path.join(str(tmp_path), "counts")
+    counts = ConnectionCounts.create(path, 3)
+    assert counts.least_but(0) == ConnectionCounts.DOWN  # nobody up: worker 0 takes them
+    other = ConnectionCounts(path, 3)  # another worker's view of the same file
+    counts.set(0, 4)
+    other.set(1, 2)
+    assert counts.least_but(0) == 2  # worker 2 is down: not counted
+    assert other.least_but(1) == 4
+    other.set(2, 3)
+    assert counts.least_but(0) == 2 and counts.least_but(2) == 2
+    counts.set(1, ConnectionCounts.DOWN)  # the supervisor saw worker 1 exit
+    assert counts.least_but(0) == 3
+    counts.close()
+    other.close()
