@@ -167,11 +167,11 @@ def test_stats_of_workers_are_summed_and_links_are_not_clients() -> None:
     assert [t["topic_name"] for t in topics] == ["a", "t"]
     t = topics[1]
     assert t["depth"] == 4 and t["paused"] is False
-    c, d = t["channels"]
+    # d is on one worker of two (being made on the other): not the node's yet.
+    (c,) = t["channels"]
     # The link's 4 in flight are the 4 the consumer holds: counted once.
     assert (c["depth"], c["in_flight_count"], c["clients"]) == (7, 4, [real])
     assert c["lifecycle"] == {"max_attempts": 2, "dead_letter_count": 7}  # a setting, a count
-    assert d["channel_name"] == "d"
     assert producers == [real]
     assert merge_stats([(None, None), (None, None)]) == (None, None)
 

@@ -263,16 +263,23 @@ def merge_stats(
 ) -> tuple[list[Json] | None, list[Json] | None]:
     """Every worker's ``get_stats`` → the node's: counts summed per topic and channel (by
     name), clients and producers listed together; the workers' links to each other are not
-    clients, and what they hold in flight is counted once, where it is delivered."""
+    clients, and what they hold in flight is counted once, where it is delivered. A channel is
+    listed once every worker has it (a SUB's channel is being made on the others: until then a
+    message published through one of them would not be its, so the node does not have it yet;
+    nsqd lists a channel that takes every later message)."""
     topics: dict[str, Json] = {}
     producers: list[Json] = []
     seen_topics = False
+    holders: dict[tuple[str, str], int] = {}
     for part_topics, part_producers in parts:
         if part_topics is not None:
             seen_topics = True
         for t in part_topics or []:
             t = dict(t, channels=[dict(c) for c in t.get("channels") or []])
             name = t["topic_name"]
+            for c in t["channels"]:
+                key = (name, c["channel_name"])
+                holders[key] = holders.get(key, 0) + 1
             if name in topics:
                 _add_into(topics[name], t, {"channels": _merge_channels})
             else:
@@ -280,6 +287,9 @@ def merge_stats(
                 topics[name] = t
         producers.extend(p for p in part_producers or [] if not _is_link(p))
     for t in topics.values():
+        t["channels"] = [
+            c for c in t["channels"] if holders[(t["topic_name"], c["channel_name"])] == len(parts)
+        ]
         for c in t["channels"]:
             clients = c.get("clients")
             if clients:
