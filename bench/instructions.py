@@ -67,21 +67,27 @@ def fins_for(data: bytes) -> bytes:
     return b"".join(b"FIN %s\n" % i for i in ids)
 
 
+def _context(loop: FakeLoop) -> Context:
+    """A fake nsqd whose channels keep everything in memory."""
+    ctx = Context(loop, mem_queue_size=1_000_000)
+    ctx.make_channel = lambda topic, name: Channel(  # type: ignore[method-assign]
+        topic,
+        name,
+        loop,
+        mem_queue_size=1_000_000,
+        backend=DummyBackend(),
+        max_msg_timeout=ctx.opts.max_msg_timeout,
+    )
+    return ctx
+
+
 class Pubsub:
     def __init__(self, size: int, batch: int) -> None:
         # As nsqd runs (internal/process.py): long-lived objects frozen, young collections rare.
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
         self.loop = loop = FakeLoop()
-        self.ctx = ctx = Context(loop, mem_queue_size=1_000_000)
-        ctx.make_channel = lambda topic, name: Channel(  # type: ignore[method-assign]
-            topic,
-            name,
-            loop,
-            mem_queue_size=1_000_000,
-            backend=DummyBackend(),
-            max_msg_timeout=ctx.opts.max_msg_timeout,
-        )
+        self.ctx = _context(loop)
         self.publisher = self._connect(Transport())
         self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
         self.subs = []
@@ -108,7 +114,7 @@ class Pubsub:
         for _ in range(cycles):
             t0 = clock()
             self.publisher.data_received(self.mpub)
-            self.loop.run_ready()
+            self.settle()
             for client, _ in self.subs:
                 client.flush()  # what the flush timer does (the fake clock does not move here)
             spent += clock() - t0
@@ -119,9 +125,13 @@ class Pubsub:
             for client, data in fins:
                 if data:
                     client.data_received(data)
-            self.loop.run_ready()
+            self.settle()
             spent += clock() - t0
         return spent
+
+    def settle(self) -> None:
+        """Run what the last input made ready."""
+        self.loop.run_ready()
 
     def check(self, cycles: int) -> None:
         """Every message published was delivered and FIN'd (a broken harness measures less)."""
@@ -179,15 +189,7 @@ class CrossPubsub(Pubsub):
         super().__init__(size, batch)  # worker A: its two consumers, subscribed
         a_ctx, a_loop = self.ctx, self.loop
         self.b_loop = b_loop = FakeLoop()
-        self.b_ctx = b_ctx = Context(b_loop, mem_queue_size=1_000_000)
-        b_ctx.make_channel = lambda topic, name: Channel(  # type: ignore[method-assign]
-            topic,
-            name,
-            b_loop,
-            mem_queue_size=1_000_000,
-            backend=DummyBackend(),
-            max_msg_timeout=b_ctx.opts.max_msg_timeout,
-        )
+        self.b_ctx = b_ctx = _context(b_loop)
         self.ctx, self.loop = b_ctx, b_loop
         self.publisher = self._connect(Transport())  # publishes on worker B
         self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
@@ -217,27 +219,9 @@ class CrossPubsub(Pubsub):
                 self.link.data_received(down)
             self.loop.run_ready()
 
-    def run(self, cycles: int) -> float:
-        spent = 0.0
-        clock = time.perf_counter
-        for _ in range(cycles):
-            t0 = clock()
-            self.publisher.data_received(self.mpub)
-            self.pump_links()
-            for client, _ in self.subs:
-                client.flush()
-            spent += clock() - t0
-            fins = [(c, fins_for(b"".join(s.chunks))) for c, s in self.subs]
-            for _, sink in self.subs:
-                sink.chunks.clear()
-            t0 = clock()
-            for client, data in fins:
-                if data:
-                    client.data_received(data)
-            self.loop.run_ready()
-            self.pump_links()
-            spent += clock() - t0
-        return spent
+    def settle(self) -> None:
+        self.loop.run_ready()
+        self.pump_links()
 
     def check(self, cycles: int) -> None:
         b_topic: Topic = self.b_ctx.get_topic("t")

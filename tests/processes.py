@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -117,6 +118,19 @@ class NsqdProcess(ServerProcess):
         assert status == 200
         result: dict[str, Any] = json.loads(body)
         return result
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie not yet reaped is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
 
 
 def reap_all() -> None:

@@ -10,13 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from ..processes import alive
 from ..waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +24,9 @@ SCRIPT = ROOT / "scripts" / "cluster.py"
 PORTS = (2379, 2380, 4160, 4161, 4150, 4151, 4250, 4251, 4350, 4351, 4171)
 
 
-def alive(pid: int) -> bool:
+def published(url: str, body: bytes) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        return post(url, body) == b"OK"
     except OSError:
         return False
 
@@ -115,15 +111,8 @@ def test_the_cluster_starts_in_one_command_and_the_printed_commands_work(cluster
             doc = r.read().decode()
         assert '"replicas":3' in doc and '"role":"leader"' in doc, doc
         os.kill(int(kill.group(1)), signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while True:  # node 2 takes publishes to its own partition once 2 copies hold them
-            try:
-                assert post(pub2.group(1), b"after") == b"OK"
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        # Node 2 takes publishes to its own partition once two copies can hold them.
+        wait_for(lambda: published(pub2.group(1), b"after"), "a publish to node 2", timeout=60)
         out, err = tailer.communicate(timeout=90)
     finally:
         if tailer.poll() is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ..processes import NsqdProcess
+from ..processes import NsqdProcess, alive
 from ..waiting import wait_for
 from ..wire import Conn
 
@@ -34,17 +34,6 @@ def worker_pids(node: NsqdProcess) -> dict[int, int]:
     for i, pid in SERVING.findall(node.output()):
         pids[int(i)] = int(pid)
     return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-        if f.read().split()[2] == "Z":
-            return False
-    return True
 
 
 @contextlib.contextmanager
@@ -227,19 +216,12 @@ def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) 
 
 def consume_until_done(c: Conn, first: dict[bytes, bytes], already: set[bytes]) -> set[bytes]:
     done = set(already)
-    while True:
-        try:
-            c.sock.settimeout(2)
-            m = c.read_message()
-        except TimeoutError:
-            return done
-        finally:
-            c.sock.settimeout(5)
+    while len(done) < len(first):
+        m = c.read_message()
         assert m.attempts == 2 and first[m.id] == m.body
         c.fin(m.id)
         done.add(m.id)
-        if len(done) == len(first):
-            return done
+    return done
 
 
 def test_admin_calls_take_effect_on_every_worker_and_answer_once(data: Path) -> None:
@@ -358,7 +340,7 @@ def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
         pids = list(worker_pids(node).values())
         node.p.kill()
         node.p.wait()
-        wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop", timeout=10)
+        wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop")
         assert "the supervisor is gone; stopping" in node.output()
 
 

@@ -61,10 +61,14 @@ async def listen(
             factory, host or None, port, reuse_address=True, backlog=backlog, **kwargs
         )
     except OSError as err:
-        # nsqd's words ("listen (0.0.0.0:4150) failed - ... address already in use"), not a
-        # Python tuple repr.
-        reason = os.strerror(err.errno).lower() if err.errno else str(err)
-        raise OSError(f"listen ({address}) failed - {reason}") from None
+        raise listen_failed(address, err) from None
+
+
+def listen_failed(address: str, err: OSError) -> OSError:
+    """nsqd's words ("listen (0.0.0.0:4150) failed - address already in use"), not a Python
+    tuple repr."""
+    reason = os.strerror(err.errno).lower() if err.errno else str(err)
+    return OSError(f"listen ({address}) failed - {reason}")
 
 
 def listen_backlog() -> int:

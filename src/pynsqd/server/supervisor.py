@@ -30,7 +30,12 @@ import socket
 import sys
 import tempfile
 
-from ..internal.listener import is_unix_address, listen_backlog, split_host_port
+from ..internal.listener import (
+    is_unix_address,
+    listen_backlog,
+    listen_failed,
+    split_host_port,
+)
 from ..options import Options
 from .workers import ConnectionCounts, WorkerSpec
 
@@ -61,8 +66,7 @@ def bind(address: str) -> socket.socket:
             sock.bind(addr)
         sock.listen(listen_backlog())
     except OSError as err:
-        reason = os.strerror(err.errno).lower() if err.errno else str(err)
-        raise OSError(f"listen ({address}) failed - {reason}") from None
+        raise listen_failed(address, err) from None
     return sock
 
 
