@@ -150,6 +150,17 @@ class Options:
         0,
         "pynsqd: keep each topic's log to about this many bytes, whole segments of --max-bytes-per-file (0: no size bound)",
     )
+    dedup_records: int = opt(
+        100_000,
+        "pynsqd: idempotent publishing remembers the producer and sequence of a retained topic's newest N records (per topic: POST /topic/config)",
+        positive=True,
+    )
+    dedup_window: float = opt(
+        86400.0,
+        "pynsqd: ... and of those younger than this: a retry later than the window may be written twice (per topic: POST /topic/config)",
+        kind="duration",
+        positive=True,
+    )
     # -- replicated topics (pynsqd; off unless --etcd-endpoints is given)
     etcd_endpoints: list[str] = opt(
         [],

@@ -10,15 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from .dedup import Dedup
 from .message import Message
 
 
 class MessageLog(Protocol):
     """A replayable topic's retained log (``storage/topiclog.py``)."""
 
-    def append(self, msgs: list[Message]) -> int:
+    def append(
+        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
+    ) -> int:
         """Log new messages in order before they fan out; return the first one's offset.
-        Raises OSError if they could not be logged (then none of them is published)."""
+        Raises OSError if they could not be logged (then none of them is published).
+        ``identity``: an idempotent publish's producer, first sequence and body CRCs."""
+
+    def identities(self) -> Dedup:
+        """What the log remembers of idempotent publishes (``core/dedup.py``)."""
+
+    def set_dedup(self, records: int, window_ns: int) -> None:
+        """Its window (the topic's settings)."""
+
+    @property
+    def committed(self) -> int | None:
+        """A replicated partition's high watermark; None: not replicated."""
 
     @property
     def earliest(self) -> int:

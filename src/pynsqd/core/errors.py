@@ -47,3 +47,14 @@ class QueueFull(Exception):
     def __init__(self, where: str, depth: int, limit: int, why: str = "") -> None:
         super().__init__(f"{where} is full ({why or f'{depth} of {limit} messages'})")
         self.where, self.depth, self.limit = where, depth, limit
+
+
+class NotRetained(Exception):
+    """An idempotent publish to a topic that keeps no log: nothing could recognise its retry."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic {topic} keeps no log, so a retried publish cannot be recognised: give it "
+            f"retention (POST /topic/retention?topic={topic}&time=24h, or --retention-time)"
+        )
+        self.topic = topic

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from typing import Protocol
 
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
-from .errors import QueueFull
+from .dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Verdict, gap_error
+from .errors import NotRetained, QueueFull
 from .guid import GUIDFactory
 from .message import Message
 from .offsets import offset_ids
@@ -57,7 +59,9 @@ class Topic:
         "bound_policy",
         "bounded",
         "channels",
+        "dedup_window",
         "dropped_count",
+        "duplicate_count",
         "ephemeral",
         "exiting",
         "guid",
@@ -70,6 +74,7 @@ class Topic:
         "name",
         "on_channel_added",
         "origin",
+        "other_logs",
         "paused",
         "queue",
     )
@@ -113,6 +118,13 @@ class Topic:
         self.bound_policy = "reject"
         self.bounded = False
         self.dropped_count = 0
+        #: Idempotent publishes answered OK without a new record (``core/dedup.py``).
+        self.duplicate_count = 0
+        #: Its window: (records, ns) (``core/dedup.py``; the topic's settings).
+        self.dedup_window = (DEFAULT_RECORDS, DEFAULT_WINDOW_NS)
+        #: The other partitions' logs this node holds copies of (a replicated topic): a
+        #: publish retried here after its first node died is recognised in them.
+        self.other_logs: Callable[[], list[MessageLog]] | None = None
         #: A replicated topic: this node's id, the origin of its partition. Its messages get
         #: offset IDs (``core/offsets.py``) and its channels keep done-windows. None: not
         #: replicated (no cost).
@@ -183,6 +195,71 @@ class Topic:
         self.message_bytes += sum(map(len, bodies))
         if self.bounded:
             self._trim()
+
+    def put_identified(
+        self, bodies: list[bytes], defer_ms: int, producer: bytes, first: int
+    ) -> tuple[int, int]:
+        """An idempotent PUB, MPUB or DPUB (``core/dedup.py``): the messages numbered from
+        ``first`` that the log already holds are not written again. Returns (how many were
+        duplicates, the end of what the answer waits for: the log's end, or past the last
+        duplicate's record). Raises NotRetained, DedupError, OSError, QueueFull."""
+        log = self.log
+        if log is None:
+            raise NotRetained(self.name)
+        crcs = [zlib.crc32(b) for b in bodies]
+        log.set_dedup(*self.dedup_window)
+        now = time.time_ns()
+        if self.other_logs is None:
+            verdict = log.identities().check(producer, first, crcs, now, log.latest)
+        else:
+            verdict = self._check_everywhere(log, producer, first, crcs, now)
+        dups = verdict.duplicates
+        self.duplicate_count += dups
+        if dups == len(bodies):
+            return dups, verdict.last_offset + 1
+        new = bodies[dups:] if dups else bodies
+        if self.bounded:
+            self._check_room(len(new), sum(map(len, new)))
+        ts = time.time_ns()
+        ids = self.guid.new_ids(len(new)) if self.origin is None else self._offset_ids(len(new))
+        msgs = Message.many(ids, new, ts)
+        if defer_ms:
+            due = ts + defer_ms * 1_000_000
+            for m in msgs:
+                m.defer_until_ns = due
+        self._put_logged(msgs, (producer, first + dups, crcs[dups:]))
+        self.message_count += len(msgs)
+        self.message_bytes += sum(map(len, new))
+        if self.bounded:
+            self._trim()
+        return dups, log.latest
+
+    def _check_everywhere(
+        self, log: MessageLog, producer: bytes, first: int, crcs: list[int], now: int
+    ) -> Verdict:
+        """A replicated topic: a producer whose node died publishes again here, so its
+        numbers may be in another node's partition. The copies held here answer for it: a
+        duplicate there counts when committed there (an uncommitted one may be cut: written
+        here again, at least once, rather than acknowledged and lost); a gap is judged over
+        every partition."""
+        assert self.other_logs is not None
+        own = log.identities()
+        verdict = own.check(producer, first, crcs, now, log.latest, gaps=True)
+        high = own.high(producer)
+        for other in self.other_logs():
+            dedup = other.identities()
+            v = dedup.check(producer, first, crcs, now, other.latest, gaps=True)
+            committed = other.committed
+            if v.duplicates > verdict.duplicates and (
+                v.last_offset < 0 or committed is None or v.last_offset < committed
+            ):
+                verdict = Verdict(v.duplicates, -1)
+            h = dedup.high(producer)
+            if h is not None and (high is None or h > high):
+                high = h
+        if high is not None and first > high + 1:
+            raise gap_error(producer, first, high)
+        return verdict
 
     def _offset_ids(self, n: int) -> list[bytes]:
         """IDs for the next ``n`` offsets of this node's partition (the log appends them next)."""
@@ -266,13 +343,15 @@ class Topic:
             dropped += self.queue.drop_oldest(excess - dropped)
         self.dropped_count += dropped
 
-    def _put_logged(self, msgs: list[Message]) -> None:
+    def _put_logged(
+        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
+    ) -> None:
         """A replayable topic: the log is its queue. The batch is appended (OSError: nothing
         is published); then it goes to the channels at once if nothing is waiting, else it
         waits in the log, behind the backlog, and the drain hands it over in order."""
         log = self.log
         assert log is not None
-        first = log.append(msgs)
+        first = log.append(msgs, identity)
         if (
             log.handed == first
             and log.visible > first

@@ -19,15 +19,17 @@ from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
 from ..cluster.gate import PublishRefused
+from ..core.dedup import MAX_SEQUENCE, DedupError
 from ..core.e2e import go_float
-from ..core.errors import QueueFull
+from ..core.errors import NotRetained, QueueFull
 from ..core.topic import Topic
 from ..internal import jsonbound
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
 from ..internal.memstats import mem_stats
-from ..internal.names import is_valid_name
+from ..internal.names import is_valid_name, is_valid_producer
 from ..internal.optiontable import config_key, option_fields, option_kind
+from ..internal.router import respond_plain
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
 from ..options import Options
 from ..protocol.errors import FatalClientError
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from ..core.topic import Topic
 
 log = logging.getLogger(LOGGER_NAME)
+_UINT = re.compile(r"[0-9]{1,19}")
 
 #: nsqd's ``boolParams``: anything else means "not given" (or, for /mpub ``binary``, true).
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
@@ -116,20 +119,52 @@ class API:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel_name
 
-    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> str:
+    def _identity(self, params: Params) -> tuple[bytes, int] | None:
+        """pynsqd: ``producer`` and ``seq`` of an idempotent publish (``core/dedup.py``)."""
+        producer, seq = params.get("producer"), params.get("seq")
+        if producer is None and seq is None:
+            return None
+        if producer is None:
+            raise HTTPError(400, "MISSING_ARG_PRODUCER")
+        if seq is None:
+            raise HTTPError(400, "MISSING_ARG_SEQ")
+        raw = producer.encode("utf-8", "surrogateescape")
+        if not is_valid_producer(raw):
+            raise HTTPError(400, "INVALID_ARG_PRODUCER")
+        if not _UINT.fullmatch(seq) or int(seq) > MAX_SEQUENCE:
+            raise HTTPError(400, "INVALID_ARG_SEQ")
+        return raw, int(seq)
+
+    async def _publish(
+        self,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int = 0,
+        identity: tuple[bytes, int] | None = None,
+    ) -> Any:
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
         topic = nsqd.get_topic(topic_name)
         if topic.exiting:
             raise HTTPError(503, "EXITING")
+        dups = 0
         if bodies:
             replication = nsqd.replication
             waits = False
+            end = -1
             try:
                 if replication is not None:
                     waits = replication.publishing.gate(topic_name)
-                topic.put_bodies(bodies, defer_ms)
+                if identity is None:
+                    topic.put_bodies(bodies, defer_ms)
+                else:
+                    dups, end = topic.put_identified(bodies, defer_ms, *identity)
+            except DedupError as err:  # pynsqd: idempotent publishing
+                code = 409 if err.code == "E_CONFLICT" else 400
+                raise HTTPError(code, err.code.removeprefix("E_"), {"reason": str(err)}) from err
+            except NotRetained as err:
+                raise HTTPError(400, "NOT_RETAINED", {"reason": str(err)}) from err
             except PublishRefused as err:
                 raise HTTPError(503, err.code, {"reason": str(err)}) from err
             except OSError as err:
@@ -143,16 +178,23 @@ class API:
                     {"queue": err.where, "depth": err.depth, "max_depth": err.limit},
                 ) from err
             if waits:
-                await self._wait_commit(topic_name, topic)
+                await self._wait_commit(topic_name, topic, end)
+        if dups:
+            # What was already published is answered OK, and counted in a header.
+            resp = respond_plain(200, "OK")
+            resp.headers["X-Nsq-Duplicates"] = str(dups)
+            return resp
         return "OK"
 
-    async def _wait_commit(self, topic_name: str, topic: Topic) -> None:
+    async def _wait_commit(self, topic_name: str, topic: Topic, end: int = -1) -> None:
         """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503
-        PUB_FAILED with the reason after ``--replication-timeout`` (it may still commit)."""
+        PUB_FAILED with the reason after ``--replication-timeout`` (it may still commit).
+        ``end``: what an idempotent publish waits for (-1: the log's end)."""
         replication = self.nsqd.replication
         assert replication is not None and topic.log is not None
-        end = topic.log.latest
-        if replication.committed(topic_name, end):
+        if end < 0:
+            end = topic.log.latest
+        if end == 0 or replication.committed(topic_name, end):
             return
         answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
 
@@ -238,7 +280,7 @@ class API:
             defer_ms = int(text)
             if defer_ms < 0 or defer_ms > self.nsqd.opts.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
-        return await self._publish(topic_name, [body], defer_ms)
+        return await self._publish(topic_name, [body], defer_ms, self._identity(params))
 
     async def mpub(self, request: BaseRequest, params: Params) -> Any:
         opts = self.nsqd.opts
@@ -268,7 +310,7 @@ class API:
                 if len(line) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        return await self._publish(topic_name, bodies)
+        return await self._publish(topic_name, bodies, 0, self._identity(params))
 
     async def stats(self, request: BaseRequest, params: Params) -> Any:
         params.checked()

@@ -1,7 +1,7 @@
 """Message lifecycle settings on the HTTP port (pynsqd; nsqd has none of these endpoints).
 
 - ``GET /topic/config?topic=T``, ``POST /topic/config?topic=T[&msg_ttl=1h][&max_depth=N]
-  [&bound_policy=reject|drop-oldest]``
+  [&bound_policy=reject|drop-oldest][&dedup_records=N][&dedup_window=24h]``
 - ``GET /channel/config?topic=T&channel=C``, ``POST /channel/config?topic=T&channel=C
   [&max_attempts=N][&dead_letter=TOPIC|none][&max_depth=N][&max_bytes=N][&bound_policy=...]``
 
@@ -53,10 +53,23 @@ def _dead_letter(text: str) -> str:
     return text
 
 
+def _positive(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def check(text: str) -> Any:
+        value = parse(text)
+        if value <= 0:
+            raise ValueError("not positive")
+        return value
+
+    return check
+
+
 _TOPIC_PARAMS: dict[str, Callable[[str], Any]] = {
     "msg_ttl": _ttl,
     "max_depth": _count,
     "bound_policy": checks.check_bound_policy,
+    # idempotent publishing's window (core/dedup.py)
+    "dedup_records": _positive(_count),
+    "dedup_window": _positive(_ttl),
 }
 _CHANNEL_PARAMS: dict[str, Callable[[str], Any]] = {
     "max_attempts": lambda t: checks.check_max_attempts(_count(t)),
@@ -85,7 +98,10 @@ def _values(params: Params, table: dict[str, Callable[[str], Any]]) -> dict[str,
 
 
 def _shown(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {**cfg, "msg_ttl": format_duration(cfg["msg_ttl"])}
+    out = {**cfg, "msg_ttl": format_duration(cfg["msg_ttl"])}
+    if "dedup_window" in cfg:
+        out["dedup_window"] = format_duration(cfg["dedup_window"])
+    return out
 
 
 class LifecycleAPI:

@@ -40,6 +40,12 @@ TOPIC_FAMILIES: tuple[Family, ...] = (
     ("nsq_topic_backend_depth", "Messages queued on disk", G, lambda t: t.queue.backend.depth()),
     ("nsq_topic_messages", "Messages published", C, lambda t: t.message_count),
     ("nsq_topic_message_bytes", "Message body bytes published", C, lambda t: t.message_bytes),
+    (
+        "nsq_topic_duplicates",
+        "Idempotent publishes answered OK without a new record (already in the log)",
+        C,
+        lambda t: t.duplicate_count,
+    ),
     ("nsq_topic_paused", "1 if the topic is paused", G, lambda t: int(t.paused)),
     ("nsq_topic_channels", "Channels of the topic", G, lambda t: len(t.channels)),
 )

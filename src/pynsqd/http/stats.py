@@ -173,6 +173,8 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
             "latest_offset": topic.log.latest,
             "bytes": topic.log.size,
             "segments": topic.log.segment_count,
+            # Idempotent publishes answered OK without a new record (core/dedup.py).
+            "duplicate_count": topic.duplicate_count,
         }
         replication = nsqd.replication
         settings = replication.settings_for(topic.name) if replication is not None else None

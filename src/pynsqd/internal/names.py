@@ -17,6 +17,14 @@ def is_valid_name(name: bytes | str) -> bool:
     return 0 < len(raw) <= 64 and _valid(raw) is not None
 
 
+_producer = re.compile(rb"[A-Za-z0-9._:-]{1,128}").fullmatch
+
+
+def is_valid_producer(producer: bytes) -> bool:
+    """An idempotent publisher's id (``core/dedup.py``): 1-128 of A-Z a-z 0-9 . _ : -"""
+    return _producer(producer) is not None
+
+
 def is_ephemeral(name: str) -> bool:
     return name.endswith(EPHEMERAL_SUFFIX)
 

@@ -38,6 +38,8 @@ class IdentifyData(NamedTuple):
     deflate_level: int
     topology_region: str
     topology_zone: str
+    #: pynsqd: PUB, MPUB and DPUB may name a producer and a sequence number.
+    idempotent_publish: bool = False
 
 
 class Identify(NamedTuple):
@@ -53,20 +55,31 @@ class Sub(NamedTuple):
     channel: str
 
 
+class Identity(NamedTuple):
+    """An idempotent publish's identity (pynsqd, negotiated in IDENTIFY): the producer's id
+    and the sequence number of the (first) message."""
+
+    producer: bytes
+    sequence: int
+
+
 class Pub(NamedTuple):
     topic: str
     body: bytes
+    identity: Identity | None = None
 
 
 class Mpub(NamedTuple):
     topic: str
     bodies: list[bytes]
+    identity: Identity | None = None
 
 
 class Dpub(NamedTuple):
     topic: str
     defer_ms: int
     body: bytes
+    identity: Identity | None = None
 
 
 class Rdy(NamedTuple):

@@ -66,20 +66,29 @@ def cls() -> bytes:
     return b"CLS\n"
 
 
-def pub(topic: str, body: bytes) -> bytes:
-    return f"PUB {topic}\n".encode() + _LEN.pack(len(body)) + body
+def _identity(identity: tuple[str, int] | None) -> str:
+    """pynsqd: an idempotent publish's producer and sequence (negotiated in IDENTIFY)."""
+    return "" if identity is None else f" {identity[0]} {identity[1]}"
 
 
-def dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
-    return f"DPUB {topic} {defer_ms}\n".encode() + _LEN.pack(len(body)) + body
+def pub(topic: str, body: bytes, identity: tuple[str, int] | None = None) -> bytes:
+    return f"PUB {topic}{_identity(identity)}\n".encode() + _LEN.pack(len(body)) + body
 
 
-def mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
+def dpub(topic: str, defer_ms: int, body: bytes, identity: tuple[str, int] | None = None) -> bytes:
+    head = f"DPUB {topic} {defer_ms}{_identity(identity)}\n".encode()
+    return head + _LEN.pack(len(body)) + body
+
+
+def mpub(topic: str, bodies: Sequence[bytes], identity: tuple[str, int] | None = None) -> bytes:
     parts = [_LEN.pack(len(b)) + b for b in bodies]
-    return mpub_framed(topic, b"".join(parts), len(bodies))
+    return mpub_framed(topic, b"".join(parts), len(bodies), identity)
 
 
-def mpub_framed(topic: str, payload: bytes, count: int) -> bytes:
+def mpub_framed(
+    topic: str, payload: bytes, count: int, identity: tuple[str, int] | None = None
+) -> bytes:
     """MPUB of ``count`` messages already framed as ``[int32 size][body]...`` in ``payload``
     (the Spark sink builds it from Arrow buffers)."""
-    return f"MPUB {topic}\n".encode() + _LEN2.pack(len(payload) + 4, count) + payload
+    head = f"MPUB {topic}{_identity(identity)}\n".encode()
+    return head + _LEN2.pack(len(payload) + 4, count) + payload

@@ -54,6 +54,8 @@ _FIELDS: dict[str, str] = {
     "msg_timeout": "int",
     "topology_region": "str",
     "topology_zone": "str",
+    # pynsqd (core/dedup.py); not nsqd's, so any other value is ignored as nsqd ignores it
+    "idempotent_publish": "flag",
 }
 
 
@@ -124,7 +126,9 @@ def _decode(body: bytes) -> dict[str, Any]:
         kind = _FIELDS.get(name)
         if kind is None or value is None:
             continue
-        if kind == "str":
+        if kind == "flag":
+            ok, value = True, value is True
+        elif kind == "str":
             ok = isinstance(value, str)
             if ok:
                 # Go turns invalid UTF-8 and lone \u surrogates into U+FFFD; a lone surrogate
@@ -211,4 +215,5 @@ def parse_identify(body: bytes, config: ProtocolConfig) -> IdentifyData:
         deflate_level=f.get("deflate_level", 0),
         topology_region=f.get("topology_region", ""),
         topology_zone=f.get("topology_zone", ""),
+        idempotent_publish=f.get("idempotent_publish", False),
     )

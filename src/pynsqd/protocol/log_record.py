@@ -11,8 +11,12 @@ Layout (big-endian)::
     uint32 length: bytes after this field (30 + body size)
     int64  timestamp (publish time, ns since the epoch)
     16     message ID (nsqd's hex ID)
-    uint16 attempts (0: as published)
+    uint16 flags: 0, or IDENTIFIED (0x8000): an idempotent publish's identity follows
     uint32 deferral in ms (DPUB), else 0
+    -- only with IDENTIFIED (``core/dedup.py``):
+    uint8  producer id length (1..128)
+    ...    producer id (ASCII)
+    int64  sequence number
     ...    body
 """
 
@@ -27,14 +31,18 @@ __all__ = [
     "CRC_START",
     "HEAD",
     "HEADER_SIZE",
+    "IDENTIFIED",
     "LENGTH_TIMESTAMP",
+    "SEQUENCE",
     "TAIL",
     "TAIL_FIXED",
     "Damaged",
     "LogRecord",
+    "body_start",
     "check_record",
     "decode_records",
     "encode_record",
+    "identity_ext",
     "scan_records",
 ]
 
@@ -49,6 +57,31 @@ CRC_START = HEAD.size
 _LENGTH = struct.Struct(">I")
 #: A record's length and timestamp, read at ``CRC_START`` (walking headers without bodies).
 LENGTH_TIMESTAMP = struct.Struct(">Iq")
+#: The flags bit of a record that carries its publisher's identity (producer, sequence).
+IDENTIFIED = 0x8000
+#: Where the flags field is, from a record's start.
+FLAGS_AT = HEAD.size + 4 + 8 + 16
+FLAGS = struct.Struct(">H")
+SEQUENCE = struct.Struct(">q")
+
+
+def identity_ext(producer: bytes, sequence: int) -> bytes:
+    """The bytes between an IDENTIFIED record's fixed part and its body."""
+    return bytes((len(producer),)) + producer + SEQUENCE.pack(sequence)
+
+
+def body_start(data: bytes | memoryview, pos: int, flags: int) -> tuple[int, bytes, int]:
+    """Where the body of the record at ``pos`` starts, and its (producer, sequence): (b"", -1)
+    for a record without an identity."""
+    start = pos + HEADER_SIZE
+    if not flags & IDENTIFIED:
+        return start, b"", -1
+    if start >= len(data) or start + 9 + data[start] > len(data):
+        return len(data) + 1, b"", -1  # past the data: the caller calls the record damaged
+    n = data[start]
+    producer = bytes(data[start + 1 : start + 1 + n])
+    (seq,) = SEQUENCE.unpack_from(data, start + 1 + n)
+    return start + 9 + n, producer, seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +92,9 @@ class LogRecord:
     attempts: int
     defer_ms: int
     body: bytes
+    #: An idempotent publish's identity (``core/dedup.py``); b"" and -1 without one.
+    producer: bytes = b""
+    sequence: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +112,20 @@ class Damaged:
 
 
 def encode_record(
-    offset: int, timestamp: int, msg_id: bytes, attempts: int, defer_ms: int, body: bytes
+    offset: int,
+    timestamp: int,
+    msg_id: bytes,
+    attempts: int,
+    defer_ms: int,
+    body: bytes,
+    identity: tuple[bytes, int] | None = None,
 ) -> tuple[bytes, bytes]:
     """The record as (header, body): written together, the body is not copied here."""
-    tail = TAIL.pack(TAIL_FIXED + len(body), timestamp, msg_id, attempts, defer_ms)
+    ext = b"" if identity is None else identity_ext(*identity)
+    if ext:
+        attempts |= IDENTIFIED
+    tail = TAIL.pack(TAIL_FIXED + len(ext) + len(body), timestamp, msg_id, attempts, defer_ms)
+    tail += ext
     return HEAD.pack(offset, zlib.crc32(body, zlib.crc32(tail))) + tail, body
 
 
@@ -118,8 +164,15 @@ def scan_records(
         stop = pos + CRC_START + 4 + length
         if not verify and (length < TAIL_FIXED or stop > end):
             return out, Damaged(pos, offset, "a bad record length")
-        body = bytes(data[pos + HEADER_SIZE : stop])
-        out.append(LogRecord(offset, ts, bytes(msg_id), attempts, defer_ms, body))
+        start, producer, seq = body_start(data, pos, attempts)
+        if start > stop:
+            return out, Damaged(pos, offset, "a bad record identity")
+        body = bytes(data[start:stop])
+        out.append(
+            LogRecord(
+                offset, ts, bytes(msg_id), attempts & ~IDENTIFIED, defer_ms, body, producer, seq
+            )
+        )
         pos = stop
     return out, None
 

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..internal.names import go_quote, is_valid_name
+from ..internal.names import go_quote, is_valid_name, is_valid_producer
 from .commands import (
     Auth,
     ClientState,
@@ -32,6 +32,7 @@ from .commands import (
     Dpub,
     Fin,
     Identify,
+    Identity,
     Mpub,
     Nop,
     Pub,
@@ -151,6 +152,7 @@ class V2Parser:
         "_src",
         "config",
         "heartbeats_disabled",
+        "idempotent",
         "state",
         "tls",
     )
@@ -161,6 +163,8 @@ class V2Parser:
         #: Set by the server once the connection is upgraded to TLS (for --tls-required).
         self.tls = False
         self.heartbeats_disabled = False
+        #: pynsqd: IDENTIFY negotiated idempotent publishing (``Identity`` after PUB's params).
+        self.idempotent = False
         self._buf = bytearray()
         #: What ``_parse`` reads: the new bytes themselves, or the buffer when a tail was waiting.
         self._src: bytes | bytearray = _EMPTY
@@ -436,7 +440,11 @@ class V2Parser:
     def _pub(self, params: list[bytes], start: int) -> _Result:
         # The commonest command after FIN, inlined; any anomaly takes the general path.
         src = self._src
-        if len(params) < 2 or not is_valid_name(params[1]) or len(src) - start < 4:
+        if (
+            (len(params) != 2 and (len(params) < 2 or self.idempotent))
+            or not is_valid_name(params[1])
+            or len(src) - start < 4
+        ):
             return self._pub_general(params, start)
         size: int = _unpack_int32(src, start)[0]
         end = start + 4 + size
@@ -448,13 +456,35 @@ class V2Parser:
 
     def _pub_general(self, params: list[bytes], start: int) -> _Result:
         topic = self._topic("PUB", params, 2, "")
+        identity = self._identity("PUB", params, 2)
         body, after = self._message_body("PUB", start)
         if body is None:
             return None, -1
-        return Pub(topic, body), after
+        return Pub(topic, body, identity), after
+
+    def _identity(self, cmd: str, params: list[bytes], at: int) -> Identity | None:
+        """pynsqd: an idempotent publish's producer id and sequence number, after the
+        command's own parameters, once IDENTIFY negotiated ``idempotent_publish`` (before,
+        extra parameters are ignored, as nsqd ignores them)."""
+        if not self.idempotent or len(params) <= at:
+            return None
+        if len(params) < at + 2:
+            raise FatalClientError(
+                "E_INVALID", f"{cmd} insufficient number of parameters (producer and sequence)"
+            )
+        producer, seq = params[at], params[at + 1]
+        if not is_valid_producer(producer):
+            raise FatalClientError(
+                "E_INVALID",
+                f"{cmd} producer {go_quote(producer)} is not valid (1-128 of A-Z a-z 0-9 . _ : -)",
+            )
+        if not seq or len(seq) > 19 or not _DIGITS.issuperset(seq) or int(seq) >= 1 << 63:
+            raise FatalClientError("E_INVALID", f"{cmd} could not parse sequence {_text(seq)}")
+        return Identity(producer, int(seq))
 
     def _dpub(self, params: list[bytes], start: int) -> _Result:
         topic = self._topic("DPUB", params, 3, "")
+        identity = self._identity("DPUB", params, 3)
         defer_ms = _parse_base10(params[2])
         if defer_ms is None:
             raise FatalClientError("E_INVALID", f"DPUB could not parse timeout {_text(params[2])}")
@@ -464,11 +494,12 @@ class V2Parser:
         body, after = self._message_body("DPUB", start)
         if body is None:
             return None, -1
-        return Dpub(topic, defer_ms, body), after
+        return Dpub(topic, defer_ms, body, identity), after
 
     def _mpub(self, params: list[bytes], start: int) -> _Result:
         # nsqd repeats the code inside the description here; clients may match on it.
         topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
+        identity = self._identity("MPUB", params, 2)
         size = self._body_len(start)
         if size is None:
             return None, -1
@@ -485,14 +516,14 @@ class V2Parser:
         # first): a view, released before the buffer under it may be resized.
         view = memoryview(self._src)[start + 4 : after]
         try:
-            return Mpub(topic, parse_mpub_body(view, self.config)), after
+            return Mpub(topic, parse_mpub_body(view, self.config), identity), after
         except FatalClientError:
             # One walk for the right declared size; a second only when it did not frame them.
             if not self._mpub_declared_size_is_wrong(start + 4, size):
                 raise
         finally:
             view.release()
-        return self._mpub_framed(topic, start + 4)
+        return self._mpub_framed(topic, start + 4, identity)
 
     def _mpub_declared_size_is_wrong(self, p: int, size: int) -> bool:
         """nsqd only range-checks MPUB's body size: it reads the messages by their count and
@@ -522,7 +553,7 @@ class V2Parser:
                 return True
         return q != end
 
-    def _mpub_framed(self, topic: str, p: int) -> _Result:
+    def _mpub_framed(self, topic: str, p: int, identity: Identity | None = None) -> _Result:
         """MPUB framed as nsqd reads it: ``[count]([size][data])*``, whatever the declared size
         (bounded by --max-body-size all the same)."""
         src = self._src
@@ -550,7 +581,7 @@ class V2Parser:
         else:
             body = self._body(p, q - p)
             assert body is not None
-            return Mpub(topic, parse_mpub_body(body, self.config)), q
+            return Mpub(topic, parse_mpub_body(body, self.config), identity), q
         body = self._body(p, q + 4 - p)
         assert body is not None
         parse_mpub_body(body, self.config)  # raises the error for the bad message size

@@ -269,6 +269,7 @@ class NSQD:
     def _apply_topic_settings(self, topic: Topic) -> None:
         cfg = self.topic_config(topic.name)
         topic.max_depth, topic.bound_policy = cfg["max_depth"], cfg["bound_policy"]
+        topic.dedup_window = (cfg["dedup_records"], round(cfg["dedup_window"] * 1e9))
         for ch in topic.channels.values():
             self._apply_channel_settings(topic.name, ch)
         topic.refresh_bounds()

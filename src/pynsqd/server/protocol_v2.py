@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..cluster.gate import PublishRefused
 from ..core.channel import Channel
+from ..core.dedup import DedupError
 from ..core.errors import (
     AlreadyDeferred,
     ChannelError,
     Exiting,
     NotInFlight,
     NotOwner,
+    NotRetained,
     QueueFull,
     TooManyConsumers,
 )
@@ -54,6 +56,7 @@ from ..protocol.commands import (
     Dpub,
     Fin,
     Identify,
+    Identity,
     Mpub,
     Nop,
     Pub,
@@ -454,6 +457,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     def IDENTIFY(self, cmd: Identify) -> None:
         d = cmd.data
         self.identified(d)
+        self.parser.idempotent = d.idempotent_publish
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PROTOCOL(V2): [%s] IDENTIFY %s", self.remote_address, dict(d._asdict()))
         self._arm_heartbeat()
@@ -537,16 +541,34 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     def NOP(self, cmd: Nop) -> None:
         pass
 
-    def _publish(self, cmd: str, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+    def _publish(
+        self,
+        cmd: str,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int = 0,
+        identity: Identity | None = None,
+    ) -> None:
         topic = self.nsqd.get_topic(topic_name)
         if topic.exiting:
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed exiting")
         replication = self.nsqd.replication
         waits = False
+        end = -1
         try:
             if replication is not None:
                 waits = replication.publishing.gate(topic_name)
-            topic.put_bodies(bodies, defer_ms)
+            if identity is None:
+                topic.put_bodies(bodies, defer_ms)
+            else:
+                dups, end = topic.put_identified(
+                    bodies, defer_ms, identity.producer, identity.sequence
+                )
+                bodies = bodies[dups:]
+        except DedupError as err:  # pynsqd: idempotent publishing (core/dedup.py)
+            raise FatalClientError(err.code, f"{cmd} failed {err}") from err
+        except NotRetained as err:
+            raise FatalClientError("E_NOT_RETAINED", f"{cmd} failed {err}") from err
         except OSError as err:
             self.nsqd.set_health_error(err)
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
@@ -554,8 +576,8 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         if waits and replication is not None and topic.log is not None:
-            end = topic.log.latest
-            if not replication.committed(topic_name, end):
+            end = topic.log.latest if identity is None else end
+            if end > 0 and not replication.committed(topic_name, end):
                 # OK once the records are on enough replicas: later commands wait behind it.
                 self.pause(Pause.COMMIT)
                 replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
@@ -574,17 +596,17 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
             return
-        self._publish("PUB", cmd.topic, [cmd.body])
+        self._publish("PUB", cmd.topic, [cmd.body], 0, cmd.identity)
 
     def MPUB(self, cmd: Mpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("MPUB", cmd.topic, "", cmd):
             return
-        self._publish("MPUB", cmd.topic, cmd.bodies)
+        self._publish("MPUB", cmd.topic, cmd.bodies, 0, cmd.identity)
 
     def DPUB(self, cmd: Dpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("DPUB", cmd.topic, "", cmd):
             return
-        self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms)
+        self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms, cmd.identity)
 
     # -- AUTH (auth_session.py) --------------------------------------------------------
 

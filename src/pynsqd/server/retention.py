@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ..core.channel import Channel
+from ..core.dedup import Dedup
 from ..core.message import Message
 from ..core.replay import Conflict, Replayed
 from ..core.topic import Topic
@@ -595,9 +596,16 @@ class UnavailableLog:
     """The log of a retained topic that could not be opened: publishing fails, says why."""
 
     earliest = latest = visible = size = segment_count = handed = 0
+    committed = None
 
     def __init__(self, err: OSError) -> None:
         self.err = err
+
+    def set_dedup(self, records: int, window_ns: int) -> None:
+        pass
+
+    def identities(self) -> Dedup:
+        raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")
 
     def hand_to(self, offset: int) -> None:
         pass
@@ -608,7 +616,9 @@ class UnavailableLog:
     def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
         return [], 0
 
-    def append(self, msgs: list[Message]) -> int:
+    def append(
+        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
+    ) -> int:
         raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")
 
     def close(self) -> None:

@@ -110,6 +110,8 @@ class Upgrade:
             "output_buffer_size": d.output_buffer_size,
             "output_buffer_timeout": d.output_buffer_timeout_ms,
         }
+        if d.idempotent_publish:  # pynsqd (core/dedup.py); absent unless asked for
+            reply["idempotent_publish"] = True
         codec: Transform | None = None
         if deflate:
             codec = DeflateTransform(deflate_level)

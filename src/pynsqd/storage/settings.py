@@ -24,7 +24,7 @@ from .atomic import write_atomic
 
 SETTINGS_FILE = "pynsqd.settings.json"
 
-TOPIC_KEYS = ("msg_ttl", "max_depth", "bound_policy")
+TOPIC_KEYS = ("msg_ttl", "max_depth", "bound_policy", "dedup_records", "dedup_window")
 CHANNEL_KEYS = ("max_attempts", "dead_letter", "max_depth", "max_bytes", "bound_policy")
 
 Settings = dict[str, dict[str, Any]]
@@ -74,6 +74,8 @@ class LifecycleFlags(Protocol):
     max_channel_depth: int
     max_channel_bytes: int
     channel_bound_policy: str
+    dedup_records: int
+    dedup_window: float
 
 
 class SettingsStore:
@@ -98,6 +100,8 @@ class SettingsStore:
             "msg_ttl": own.get("msg_ttl", f.msg_ttl),
             "max_depth": own.get("max_depth", f.max_channel_depth),
             "bound_policy": own.get("bound_policy", f.channel_bound_policy),
+            "dedup_records": own.get("dedup_records", f.dedup_records),
+            "dedup_window": own.get("dedup_window", f.dedup_window),
             "own": sorted(own),
         }
 

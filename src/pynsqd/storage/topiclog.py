@@ -48,9 +48,10 @@ import zlib
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..core.dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Dedup
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import HEADER_SIZE
+from ..protocol.log_record import FLAGS_AT, HEADER_SIZE, IDENTIFIED, body_start, identity_ext
 from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
@@ -136,6 +137,11 @@ class TopicLog:
         #: fsync the kernel may have dropped the dirty pages and calls the next fsync clean,
         #: so nothing at or after it counts as synced again until it is cut (``truncate``).
         self.unsafe_from: int | None = None
+        #: Idempotent publishing's window (``core/dedup.py``) and its index, built from the
+        #: records on first use and kept up to date by every append after that.
+        self.dedup_records = DEFAULT_RECORDS
+        self.dedup_window_ns = DEFAULT_WINDOW_NS
+        self._dedup: Dedup | None = None
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -180,9 +186,12 @@ class TopicLog:
 
     # -- writing --------------------------------------------------------------------------
 
-    def append(self, msgs: list[Message]) -> int:
+    def append(
+        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
+    ) -> int:
         """Log ``msgs`` in order; return the offset of the first. Raises ``OSError`` (nothing
-        of the batch is then logged)."""
+        of the batch is then logged). ``identity``: an idempotent publish's producer, the
+        sequence number of the first message, and each body's CRC-32 (``core/dedup.py``)."""
         if self._closed:
             raise OSError("the topic log is closed")
         seg = self.segments[-1]
@@ -195,18 +204,24 @@ class TopicLog:
         head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
         ts = 0
         entries: list[tuple[int, int, int]] = []
+        producer, seq = (identity[0], identity[1]) if identity is not None else (b"", 0)
         for m in msgs:
             body = m.body
             ts = m.timestamp
             defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-            t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
+            if producer:
+                ext = identity_ext(producer, seq)
+                seq += 1
+                t = tail(_TAIL_FIXED + len(ext) + len(body), ts, m.id, IDENTIFIED, defer) + ext
+            else:
+                t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
             if pos >= next_index:
                 entries.append((offset, pos, ts))
                 next_index = pos + INDEX_INTERVAL
             parts.append(head(offset, crc32(body, crc32(t))))
             parts.append(t)
             parts.append(body)
-            pos += HEADER_SIZE + len(body)
+            pos += 12 + len(t) + len(body)
             offset += 1
         data = b"".join(parts)
         try:
@@ -221,6 +236,8 @@ class TopicLog:
         seg.next = offset
         if ts > seg.last_ts:
             seg.last_ts = ts
+        if identity is not None and self._dedup is not None:
+            self._dedup.record(identity[0], identity[1], identity[2], first, ts)
         self._unsynced += len(msgs)
         if self._unsynced >= self.sync_every:
             try:
@@ -255,6 +272,8 @@ class TopicLog:
         unpack_head, unpack_lts, crc32 = _HEAD.unpack_from, _HEAD_TS.unpack_from, zlib.crc32
         view = memoryview(data)
         pos = ts = 0
+        dedup = self._dedup
+        identified: list[tuple[int, int, bytes, int, int]] = []
         while pos < end:
             if end - pos < HEADER_SIZE:
                 raise ValueError(str(log_record.Damaged(pos, None, "a short record header")))
@@ -267,6 +286,11 @@ class TopicLog:
                 raise ValueError(str(log_record.Damaged(pos, offset, "a checksum mismatch")))
             if offset != expect:
                 raise ValueError(f"record offset {offset} where {expect} was expected")
+            if dedup is not None and data[pos + FLAGS_AT] & (IDENTIFIED >> 8):
+                start, producer, seq = body_start(data, pos, IDENTIFIED)
+                if start > stop:
+                    raise ValueError(f"record offset {offset}: a bad record identity")
+                identified.append((offset, ts, producer, seq, crc32(view[start:stop])))
             if base + pos >= next_index:
                 entries.append((offset, base + pos, ts))
                 next_index = base + pos + INDEX_INTERVAL
@@ -283,6 +307,9 @@ class TopicLog:
         seg.next = expect
         seg.last_ts = max(seg.last_ts, ts)
         self._unsynced += count
+        if dedup is not None:
+            for rec_offset, rec_ts, producer, seq, body_crc in identified:
+                dedup.record(producer, seq, [body_crc], rec_offset, rec_ts)
         return count
 
     def _write(self, seg: Segment, data: bytes) -> None:
@@ -302,6 +329,8 @@ class TopicLog:
         newest segments first, each step leaving a log that opens as a prefix of the old one;
         fsync'd before it returns. Returns how many records went. Raises OSError."""
         self._generation += 1  # an fsync job from before says nothing of what follows
+        if offset < self.latest:
+            self._dedup = None  # rebuilt from what is left, when next asked
         if offset >= self.latest:
             if self.unsafe_from is not None and offset <= self.unsafe_from and self._fd >= 0:
                 durable.fsync(self._fd)  # a cut whose own fsync failed: done now
@@ -351,6 +380,7 @@ class TopicLog:
         """A replica too far behind its leader (retention there removed what it needs next):
         drop every record and begin again, empty, at ``offset``. A crash mid-way leaves an
         empty log (the replica is told again). Raises OSError."""
+        self._dedup = None
         SYNCER.cancel(self._slot)
         if self._fd >= 0:
             os.close(self._fd)
@@ -370,6 +400,56 @@ class TopicLog:
             self._committed = offset
         self._unsynced = 0
         self.log.warning("TOPICLOG(%s): emptied, starting again at offset %d", self.name, offset)
+
+    # -- idempotent publishing (core/dedup.py) ----------------------------------------------
+
+    def identities(self, now_ns: int | None = None) -> Dedup:
+        """The identities of the records in the window: built by reading them back the first
+        time (after a start, a truncation), then kept by every append."""
+        if self._dedup is None:
+            dedup = Dedup(self.dedup_records, self.dedup_window_ns)
+            start = time.monotonic()
+            offset = max(self.earliest, self.latest - self.dedup_records)
+            while offset < self.latest:
+                rng = self.read_range(offset, 10_000, 8 << 20)
+                if rng is None:
+                    break
+                with open(rng.path, "rb") as f:
+                    f.seek(rng.start)
+                    data = f.read(rng.end - rng.start)
+                records, damaged = log_record.scan_records(data)
+                for r in records:
+                    if r.sequence >= 0:
+                        dedup.record(
+                            r.producer, r.sequence, [zlib.crc32(r.body)], r.offset, r.timestamp
+                        )
+                # Past a damaged record (logged at open) to the next range.
+                offset = records[-1].offset + 1 if damaged and records else rng.next
+            dedup.expire(time.time_ns() if now_ns is None else now_ns, self.latest)
+            self._dedup = dedup
+            if dedup.held:
+                self.log.info(
+                    "TOPICLOG(%s): %d publishes of %d producers remembered for idempotent "
+                    "publishing (read in %.0f ms)",
+                    self.name,
+                    dedup.held,
+                    len(dedup.producers),
+                    (time.monotonic() - start) * 1000,
+                )
+        return self._dedup
+
+    def set_dedup(self, records: int, window_ns: int) -> None:
+        """The idempotent publishing window (``POST /topic/config``)."""
+        if (records, window_ns) == (self.dedup_records, self.dedup_window_ns):
+            return
+        grew = records > self.dedup_records or window_ns > self.dedup_window_ns
+        self.dedup_records, self.dedup_window_ns = records, window_ns
+        if self._dedup is not None:
+            if grew:
+                self._dedup = None  # read again: what was forgotten may be back in the window
+            else:
+                self._dedup.max_records, self._dedup.window_ns = records, window_ns
+                self._dedup.expire(time.time_ns(), self.latest)
 
     def fsync_job(self) -> SyncJob | None:
         """For an fsync off the event loop: a duplicate descriptor of the active segment and
@@ -594,7 +674,7 @@ class TopicLog:
         pos, end = 0, len(data)
         while pos + HEADER_SIZE <= end:
             rec_offset, crc = unpack_head(data, pos)
-            length, ts, msg_id, _, defer_ms = unpack_tail(data, pos + 12)
+            length, ts, msg_id, flags, defer_ms = unpack_tail(data, pos + 12)
             stop = pos + 16 + length
             if stop > end or crc32(view[pos + 12 : stop]) != crc:
                 self.log.error(
@@ -604,7 +684,10 @@ class TopicLog:
                     break  # its length is wrong: where the next record starts is not known
                 pos = stop  # a checksum mismatch: this record only
                 continue
-            m = Message(msg_id, data[pos + HEADER_SIZE : stop], ts)
+            start = pos + HEADER_SIZE
+            if flags & IDENTIFIED:
+                start = body_start(data, pos, flags)[0]
+            m = Message(msg_id, data[start:stop], ts)
             if defer_ms:
                 m.defer_until_ns = ts + defer_ms * 1_000_000
             msgs.append(m)
