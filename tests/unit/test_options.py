@@ -45,6 +45,8 @@ NSQD_FLAGS = {
 PYNSQD_FLAGS = {
     "retention-time",
     "retention-bytes",
+    "dedup-records",
+    "dedup-window",
     "max-attempts",
     "msg-ttl",
     "max-channel-depth",

@@ -1,0 +1,197 @@
+"""Idempotent publishing's rules (``core/dedup.py``) on a fake clock, its record layout
+(``protocol/log_record.py``), and the log that rebuilds the index (``storage/topiclog.py``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pynsqd.core.dedup import Dedup, DedupError, Verdict
+from pynsqd.core.message import Message
+from pynsqd.protocol.log_record import decode_records, encode_record
+from pynsqd.storage.topiclog import TopicLog
+
+S = 10**9
+NOW = time.time_ns()
+
+
+def crc(body: bytes) -> int:
+    return zlib.crc32(body)
+
+
+def crcs(*bodies: bytes) -> list[int]:
+    return [crc(b) for b in bodies]
+
+
+def test_a_new_producer_starts_anywhere_and_a_retry_is_a_duplicate() -> None:
+    d = Dedup(100, 60 * S)
+    assert d.check(b"p", 7, crcs(b"a", b"b"), 0, 0) == Verdict(0, -1)
+    d.record(b"p", 7, crcs(b"a", b"b"), 0, 0)
+    assert d.check(b"p", 7, crcs(b"a", b"b"), 1, 2) == Verdict(2, 1)
+    assert d.check(b"p", 8, crcs(b"b", b"c"), 1, 2) == Verdict(1, 1)  # b held, c new
+    assert d.check(b"p", 9, crcs(b"c"), 1, 2) == Verdict(0, -1)
+    assert d.high(b"p") == 8 and d.high(b"q") is None
+
+
+@pytest.mark.parametrize(
+    ("first", "bodies", "code", "text"),
+    [
+        (10, [b"x"], "E_BAD_SEQUENCE", "producer p sequence 10 is not the next one (expected 9"),
+        (8, [b"B"], "E_CONFLICT", "producer p sequence 8 was published with a different body"),
+        (7, [b"a", b"B"], "E_CONFLICT", "sequence 8 was published with a different body"),
+    ],
+)
+def test_gaps_and_conflicts_are_refused(
+    first: int, bodies: list[bytes], code: str, text: str
+) -> None:
+    d = Dedup(100, 60 * S)
+    d.record(b"p", 7, crcs(b"a", b"b"), 0, 0)
+    with pytest.raises(DedupError) as err:
+        d.check(b"p", first, crcs(*bodies), 0, 2)
+    assert err.value.code == code and text in str(err.value)
+
+
+def test_a_gap_is_no_error_when_the_caller_judges_it() -> None:
+    d = Dedup(100, 60 * S)
+    d.record(b"p", 0, crcs(b"a"), 0, 0)
+    assert d.check(b"p", 5, crcs(b"x"), 0, 1, gaps=True) == Verdict(0, -1)
+
+
+def test_the_window_forgets_by_count_from_the_oldest() -> None:
+    d = Dedup(3, 60 * S)
+    d.record(b"p", 0, crcs(b"a", b"b"), 0, 0)
+    d.record(b"q", 0, crcs(b"x"), 2, 0)
+    d.record(b"p", 2, crcs(b"c"), 3, 0)  # offsets 0..3: offset 0 (p's 0) leaves the window
+    assert len(d) == 3
+    # p's sequence 0 is below the window but p is known: still a duplicate (no body check)
+    assert d.check(b"p", 0, crcs(b"anything"), 0, 4) == Verdict(1, -1)
+    assert d.check(b"p", 1, crcs(b"b"), 0, 4) == Verdict(1, 1)
+    d.record(b"r", 0, crcs(b"1", b"2", b"3"), 4, 0)  # p and q leave entirely
+    assert set(d.producers) == {b"r"} and len(d) == 3
+    assert d.check(b"p", 0, crcs(b"a"), 0, 7) == Verdict(0, -1)  # forgotten: taken as new
+
+
+def test_the_window_forgets_by_time_on_a_fake_clock() -> None:
+    d = Dedup(1000, 10 * S)
+    d.record(b"p", 0, crcs(b"a"), 0, 0)
+    d.record(b"q", 0, crcs(b"x"), 1, 5 * S)
+    assert d.check(b"p", 0, crcs(b"a"), 9 * S, 2) == Verdict(1, 0)
+    assert d.check(b"p", 0, crcs(b"a"), 11 * S, 2) == Verdict(0, -1)  # p's one record aged out
+    assert d.check(b"q", 0, crcs(b"x"), 11 * S, 2) == Verdict(1, 1)
+    assert set(d.producers) == {b"q"}
+
+
+def test_a_producer_that_comes_back_after_a_gap_in_a_rebuilt_log_starts_its_run_again() -> None:
+    d = Dedup(100, 60 * S)
+    d.record(b"p", 0, crcs(b"a"), 0, 0)
+    d.record(b"p", 5, crcs(b"f"), 1, 0)
+    assert d.high(b"p") == 5 and len(d) == 1
+    assert d.check(b"p", 5, crcs(b"f"), 0, 2) == Verdict(1, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([b"p", b"q", b"r"]), st.integers(0, 3), st.integers(1, 4)),
+        max_size=40,
+    )
+)
+def test_against_a_model_retries_are_written_once(ops: list[tuple[bytes, int, int]]) -> None:
+    """Producers publish runs, often repeating part of what they sent before (a retry that
+    overlaps what was written): the duplicates are exactly the numbers already written, and
+    the log ends with each producer's numbers once each, in order."""
+    d = Dedup(10**6, 10**18)
+    written: list[tuple[bytes, int]] = []  # the log: (producer, seq) by offset
+    nxt: dict[bytes, int] = {}
+    for producer, back, n in ops:
+        first = max(nxt.get(producer, 0) - back, 0)
+        bodies = [b"%s-%d" % (producer, first + i) for i in range(n)]
+        v = d.check(producer, first, crcs(*bodies), 0, len(written))
+        held = set(written)
+        assert v.duplicates == sum((producer, s) in held for s in range(first, first + n))
+        if v.duplicates:
+            assert v.last_offset == written.index((producer, first + v.duplicates - 1))
+        new = bodies[v.duplicates :]
+        d.record(producer, first + v.duplicates, crcs(*new), len(written), 0)
+        written += [(producer, first + v.duplicates + i) for i in range(len(new))]
+        nxt[producer] = max(nxt.get(producer, 0), first + n)
+    for producer, end in nxt.items():
+        starts = min(s for p, s in written if p == producer)
+        assert [s for p, s in written if p == producer] == list(range(starts, end))
+
+
+def test_the_record_layout_carries_the_identity_and_old_records_read_as_before() -> None:
+    head, body = encode_record(3, 10, b"0" * 16, 0, 5, b"body", (b"prod", 42))
+    plain_head, plain_body = encode_record(4, 11, b"1" * 16, 0, 0, b"plain")
+    records = list(decode_records(head + body + plain_head + plain_body))
+    assert [
+        (r.offset, r.body, r.producer, r.sequence, r.defer_ms, r.attempts) for r in records
+    ] == [
+        (3, b"body", b"prod", 42, 5, 0),
+        (4, b"plain", b"", -1, 0, 0),
+    ]
+    damaged = bytearray(head + body)
+    damaged[46] = 200  # the producer's length runs past the record
+    with pytest.raises(ValueError, match="record"):
+        list(decode_records(bytes(damaged)))
+
+
+def _log(path: Path, **kw: int) -> TopicLog:
+    return TopicLog(
+        str(path),
+        segment_bytes=kw.get("segment_bytes", 1 << 20),
+        sync_every=1,
+        logger=logging.getLogger("test"),
+    )
+
+
+def _msgs(*bodies: bytes) -> list[Message]:
+    return [Message(b"%016d" % i, b, NOW) for i, b in enumerate(bodies)]
+
+
+def test_the_log_rebuilds_the_index_after_a_reopen_and_a_truncation(tmp_path: Path) -> None:
+    log = _log(tmp_path / "t.log", segment_bytes=200)  # several segments
+    for i in range(0, 20, 4):
+        bodies = [b"m%d" % j for j in range(i, i + 4)]
+        log.append(_msgs(*bodies), (b"p", i, crcs(*bodies)))
+    log.append(_msgs(b"plain"))
+    assert log.identities().check(b"p", 16, crcs(b"m16", b"m17"), NOW, log.latest) == Verdict(2, 17)
+    assert log.segment_count > 1
+    log.close()
+    log = _log(tmp_path / "t.log")
+    d = log.identities()
+    assert d.high(b"p") == 19 and len(d) == 20
+    assert d.check(b"p", 0, crcs(b"m0"), NOW, log.latest) == Verdict(1, 0)
+    # What a consumer of the log is handed has no identity in its body.
+    handed: list[bytes] = []
+    offset = 0
+    while offset < log.latest:
+        msgs, offset = log.read_messages(offset, 100)
+        handed += [m.body for m in msgs]
+    assert handed == [b"m%d" % j for j in range(20)] + [b"plain"]
+    log.truncate(10)
+    d = log.identities()
+    assert d.high(b"p") == 9
+    assert d.check(b"p", 10, crcs(b"m10"), NOW, log.latest) == Verdict(0, -1)
+    log.close()
+
+
+def test_a_replicas_copy_keeps_the_index_as_it_appends(tmp_path: Path) -> None:
+    leader = _log(tmp_path / "a")
+    follower = _log(tmp_path / "b")
+    follower.identities()  # built (empty) before the copy starts
+    leader.append(_msgs(b"x", b"y"), (b"p", 0, crcs(b"x", b"y")))
+    rng = leader.read_range(0, 10, 1 << 20)
+    assert rng is not None
+    with open(rng.path, "rb") as f:
+        f.seek(rng.start)
+        follower.append_raw(f.read(rng.end - rng.start))
+    assert follower.identities().check(b"p", 0, crcs(b"x", b"y"), NOW, 2) == Verdict(2, 1)
+    leader.close()
+    follower.close()
