@@ -3,21 +3,27 @@ the same identity is answered OK and written once, over TCP and HTTP, across a k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import signal
 import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from pynsqd.client import Connection, NsqError
+from pynsqd.client.aio import AsyncConnection
 from pynsqd.protocol import encode
 
 from ..conftest import ServerThread, http_request
 from ..processes import NsqdProcess as Proc
+from ..waiting import wait_for
 from ..wire import Conn
 from .test_replay import read_everything
+from .test_tools import BIN, tool
 
 HOUR = 3600.0
 
@@ -204,3 +210,99 @@ def test_the_window_forgets_by_count(make_nsqd: Callable[..., ServerThread], rec
         c.send(encode.pub("t", b"other", ("q", 0)))
         assert c.read_response() == b"OK"
     assert len(read_everything(server, "t")) == 11
+
+
+def test_the_clients_publish_with_identities(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    address = f"127.0.0.1:{server.tcp_port}"
+    with Connection(address).connect() as conn:
+        conn.mpub("t", [b"a", b"b"], identity=("blocking", 0))
+        conn.mpub("t", [b"a", b"b"], identity=("blocking", 0))
+        conn.pub("t", b"c", identity=("blocking", 2))
+        conn.dpub("t", 5, b"c", identity=("blocking", 2))
+        with pytest.raises(ValueError, match="invalid producer id"):
+            conn.pub("t", b"x", identity=("no spaces", 0))
+        with pytest.raises(NsqError) as err:
+            conn.pub("t", b"other", identity=("blocking", 2))
+        assert err.value.code == "E_CONFLICT"
+
+    async def aio() -> None:
+        conn = await AsyncConnection.connect(address)
+        try:
+            await conn.pub("t", b"d", identity=("aio", 0))
+            await conn.mpub("t", [b"d", b"e"], identity=("aio", 0))
+            await conn.dpub("t", 5, b"f", identity=("aio", 2))
+        finally:
+            await conn.close()
+
+    asyncio.run(aio())
+    records = read_everything(server, "t")
+    assert [(r.producer, r.sequence, r.body) for r in records] == [
+        (b"blocking", 0, b"a"),
+        (b"blocking", 1, b"b"),
+        (b"blocking", 2, b"c"),
+        (b"aio", 0, b"d"),
+        (b"aio", 1, b"e"),
+        (b"aio", 2, b"f"),
+    ]
+
+
+def test_to_nsq_run_again_with_its_producer_id_writes_each_record_once(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=HOUR)
+    args = ("--topic=t", f"--nsqd-tcp-address=127.0.0.1:{server.tcp_port}", "--producer-id=load-1")
+    first = tool("to_nsq", *args, stdin=b"a\nb\nc\n")
+    assert first.returncode == 0, first.stderr
+    # The same input again, longer (the first run "died" after c): only d and e are new.
+    again = tool("to_nsq", *args, stdin=b"a\nb\nc\nd\ne\n")
+    assert again.returncode == 0, again.stderr
+    records = read_everything(server, "t")
+    assert [(r.body, r.sequence) for r in records] == [
+        (b"a", 0),
+        (b"b", 1),
+        (b"c", 2),
+        (b"d", 3),
+        (b"e", 4),
+    ]
+    stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
+    assert stats["topics"][0]["log"]["duplicate_count"] == 3
+    bad = tool("to_nsq", "--topic=t", "--nsqd-tcp-address=127.0.0.1:1", "--producer-id=a b")
+    assert bad.returncode == 1 and b"--producer-id" in bad.stderr
+
+
+def test_nsq_to_nsq_idempotent_publishes_with_its_run_s_identity(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    (tmp_path / "dest").mkdir()
+    source = make_nsqd()
+    dest = make_nsqd(retention_time=HOUR, data_path=str(tmp_path / "dest"))
+    with source.connect() as c:
+        c.mpub("src", [b"1", b"2", b"3"])
+    proc = subprocess.Popen(
+        [
+            str(BIN / "nsq_to_nsq"),
+            "--topic=src",
+            f"--nsqd-tcp-address=127.0.0.1:{source.tcp_port}",
+            f"--destination-nsqd-tcp-address=127.0.0.1:{dest.tcp_port}",
+            "--destination-topic=dst",
+            "--idempotent",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: (
+                dest.nsqd.get_existing_topic("dst") is not None
+                and dest.nsqd.topics["dst"].message_count == 3
+            ),
+            "nsq_to_nsq to copy 3 messages",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    records = read_everything(dest, "dst")
+    assert sorted(r.body for r in records) == [b"1", b"2", b"3"]
+    assert [r.sequence for r in records] == [0, 1, 2]
+    assert len({r.producer for r in records}) == 1
+    assert records[0].producer.startswith(b"nsq_to_nsq.")

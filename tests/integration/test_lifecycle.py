@@ -278,6 +278,8 @@ def test_settings_survive_a_restart_and_default_restores_the_flag(
             "msg_ttl": "1h0m0s",
             "max_depth": 100,
             "bound_policy": "reject",
+            "dedup_records": 100_000,
+            "dedup_window": "24h0m0s",
             "own": ["max_depth", "msg_ttl"],
         },
     )

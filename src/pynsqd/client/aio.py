@@ -30,7 +30,14 @@ from ..protocol.frames import (
     Message,
     decode_message,
 )
-from .errors import NsqConnectionError, NsqError, check_names, parse_address
+from .errors import (
+    IDEMPOTENT,
+    NsqConnectionError,
+    NsqError,
+    check_identity,
+    check_names,
+    parse_address,
+)
 
 HEARTBEAT = b"_heartbeat_"
 
@@ -63,6 +70,7 @@ class AsyncConnection:
                     "client_id": socket.gethostname().split(".")[0],
                     "hostname": socket.gethostname(),
                     "user_agent": user_agent or f"pynsqd/{__version__}",
+                    IDEMPOTENT: True,
                 }
             )
         )
@@ -104,19 +112,30 @@ class AsyncConnection:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def pub(self, topic: str, body: bytes) -> None:
+    async def pub(
+        self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None
+    ) -> None:
+        """PUB; ``identity``: (producer id, sequence number) of an idempotent publish to a
+        retained topic (pynsqd): a retry with the same identity is written once."""
         check_names(topic, framing_only=True)
-        self._writer.write(encode.pub(topic, body))
+        check_identity(identity, self.identify_response, self.address)
+        self._writer.write(encode.pub(topic, body, identity))
         await self._expect_ok()
 
-    async def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+    async def mpub(
+        self, topic: str, bodies: Sequence[bytes], *, identity: tuple[str, int] | None = None
+    ) -> None:
         check_names(topic, framing_only=True)
-        self._writer.write(encode.mpub(topic, bodies))
+        check_identity(identity, self.identify_response, self.address)
+        self._writer.write(encode.mpub(topic, bodies, identity))
         await self._expect_ok()
 
-    async def dpub(self, topic: str, defer_ms: int, body: bytes) -> None:
+    async def dpub(
+        self, topic: str, defer_ms: int, body: bytes, *, identity: tuple[str, int] | None = None
+    ) -> None:
         check_names(topic, framing_only=True)
-        self._writer.write(encode.dpub(topic, defer_ms, body))
+        check_identity(identity, self.identify_response, self.address)
+        self._writer.write(encode.dpub(topic, defer_ms, body, identity))
         await self._expect_ok()
 
     async def subscribe(self, topic: str, channel: str, rdy: int = 1) -> None:

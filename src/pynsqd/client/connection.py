@@ -42,7 +42,14 @@ from ..protocol.frames import (
     Frame,
     FrameReader,
 )
-from .errors import NsqConnectionError, NsqError, check_names, parse_address
+from .errors import (
+    IDEMPOTENT,
+    NsqConnectionError,
+    NsqError,
+    check_identity,
+    check_names,
+    parse_address,
+)
 from .options import ClientOptions
 
 __all__ = [
@@ -104,6 +111,7 @@ class Connection:
                 "client_id": opts.client_id or socket.gethostname().split(".")[0],
                 "hostname": socket.gethostname(),
                 "user_agent": opts.user_agent,
+                IDEMPOTENT: True,
             }
             if opts.heartbeat_interval_ms:
                 ident["heartbeat_interval"] = opts.heartbeat_interval_ms
@@ -256,17 +264,28 @@ class Connection:
         self._send(b"".join(commands))
         return [self._read_response() for _ in commands]
 
-    def pub(self, topic: str, body: bytes) -> None:
+    def pub(self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None) -> None:
+        """PUB; ``identity``: (producer id, sequence number) of an idempotent publish to a
+        retained topic (pynsqd): a retry with the same identity is written once."""
         check_names(topic, framing_only=True)
-        self._expect_ok(self.request(encode.pub(topic, body)))
+        check_identity(identity, self.identify_response, self.address)
+        self._expect_ok(self.request(encode.pub(topic, body, identity)))
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+    def mpub(
+        self, topic: str, bodies: Sequence[bytes], *, identity: tuple[str, int] | None = None
+    ) -> None:
+        """MPUB; ``identity``: the producer and the first message's sequence number (the
+        others follow it)."""
         check_names(topic, framing_only=True)
-        self._expect_ok(self.request(encode.mpub(topic, bodies)))
+        check_identity(identity, self.identify_response, self.address)
+        self._expect_ok(self.request(encode.mpub(topic, bodies, identity)))
 
-    def dpub(self, topic: str, defer_ms: int, body: bytes) -> None:
+    def dpub(
+        self, topic: str, defer_ms: int, body: bytes, *, identity: tuple[str, int] | None = None
+    ) -> None:
         check_names(topic, framing_only=True)
-        self._expect_ok(self.request(encode.dpub(topic, defer_ms, body)))
+        check_identity(identity, self.identify_response, self.address)
+        self._expect_ok(self.request(encode.dpub(topic, defer_ms, body, identity)))
 
     def _expect_ok(self, resp: bytes) -> None:
         if resp != OK:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..internal.names import is_valid_name
+from ..internal.names import is_valid_name, is_valid_producer
 
 __all__ = [
     "DEFAULT_LOOKUPD_HTTP_PORT",
@@ -68,6 +68,32 @@ def check_names(topic: str, channel: str | None = None, *, framing_only: bool = 
             raise ValueError(
                 f"invalid {what} name {name!r}: 1-64 of [.a-zA-Z0-9_-], optionally #ephemeral"
             )
+
+
+#: What a client puts in IDENTIFY to publish with identities (pynsqd; nsqd ignores it).
+IDEMPOTENT = "idempotent_publish"
+
+
+def check_identity(
+    identity: tuple[str, int] | None, identify_response: dict[str, object], address: str
+) -> None:
+    """An idempotent publish's (producer, sequence): ValueError if malformed, NsqError if the
+    node did not take ``idempotent_publish`` in IDENTIFY (Go nsqd: it would drop the
+    identity and write every retry)."""
+    if identity is None:
+        return
+    producer, seq = identity
+    if not is_valid_producer(producer.encode()):
+        raise ValueError(f"invalid producer id {producer!r}: 1-128 of A-Z a-z 0-9 . _ : -")
+    if not 0 <= seq < 1 << 63:
+        raise ValueError(f"invalid sequence number {seq}: 0 to 2**63-1")
+    if identify_response.get(IDEMPOTENT) is not True:
+        raise NsqError(
+            "E_NOT_SUPPORTED",
+            f"nsqd {address} does not offer idempotent publishing (pynsqd does, on retained "
+            "topics; Go nsqd does not)",
+            address,
+        )
 
 
 def parse_address(value: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:

@@ -10,14 +10,22 @@ keep to the first one that works and fail over to the next. With ``--require-jso
 ``--require-json-value``) only JSON messages with that field (and value) pass, the others are
 FIN'd unpublished; ``--whitelist-json-field`` publishes only those fields. Every
 ``--status-every`` messages per destination a line says how many went there.
+
+pynsqd: with ``--idempotent`` each publish carries this run's producer id and a sequence number
+per destination topic (``core/dedup.py``; retained destination topics), so a publish retried
+after a broken connection is written once. A publish that failed on every destination (its
+outcome unknown) starts a new producer id: the next numbers never collide with it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from queue import Empty
 
@@ -70,6 +78,11 @@ class ToNsqOptions(ConsumerOptions):
         kind="list",
         flag="producer-opt",
     )
+    idempotent: bool = opt(
+        False,
+        "pynsqd: publish with a producer id and sequence numbers, so that a retried "
+        "publish is written once (retained destination topics)",
+    )
 
 
 def transform(opts: ToNsqOptions, body: bytes) -> bytes | None:
@@ -105,6 +118,16 @@ class Destinations:
         self._conns: dict[str, Connection] = {}
         self._next = 0
         self.sent = dict.fromkeys(self.addresses, 0)
+        self.idempotent = opts.idempotent
+        self._producer = ""
+        self._seqs: dict[str, int] = {}
+        if self.idempotent:
+            self._new_producer()
+
+    def _new_producer(self) -> None:
+        self._producer = f"{PROGRAM}.{socket.gethostname()[:40]}.{os.getpid()}.{time.time_ns()}"
+        self._producer = "".join(c if c.isalnum() or c in "._:-" else "-" for c in self._producer)
+        self._seqs = {}
 
     def publish(self, topic: str, body: bytes) -> None:
         """PUB on one destination, failing over to the others; raises the last error."""
@@ -113,13 +136,14 @@ class Destinations:
         if self.round_robin:
             self._next += 1
         err: Exception | None = None
+        identity = (self._producer, self._seqs.get(topic, 0)) if self.idempotent else None
         for i in range(n):
             address = self.addresses[(first + i) % n]
             try:
                 conn = self._conns.get(address)
                 if conn is None or conn.closed:
                     conn = self._conns[address] = Connection(address, self.client).connect()
-                conn.pub(topic, body)
+                conn.pub(topic, body, identity=identity)
             except (NsqError, NsqConnectionError, OSError) as e:
                 err = e
                 bad = self._conns.pop(address, None)
@@ -129,10 +153,14 @@ class Destinations:
                     self._next = (first + i + 1) % n  # hostpool: keep to the next that works
                 continue
             self.sent[address] += 1
+            if identity is not None:
+                self._seqs[topic] = identity[1] + 1
             if self.status_every and self.sent[address] % self.status_every == 0:
                 print(f"{PROGRAM}: {address}: {self.sent[address]} published", file=sys.stderr)
             return
         assert err is not None
+        if identity is not None:
+            self._new_producer()  # that number's outcome is unknown: never reuse it
         raise err
 
     def close(self) -> None:

@@ -3,6 +3,12 @@
 Each ``--delimiter``-separated record (without the delimiter; empty ones skipped) is published
 to every ``--nsqd-tcp-address``; ``--rate`` caps messages per second (0: as fast as nsqd takes
 them).
+
+pynsqd: with ``--producer-id``, record i of the input is published with that producer and
+sequence number i (idempotent publishing, ``core/dedup.py``; the topic must retain a log). A
+publish that fails is retried on a new connection with the same identity, and running the same
+input again with the same ``--producer-id`` after a crash skips what the topic already has:
+each record once in the topic.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from typing import BinaryIO
 
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
 from ..client.errors import check_names
+from ..internal.names import is_valid_producer
 from ..internal.optiontable import opt
 from .common import go_config, parse
 
 PROGRAM = "to_nsq"
+#: --producer-id: how many times a publish is retried on a new connection.
+RETRIES = 4
 
 
 @dataclass
@@ -38,6 +47,11 @@ class ToNsqOptions:
         kind="list",
         flag="nsqd-tcp-address",
     )
+    producer_id: str = opt(
+        "",
+        "pynsqd: publish record i with this producer id and sequence number i: retries "
+        "and a re-run of the same input write each record once (a retained topic)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not opts.nsqd_tcp_addresses:
         print(f"{PROGRAM}: --nsqd-tcp-address required", file=sys.stderr)
+        return 1
+    if opts.producer_id and not is_valid_producer(opts.producer_id.encode()):
+        print(f"{PROGRAM}: --producer-id: 1-128 of A-Z a-z 0-9 . _ : -", file=sys.stderr)
         return 1
     try:
         client, _ = go_config(
@@ -75,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                 if next_at > now:
                     time.sleep(next_at - now)
                 next_at = max(next_at, now) + interval
-            for conn in conns:
-                conn.pub(opts.topic, record)
+            if opts.producer_id:
+                for i, conn in enumerate(conns):
+                    conns[i] = _pub_again(conn, client, opts, record, sent)
+            else:
+                for conn in conns:
+                    conn.pub(opts.topic, record)
             sent += 1
     except (NsqError, NsqConnectionError) as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr)
@@ -86,6 +107,31 @@ def main(argv: list[str] | None = None) -> int:
             conn.close()
     print(f"{PROGRAM}: published {sent} messages to {opts.topic}", file=sys.stderr)
     return 0
+
+
+def _pub_again(
+    conn: Connection, client: ClientOptions, opts: ToNsqOptions, record: bytes, seq: int
+) -> Connection:
+    """An idempotent PUB, retried on a new connection (a few times, backing off) when the
+    connection breaks: the identity makes a retry of a publish that was written a no-op.
+    Returns the connection to go on with."""
+    identity = (opts.producer_id, seq)
+    for attempt in range(RETRIES + 1):
+        try:
+            if conn.closed:
+                conn = Connection(conn.address, client).connect()
+            conn.pub(opts.topic, record, identity=identity)
+            return conn
+        except NsqConnectionError as err:
+            conn.close()
+            if attempt == RETRIES:
+                raise NsqConnectionError(
+                    f"{err}; run the same input again with --producer-id={opts.producer_id} "
+                    f"to go on: the {seq} records before this one are skipped",
+                    conn.address,
+                ) from err
+            time.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _records(stream: BinaryIO, delim: bytes) -> Iterator[bytes]:
