@@ -236,6 +236,8 @@ class SinkOptions:
     max_retries: int
     retry_backoff_ms: int
     pipeline: int
+    #: Each row's identity (query, batch, partition, position): retries write it once.
+    exactly_once: bool
 
     @classmethod
     def parse(cls, options: Mapping[str, str], has_topic_column: bool) -> SinkOptions:
@@ -257,6 +259,7 @@ class SinkOptions:
             max_retries=o.integer("maxRetries", 5, 0),
             retry_backoff_ms=o.integer("retryBackoffMs", 200, 0),
             pipeline=o.integer("pipelineDepth", 4, 1),
+            exactly_once=o.boolean("exactlyOnce", True),
         )
         # Every option was read: a misspelled one is named before a missing one.
         o.reject_unknown("sink", also=SPARK_SINK_OPTIONS)

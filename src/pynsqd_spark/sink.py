@@ -2,17 +2,32 @@
 
 Each task publishes its rows with MPUB in chunks under nsqd's limits (``maxBodySize`` per MPUB,
 ``maxMsgSize`` per message), a few MPUBs pipelined, on one connection per task. A broken
-connection or a retriable error (E_MPUB_FAILED, E_PUB_FAILED) is retried on a fresh connection,
-failing over to the next nsqd, with exponential backoff: the chunks not yet acknowledged are sent
-again, so a chunk that nsqd stored before the connection broke is published twice
-(at-least-once). Rows are checked before anything is sent: a null body is an error naming the
-row; an oversize or empty body follows the ``oversize`` / ``emptyBody`` option (fail or skip).
+connection or a retriable error (E_MPUB_FAILED, E_PUB_FAILED) is retried on a fresh connection
+with exponential backoff: the chunks not yet acknowledged are sent again. Rows are checked
+before anything is sent: a null body is an error naming the row; an oversize or empty body
+follows the ``oversize`` / ``emptyBody`` option (fail or skip).
+
+Exactly once (``exactlyOnce``, on by default; pynsqd's idempotent publishing, ``core/dedup.py``).
+Every row is published with an identity that a retry reproduces: the producer id names the
+write (a streaming query's id and its batch, or a batch write's id), and the task's partition;
+the sequence number is the row's position among the partition's rows for that topic. A task
+retried or run speculatively, a micro-batch replayed after the driver restarted, and a chunk
+sent again after a broken connection publish the same identities, and the topic writes each row
+once. It takes a retained topic (a topic without a log answers ``E_NOT_RETAINED``: the sink says
+how to give it one and goes on at least once) and a deterministic query (the same rows, in the
+same partitions and order, when a batch runs again, as Spark's own exactly-once sinks need). A
+retry stays on the node that had the rows (another node does not know them) unless that node
+refuses connections; a node killed mid-write can thus leave rows written twice, on two nodes,
+unless the topic is replicated. Without identities (``exactlyOnce=false``, or a node that does
+not offer them: Go nsqd) a retry fails over to the next node and a chunk that was stored before
+the connection broke is published twice (at-least-once).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +106,10 @@ class Publisher:
         self.used: list[str] = []
         #: (topic, MPUB command) sent (or about to be) and not yet acknowledged, in order
         self._outstanding: deque[tuple[str, bytes]] = deque()
+        #: Topics written without identities (no log there): the commands lose theirs.
+        self.plain: set[str] = set()
+        #: The node offers no idempotent publishing (Go nsqd): every command loses its identity.
+        self.no_identities = False
 
     def nodes(self, topic: str) -> list[str]:
         if self._nodes is None:
@@ -123,7 +142,21 @@ class Publisher:
             self._conn = Connection(node, self.opts.client).connect()
             if node not in self.used:
                 self.used.append(node)
+            offered = self._conn.identify_response.get("idempotent_publish") is True
+            if self.opts.exactly_once and not offered and not self.no_identities:
+                self.no_identities = True
+                log.warning(
+                    "nsq sink: nsqd %s does not offer idempotent publishing (pynsqd does; Go "
+                    "nsqd does not): writes to it are at-least-once",
+                    node,
+                )
         return self._conn
+
+    def _wire(self, topic: str, command: bytes) -> bytes:
+        """The command as sent: without its identity where identities cannot be used."""
+        if self.no_identities or topic in self.plain:
+            return plain_command(command)
+        return command
 
     def close(self) -> None:
         if self._conn is not None:
@@ -155,11 +188,12 @@ class Publisher:
             try:
                 if resend:
                     conn = self._connection(self._outstanding[0][0])
-                    data = b"".join([c for _, c in self._outstanding])
+                    data = b"".join([self._wire(t, c) for t, c in self._outstanding])
                     conn.send(data)
                     resend = False
                 elif send is not None:
-                    self._connection(self._outstanding[-1][0]).send(send)
+                    topic = self._outstanding[-1][0]
+                    self._connection(topic).send(self._wire(topic, send))
                 send = None
                 while len(self._outstanding) > keep:
                     assert self._conn is not None
@@ -170,6 +204,18 @@ class Publisher:
             except (NsqConnectionError, OSError, NsqError) as e:
                 self.close()
                 topic = self._outstanding[0][0]
+                if isinstance(e, NsqError) and e.code == "E_NOT_RETAINED":
+                    self.plain.add(topic)
+                    log.warning(
+                        "nsq sink: topic %r keeps no log, so its writes are at-least-once; for "
+                        "exactly-once give it retention (POST /topic/retention?topic=%s&time=24h "
+                        "on its nodes, or nsqd --retention-time) or set exactlyOnce=false to "
+                        "silence this",
+                        topic,
+                        topic,
+                    )
+                    resend, send = True, None
+                    continue
                 if isinstance(e, NsqError) and e.code not in RETRIABLE_ERRORS:
                     raise NsqSinkError(f"publishing to topic {topic!r} failed: {e}") from e
                 failures += 1
@@ -179,13 +225,39 @@ class Publisher:
                         f"retries: {e}"
                     ) from e
                 self.retries += 1
-                self._index += 1  # fail over to the next node
+                if not self.identified or _refused(e):
+                    # Fail over to the next node. With identities a retry stays where the rows
+                    # went (only that node recognises them) while the node takes connections.
+                    self._index += 1
                 backoff = self.opts.retry_backoff_ms / 1000 * 2 ** (failures - 1)
                 log.warning("nsq sink: %s; retry %d in %.2fs", e, failures, backoff)
                 time.sleep(backoff)
                 # Everything not acknowledged goes again on the new connection.
                 resend = True
                 send = None
+
+    @property
+    def identified(self) -> bool:
+        return self.opts.exactly_once and not self.no_identities
+
+
+def _refused(e: BaseException) -> bool:
+    """The node takes no connection (down): the only failure an identified write fails over."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def plain_command(command: bytes) -> bytes:
+    """An MPUB without its identity (``MPUB topic producer seq`` -> ``MPUB topic``)."""
+    line, sep, rest = command.partition(b"\n")
+    parts = line.split(b" ")
+    if len(parts) <= 2:
+        return command
+    return b" ".join(parts[:2]) + sep + rest
 
 
 def chunk_bodies(
@@ -205,9 +277,16 @@ def chunk_bodies(
     return chunks
 
 
-def mpub_commands(topic: str, bodies: Any, max_count: int, max_body: int) -> list[bytes]:
+def mpub_commands(
+    topic: str,
+    bodies: Any,
+    max_count: int,
+    max_body: int,
+    identity: tuple[str, int] | None = None,
+) -> list[bytes]:
     """MPUB commands for an Arrow binary array of (non-null) bodies, split like
     :func:`chunk_bodies`, built from Arrow buffers without a Python object per row.
+    ``identity``: the producer and the first body's sequence number (each MPUB names its first).
     """
     n = len(bodies)
     if not n:
@@ -234,7 +313,8 @@ def mpub_commands(topic: str, bodies: Any, max_count: int, max_body: int) -> lis
         hi = int(np.searchsorted(ends, ends[lo] + max_body - 4, side="right")) - 1
         hi = max(lo + 1, min(hi, lo + max_count, n))
         a, b = int(ends[lo]), int(ends[hi])
-        commands.append(encode.mpub_framed(topic, data[a:b].to_pybytes(), hi - lo))
+        ident = None if identity is None else (identity[0], identity[1] + lo)
+        commands.append(encode.mpub_framed(topic, data[a:b].to_pybytes(), hi - lo, ident))
         lo = hi
     return commands
 
@@ -244,6 +324,17 @@ class _WriterBase:
         check_schema(schema, opts)
         self.opts = opts
         self.has_topic = "topic" in schema.fieldNames()
+        #: A batch write's identity (made on the driver, the same in every task and retry).
+        self.write_id = uuid.uuid4().hex
+
+    def _producer(self, ctx: Any, pid: int, batch_id: int | None) -> str | None:
+        """The producer id of this task's rows: the same when the task runs again."""
+        if not self.opts.exactly_once:
+            return None
+        if batch_id is None:
+            return f"spark.{self.write_id}.{pid}"
+        query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
+        return f"spark.{query or self.write_id}.{batch_id}.{pid}"
 
     def _write(self, iterator: Iterator[Any], batch_id: int | None) -> NsqCommitMessage:
         ctx = TaskContext.get()
@@ -251,6 +342,8 @@ class _WriterBase:
         where = f"partition {pid}" + (f" of batch {batch_id}" if batch_id is not None else "")
         msg = NsqCommitMessage(partition_id=pid, batch_id=batch_id)
         pub = Publisher(self.opts, start_index=pid)
+        producer = self._producer(ctx, pid, batch_id)
+        seqs: dict[str, int] = {}  # per topic: the next row's sequence number
         row_base = 0
         try:
             for rb in iterator:
@@ -258,8 +351,14 @@ class _WriterBase:
                     msg.skipped += skipped
                     if not len(bodies):
                         continue
+                    identity = None if producer is None else (producer, seqs.get(topic, 0))
+                    seqs[topic] = seqs.get(topic, 0) + len(bodies)
                     commands = mpub_commands(
-                        topic, bodies, self.opts.max_messages_per_mpub, self.opts.max_body_size
+                        topic,
+                        bodies,
+                        self.opts.max_messages_per_mpub,
+                        self.opts.max_body_size,
+                        identity,
                     )
                     pub.publish_commands(topic, commands)
                     msg.messages += len(bodies)
