@@ -18,13 +18,16 @@ import struct
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pynsqd.client import ClientOptions, NsqError
 from pynsqd.client.connection import Connection
+from pynsqd.protocol import encode
 from pynsqd.protocol.log_record import decode_records
 
 from ..conftest import ServerThread, http_request
@@ -1137,3 +1140,60 @@ def test_etcd_history_compaction_is_real_and_idempotent(etcd: Etcd) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def _idempotent_mpub(node: Node, bodies: list[bytes], first: int, *, answer: bool = True) -> bool:
+    """An MPUB with the identity ("retrier", first) to ``node``: True once answered OK; with
+    ``answer=False`` it is sent and the connection left open (its outcome unknown)."""
+    assert node.proc is not None
+    try:
+        conn = Connection(
+            f"{node.host}:{node.proc.port}", ClientOptions(connect_timeout=2, timeout=10)
+        ).connect()
+    except (OSError, ConnectionError):
+        return False
+    try:
+        if not answer:
+            conn.send(encode.mpub(TOPIC, bodies, ("retrier", first)))
+            return False
+        conn.mpub(TOPIC, bodies, identity=("retrier", first))
+        return True
+    except (OSError, ConnectionError, NsqError) as err:
+        REFUSALS.append(str(err))
+        return False
+    finally:
+        conn.close()
+
+
+REFUSALS: list[str] = []
+
+
+def test_a_publish_retried_on_the_next_node_after_its_node_died_is_written_once(
+    cluster: Cluster,
+) -> None:
+    """Idempotent publishing across a failover (issue 42): a producer's MPUB is sent to node 1,
+    which is killed with kill -9 before it answers; the producer retries it on node 2 until it
+    is answered OK (refused while node 1's partition is taken over and its copy on node 2 is
+    not settled), then goes on there. Node 1 comes back and takes its partition back. Every
+    message is committed exactly once over the three partitions."""
+    replicate(cluster)
+    REFUSALS.clear()
+    bodies = [b"r%04d" % i for i in range(120)]
+    n1, n2 = cluster.node(1), cluster.node(2)
+    for first in range(0, 60, 10):
+        assert _idempotent_mpub(n1, bodies[first : first + 10], first)
+    _idempotent_mpub(n1, bodies[60:70], 60, answer=False)
+    n1.kill()
+    wait_for(lambda: _idempotent_mpub(n2, bodies[60:70], 60), "the retry on node 2 answered OK")
+    # Refused (with the reason) while node 1's partition was being taken over.
+    assert any("is being taken over" in r for r in REFUSALS), REFUSALS
+    for first in range(70, 120, 10):
+        assert _idempotent_mpub(n2, bodies[first : first + 10], first), REFUSALS[-3:]
+    n1.start()
+    wait_in_sync(cluster, TOPIC, 1)
+    got = Counter(
+        body
+        for origin in (1, 2, 3)
+        for _, _, body in cluster.read_partition(TOPIC, origin, cluster.node(origin))
+    )
+    assert sorted(got) == bodies and max(got.values()) == 1, [b for b, n in got.items() if n > 1]

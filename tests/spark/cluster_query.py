@@ -7,6 +7,10 @@ in this process so that the test can kill it (and the test process keeps its loc
 - ``log LOOKUPD TOPIC OUT CHECKPOINT`` and ``channel LOOKUPD TOPIC OUT CHECKPOINT``: a stream
   (Trigger.AvailableNow, small batches) into Parquet, from the log or from channel ``spark``;
 - ``sink LOOKUPD TOPIC ROWS``: ``df.write`` of ROWS bodies over 4 tasks into TOPIC.
+- ``relay LOOKUPD TOPIC OUT_TOPIC CHECKPOINT FAIL_ON MARKER``: a log-mode stream of TOPIC
+  through the nsq sink into OUT_TOPIC (exactly-once); the task that meets body FAIL_ON fails
+  once (MARKER says it did: the row is null that once), after the sink published the rows
+  before it.
 
 Exits 0 once the job is done."""
 
@@ -40,6 +44,8 @@ def main() -> int:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # The sink publishes as the rows come (a task fails mid-way with part of them sent).
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "250")
         .config("spark.pyspark.python", sys.executable)
         .getOrCreate()
     )
@@ -78,6 +84,39 @@ def main() -> int:
             .writeStream.format("parquet")
             .option("path", args[2])
             .option("checkpointLocation", args[3])
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    elif job == "relay":
+        from pyspark import TaskContext
+        from pyspark.sql.functions import udf
+        from pyspark.sql.types import BinaryType
+
+        out_topic, checkpoint, fail_on, marker = args[2], args[3], args[4].encode(), args[5]
+
+        def fail_once(body: bytes) -> bytes | None:
+            # A null body the first time: the sink has published the rows before it (in
+            # record batches of 250) and fails the task naming the row; the retry has it.
+            if body == fail_on and not os.path.exists(marker):
+                ctx = TaskContext.get()
+                with open(marker, "w") as f:
+                    f.write(f"partition {ctx.partitionId() if ctx else '?'}")
+                return None
+            return body
+
+        query = (
+            spark.readStream.format("nsq")
+            .option("mode", "log")
+            .option("topic", topic)
+            .option("nsqlookupdHttpAddresses", lookupd)
+            .option("maxOffsetsPerTrigger", PER_TRIGGER)
+            .load()
+            .select(udf(fail_once, BinaryType())("body").alias("body"))
+            .writeStream.format("nsq")
+            .option("topic", out_topic)
+            .option("nsqlookupdHttpAddresses", lookupd)
+            .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
         )

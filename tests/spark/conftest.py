@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pynsqd.client import ClientOptions, LogRecord, read_log
 from pynsqd.client.connection import Connection
 
 BIN = Path(sys.executable).parent
@@ -92,6 +93,17 @@ class NsqdProcess:
         with Connection(self.tcp_address).connect() as c:
             for i in range(0, len(bodies), 1000):
                 c.mpub(topic, bodies[i : i + 1000])
+
+    def log_records(self, topic: str) -> list[LogRecord]:
+        """Every record of a retained topic's log (``GET /topic/log``)."""
+        out: list[LogRecord] = []
+        offset = 0
+        while True:
+            chunk = read_log(self.http_address, topic, offset, ClientOptions())
+            if not chunk.records:
+                return out
+            out += chunk.records
+            offset = chunk.next
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from pynsqd.client import ClientOptions, LogRecord, read_log
 from pynsqd.protocol import encode
 from pynsqd_spark.options import SinkOptions
 from pynsqd_spark.sink import Publisher, plain_command
@@ -19,17 +18,6 @@ from pynsqd_spark.sink import Publisher, plain_command
 from .conftest import NsqdProcess
 from .test_log_mode import log_stream, retained
 from .test_standalone import urlopen_post
-
-
-def everything(node: NsqdProcess, topic: str) -> list[LogRecord]:
-    out: list[LogRecord] = []
-    offset = 0
-    while True:
-        chunk = read_log(node.http_address, topic, offset, ClientOptions())
-        if not chunk.records:
-            return out
-        out += chunk.records
-        offset = chunk.next
 
 
 def relay(spark: Any, node: NsqdProcess, checkpoint: Path, **sink: str) -> None:
@@ -71,7 +59,7 @@ def test_a_batch_replayed_after_the_driver_died_is_written_once(
     for name in ("2", ".2.crc"):
         (checkpoint / "commits" / name).unlink(missing_ok=True)
     relay(spark, node, checkpoint, exactlyOnce=str(exactly_once).lower())
-    bodies = [r.body for r in everything(node, "out")]
+    bodies = [r.body for r in node.log_records("out")]
     counts = Counter(bodies)
     assert set(counts) == {b"r%04d" % i for i in range(300)}
     stats = node.topic_stats("out")
@@ -106,7 +94,7 @@ def test_a_retried_chunk_is_written_once_and_a_topic_without_a_log_falls_back(
         stats = node.topic_stats(topic)
         assert stats is not None
         if topic == "kept":
-            assert [r.body for r in everything(node, topic)] == [b"a", b"b", b"c"]
+            assert [r.body for r in node.log_records(topic)] == [b"a", b"b", b"c"]
             assert pub.plain == set()
         else:
             assert stats["message_count"] == 6  # at least once, as before

@@ -87,6 +87,18 @@ def test_the_window_forgets_by_time_on_a_fake_clock() -> None:
     assert set(d.producers) == {b"q"}
 
 
+def test_the_least_recently_seen_producer_is_forgotten_first() -> None:
+    d = Dedup(100, 60 * S, max_producers=2)
+    d.record(b"p", 0, crcs(b"a"), 0, 0)
+    d.record(b"q", 0, crcs(b"b"), 1, 0)
+    d.record(b"p", 1, crcs(b"c"), 2, 0)  # p seen again: q is now the least recent
+    d.record(b"r", 0, crcs(b"d"), 3, 0)
+    assert set(d.producers) == {b"p", b"r"}
+    # p lost the entries of its older run to the bound, not its place: still recognised.
+    assert d.check(b"p", 0, crcs(b"a", b"c"), 0, 4) == Verdict(2, 2)
+    assert len(d) == 2
+
+
 def test_a_producer_that_comes_back_after_a_gap_in_a_rebuilt_log_starts_its_run_again() -> None:
     d = Dedup(100, 60 * S)
     d.record(b"p", 0, crcs(b"a"), 0, 0)

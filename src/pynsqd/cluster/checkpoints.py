@@ -153,6 +153,12 @@ class Checkpoints:
         if topic.origin is not None or topic.log is None or topic.ephemeral:
             return
         topic.replicate_as(self.me)
+        name, me, parts = topic.name, self.me, self.partitions
+        # Idempotent publishing: a producer whose node died publishes here next; the copies
+        # of the other nodes' partitions held here say what it already wrote there.
+        topic.other_logs = lambda: [
+            (p.log, p.settled) for (t, origin), p in parts.items() if t == name and origin != me
+        ]
         handed = topic.log.handed
         for ch in topic.channels.values():
             if not ch.ephemeral:

@@ -126,7 +126,11 @@ class Following:
                     timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT),
                 ) as ws:
                     failures = 0
-                    await self._fetch_loop(p, epoch, ws)
+                    p.streaming = True
+                    try:
+                        await self._fetch_loop(p, epoch, ws)
+                    finally:
+                        p.streaming = False
                     return
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
                 failures += 1

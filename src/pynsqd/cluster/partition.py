@@ -77,6 +77,8 @@ class Partition:
     #: Follower: the leader's log end at its last answer (an origin takes its partition back
     #: once it has caught up with it).
     leader_latest: int = -1
+    #: Follower: its fetch stream to the leader is open (a leader that died closed it).
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         if not self.is_origin:
@@ -102,6 +104,21 @@ class Partition:
         """Whether publishes to the origin's topic may append: it leads its own partition, or
         no other node is known to lead it."""
         return self.is_origin and (self.role is Role.LEADER or self.leader in (-1, self.me[0]))
+
+    @property
+    def settled(self) -> bool:
+        """A copy that says all its leader holds: led by this node, or following a leader
+        over an open stream and caught up with its end at the last answer (not while a
+        takeover is under way: a leader killed closes the stream at once)."""
+        if self.role is Role.LEADER:
+            return True
+        return (
+            self.role is Role.FOLLOWER
+            and self.streaming
+            and self.leader != -1
+            and self.leader_latest >= 0
+            and self.log.latest >= self.leader_latest
+        )
 
     def own_ack(self) -> int:
         if self.settings.durability == "fsync":

@@ -28,7 +28,9 @@ producer still known counts as a duplicate: numbers are consecutive, so it was w
 The window: an identity is remembered while its record is among the newest ``max_records``
 records of the partition and younger than ``window_ns``. A producer with nothing left in the
 window is forgotten; its next publish is taken as new whatever its number (documented: a
-retry later than the window may be written twice). Memory is bounded by ``max_records``.
+retry later than the window may be written twice). Memory is bounded by ``max_records`` and
+``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): 12 bytes a message
+held, about 480 bytes a producer (``docs/exactly-once.md`` has the figures).
 
 No I/O here: ``storage/topiclog.py`` owns an index, feeds it what it appends (and what a
 replica copies), and rebuilds it by reading its records back; ``core/topic.py`` asks it.
@@ -53,6 +55,9 @@ __all__ = [
 #: The window's defaults (per topic: ``POST /topic/config?dedup_records=&dedup_window=``).
 DEFAULT_RECORDS = 100_000
 DEFAULT_WINDOW_NS = 24 * 3600 * 10**9
+#: The most producers a partition remembers (the least recently seen is forgotten first): what
+#: a client that names a new producer for every message can make a topic hold.
+MAX_PRODUCERS = 10_000
 #: The largest sequence number (an int64 in the log record).
 MAX_SEQUENCE = (1 << 63) - 1
 
@@ -82,7 +87,7 @@ class Verdict(NamedTuple):
 
 
 class _Producer:
-    __slots__ = ("base", "crcs", "name", "offsets", "start")
+    __slots__ = ("base", "crcs", "last_run", "name", "offsets", "start")
 
     def __init__(self, name: bytes, base: int) -> None:
         self.name = name
@@ -91,6 +96,7 @@ class _Producer:
         self.start = 0
         self.crcs = array("I")
         self.offsets = array("q")
+        self.last_run: _Run | None = None
 
     @property
     def held(self) -> int:
@@ -123,9 +129,15 @@ class _Run:
 class Dedup:
     """The identities one partition's log holds, in its window."""
 
-    def __init__(self, max_records: int = DEFAULT_RECORDS, window_ns: int = DEFAULT_WINDOW_NS):
+    def __init__(
+        self,
+        max_records: int = DEFAULT_RECORDS,
+        window_ns: int = DEFAULT_WINDOW_NS,
+        max_producers: int = MAX_PRODUCERS,
+    ):
         self.max_records = max_records
         self.window_ns = window_ns
+        self.max_producers = max_producers
         self.producers: dict[bytes, _Producer] = {}
         #: Runs of appends, oldest first.
         self._runs: deque[_Run] = deque()
@@ -190,6 +202,7 @@ class Dedup:
             # producer that came back after being forgotten): start its run again.
             self.held -= p.held
             p.drop(p.held)
+            p.last_run = None
             p = None
         if p is None:
             p = self.producers[producer] = _Producer(producer, first)
@@ -202,7 +215,8 @@ class Dedup:
             last.count += n
             last.ts = max(last.ts, ts_ns)
         else:
-            runs.append(_Run(p, n, ts_ns))
+            p.last_run = _Run(p, n, ts_ns)
+            runs.append(p.last_run)
         self.expire(ts_ns, first_offset + n)
 
     def expire(self, now_ns: int, latest: int) -> None:
@@ -217,8 +231,12 @@ class Dedup:
             if p.held == 0 or self.producers.get(p.name) is not p:
                 runs.popleft()  # its producer started again or went
                 continue
-            if ts < oldest_ts:
+            if ts < oldest_ts or (len(self.producers) > self.max_producers and p.last_run is run):
+                # Aged out; or too many producers and this one's newest run is the oldest
+                # (the least recently seen producer goes whole).
                 n = min(count, p.held)
+            elif len(self.producers) > self.max_producers:
+                n = min(count, p.held)  # older runs of a producer seen since: their entries
             else:
                 # Entries below the count floor, from the front of this run.
                 n = 0
@@ -235,6 +253,7 @@ class Dedup:
                 run.count = count - n
             if not p.held:
                 del self.producers[p.name]
+                p.last_run = None  # no cycle left for the garbage collector
             if n < count:
                 break
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
-from .dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Verdict, gap_error
+from .dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, DedupError, Verdict, gap_error
 from .errors import NotRetained, QueueFull
 from .guid import GUIDFactory
 from .message import Message
@@ -124,7 +124,8 @@ class Topic:
         self.dedup_window = (DEFAULT_RECORDS, DEFAULT_WINDOW_NS)
         #: The other partitions' logs this node holds copies of (a replicated topic): a
         #: publish retried here after its first node died is recognised in them.
-        self.other_logs: Callable[[], list[MessageLog]] | None = None
+        #: Each with whether it is settled (says all its leader holds: no takeover under way).
+        self.other_logs: Callable[[], list[tuple[MessageLog, bool]]] | None = None
         #: A replicated topic: this node's id, the origin of its partition. Its messages get
         #: offset IDs (``core/offsets.py``) and its channels keep done-windows. None: not
         #: replicated (no cost).
@@ -239,20 +240,36 @@ class Topic:
     ) -> Verdict:
         """A replicated topic: a producer whose node died publishes again here, so its
         numbers may be in another node's partition. The copies held here answer for it: a
-        duplicate there counts when committed there (an uncommitted one may be cut: written
-        here again, at least once, rather than acknowledged and lost); a gap is judged over
-        every partition."""
+        duplicate there counts when committed there; one not committed yet, or a copy not
+        settled (a takeover under way, or behind its leader), is ``E_PUB_FAILED`` with the
+        reason: the publisher tries again (neither an OK for what may be cut, nor a second
+        copy of what may commit). A gap is judged over every partition."""
         assert self.other_logs is not None
         own = log.identities()
         verdict = own.check(producer, first, crcs, now, log.latest, gaps=True)
         high = own.high(producer)
-        for other in self.other_logs():
+        for other, settled in self.other_logs():
+            if not settled:
+                # A partition being taken over (or a copy behind its leader): a publish of
+                # this producer may be in it, unseen here yet. Not now: the publisher retries.
+                raise DedupError(
+                    "E_PUB_FAILED",
+                    "another node's partition of this topic is being taken over; an "
+                    "idempotent publish waits until its copy here is caught up: publish again",
+                )
             dedup = other.identities()
             v = dedup.check(producer, first, crcs, now, other.latest, gaps=True)
             committed = other.committed
-            if v.duplicates > verdict.duplicates and (
-                v.last_offset < 0 or committed is None or v.last_offset < committed
-            ):
+            if v.duplicates > verdict.duplicates:
+                if committed is not None and v.last_offset >= committed:
+                    # There, but not committed (its node died with it in flight): it may yet
+                    # be cut. Neither an OK nor a second copy now: the publisher tries again.
+                    raise DedupError(
+                        "E_PUB_FAILED",
+                        f"producer {producer.decode()} sequence {first + v.duplicates - 1} "
+                        "is in another node's partition, not committed there yet: publish "
+                        "again",
+                    )
                 verdict = Verdict(v.duplicates, -1)
             h = dedup.high(producer)
             if h is not None and (high is None or h > high):

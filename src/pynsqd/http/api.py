@@ -161,7 +161,7 @@ class API:
                 else:
                     dups, end = topic.put_identified(bodies, defer_ms, *identity)
             except DedupError as err:  # pynsqd: idempotent publishing
-                code = 409 if err.code == "E_CONFLICT" else 400
+                code = {"E_CONFLICT": 409, "E_PUB_FAILED": 503}.get(err.code, 400)
                 raise HTTPError(code, err.code.removeprefix("E_"), {"reason": str(err)}) from err
             except NotRetained as err:
                 raise HTTPError(400, "NOT_RETAINED", {"reason": str(err)}) from err

@@ -566,7 +566,8 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 )
                 bodies = bodies[dups:]
         except DedupError as err:  # pynsqd: idempotent publishing (core/dedup.py)
-            raise FatalClientError(err.code, f"{cmd} failed {err}") from err
+            code = f"E_{cmd}_FAILED" if err.code == "E_PUB_FAILED" else err.code
+            raise FatalClientError(code, f"{cmd} failed {err}") from err
         except NotRetained as err:
             raise FatalClientError("E_NOT_RETAINED", f"{cmd} failed {err}") from err
         except OSError as err:
