@@ -17,12 +17,13 @@ from .message import Message
 class MessageLog(Protocol):
     """A replayable topic's retained log (``storage/topiclog.py``)."""
 
-    def append(
-        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
-    ) -> int:
+    def append(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> int:
         """Log new messages in order before they fan out; return the first one's offset.
         Raises OSError if they could not be logged (then none of them is published).
-        ``identity``: an idempotent publish's producer, first sequence and body CRCs."""
+        ``identity``: an idempotent publish's producer and first sequence number."""
+
+    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
+        """The bodies of the records at ``offsets`` (ascending), None where one is gone."""
 
     def identities(self) -> Dedup:
         """What the log remembers of idempotent publishes (``core/dedup.py``)."""

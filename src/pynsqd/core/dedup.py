@@ -9,18 +9,19 @@ after a crash: it can never remember a message the log lost, nor forget one the 
 its window).
 
 Per topic partition the index keeps, for each producer seen in its window, the sequence numbers
-it holds as one run (``base`` .. ``high``), each with the CRC-32 of its body and its offset. A
-publish of sequences ``first .. first + n - 1``:
+it holds as one run (``base`` .. ``high``), each with its record's offset. A publish of
+sequences ``first .. first + n - 1``:
 
 - from an unknown producer (new, or forgotten): all new, whatever ``first`` is;
 - ``first <= high``: the leading ``high - first + 1`` are duplicates, answered OK and not
-  written again (the rest are new); a duplicate whose body's CRC differs from the one held is
-  ``E_CONFLICT`` (a different message under the same identity: a bug in the publisher);
+  written again (the rest are new); the caller reads their records back (by the offsets the
+  verdict gives) and a body that differs is ``E_CONFLICT`` (a different message under the
+  same identity: a bug in the publisher);
 - ``first > high + 1``: a gap, ``E_BAD_SEQUENCE`` (accepting it would make the skipped numbers
   look published: a later retry of them would be dropped as a duplicate and lost).
 
 Why a producer and a sequence rather than a key per message (NATS JetStream's ``Nats-Msg-Id``):
-an MPUB of n messages carries one identity (the first number), the memory is 12 bytes per
+an MPUB of n messages carries one identity (the first number), the memory is 8 bytes per
 message held plus one small object per producer rather than a key per message, and a gap is
 detected instead of silently accepted. A sequence below ``base`` (older than the window) of a
 producer still known counts as a duplicate: numbers are consecutive, so it was written.
@@ -29,7 +30,7 @@ The window: an identity is remembered while its record is among the newest ``max
 records of the partition and younger than ``window_ns``. A producer with nothing left in the
 window is forgotten; its next publish is taken as new whatever its number (documented: a
 retry later than the window may be written twice). Memory is bounded by ``max_records`` and
-``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): 12 bytes a message
+``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): 8 bytes a message
 held, about 480 bytes a producer (``docs/exactly-once.md`` has the figures).
 
 No I/O here: ``storage/topiclog.py`` owns an index, feeds it what it appends (and what a
@@ -39,6 +40,7 @@ replica copies), and rebuilds it by reading its records back; ``core/topic.py`` 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections import deque
 from typing import NamedTuple
 
@@ -84,36 +86,69 @@ class Verdict(NamedTuple):
     duplicates: int
     #: The offset of the last of them; -1 when there are none, or it is older than the window.
     last_offset: int
+    #: The offsets of the last ``len(offsets)`` duplicates (those in the window): the caller
+    #: reads their bodies back to tell a retry from a conflict.
+    offsets: tuple[int, ...] = ()
 
 
 class _Producer:
-    __slots__ = ("base", "crcs", "last_run", "name", "offsets", "start")
+    """One producer's numbers in the window, ``base`` .. ``high``, and where they are in the
+    log: as segments of consecutive offsets (an MPUB is one; so are PUBs that nothing came
+    between), each its first number and first offset. Offsets only grow."""
+
+    __slots__ = ("base", "high", "last_run", "name", "offs", "seqs", "start")
 
     def __init__(self, name: bytes, base: int) -> None:
         self.name = name
-        #: The sequence number of ``crcs[start]``.
         self.base = base
+        self.high = base - 1
+        #: The segments, from ``start`` on: first sequence number, first offset.
+        self.seqs = array("q")
+        self.offs = array("q")
         self.start = 0
-        self.crcs = array("I")
-        self.offsets = array("q")
         self.last_run: _Run | None = None
 
     @property
     def held(self) -> int:
-        return len(self.crcs) - self.start
+        return self.high - self.base + 1
 
-    @property
-    def high(self) -> int:
-        return self.base + self.held - 1
+    def offset_of(self, seq: int) -> int:
+        k = bisect_right(self.seqs, seq, self.start) - 1
+        return self.offs[k] + seq - self.seqs[k]
+
+    def add(self, first: int, n: int, first_offset: int) -> None:
+        """Numbers ``first`` (``high + 1``) on, at offsets ``first_offset`` on."""
+        if self.held and self.offset_of(self.high) + 1 == first_offset:
+            self.high += n  # right after its last one: the same segment
+            return
+        self.seqs.append(first)
+        self.offs.append(first_offset)
+        self.high = first + n - 1
+
+    def below(self, floor: int, limit: int) -> int:
+        """How many of its oldest (at most ``limit``) are at offsets below ``floor``."""
+        n, seq, k, last = 0, self.base, self.start, len(self.seqs) - 1
+        while n < limit and seq <= self.high:
+            while k < last and self.seqs[k + 1] <= seq:
+                k += 1
+            end = self.seqs[k + 1] if k < last else self.high + 1  # this segment's end
+            off = self.offs[k] + seq - self.seqs[k]
+            take = min(end - seq, limit - n, max(floor - off, 0))
+            n += take
+            if seq + take < end:
+                break
+            seq = end
+        return n
 
     def drop(self, n: int) -> None:
         """Forget the ``n`` oldest."""
-        n = min(n, self.held)
-        self.start += n
-        self.base += n
-        if self.start > 1024 and self.start * 2 > len(self.crcs):
-            del self.crcs[: self.start]
-            del self.offsets[: self.start]
+        self.base += min(n, self.held)
+        last = len(self.seqs) - 1
+        while self.start < last and self.seqs[self.start + 1] <= self.base:
+            self.start += 1
+        if self.start > 1024 and self.start * 2 > len(self.seqs):
+            del self.seqs[: self.start]
+            del self.offs[: self.start]
             self.start = 0
 
 
@@ -155,14 +190,14 @@ class Dedup:
         self,
         producer: bytes,
         first: int,
-        crcs: list[int],
+        count: int,
         now_ns: int,
         latest: int,
         *,
         gaps: bool = False,
     ) -> Verdict:
-        """What a publish of ``len(crcs)`` messages numbered from ``first`` is. Raises
-        DedupError. ``latest``: the log's next offset (the count window ends there).
+        """What a publish of ``count`` messages numbered from ``first`` is. Raises
+        DedupError (a gap). ``latest``: the log's next offset (the count window ends there).
         ``gaps``: a gap is no error here (the caller judges it over several partitions)."""
         self.expire(now_ns, latest)
         p = self.producers.get(producer)
@@ -173,27 +208,23 @@ class Dedup:
             if gaps:
                 return Verdict(0, -1)
             raise gap_error(producer, first, high)
-        dups = min(len(crcs), high - first + 1)
-        last = -1
-        for i in range(dups):
-            seq = first + i
-            if seq < p.base:
-                continue  # older than the window: published, its body no longer known
-            at = p.start + seq - p.base
-            if p.crcs[at] != crcs[i]:
-                raise DedupError(
-                    "E_CONFLICT",
-                    f"producer {producer.decode()} sequence {seq} was published with a "
-                    "different body",
-                )
-            last = p.offsets[at]
-        return Verdict(dups, last)
+        dups = min(count, high - first + 1)
+        if not dups:
+            return Verdict(0, -1)
+        # Numbers below ``base`` are older than the window: published, bodies not kept.
+        lo = max(first, p.base)
+        stop = first + dups
+        if lo >= stop:
+            return Verdict(dups, -1)
+        offsets = tuple(p.offset_of(seq) for seq in range(lo, stop))
+        return Verdict(dups, offsets[-1], offsets)
 
     def record(
-        self, producer: bytes, first: int, crcs: list[int], first_offset: int, ts_ns: int
+        self, producer: bytes, first: int, count: int, first_offset: int, ts_ns: int
     ) -> None:
-        """The log appended these (at offsets ``first_offset`` on)."""
-        n = len(crcs)
+        """The log appended ``count`` messages numbered from ``first`` at offsets
+        ``first_offset`` on."""
+        n = count
         if not n:
             return
         p = self.producers.get(producer)
@@ -206,8 +237,7 @@ class Dedup:
             p = None
         if p is None:
             p = self.producers[producer] = _Producer(producer, first)
-        p.crcs.extend(crcs)
-        p.offsets.extend(range(first_offset, first_offset + n))
+        p.add(first, n, first_offset)
         self.held += n
         runs = self._runs
         if runs and runs[-1].producer is p:
@@ -238,11 +268,9 @@ class Dedup:
             elif len(self.producers) > self.max_producers:
                 n = min(count, p.held)  # older runs of a producer seen since: their entries
             else:
-                # Entries below the count floor, from the front of this run.
-                n = 0
-                offsets, at = p.offsets, p.start
-                while n < count and n < p.held and offsets[at + n] < floor:
-                    n += 1
+                # Entries below the count floor, from the front of this run (a producer's
+                # offsets only grow).
+                n = p.below(floor, min(count, p.held))
                 if not n:
                     break
             p.drop(n)

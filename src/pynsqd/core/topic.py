@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from typing import Protocol
 
@@ -207,13 +206,13 @@ class Topic:
         log = self.log
         if log is None:
             raise NotRetained(self.name)
-        crcs = [zlib.crc32(b) for b in bodies]
         log.set_dedup(*self.dedup_window)
         now = time.time_ns()
         if self.other_logs is None:
-            verdict = log.identities().check(producer, first, crcs, now, log.latest)
+            verdict = log.identities().check(producer, first, len(bodies), now, log.latest)
+            self._same_bodies(log, producer, first, bodies, verdict)
         else:
-            verdict = self._check_everywhere(log, producer, first, crcs, now)
+            verdict = self._check_everywhere(log, producer, first, bodies, now)
         dups = verdict.duplicates
         self.duplicate_count += dups
         if dups == len(bodies):
@@ -228,15 +227,33 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        self._put_logged(msgs, (producer, first + dups, crcs[dups:]))
+        self._put_logged(msgs, (producer, first + dups))
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, new))
         if self.bounded:
             self._trim()
         return dups, log.latest
 
+    @staticmethod
+    def _same_bodies(
+        log: MessageLog, producer: bytes, first: int, bodies: list[bytes], verdict: Verdict
+    ) -> None:
+        """A duplicate must be the message it repeats: the records it names are read back
+        (a retry's cost, never a new publish's). Raises DedupError (E_CONFLICT)."""
+        if not verdict.offsets:
+            return
+        held = log.bodies_at(list(verdict.offsets))
+        start = verdict.duplicates - len(verdict.offsets)
+        for i, old in enumerate(held):
+            if old is not None and old != bodies[start + i]:
+                raise DedupError(
+                    "E_CONFLICT",
+                    f"producer {producer.decode()} sequence {first + start + i} was published "
+                    "with a different body",
+                )
+
     def _check_everywhere(
-        self, log: MessageLog, producer: bytes, first: int, crcs: list[int], now: int
+        self, log: MessageLog, producer: bytes, first: int, bodies: list[bytes], now: int
     ) -> Verdict:
         """A replicated topic: a producer whose node died publishes again here, so its
         numbers may be in another node's partition. The copies held here answer for it: a
@@ -245,8 +262,10 @@ class Topic:
         reason: the publisher tries again (neither an OK for what may be cut, nor a second
         copy of what may commit). A gap is judged over every partition."""
         assert self.other_logs is not None
+        n = len(bodies)
         own = log.identities()
-        verdict = own.check(producer, first, crcs, now, log.latest, gaps=True)
+        verdict = own.check(producer, first, n, now, log.latest, gaps=True)
+        self._same_bodies(log, producer, first, bodies, verdict)
         high = own.high(producer)
         for other, settled in self.other_logs():
             if not settled:
@@ -258,9 +277,9 @@ class Topic:
                     "idempotent publish waits until its copy here is caught up: publish again",
                 )
             dedup = other.identities()
-            v = dedup.check(producer, first, crcs, now, other.latest, gaps=True)
-            committed = other.committed
+            v = dedup.check(producer, first, n, now, other.latest, gaps=True)
             if v.duplicates > verdict.duplicates:
+                committed = other.committed
                 if committed is not None and v.last_offset >= committed:
                     # There, but not committed (its node died with it in flight): it may yet
                     # be cut. Neither an OK nor a second copy now: the publisher tries again.
@@ -270,6 +289,7 @@ class Topic:
                         "is in another node's partition, not committed there yet: publish "
                         "again",
                     )
+                self._same_bodies(other, producer, first, bodies, v)
                 verdict = Verdict(v.duplicates, -1)
             h = dedup.high(producer)
             if h is not None and (high is None or h > high):
@@ -360,9 +380,7 @@ class Topic:
             dropped += self.queue.drop_oldest(excess - dropped)
         self.dropped_count += dropped
 
-    def _put_logged(
-        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
-    ) -> None:
+    def _put_logged(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> None:
         """A replayable topic: the log is its queue. The batch is appended (OSError: nothing
         is published); then it goes to the channels at once if nothing is waiting, else it
         waits in the log, behind the backlog, and the drain hands it over in order."""

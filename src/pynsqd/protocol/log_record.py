@@ -22,6 +22,7 @@ Layout (big-endian)::
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ __all__ = [
     "check_record",
     "decode_records",
     "encode_record",
+    "identified_tail",
     "identity_ext",
     "scan_records",
 ]
@@ -63,6 +65,13 @@ IDENTIFIED = 0x8000
 FLAGS_AT = HEAD.size + 4 + 8 + 16
 FLAGS = struct.Struct(">H")
 SEQUENCE = struct.Struct(">q")
+
+
+@functools.lru_cache(maxsize=64)
+def identified_tail(producer_length: int) -> struct.Struct:
+    """An IDENTIFIED record's TAIL and identity packed in one call (the log's append): length,
+    timestamp, id, flags, deferral, producer length, producer, sequence."""
+    return struct.Struct(f"{TAIL.format}B{producer_length}s{SEQUENCE.format.lstrip('>')}")
 
 
 def identity_ext(producer: bytes, sequence: int) -> bytes:

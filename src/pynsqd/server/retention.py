@@ -616,9 +616,10 @@ class UnavailableLog:
     def read_messages(self, offset: int, max_count: int) -> tuple[list[Message], int]:
         return [], 0
 
-    def append(
-        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
-    ) -> int:
+    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
+        return [None] * len(offsets)
+
+    def append(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> int:
         raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")
 
     def close(self) -> None:

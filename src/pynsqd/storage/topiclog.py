@@ -51,7 +51,7 @@ from typing import NamedTuple
 from ..core.dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Dedup
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import FLAGS_AT, HEADER_SIZE, IDENTIFIED, body_start, identity_ext
+from ..protocol.log_record import FLAGS_AT, HEADER_SIZE, IDENTIFIED, body_start
 from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
@@ -186,12 +186,10 @@ class TopicLog:
 
     # -- writing --------------------------------------------------------------------------
 
-    def append(
-        self, msgs: list[Message], identity: tuple[bytes, int, list[int]] | None = None
-    ) -> int:
+    def append(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> int:
         """Log ``msgs`` in order; return the offset of the first. Raises ``OSError`` (nothing
-        of the batch is then logged). ``identity``: an idempotent publish's producer, the
-        sequence number of the first message, and each body's CRC-32 (``core/dedup.py``)."""
+        of the batch is then logged). ``identity``: an idempotent publish's producer and the
+        sequence number of the first message (``core/dedup.py``)."""
         if self._closed:
             raise OSError("the topic log is closed")
         seg = self.segments[-1]
@@ -204,17 +202,22 @@ class TopicLog:
         head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
         ts = 0
         entries: list[tuple[int, int, int]] = []
-        producer, seq = (identity[0], identity[1]) if identity is not None else (b"", 0)
+        producer, seq, flags, fixed, plen = b"", 0, 0, _TAIL_FIXED, 0
+        if identity is not None:
+            # The identity after the fixed part, packed with it (``log_record.identity_ext``).
+            producer, seq, flags = identity[0], identity[1], IDENTIFIED
+            plen = len(producer)
+            fixed += 9 + plen
+            tail = log_record.identified_tail(plen).pack
         for m in msgs:
             body = m.body
             ts = m.timestamp
             defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-            if producer:
-                ext = identity_ext(producer, seq)
+            if flags:
+                t = tail(fixed + len(body), ts, m.id, flags, defer, plen, producer, seq)
                 seq += 1
-                t = tail(_TAIL_FIXED + len(ext) + len(body), ts, m.id, IDENTIFIED, defer) + ext
             else:
-                t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
+                t = tail(fixed + len(body), ts, m.id, 0, defer)
             if pos >= next_index:
                 entries.append((offset, pos, ts))
                 next_index = pos + INDEX_INTERVAL
@@ -237,7 +240,7 @@ class TopicLog:
         if ts > seg.last_ts:
             seg.last_ts = ts
         if identity is not None and self._dedup is not None:
-            self._dedup.record(identity[0], identity[1], identity[2], first, ts)
+            self._dedup.record(identity[0], identity[1], len(msgs), first, ts)
         self._unsynced += len(msgs)
         if self._unsynced >= self.sync_every:
             try:
@@ -273,7 +276,7 @@ class TopicLog:
         view = memoryview(data)
         pos = ts = 0
         dedup = self._dedup
-        identified: list[tuple[int, int, bytes, int, int]] = []
+        identified: list[tuple[int, int, bytes, int]] = []
         while pos < end:
             if end - pos < HEADER_SIZE:
                 raise ValueError(str(log_record.Damaged(pos, None, "a short record header")))
@@ -290,7 +293,7 @@ class TopicLog:
                 start, producer, seq = body_start(data, pos, IDENTIFIED)
                 if start > stop:
                     raise ValueError(f"record offset {offset}: a bad record identity")
-                identified.append((offset, ts, producer, seq, crc32(view[start:stop])))
+                identified.append((offset, ts, producer, seq))
             if base + pos >= next_index:
                 entries.append((offset, base + pos, ts))
                 next_index = base + pos + INDEX_INTERVAL
@@ -308,8 +311,8 @@ class TopicLog:
         seg.last_ts = max(seg.last_ts, ts)
         self._unsynced += count
         if dedup is not None:
-            for rec_offset, rec_ts, producer, seq, body_crc in identified:
-                dedup.record(producer, seq, [body_crc], rec_offset, rec_ts)
+            for rec_offset, rec_ts, producer, seq in identified:
+                dedup.record(producer, seq, 1, rec_offset, rec_ts)
         return count
 
     def _write(self, seg: Segment, data: bytes) -> None:
@@ -420,9 +423,7 @@ class TopicLog:
                 records, damaged = log_record.scan_records(data)
                 for r in records:
                     if r.sequence >= 0:
-                        dedup.record(
-                            r.producer, r.sequence, [zlib.crc32(r.body)], r.offset, r.timestamp
-                        )
+                        dedup.record(r.producer, r.sequence, 1, r.offset, r.timestamp)
                 # Past a damaged record (logged at open) to the next range.
                 offset = records[-1].offset + 1 if damaged and records else rng.next
             dedup.expire(time.time_ns() if now_ns is None else now_ns, self.latest)
@@ -437,6 +438,20 @@ class TopicLog:
                     (time.monotonic() - start) * 1000,
                 )
         return self._dedup
+
+    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
+        """The bodies of the records at ``offsets`` (ascending; an idempotent publish's
+        duplicates, read back to compare), committed or not; None where one is gone."""
+        found: dict[int, bytes] = {}
+        offset, end = offsets[0], offsets[-1] + 1
+        while offset < end:
+            at: list[int] = []
+            msgs, nxt = self.read_messages(offset, end - offset, upto=end, out=at)
+            found.update((o, m.body) for o, m in zip(at, msgs, strict=True))
+            if nxt <= offset:
+                break
+            offset = nxt
+        return [found.get(o) for o in offsets]
 
     def set_dedup(self, records: int, window_ns: int) -> None:
         """The idempotent publishing window (``POST /topic/config``)."""

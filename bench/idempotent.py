@@ -1,0 +1,137 @@
+"""MPUB throughput into a retained topic with identities (idempotent publishing) against without,
+side by side in one run.
+
+A fresh pynsqd (``--retention-time=1h``, default flags otherwise) per round, the two variants
+alternating, a new topic each time; the publisher sends pre-encoded MPUBs of ``--batch``
+200-byte messages on ``--conns`` connections, ``--pipeline`` MPUBs in flight on each, for
+``--seconds``. Reports messages per second per round, the medians, and their ratio (on / off).
+
+    .venv/bin/python bench/idempotent.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pynsqd.protocol import encode
+
+BIN = Path(sys.executable).parent
+
+
+def start(data: str) -> tuple[subprocess.Popen[bytes], int]:
+    log = Path(data) / "nsqd.log"
+    with open(log, "wb") as err:
+        p = subprocess.Popen(
+            [
+                str(BIN / "nsqd"),
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=127.0.0.1:0",
+                f"--data-path={data}",
+                "--retention-time=1h",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = re.search(r"TCP: listening on \S+:(\d+)", log.read_text(errors="replace"))
+        if m:
+            return p, int(m.group(1))
+        time.sleep(0.05)
+    raise RuntimeError(log.read_text())
+
+
+def publisher(
+    port: int, topic: str, producer: str | None, args: argparse.Namespace, out: list[int]
+) -> None:
+    body = b"x" * 200
+    bodies = [body] * args.batch
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"  V2" + encode.identify({"idempotent_publish": True}))
+    pending = b""
+    while pending.count(b"OK") < 1:
+        pending += s.recv(4096)
+    # Pre-encoded: the client's work is the same for both variants.
+    n_cmds = 4000
+    cmds = [
+        encode.mpub(topic, bodies, None if producer is None else (producer, i * args.batch))
+        for i in range(n_cmds)
+    ]
+    sent = acked = 0
+    buf = b""
+    ok_frame = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+    stop = time.monotonic() + args.seconds
+    while time.monotonic() < stop and sent < n_cmds:
+        while sent - acked < args.pipeline and sent < n_cmds:
+            s.sendall(cmds[sent])
+            sent += 1
+        buf += s.recv(65536)
+        n = buf.count(ok_frame)
+        acked += n
+        buf = buf.replace(ok_frame, b"")
+    out.append(acked * args.batch)
+    s.close()
+
+
+def round_(identities: bool, args: argparse.Namespace, tag: str) -> float:
+    with tempfile.TemporaryDirectory() as data:
+        p, port = start(data)
+        try:
+            out: list[int] = []
+            threads = [
+                threading.Thread(
+                    target=publisher,
+                    args=(port, f"t{tag}", f"bench-{tag}-{i}" if identities else None, args, out),
+                )
+                for i in range(args.conns)
+            ]
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.monotonic() - t0
+        finally:
+            p.terminate()
+            p.wait(30)
+    return sum(out) / elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--conns", type=int, default=2)
+    ap.add_argument("--pipeline", type=int, default=4)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    results: dict[str, list[float]] = {"off": [], "on": []}
+    for r in range(args.rounds):
+        for variant in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            rate = round_(variant == "on", args, f"{r}{variant}")
+            results[variant].append(rate)
+            print(f"round {r + 1} identities {variant:3}: {rate:12,.0f} msgs/s", flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    ratio = med["on"] / med["off"]
+    print(f"median off {med['off']:,.0f}  on {med['on']:,.0f}  on/off {ratio:.3f}")
+    if args.json:
+        doc = {"args": vars(args), "rounds": results, "median": med, "ratio": ratio}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
