@@ -202,30 +202,41 @@ class TopicLog:
         head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
         ts = 0
         entries: list[tuple[int, int, int]] = []
-        producer, seq, flags, fixed, plen = b"", 0, 0, _TAIL_FIXED, 0
-        if identity is not None:
+        if identity is None:
+            for m in msgs:
+                body = m.body
+                ts = m.timestamp
+                defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
+                t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
+                if pos >= next_index:
+                    entries.append((offset, pos, ts))
+                    next_index = pos + INDEX_INTERVAL
+                parts.append(head(offset, crc32(body, crc32(t))))
+                parts.append(t)
+                parts.append(body)
+                pos += HEADER_SIZE + len(body)
+                offset += 1
+        else:
             # The identity after the fixed part, packed with it (``log_record.identity_ext``).
-            producer, seq, flags = identity[0], identity[1], IDENTIFIED
+            producer, seq = identity
             plen = len(producer)
-            fixed += 9 + plen
-            tail = log_record.identified_tail(plen).pack
-        for m in msgs:
-            body = m.body
-            ts = m.timestamp
-            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-            if flags:
-                t = tail(fixed + len(body), ts, m.id, flags, defer, plen, producer, seq)
+            fixed = _TAIL_FIXED + 9 + plen
+            size = HEADER_SIZE + 9 + plen
+            pack = log_record.identified_tail(plen).pack
+            for m in msgs:
+                body = m.body
+                ts = m.timestamp
+                defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
+                t = pack(fixed + len(body), ts, m.id, IDENTIFIED, defer, plen, producer, seq)
                 seq += 1
-            else:
-                t = tail(fixed + len(body), ts, m.id, 0, defer)
-            if pos >= next_index:
-                entries.append((offset, pos, ts))
-                next_index = pos + INDEX_INTERVAL
-            parts.append(head(offset, crc32(body, crc32(t))))
-            parts.append(t)
-            parts.append(body)
-            pos += 12 + len(t) + len(body)
-            offset += 1
+                if pos >= next_index:
+                    entries.append((offset, pos, ts))
+                    next_index = pos + INDEX_INTERVAL
+                parts.append(head(offset, crc32(body, crc32(t))))
+                parts.append(t)
+                parts.append(body)
+                pos += size + len(body)
+                offset += 1
         data = b"".join(parts)
         try:
             self._write(seg, data)
