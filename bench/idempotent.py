@@ -3,8 +3,9 @@ side by side in one run.
 
 A fresh pynsqd (``--retention-time=1h``, default flags otherwise) per round, the two variants
 alternating, a new topic each time; the publisher sends pre-encoded MPUBs of ``--batch``
-200-byte messages on ``--conns`` connections, ``--pipeline`` MPUBs in flight on each, for
-``--seconds``. Reports messages per second per round, the medians, and their ratio (on / off).
+``--size``-byte messages (200) on ``--conns`` connections, ``--pipeline`` MPUBs in flight on
+each, for ``--seconds``. Reports messages per second per round, the medians, and their ratio
+(on / off).
 
     .venv/bin/python bench/idempotent.py --rounds 5
 """
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -27,6 +29,7 @@ from pathlib import Path
 from pynsqd.protocol import encode
 
 BIN = Path(sys.executable).parent
+NSQD = str(BIN / "nsqd") if (BIN / "nsqd").exists() else (shutil.which("nsqd") or "nsqd")
 
 
 def start(data: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -34,7 +37,7 @@ def start(data: str) -> tuple[subprocess.Popen[bytes], int]:
     with open(log, "wb") as err:
         p = subprocess.Popen(
             [
-                str(BIN / "nsqd"),
+                NSQD,
                 "--tcp-address=127.0.0.1:0",
                 "--http-address=127.0.0.1:0",
                 f"--data-path={data}",
@@ -55,7 +58,7 @@ def start(data: str) -> tuple[subprocess.Popen[bytes], int]:
 def publisher(
     port: int, topic: str, producer: str | None, args: argparse.Namespace, out: list[int]
 ) -> None:
-    body = b"x" * 200
+    body = b"x" * args.size
     bodies = [body] * args.batch
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(b"  V2" + encode.identify({"idempotent_publish": True}))
@@ -113,6 +116,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--size", type=int, default=200, help="message bytes")
     ap.add_argument("--conns", type=int, default=2)
     ap.add_argument("--pipeline", type=int, default=4)
     ap.add_argument("--json", help="write the figures here")
