@@ -5,7 +5,8 @@ A fresh pynsqd (``--retention-time=1h``, default flags otherwise) per round, the
 alternating, a new topic each time; the publisher sends pre-encoded MPUBs of ``--batch``
 ``--size``-byte messages (200) on ``--conns`` connections, ``--pipeline`` MPUBs in flight on
 each, for ``--seconds``. Reports messages per second per round, the medians, and their ratio
-(on / off).
+(on / off), and the server's CPU time per message (user + system, from /proc: steadier than
+throughput when the publisher shares the cores).
 
     .venv/bin/python bench/idempotent.py --rounds 5
 """
@@ -87,7 +88,14 @@ def publisher(
     s.close()
 
 
-def round_(identities: bool, args: argparse.Namespace, tag: str) -> float:
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_(identities: bool, args: argparse.Namespace, tag: str) -> tuple[float, float]:
+    """(messages per second, server CPU microseconds per message)."""
     with tempfile.TemporaryDirectory() as data:
         p, port = start(data)
         try:
@@ -99,16 +107,18 @@ def round_(identities: bool, args: argparse.Namespace, tag: str) -> float:
                 )
                 for i in range(args.conns)
             ]
+            cpu0 = cpu_seconds(p.pid)
             t0 = time.monotonic()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             elapsed = time.monotonic() - t0
+            cpu = cpu_seconds(p.pid) - cpu0
         finally:
             p.terminate()
             p.wait(30)
-    return sum(out) / elapsed
+    return sum(out) / elapsed, cpu / max(sum(out), 1) * 1e6
 
 
 def main() -> int:
@@ -122,16 +132,36 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     results: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(args.rounds):
         for variant in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            rate = round_(variant == "on", args, f"{r}{variant}")
+            rate, us = round_(variant == "on", args, f"{r}{variant}")
             results[variant].append(rate)
-            print(f"round {r + 1} identities {variant:3}: {rate:12,.0f} msgs/s", flush=True)
+            cpu[variant].append(us)
+            print(
+                f"round {r + 1} identities {variant:3}: {rate:12,.0f} msgs/s, "
+                f"server CPU {us:.2f} us/msg",
+                flush=True,
+            )
     med = {k: statistics.median(v) for k, v in results.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     ratio = med["on"] / med["off"]
-    print(f"median off {med['off']:,.0f}  on {med['on']:,.0f}  on/off {ratio:.3f}")
+    cpu_ratio = med_cpu["on"] / med_cpu["off"]
+    print(
+        f"median off {med['off']:,.0f}  on {med['on']:,.0f}  on/off {ratio:.3f}; server CPU "
+        f"per message off {med_cpu['off']:.2f} us  on {med_cpu['on']:.2f} us  "
+        f"on/off {cpu_ratio:.3f}"
+    )
     if args.json:
-        doc = {"args": vars(args), "rounds": results, "median": med, "ratio": ratio}
+        doc = {
+            "args": vars(args),
+            "rounds": results,
+            "median": med,
+            "ratio": ratio,
+            "cpu_us_per_msg": cpu,
+            "median_cpu_us_per_msg": med_cpu,
+            "cpu_ratio": cpu_ratio,
+        }
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

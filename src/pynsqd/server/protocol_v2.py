@@ -644,9 +644,11 @@ def _describe(ev: object) -> str:
         return name
     fields: dict[str, object] = cast(Any, ev)._asdict()  # every command is a NamedTuple
     shown = [
-        str(v)
+        f"{v.producer.decode()} {v.sequence}" if isinstance(v, Identity) else str(v)
         for k, v in fields.items()
-        if k not in ("body", "bodies", "data", "secret") and not isinstance(v, bytes | list)
+        if k not in ("body", "bodies", "data", "secret")
+        and v is not None
+        and not isinstance(v, bytes | list)
     ]
     return " ".join([name, *shown])
 
