@@ -11,8 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pynsqd.protocol import encode
 from pynsqd_spark.options import SinkOptions
 from pynsqd_spark.sink import Publisher, plain_command
