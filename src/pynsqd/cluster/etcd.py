@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from ..internal.waits import wait_set
 
 __all__ = [
     "Compare",
@@ -348,8 +349,7 @@ async def every(
         if wake is None:
             await asyncio.sleep(seconds)
         else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), seconds)
+            await wait_set(wake, seconds)  # not wait_for: it can swallow a cancellation
             wake.clear()
         try:
             await step()

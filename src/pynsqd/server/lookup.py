@@ -40,6 +40,7 @@ from .. import NSQD_VERSION
 from ..internal import jsonbound
 from ..internal.listener import is_unix_address, split_host_port
 from ..internal.names import is_ephemeral, is_valid_name
+from ..internal.waits import wait_set
 from ..protocol.lookup import (
     MAGIC_V1,
     PING,
@@ -182,8 +183,7 @@ class LookupPeer:
             if self._closed:
                 break
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await wait_set(self._wake, delay)
             delay = min(delay * 2, timings.reconnect_max)
 
     def _disconnect(self) -> None:
@@ -256,8 +256,7 @@ class LookupPeer:
                 next_ping = loop.time() + timings.ping_interval
                 continue
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await wait_set(self._wake, wait)
 
     async def _command(self, cmd: bytes) -> bytes:
         conn = self._conn

@@ -36,6 +36,7 @@ from ..internal.listener import (
     listen_failed,
     split_host_port,
 )
+from ..internal.waits import wait_set
 from ..options import Options
 from .workers import ConnectionCounts, WorkerSpec
 
@@ -189,8 +190,7 @@ class Supervisor:
                 f" in {backoff:g}s" if backoff else "",
             )
             if backoff:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), backoff)
+                await wait_set(self.stop, backoff)
 
     def close(self) -> None:
         for fd in (self._alive_w, self._alive_r, self._ready_r, self._ready_w):
