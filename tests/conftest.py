@@ -196,6 +196,7 @@ def tier_of(path: Path) -> str:
 #: (``pytest_xdist_make_scheduler``). Each lane takes a few minutes.
 LANES = {
     "test_standalone.py": "spark-cluster",
+    "test_standalone_sink.py": "spark-cluster-sink",
     "test_replication.py": "fault-1",
     "test_replicated_channels.py": "fault-2",
     "test_retained_faults.py": "fault-2",
