@@ -96,7 +96,7 @@ class _Producer:
     log: as segments of consecutive offsets (an MPUB is one; so are PUBs that nothing came
     between), each its first number and first offset. Offsets only grow."""
 
-    __slots__ = ("base", "high", "last_run", "name", "offs", "seqs", "start")
+    __slots__ = ("base", "high", "last_run", "name", "next_offset", "offs", "seqs", "start")
 
     def __init__(self, name: bytes, base: int) -> None:
         self.name = name
@@ -107,10 +107,17 @@ class _Producer:
         self.offs = array("q")
         self.start = 0
         self.last_run: _Run | None = None
+        #: The offset right after its newest message's.
+        self.next_offset = -1
 
     @property
     def held(self) -> int:
         return self.high - self.base + 1
+
+    @property
+    def oldest_offset(self) -> int:
+        """Where its oldest message in the window is (``base`` is in segment ``start``)."""
+        return self.offs[self.start] + self.base - self.seqs[self.start]
 
     def offset_of(self, seq: int) -> int:
         k = bisect_right(self.seqs, seq, self.start) - 1
@@ -118,12 +125,13 @@ class _Producer:
 
     def add(self, first: int, n: int, first_offset: int) -> None:
         """Numbers ``first`` (``high + 1``) on, at offsets ``first_offset`` on."""
-        if self.held and self.offset_of(self.high) + 1 == first_offset:
+        if self.held and self.next_offset == first_offset:
             self.high += n  # right after its last one: the same segment
-            return
-        self.seqs.append(first)
-        self.offs.append(first_offset)
-        self.high = first + n - 1
+        else:
+            self.seqs.append(first)
+            self.offs.append(first_offset)
+            self.high = first + n - 1
+        self.next_offset = first_offset + n
 
     def below(self, floor: int, limit: int) -> int:
         """How many of its oldest (at most ``limit``) are at offsets below ``floor``."""
@@ -255,6 +263,17 @@ class Dedup:
         runs = self._runs
         floor = latest - self.max_records
         oldest_ts = now_ns - self.window_ns
+        if not runs:
+            return
+        front = runs[0]
+        if (
+            front.ts >= oldest_ts
+            and len(self.producers) <= self.max_producers
+            and front.producer.held
+            and front.producer.oldest_offset >= floor
+            and self.producers.get(front.producer.name) is front.producer
+        ):
+            return  # the common case, on every publish: nothing has left the window
         while runs:
             run = runs[0]
             p, count, ts = run.producer, run.count, run.ts

@@ -220,7 +220,7 @@ class Topic:
         new = bodies[dups:] if dups else bodies
         if self.bounded:
             self._check_room(len(new), sum(map(len, new)))
-        ts = time.time_ns()
+        ts = now
         ids = self.guid.new_ids(len(new)) if self.origin is None else self._offset_ids(len(new))
         msgs = Message.many(ids, new, ts)
         if defer_ms:

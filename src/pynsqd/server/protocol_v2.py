@@ -564,7 +564,8 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 dups, end = topic.put_identified(
                     bodies, defer_ms, identity.producer, identity.sequence
                 )
-                bodies = bodies[dups:]
+                if dups:
+                    bodies = bodies[dups:]
         except DedupError as err:  # pynsqd: idempotent publishing (core/dedup.py)
             code = f"E_{cmd}_FAILED" if err.code == "E_PUB_FAILED" else err.code
             raise FatalClientError(code, f"{cmd} failed {err}") from err
