@@ -21,8 +21,8 @@ sequences ``first .. first + n - 1``:
   look published: a later retry of them would be dropped as a duplicate and lost).
 
 Why a producer and a sequence rather than a key per message (NATS JetStream's ``Nats-Msg-Id``):
-an MPUB of n messages carries one identity (the first number), the memory is 8 bytes per
-message held plus one small object per producer rather than a key per message, and a gap is
+an MPUB of n messages carries one identity (the first number), the memory is a few words per
+append plus one small object per producer rather than a key per message, and a gap is
 detected instead of silently accepted. A sequence below ``base`` (older than the window) of a
 producer still known counts as a duplicate: numbers are consecutive, so it was written.
 
@@ -30,8 +30,9 @@ The window: an identity is remembered while its record is among the newest ``max
 records of the partition and younger than ``window_ns``. A producer with nothing left in the
 window is forgotten; its next publish is taken as new whatever its number (documented: a
 retry later than the window may be written twice). Memory is bounded by ``max_records`` and
-``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): 8 bytes a message
-held, about 480 bytes a producer (``docs/exactly-once.md`` has the figures).
+``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): a segment of offsets
+and a window entry per append, about 500 bytes a producer (``docs/exactly-once.md`` has the
+figures).
 
 No I/O here: ``storage/topiclog.py`` owns an index, feeds it what it appends (and what a
 replica copies), and rebuilds it by reading its records back; ``core/topic.py`` asks it.
