@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from pynsqd.core.dedup import Dedup, DedupError, Verdict
 from pynsqd.core.message import Message
-from pynsqd.protocol.log_record import decode_records, encode_record
+from pynsqd.protocol.log_record import (
+    IDENTIFIED_NEXT,
+    decode_records,
+    encode_record,
+    follow_after,
+)
 from pynsqd.storage.topiclog import TopicLog
 
 S = 10**9
@@ -176,17 +181,42 @@ def test_the_log_rebuilds_the_index_after_a_reopen_and_a_truncation(tmp_path: Pa
     log.close()
 
 
+def test_an_mpubs_other_records_continue_its_first_s_identity() -> None:
+    """Only an identified MPUB's first record carries the identity; the others follow it."""
+    head, body = encode_record(7, 10, b"0" * 16, 0, 0, b"a", (b"prod", 42))
+    nxt = [
+        encode_record(8 + i, 10, b"%016d" % i, IDENTIFIED_NEXT, 0, b)
+        for i, b in enumerate([b"b", b"c"])
+    ]
+    data = head + body + b"".join(h + b for h, b in nxt)
+    records = list(decode_records(data))
+    assert [(r.body, r.producer, r.sequence, r.attempts) for r in records] == [
+        (b"a", b"prod", 42, 0),
+        (b"b", b"prod", 43, 0),
+        (b"c", b"prod", 44, 0),
+    ]
+    # Read from the middle of the run: unknown, unless the record before is given.
+    tail = b"".join(h + b for h, b in nxt[1:])
+    assert [(r.producer, r.sequence) for r in decode_records(tail)] == [(b"", -1)]
+    follow = follow_after(records[1])
+    assert [(r.producer, r.sequence) for r in decode_records(tail, follow=follow)] == [
+        (b"prod", 44)
+    ]
+
+
 def test_a_replicas_copy_keeps_the_index_as_it_appends(tmp_path: Path) -> None:
     leader = _log(tmp_path / "a")
     follower = _log(tmp_path / "b")
     follower.identities()  # built (empty) before the copy starts
-    leader.append(_msgs(b"x", b"y"), (b"p", 0))
-    rng = leader.read_range(0, 10, 1 << 20)
-    assert rng is not None
-    with open(rng.path, "rb") as f:
-        f.seek(rng.start)
-        follower.append_raw(f.read(rng.end - rng.start))
-    assert follower.identities().check(b"p", 0, 2, NOW, 2)[:2] == (2, 1)
+    leader.append(_msgs(b"v", b"w", b"x", b"y", b"z"), (b"p", 0))
+    # Two fetches that cut the MPUB's run: the second starts with records that continue it.
+    for first, count in ((0, 2), (2, 3)):
+        rng = leader.read_range(first, count, 1 << 20)
+        assert rng is not None
+        with open(rng.path, "rb") as f:
+            f.seek(rng.start)
+            follower.append_raw(f.read(rng.end - rng.start))
+    assert follower.identities().check(b"p", 0, 5, NOW, 5) == Verdict(5, 4, (0, 1, 2, 3, 4))
     leader.close()
     follower.close()
 

@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_RECORDS",
     "DEFAULT_WINDOW_NS",
     "MAX_SEQUENCE",
+    "NEW",
     "Dedup",
     "DedupError",
     "Verdict",
@@ -90,6 +91,10 @@ class Verdict(NamedTuple):
     #: The offsets of the last ``len(offsets)`` duplicates (those in the window): the caller
     #: reads their bodies back to tell a retry from a conflict.
     offsets: tuple[int, ...] = ()
+
+
+#: The verdict of a publish that repeats nothing.
+NEW = Verdict(0, -1)
 
 
 class _Producer:
@@ -211,15 +216,15 @@ class Dedup:
         self.expire(now_ns, latest)
         p = self.producers.get(producer)
         if p is None:
-            return Verdict(0, -1)
+            return NEW
         high = p.high
         if first > high + 1:
             if gaps:
-                return Verdict(0, -1)
+                return NEW
             raise gap_error(producer, first, high)
         dups = min(count, high - first + 1)
         if not dups:
-            return Verdict(0, -1)
+            return NEW
         # Numbers below ``base`` are older than the window: published, bodies not kept.
         lo = max(first, p.base)
         stop = first + dups

@@ -210,7 +210,8 @@ class Topic:
         now = time.time_ns()
         if self.other_logs is None:
             verdict = log.identities().check(producer, first, len(bodies), now, log.latest)
-            self._same_bodies(log, producer, first, bodies, verdict)
+            if verdict.offsets:
+                self._same_bodies(log, producer, first, bodies, verdict)
         else:
             verdict = self._check_everywhere(log, producer, first, bodies, now)
         dups = verdict.duplicates

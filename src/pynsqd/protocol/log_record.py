@@ -11,13 +11,22 @@ Layout (big-endian)::
     uint32 length: bytes after this field (30 + body size)
     int64  timestamp (publish time, ns since the epoch)
     16     message ID (nsqd's hex ID)
-    uint16 flags: 0, or IDENTIFIED (0x8000): an idempotent publish's identity follows
+    uint16 flags: 0; IDENTIFIED (0x8000): an idempotent publish's identity follows;
+           IDENTIFIED_NEXT (0x4000): the next message of the same publish (below)
     uint32 deferral in ms (DPUB), else 0
     -- only with IDENTIFIED (``core/dedup.py``):
     uint8  producer id length (1..128)
     ...    producer id (ASCII)
     int64  sequence number
     ...    body
+
+An idempotent MPUB's first record carries the identity (IDENTIFIED); each of its other
+records is IDENTIFIED_NEXT and carries none: its producer is the previous record's and its
+sequence number one more (they are written together, at consecutive offsets). Reading from
+the middle of such a run, its first records' identity is not known (``producer`` b"",
+``sequence`` -1) unless the caller passes ``follow`` (``follow_after`` of the record before).
+(The identity in every record cost each one its bytes, their CRC and their packing: about 15%
+of a 200-byte message's publish; ``docs/exactly-once.md``.)
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ __all__ = [
     "HEAD",
     "HEADER_SIZE",
     "IDENTIFIED",
+    "IDENTIFIED_NEXT",
     "LENGTH_TIMESTAMP",
     "SEQUENCE",
     "TAIL",
@@ -43,6 +53,7 @@ __all__ = [
     "check_record",
     "decode_records",
     "encode_record",
+    "follow_after",
     "identified_tail",
     "identity_ext",
     "scan_records",
@@ -61,6 +72,10 @@ _LENGTH = struct.Struct(">I")
 LENGTH_TIMESTAMP = struct.Struct(">Iq")
 #: The flags bit of a record that carries its publisher's identity (producer, sequence).
 IDENTIFIED = 0x8000
+#: The flags bit of the next record of the same identified publish (no identity bytes).
+IDENTIFIED_NEXT = 0x4000
+#: (producer, sequence, offset) the next record continues, when it is IDENTIFIED_NEXT.
+Follow = tuple[bytes, int, int]
 #: Where the flags field is, from a record's start.
 FLAGS_AT = HEAD.size + 4 + 8 + 16
 FLAGS = struct.Struct(">H")
@@ -154,11 +169,19 @@ def check_record(data: bytes | memoryview, pos: int) -> tuple[int, int] | Damage
     return offset, stop
 
 
+def follow_after(record: LogRecord) -> Follow | None:
+    """What an IDENTIFIED_NEXT record right after ``record`` continues (None: nothing)."""
+    if record.sequence < 0:
+        return None
+    return record.producer, record.sequence + 1, record.offset + 1
+
+
 def scan_records(
-    data: bytes | memoryview, *, verify: bool = True
+    data: bytes | memoryview, *, verify: bool = True, follow: Follow | None = None
 ) -> tuple[list[LogRecord], Damaged | None]:
     """Every whole record from the start of ``data``, up to the first damaged one (returned
-    beside them, None if there was none)."""
+    beside them, None if there was none). ``follow``: the identity the first record may
+    continue (``follow_after`` of the record before ``data``)."""
     out: list[LogRecord] = []
     pos, end = 0, len(data)
     while pos < end:
@@ -176,20 +199,22 @@ def scan_records(
         start, producer, seq = body_start(data, pos, attempts)
         if start > stop:
             return out, Damaged(pos, offset, "a bad record identity")
+        if attempts & IDENTIFIED_NEXT and follow is not None and follow[2] == offset:
+            producer, seq = follow[0], follow[1]
+        follow = (producer, seq + 1, offset + 1) if seq >= 0 else None
         body = bytes(data[start:stop])
-        out.append(
-            LogRecord(
-                offset, ts, bytes(msg_id), attempts & ~IDENTIFIED, defer_ms, body, producer, seq
-            )
-        )
+        flags_off = attempts & ~(IDENTIFIED | IDENTIFIED_NEXT)
+        out.append(LogRecord(offset, ts, bytes(msg_id), flags_off, defer_ms, body, producer, seq))
         pos = stop
     return out, None
 
 
-def decode_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[LogRecord]:
+def decode_records(
+    data: bytes | memoryview, *, verify: bool = True, follow: Follow | None = None
+) -> Iterator[LogRecord]:
     """The records in ``data`` (whole records, as ``/topic/log`` sends them). Raises
     ``ValueError`` naming the first short or corrupt one."""
-    records, damaged = scan_records(data, verify=verify)
+    records, damaged = scan_records(data, verify=verify, follow=follow)
     yield from records
     if damaged is not None:
         raise ValueError(str(damaged))

@@ -46,12 +46,19 @@ import os
 import time
 import zlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..core.dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Dedup
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import FLAGS_AT, HEADER_SIZE, IDENTIFIED, body_start
+from ..protocol.log_record import (
+    FLAGS_AT,
+    HEADER_SIZE,
+    IDENTIFIED,
+    IDENTIFIED_NEXT,
+    Follow,
+    body_start,
+)
 from . import durable
 from .atomic import write_atomic
 from .position import PositionFile
@@ -142,6 +149,8 @@ class TopicLog:
         self.dedup_records = DEFAULT_RECORDS
         self.dedup_window_ns = DEFAULT_WINDOW_NS
         self._dedup: Dedup | None = None
+        #: While the index is kept: what an IDENTIFIED_NEXT record at the log's end continues.
+        self._follow: Follow | None = None
         os.makedirs(directory, exist_ok=True)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
@@ -202,41 +211,40 @@ class TopicLog:
         head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
         ts = 0
         entries: list[tuple[int, int, int]] = []
-        if identity is None:
-            for m in msgs:
-                body = m.body
-                ts = m.timestamp
-                defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-                t = tail(_TAIL_FIXED + len(body), ts, m.id, 0, defer)
-                if pos >= next_index:
-                    entries.append((offset, pos, ts))
-                    next_index = pos + INDEX_INTERVAL
-                parts.append(head(offset, crc32(body, crc32(t))))
-                parts.append(t)
-                parts.append(body)
-                pos += HEADER_SIZE + len(body)
-                offset += 1
-        else:
-            # The identity after the fixed part, packed with it (``log_record.identity_ext``).
+        records = iter(msgs)
+        flags = 0
+        if identity is not None:
+            # An idempotent publish: its first record carries the identity after its fixed
+            # part (``log_record.identified_tail``); the others are IDENTIFIED_NEXT, with none.
             producer, seq = identity
+            m = next(records)
+            body = m.body
+            ts = m.timestamp
+            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
             plen = len(producer)
-            fixed = _TAIL_FIXED + 9 + plen
-            size = HEADER_SIZE + 9 + plen
-            pack = log_record.identified_tail(plen).pack
-            for m in msgs:
-                body = m.body
-                ts = m.timestamp
-                defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-                t = pack(fixed + len(body), ts, m.id, IDENTIFIED, defer, plen, producer, seq)
-                seq += 1
-                if pos >= next_index:
-                    entries.append((offset, pos, ts))
-                    next_index = pos + INDEX_INTERVAL
-                parts.append(head(offset, crc32(body, crc32(t))))
-                parts.append(t)
-                parts.append(body)
-                pos += size + len(body)
-                offset += 1
+            t = log_record.identified_tail(plen).pack(
+                _TAIL_FIXED + 9 + plen + len(body), ts, m.id, IDENTIFIED, defer, plen, producer, seq
+            )
+            if pos >= next_index:
+                entries.append((offset, pos, ts))
+                next_index = pos + INDEX_INTERVAL
+            parts += (head(offset, crc32(body, crc32(t))), t, body)
+            pos += 12 + len(t) + len(body)
+            offset += 1
+            flags = IDENTIFIED_NEXT
+        for m in records:
+            body = m.body
+            ts = m.timestamp
+            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
+            t = tail(_TAIL_FIXED + len(body), ts, m.id, flags, defer)
+            if pos >= next_index:
+                entries.append((offset, pos, ts))
+                next_index = pos + INDEX_INTERVAL
+            parts.append(head(offset, crc32(body, crc32(t))))
+            parts.append(t)
+            parts.append(body)
+            pos += HEADER_SIZE + len(body)
+            offset += 1
         data = b"".join(parts)
         try:
             self._write(seg, data)
@@ -250,8 +258,12 @@ class TopicLog:
         seg.next = offset
         if ts > seg.last_ts:
             seg.last_ts = ts
-        if identity is not None and self._dedup is not None:
-            self._dedup.record(identity[0], identity[1], len(msgs), first, ts)
+        if self._dedup is not None:
+            if identity is not None:
+                self._dedup.record(identity[0], identity[1], len(msgs), first, ts)
+                self._follow = (identity[0], identity[1] + len(msgs), offset)
+            else:
+                self._follow = None
         self._unsynced += len(msgs)
         if self._unsynced >= self.sync_every:
             try:
@@ -287,7 +299,9 @@ class TopicLog:
         view = memoryview(data)
         pos = ts = 0
         dedup = self._dedup
-        identified: list[tuple[int, int, bytes, int]] = []
+        follow = self._follow
+        # Runs of identified records: [producer, first sequence, count, first offset, ts].
+        runs: list[list[Any]] = []
         while pos < end:
             if end - pos < HEADER_SIZE:
                 raise ValueError(str(log_record.Damaged(pos, None, "a short record header")))
@@ -300,11 +314,23 @@ class TopicLog:
                 raise ValueError(str(log_record.Damaged(pos, offset, "a checksum mismatch")))
             if offset != expect:
                 raise ValueError(f"record offset {offset} where {expect} was expected")
-            if dedup is not None and data[pos + FLAGS_AT] & (IDENTIFIED >> 8):
-                start, producer, seq = body_start(data, pos, IDENTIFIED)
-                if start > stop:
-                    raise ValueError(f"record offset {offset}: a bad record identity")
-                identified.append((offset, ts, producer, seq))
+            if dedup is not None:
+                flags = data[pos + FLAGS_AT]
+                if flags & (IDENTIFIED >> 8):
+                    start, producer, seq = body_start(data, pos, IDENTIFIED)
+                    if start > stop:
+                        raise ValueError(f"record offset {offset}: a bad record identity")
+                    runs.append([producer, seq, 1, offset, ts])
+                    follow = (producer, seq + 1, offset + 1)
+                elif flags & (IDENTIFIED_NEXT >> 8) and follow is not None and follow[2] == offset:
+                    if runs and runs[-1][3] + runs[-1][2] == offset:
+                        runs[-1][2] += 1
+                        runs[-1][4] = ts
+                    else:
+                        runs.append([follow[0], follow[1], 1, offset, ts])
+                    follow = (follow[0], follow[1] + 1, offset + 1)
+                else:
+                    follow = None
             if base + pos >= next_index:
                 entries.append((offset, base + pos, ts))
                 next_index = base + pos + INDEX_INTERVAL
@@ -322,8 +348,9 @@ class TopicLog:
         seg.last_ts = max(seg.last_ts, ts)
         self._unsynced += count
         if dedup is not None:
-            for rec_offset, rec_ts, producer, seq in identified:
-                dedup.record(producer, seq, 1, rec_offset, rec_ts)
+            for producer, seq, n, first, rec_ts in runs:
+                dedup.record(producer, seq, n, first, rec_ts)
+            self._follow = follow
         return count
 
     def _write(self, seg: Segment, data: bytes) -> None:
@@ -344,7 +371,7 @@ class TopicLog:
         fsync'd before it returns. Returns how many records went. Raises OSError."""
         self._generation += 1  # an fsync job from before says nothing of what follows
         if offset < self.latest:
-            self._dedup = None  # rebuilt from what is left, when next asked
+            self._dedup = self._follow = None  # rebuilt from what is left, when next asked
         if offset >= self.latest:
             if self.unsafe_from is not None and offset <= self.unsafe_from and self._fd >= 0:
                 durable.fsync(self._fd)  # a cut whose own fsync failed: done now
@@ -394,7 +421,7 @@ class TopicLog:
         """A replica too far behind its leader (retention there removed what it needs next):
         drop every record and begin again, empty, at ``offset``. A crash mid-way leaves an
         empty log (the replica is told again). Raises OSError."""
-        self._dedup = None
+        self._dedup = self._follow = None
         SYNCER.cancel(self._slot)
         if self._fd >= 0:
             os.close(self._fd)
@@ -424,6 +451,7 @@ class TopicLog:
             dedup = Dedup(self.dedup_records, self.dedup_window_ns)
             start = time.monotonic()
             offset = max(self.earliest, self.latest - self.dedup_records)
+            follow: Follow | None = None
             while offset < self.latest:
                 rng = self.read_range(offset, 10_000, 8 << 20)
                 if rng is None:
@@ -431,14 +459,18 @@ class TopicLog:
                 with open(rng.path, "rb") as f:
                     f.seek(rng.start)
                     data = f.read(rng.end - rng.start)
-                records, damaged = log_record.scan_records(data)
+                records, damaged = log_record.scan_records(data, follow=follow)
                 for r in records:
                     if r.sequence >= 0:
                         dedup.record(r.producer, r.sequence, 1, r.offset, r.timestamp)
+                follow = log_record.follow_after(records[-1]) if records else None
                 # Past a damaged record (logged at open) to the next range.
                 offset = records[-1].offset + 1 if damaged and records else rng.next
+                if damaged:
+                    follow = None
             dedup.expire(time.time_ns() if now_ns is None else now_ns, self.latest)
             self._dedup = dedup
+            self._follow = follow
             if dedup.held:
                 self.log.info(
                     "TOPICLOG(%s): %d publishes of %d producers remembered for idempotent "
