@@ -1197,3 +1197,37 @@ def test_a_publish_retried_on_the_next_node_after_its_node_died_is_written_once(
         for _, _, body in cluster.read_partition(TOPIC, origin, cluster.node(origin))
     )
     assert sorted(got) == bodies and max(got.values()) == 1, [b for b, n in got.items() if n > 1]
+
+
+def test_idempotent_publishes_to_every_node_at_once_are_never_refused_while_nothing_fails(
+    cluster: Cluster,
+) -> None:
+    """Each node checks the copies it holds of the others' partitions for an identified
+    publish; copies briefly behind their live leaders under load must not refuse it."""
+    replicate(cluster)
+    refusals: list[str] = []
+
+    def publish(node: Node) -> None:
+        assert node.proc is not None
+        producer = f"writer-{node.node_id}"
+        with Connection(f"{node.host}:{node.proc.port}").connect() as conn:
+            for first in range(0, 1000, 20):
+                bodies = [b"%s-%04d" % (producer.encode(), first + i) for i in range(20)]
+                try:
+                    conn.mpub(TOPIC, bodies, identity=(producer, first))
+                except NsqError as err:
+                    refusals.append(str(err))
+                    return
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in cluster.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert refusals == []
+    got = Counter(
+        body
+        for origin in (1, 2, 3)
+        for _, _, body in cluster.read_partition(TOPIC, origin, cluster.node(origin))
+    )
+    assert len(got) == 3000 and max(got.values()) == 1

@@ -343,3 +343,36 @@ def test_an_in_sync_change_of_storage_alone_is_logged_as_one() -> None:
     assert _members(old, new) == [2, "1 (storage a)"]
     assert _members(new, old) == [2, "1 (storage z)"]
     assert _members([(2, "b")], [(2, "b"), (3, "c")]) == [2]
+
+
+def test_a_copy_is_settled_once_caught_up_with_a_live_leader_in_its_epoch(
+    tmp_path: Path,
+) -> None:
+    """Idempotent publishing asks whether a copy of another node's partition holds what that
+    partition held when its leader last changed (``core/topic.py``'s check across partitions)."""
+    tlog = TopicLog(
+        str(tmp_path / "c.log"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    s = ReplicationSettings(replicas=3, min_insync=2)
+    p = Partition("t", 2, ME, tlog, EpochHistory(tlog.directory), s)  # node 2's, a copy here
+    assert not p.settled  # no leader known
+    p.follow(2, "127.0.0.1:1", epoch=5)
+    p.streaming = True
+    assert not p.settled  # not yet caught up in epoch 5
+    p.log.append([Message(b"%016d" % i, b"x", 1) for i in range(3)])
+    p.leader_answered(latest=4, hw=3)
+    assert not p.settled  # behind: the leader had 4
+    p.log.append([Message(b"%016d" % 3, b"x", 1)])
+    p.leader_answered(latest=6, hw=4)
+    assert not p.settled  # behind again, never caught up yet
+    p.leader_answered(latest=4, hw=4)
+    assert p.settled  # caught up once in epoch 5
+    p.leader_answered(latest=9, hw=4)
+    assert p.settled  # briefly behind a live leader: still settled
+    p.streaming = False  # the leader died: its stream closed
+    assert not p.settled
+    p.follow(3, "127.0.0.1:2", epoch=6)  # a takeover
+    p.streaming = True
+    assert not p.settled  # until caught up with the new leader
+    p.leader_answered(latest=4, hw=4)
+    assert p.settled

@@ -79,6 +79,8 @@ class Partition:
     leader_latest: int = -1
     #: Follower: its fetch stream to the leader is open (a leader that died closed it).
     streaming: bool = False
+    #: Follower: the epoch in which this copy last held all its leader had (-1: never).
+    caught_up_epoch: int = -1
 
     def __post_init__(self) -> None:
         if not self.is_origin:
@@ -107,17 +109,19 @@ class Partition:
 
     @property
     def settled(self) -> bool:
-        """A copy that says all its leader holds: led by this node, or following a leader
-        over an open stream and caught up with its end at the last answer (not while a
-        takeover is under way: a leader killed closes the stream at once)."""
+        """A copy that holds all that its partition held when its leader last changed: led by
+        this node, or following a live leader (an open stream: a leader killed closes it at
+        once) and caught up with it at least once in its epoch. Not while a takeover is under
+        way, nor before a copy has fetched what the new leader had (a record of the dead
+        leader's that only the new one held). A copy briefly behind a live leader is settled:
+        what it lacks was published there, on a live node."""
         if self.role is Role.LEADER:
             return True
         return (
             self.role is Role.FOLLOWER
             and self.streaming
             and self.leader != -1
-            and self.leader_latest >= 0
-            and self.log.latest >= self.leader_latest
+            and self.caught_up_epoch == self.epoch
         )
 
     def own_ack(self) -> int:
@@ -240,6 +244,8 @@ class Partition:
         """Follower: the leader's log end and high watermark, as its last fetch answer said;
         this copy commits what it holds below that HW."""
         self.leader_latest = latest
+        if self.log.latest >= latest:
+            self.caught_up_epoch = self.epoch
         self.hw = max(self.hw, min(hw, self.log.latest))
         self.log.commit_to(self.hw)
 
