@@ -267,6 +267,23 @@ def test_to_nsq_run_again_with_its_producer_id_writes_each_record_once(
     ]
     stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
     assert stats["topics"][0]["log"]["duplicate_count"] == 3
+    # nsq_log shows who published each record (its run of identities across reads too).
+    shown = tool(
+        "nsq_log",
+        "--topic=t",
+        f"--nsqd-http-address=127.0.0.1:{server.http_port}",
+        "--format=json",
+        "--n=5",
+    )
+    assert shown.returncode == 0, shown.stderr
+    docs = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(d["body"], d["producer"], d["sequence"]) for d in docs] == [
+        ("a", "load-1", 0),
+        ("b", "load-1", 1),
+        ("c", "load-1", 2),
+        ("d", "load-1", 3),
+        ("e", "load-1", 4),
+    ]
     bad = tool("to_nsq", "--topic=t", "--nsqd-tcp-address=127.0.0.1:1", "--producer-id=a b")
     assert bad.returncode == 1 and b"--producer-id" in bad.stderr
 

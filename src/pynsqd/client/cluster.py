@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..internal import jsonbound
-from ..protocol.log_record import LogRecord, scan_records
+from ..protocol.log_record import Follow, LogRecord, scan_records
 from .errors import NsqError, NsqLookupError
 from .options import ClientOptions
 
@@ -361,9 +361,12 @@ def read_log(
     max_messages: int = 10_000,
     max_bytes: int = 16 << 20,
     partition: int | None = None,
+    follow: Follow | None = None,
 ) -> LogChunk:
     """One ``GET /topic/log`` from ``offset``: its records, each checksum checked. Raises
-    LogOffsetOutOfRange, NodeHTTPError, NsqError (a damaged record), ConnectionError."""
+    LogOffsetOutOfRange, NodeHTTPError, NsqError (a damaged record), ConnectionError.
+    ``follow``: ``follow_after`` the record read before (an idempotent MPUB's identity goes on
+    across reads)."""
     query = {
         "topic": topic,
         "offset": str(offset),
@@ -378,7 +381,7 @@ def read_log(
         raise LogOffsetOutOfRange(node, offset, int(doc["earliest"]), int(doc["latest"]))
     if status != 200:
         raise NodeHTTPError(node, status, body.decode(errors="replace"))
-    records, damaged = scan_records(body)
+    records, damaged = scan_records(body, follow=follow)
     if damaged is not None:
         raise DamagedRecord(node, topic, str(damaged))
     return LogChunk(

@@ -27,6 +27,7 @@ from ..client import (
     topic_offsets,
 )
 from ..internal.optiontable import opt
+from ..protocol.log_record import Follow, follow_after
 from .common import parse
 
 PROGRAM = "nsq_log"
@@ -41,7 +42,11 @@ class LogOptions:
     offset: str = opt("earliest", "where to start: an offset, earliest or latest")
     since: int = opt(0, "start at the first record published at or after this unix time (ms)")
     partition: int = opt(-1, "a replicated topic: this node's copy of that node's partition")
-    format: str = opt("lines", "lines (each body) or json (offset, timestamp, id, attempts, body)")
+    format: str = opt(
+        "lines",
+        "lines (each body) or json (offset, timestamp, id, attempts, body; producer and "
+        "sequence of an idempotent publish)",
+    )
     follow: bool = opt(False, "keep reading as records are appended (like tail -f)")
     n: int = opt(0, "stop after this many records (0: all)")
     auth_secret: str = opt("", "the auth secret, when nsqd has --auth-http-address")
@@ -56,6 +61,9 @@ def as_json(r: LogRecord) -> str:
         "id": r.id.decode("ascii", "replace"),
         "attempts": r.attempts,
     }
+    if r.sequence >= 0:  # an idempotent publish's identity (docs/exactly-once.md)
+        doc["producer"] = r.producer.decode("ascii", "replace")
+        doc["sequence"] = r.sequence
     try:
         doc["body"] = r.body.decode("utf-8")
     except UnicodeDecodeError:
@@ -88,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             offset = int(doc[opts.offset])
         else:
             offset = int(opts.offset)
+        after: Follow | None = None  # an MPUB's run of identities, across reads
         while not opts.n or shown < opts.n:
             try:
-                chunk = read_log(node, opts.topic, offset, client, partition=partition)
+                chunk = read_log(
+                    node, opts.topic, offset, client, partition=partition, follow=after
+                )
             except LogOffsetOutOfRange as err:
                 if offset >= err.earliest:
                     raise
@@ -100,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 offset = err.earliest
+                after = None
                 continue
+            after = follow_after(chunk.records[-1]) if chunk.records else after
             for r in chunk.records:
                 out.write(
                     (as_json(r) if opts.format == "json" else r.body.decode(errors="replace"))
