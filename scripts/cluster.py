@@ -14,6 +14,7 @@ nodes first, etcd last.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -48,11 +50,19 @@ def port_free(port: int) -> bool:
 
 
 def answers(url: str) -> bool:
+    """Whether ``url`` answers 200. Raises SystemExit when something else holds its port (it
+    took the port between the check and the start, and does not speak HTTP)."""
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return bool(r.status == 200)
     except OSError:
         return False
+    except http.client.HTTPException as err:
+        port = urllib.parse.urlsplit(url).port
+        raise SystemExit(
+            f"cluster: port {port} is taken by another program (it answered {url} with "
+            f"{type(err).__name__}); stop it or give --port-offset"
+        ) from None
 
 
 class Cluster:

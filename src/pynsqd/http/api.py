@@ -213,6 +213,10 @@ class API:
         text = health(self.nsqd)
         if self.nsqd.health_error is not None:
             raise HTTPError(500, text)
+        workers = self.nsqd.workers
+        if workers is not None:  # --workers: the node is healthy when every worker is
+            for peer, line in await workers.unhealthy_peers(request):
+                raise HTTPError(500, f"{line} (worker {peer})")
         return text
 
     async def info(self, request: BaseRequest, params: Params) -> Any:

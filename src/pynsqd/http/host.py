@@ -98,6 +98,9 @@ class WorkersHost(Protocol):
     def fanned(self, handler: Handler) -> Handler:
         """``handler`` made on every worker, answered once."""
 
+    async def unhealthy_peers(self, request: BaseRequest) -> list[tuple[int, str]]:
+        """Every other worker that answers ``/ping`` unhealthy: (its index, its line)."""
+
     async def combine_stats(
         self, request: BaseRequest, topics: list[Json] | None, producers: list[Json] | None
     ) -> tuple[list[Json] | None, list[Json] | None]:

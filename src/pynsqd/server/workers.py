@@ -377,6 +377,20 @@ class Workers:
             out.append(text)
         return out
 
+    async def unhealthy_peers(self, request: BaseRequest) -> list[tuple[int, str]]:
+        """``/ping`` for the node: every other worker that says it is unhealthy (a 500 and
+        its ``NOK - ...`` line). One that does not answer (restarting) is not counted: the
+        others take its connections meanwhile."""
+        if self.from_worker(request):
+            return []
+        peers = self.peers()
+        answers = await asyncio.gather(*(self._ask(p, "GET", "/ping", b"") for p in peers))
+        return [
+            (peer, text.decode(errors="replace"))
+            for peer, (status, text) in zip(peers, answers, strict=True)
+            if status == 500
+        ]
+
     async def combine_stats(
         self,
         request: BaseRequest,
