@@ -706,3 +706,32 @@ def test_channel_admin_calls_race_load_and_a_takeover(
         assert json.loads(body).get("message"), (name, status, body)
     for n in cluster.nodes:
         assert "Traceback" not in n.log.read_text()
+
+
+def test_a_node_killed_again_right_after_it_took_its_partition_back_loses_nothing(
+    tmp_path: Path, cluster: Cluster, lookupd: ServerProcess
+) -> None:
+    """Issue 43's `[kill-6]` defect, reproduced: node 1 is killed, a peer adopts its channels
+    (node 1's checkpoint key becomes a tombstone); node 1 comes back, takes its partition back
+    and takes publishes, and is killed again before it writes a checkpoint of its own (they are
+    written every second). The adopter found only the old tombstone and adopted nothing, so
+    what node 1's channels had not delivered was never delivered (seen in fresh-clone runs:
+    "acknowledged messages not delivered after node 1 went")."""
+    prepare(cluster)
+    n1 = cluster.node(1)
+    with consuming(tmp_path, lookupd) as group:
+        n1.kill()
+        wait_for(lambda: led_elsewhere(cluster, n1), "a takeover of node 1's partition", 20)
+        n1.start()
+        took_back = "its channels here go on from offset"
+        wait_for(lambda: took_back in n1.log.read_text(), "node 1 to take its partition back")
+        bodies = [b"after-take-back-%03d" % i for i in range(50)]
+        status, body = n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))
+        assert status == 200, body
+        n1.kill()  # before its checkpoint replaced the tombstone (most times: within 1 s)
+        wait_for(lambda: led_elsewhere(cluster, n1), "a second takeover", 20)
+        wait_for(
+            lambda: set(bodies) <= set(received(group)),
+            "every acknowledged message delivered by the node that took over",
+            60,
+        )

@@ -126,11 +126,14 @@ class Checkpoints:
         host: ChannelHost,
         partitions: Mapping[PartKey, Partition],
         live: Callable[[tuple[int, str]], bool],
+        registered: Callable[[int], bool] = lambda node: False,
     ) -> None:
         self.member = member
         self.host = host
         self.partitions = partitions
         self.live = live
+        #: Whether a node id is registered at all (whatever its storage).
+        self.registered = registered
         self.me = member.node_id
         #: This node's keys: the revision it last wrote (0: none), the value it wrote.
         self.revs: dict[PartKey, int] = {}
@@ -386,7 +389,8 @@ class Checkpoints:
             if p.role is not Role.LEADER:
                 return
             doc = held.value
-            if not isinstance(doc, ChannelCheckpoint):
+            if isinstance(doc, Tombstone):
+                await self._adopt_after_take_back(p, holder, held, doc)
                 continue
             storage = doc.storage
             if (holder, storage) == self.member.me or self.live((holder, storage)):
@@ -407,6 +411,38 @@ class Checkpoints:
             for w in theirs.values():
                 w.close_at(end)
             await self._adopt(p, holder, held, theirs, end)
+
+    async def _adopt_after_take_back(
+        self, p: Partition, holder: int, held: Held, tomb: Tombstone
+    ) -> None:
+        """The origin's key still holds the tombstone of an earlier adoption, but the log goes
+        on past its end: the origin took its partition back, published, and died before it
+        wrote a checkpoint of its own (every second). Its channels were responsible for
+        everything from the tombstone's end, and nothing of that is known done: all of it is
+        adopted as pending (delivered again, at least once, rather than never; issue 43)."""
+        if holder != p.origin or self.registered(holder):
+            return
+        end = p.log.latest
+        if tomb.end >= end or p.hw < end:
+            return  # nothing after the adoption, or not all of it committed yet: next tick
+        topic = self.host.topics.get(p.topic)
+        if topic is None:
+            return
+        names = [
+            name
+            for name, ch in topic.channels.items()
+            if not ch.ephemeral and ch.windows is not None and p.origin in ch.windows
+        ]
+        theirs = {name: DoneWindow(tomb.end, end) for name in names}
+        log.warning(
+            "CLUSTER: partition %s: node %d took it back after an adoption and went before it "
+            "wrote a checkpoint; offsets %d-%d are taken as pending in its channels",
+            p.name,
+            holder,
+            tomb.end,
+            end - 1,
+        )
+        await self._adopt(p, holder, held, theirs, end)
 
     async def _adopt(
         self, p: Partition, holder: int, kv: Held, theirs: dict[str, DoneWindow], end: int

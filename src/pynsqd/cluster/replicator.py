@@ -136,7 +136,11 @@ class Replicator:
         self.following = Following(self.member, self._wake.set)
         self.leading.kick = self._wake.set
         self.checkpoints = Checkpoints(
-            self.member, host, self.partitions, lambda m: self.state.live(m)
+            self.member,
+            host,
+            self.partitions,
+            lambda m: self.state.live(m),
+            lambda node: node in self.state.nodes,
         )
         #: The decisions (no I/O): ``cluster/plan.py``.
         # A copy's node missing for five lease TTLs is gone (a restart comes back well within).
