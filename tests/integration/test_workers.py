@@ -87,18 +87,29 @@ def consume(c: Conn, n: int) -> list[tuple[bytes, bytes, int]]:
     return out
 
 
-def on_worker(node: NsqdProcess, worker: int, path: str, body: bytes) -> None:
-    """A POST made on one given worker: over its own admin socket (where the node's public
-    sockets would let the kernel choose)."""
+def call_on_worker(
+    node: NsqdProcess, worker: int, method: str, path: str, body: bytes = b""
+) -> tuple[int, bytes]:
+    """A call made on one given worker's admin socket, as a client's (not a peer's) call."""
     import http.client
 
     found = re.search(r"their own sockets in (\S+)\)", node.output())
     assert found is not None
     conn = http.client.HTTPConnection("worker", timeout=10)
     conn.sock = _unix(f"{found.group(1)}/{worker}.admin")
-    conn.request("POST", path, body=body)
-    assert conn.getresponse().status == 200
-    conn.close()
+    try:
+        conn.request(method, path, body=body or None)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def on_worker(node: NsqdProcess, worker: int, path: str, body: bytes) -> None:
+    """A POST made on one given worker: over its own admin socket (where the node's public
+    sockets would let the kernel choose)."""
+    status, text = call_on_worker(node, worker, "POST", path, body)
+    assert status == 200, text
 
 
 def publish_on_worker(node: NsqdProcess, worker: int, topic: str, bodies: list[bytes]) -> None:
@@ -506,24 +517,6 @@ def test_lifecycle_and_dpub_hold_per_message_on_the_worker_that_has_it(data: Pat
         assert due == [b"due-0", b"due-1", b"due-2"]
 
 
-def _on_worker(
-    node: NsqdProcess, worker: int, method: str, path: str, body: bytes = b""
-) -> tuple[int, bytes]:
-    """A call made on one given worker's admin socket, as a client's (not a peer's) call."""
-    import http.client
-
-    found = re.search(r"their own sockets in (\S+)\)", node.output())
-    assert found is not None
-    conn = http.client.HTTPConnection("worker", timeout=10)
-    conn.sock = _unix(f"{found.group(1)}/{worker}.admin")
-    try:
-        conn.request(method, path, body=body or None)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
-
-
 def test_ping_answers_for_the_node_whichever_worker_it_reaches(data: Path) -> None:
     """Worker 1's disk is full: a publish there fails and that worker is unhealthy. /ping is
     the node's health, so asked of worker 0 too it answers NOK, naming worker 1 (it answered
@@ -532,11 +525,11 @@ def test_ping_answers_for_the_node_whichever_worker_it_reaches(data: Path) -> No
         tmpfs(data / "data" / "worker-1", "size=1m") as disk,
         started(data, "--workers=2", "--mem-queue-size=0") as node,
     ):
-        assert _on_worker(node, 0, "GET", "/ping") == (200, b"OK")
+        assert call_on_worker(node, 0, "GET", "/ping") == (200, b"OK")
         fill(disk)
-        status, _ = _on_worker(node, 1, "POST", "/pub?topic=t", b"x" * 1000)
+        status, _ = call_on_worker(node, 1, "POST", "/pub?topic=t", b"x" * 1000)
         assert status != 200
-        status, body = _on_worker(node, 1, "GET", "/ping")
+        status, body = call_on_worker(node, 1, "GET", "/ping")
         assert status == 500 and body.startswith(b"NOK - "), body
-        status, body = _on_worker(node, 0, "GET", "/ping")
+        status, body = call_on_worker(node, 0, "GET", "/ping")
         assert status == 500 and body.startswith(b"NOK - ") and body.endswith(b"(worker 1)"), body
