@@ -83,7 +83,10 @@ def test_consumers_get_each_message_once_and_without_its_identity(
                 assert c.read_response() == b"OK"
         got = sub.read_messages(2)
         assert [m.body for m in got] == [b"one", b"two"]
-        sub.expect_nothing()
+        # The channel was given these two and nothing else (its own count, not a wait).
+        stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
+        channel = stats["topics"][0]["channels"][0]
+        assert (channel["message_count"], channel["depth"]) == (2, 0)
 
 
 def test_a_gap_a_conflict_and_a_topic_without_a_log_are_errors_that_say_so(

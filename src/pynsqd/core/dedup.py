@@ -309,8 +309,3 @@ class Dedup:
                 p.last_run = None  # no cycle left for the garbage collector
             if n < count:
                 break
-
-    def clear(self) -> None:
-        self.producers.clear()
-        self._runs.clear()
-        self.held = 0

@@ -78,7 +78,6 @@ IDENTIFIED_NEXT = 0x4000
 Follow = tuple[bytes, int, int]
 #: Where the flags field is, from a record's start.
 FLAGS_AT = HEAD.size + 4 + 8 + 16
-FLAGS = struct.Struct(">H")
 SEQUENCE = struct.Struct(">q")
 
 
