@@ -41,17 +41,10 @@ def _validate(opts: Options, warnings: list[str]) -> None:
             f" (--tls-required={opts.tls_required})",
             1,
         )
-    if checks.workers_count(opts.workers) > 1:
-        if opts.etcd_endpoints:
-            raise UsageError(
-                "--workers above 1 does not work with --etcd-endpoints yet (replicated topics)", 1
-            )
-        if opts.retention_time or opts.retention_bytes:
-            raise UsageError(
-                "--workers above 1 does not work with --retention-time or --retention-bytes yet"
-                " (replayable topics)",
-                1,
-            )
+    if checks.workers_count(opts.workers) > 1 and opts.etcd_endpoints:
+        raise UsageError(
+            "--workers above 1 does not work with --etcd-endpoints yet (replicated topics)", 1
+        )
     for name in opts.enable_experiment:
         if name not in EXPERIMENTS:
             warnings.append(f"--enable-experiment={name} is not an experiment nsqd knows")

@@ -377,13 +377,13 @@ def test_workers_refuse_what_they_do_not_do_yet(data: Path) -> None:
     from ..processes import NSQD
 
     r = subprocess.run(
-        [NSQD, "--workers=2", "--retention-time=1h", f"--data-path={data}"],
+        [NSQD, "--workers=2", "--etcd-endpoints=http://127.0.0.1:9", f"--data-path={data}"],
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert r.returncode == 1
-    assert "--workers above 1 does not work with --retention-time" in r.stderr
+    assert "--workers above 1 does not work with --etcd-endpoints" in r.stderr
     r = subprocess.run([NSQD, "--workers=two"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "for flag -workers: must be a number" in r.stderr
 
@@ -533,3 +533,179 @@ def test_ping_answers_for_the_node_whichever_worker_it_reaches(data: Path) -> No
         assert status == 500 and body.startswith(b"NOK - "), body
         status, body = call_on_worker(node, 0, "GET", "/ping")
         assert status == 500 and body.startswith(b"NOK - ") and body.endswith(b"(worker 1)"), body
+
+
+# -- retained topics: one log per topic, kept by one worker -----------------------------------
+
+
+def keeper(topic: str, workers: int) -> int:
+    """The worker that keeps a retained topic's log (``Workers.log_worker``)."""
+    import zlib
+
+    return zlib.crc32(topic.encode()) % workers
+
+
+def log_dirs_with_segments(data: Path, topic: str) -> list[int]:
+    return sorted(
+        int(d.parent.name.removeprefix("worker-"))
+        for d in data.glob(f"data/worker-*/{topic}.log")
+        if any(d.glob("*.log"))
+    )
+
+
+def test_a_retained_topic_is_one_log_whichever_worker_takes_the_publish(data: Path) -> None:
+    """With --retention-time, what is published through every worker (TCP PUB, MPUB, DPUB and
+    HTTP) is one log with dense offsets, kept by one worker: offsets, reads, a rewind and a
+    channel made at an offset answer the same through every worker, as one process."""
+    from .test_replay import read_everything
+
+    flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        published = publish_spread(node, "kept", 24, 5)
+        for w in range(3):
+            bodies = [f"http-w{w}-{i}".encode() for i in range(4)]
+            publish_on_worker(node, w, "kept", bodies)
+            published |= set(bodies)
+        with node.connect() as c:
+            c.identify()
+            c.pub("kept", b"single")
+            c.dpub("kept", 50, b"deferred")
+        published |= {b"single", b"deferred"}
+        assert log_dirs_with_segments(data, "kept") == [keeper("kept", 3)]
+        answers = {call_on_worker(node, w, "GET", "/topic/offsets?topic=kept") for w in range(3)}
+        ((status, text),) = answers  # the same answer from every worker
+        assert status == 200 and json.loads(text)["latest"] == len(published), text
+        records = read_everything(node, "kept")
+        assert sorted(r.body for r in records) == sorted(published)
+        assert [r.offset for r in records] == list(range(len(published)))
+        (topic,) = node.stats()["topics"]
+        assert topic["message_count"] == len(published)
+        assert topic["log"]["latest_offset"] == len(published)  # one log, not three
+        with node.connect() as c:
+            c.identify()
+            c.sub("kept", "ch", rdy=40)
+            got = consume(c, len(published))
+            assert sorted(b for _, b, _ in got) == sorted(published)
+            # A rewind asked of a worker that does not keep the log is made by the one that
+            # does; the consumer (wherever it is) gets the records again.
+            other = (keeper("kept", 3) + 1) % 3
+            status, text = call_on_worker(
+                node, other, "POST", "/channel/rewind?topic=kept&channel=ch&offset=10"
+            )
+            assert status == 200 and json.loads(text)["count"] == len(published) - 10, text
+            again = consume(c, len(published) - 10)
+            assert sorted(b for _, b, _ in again) == sorted(r.body for r in records[10:])
+            c.expect_nothing()
+        status, text = call_on_worker(
+            node, other, "POST", "/channel/create?topic=kept&channel=late&offset=5"
+        )
+        assert status == 200 and json.loads(text)["count"] == len(published) - 5, text
+        with node.connect() as c:
+            c.identify()
+            c.sub("kept", "late", rdy=40)
+            late = consume(c, len(published) - 5)
+            assert sorted(b for _, b, _ in late) == sorted(r.body for r in records[5:])
+
+
+def test_per_topic_retention_and_idempotent_publishes_across_workers(data: Path) -> None:
+    """``POST /topic/retention`` asked of any worker gives the topic one log; an idempotent
+    publish retried through another worker is written once (one dedup index, the keeper's);
+    a bad sequence is refused with the keeper's error line, on the client's connection."""
+    with started(data, "--workers=3") as node:
+        assert node.http("POST", "/topic/create?topic=ordered")[0] == 200
+        other = (keeper("ordered", 3) + 1) % 3
+        status, text = call_on_worker(node, other, "POST", "/topic/retention?topic=ordered&time=1h")
+        assert status == 200, text
+        for w in range(3):
+            status, text = call_on_worker(
+                node, w, "POST", "/pub?topic=ordered&producer=p&seq=0", b"x"
+            )
+            assert status == 200, text
+        status, text = call_on_worker(node, other, "GET", "/topic/offsets?topic=ordered")
+        assert status == 200 and json.loads(text)["latest"] == 1, text
+        conns = [node.connect() for _ in range(6)]  # over the workers
+        try:
+            for c in conns:
+                c.identify({"idempotent_publish": True})
+                c.send(b"PUB ordered p 1\n" + (1).to_bytes(4, "big") + b"y")
+                assert c.read_response() == b"OK"
+            conns[0].send(b"PUB ordered p 9\n" + (1).to_bytes(4, "big") + b"z")
+            assert conns[0].read_error().startswith(b"E_BAD_SEQUENCE "), "a gap is refused"
+            conns[0].expect_closed()
+            conns[1].send(b"PUB ordered p 2\n" + (1).to_bytes(4, "big") + b"z")
+            assert conns[1].read_response() == b"OK"  # the refusal closed no one else
+        finally:
+            for c in conns:
+                c.close()
+        (topic,) = node.stats()["topics"]
+        assert topic["log"]["latest_offset"] == 3 and topic["log"]["duplicate_count"] == 7
+        # Retention off, asked of a worker that does not keep the log: the keeper moves its
+        # backlog to its queue; nothing is lost.
+        status, text = call_on_worker(
+            node, other, "POST", "/topic/retention?topic=ordered&time=0&bytes=0"
+        )
+        assert status == 200, text
+        assert node.http("GET", "/topic/offsets?topic=ordered")[0] == 400
+        with node.connect() as c:
+            c.identify()
+            c.sub("ordered", "ch", rdy=10)
+            assert sorted(b for _, b, _ in consume(c, 3)) == [b"x", b"y", b"z"]
+
+
+def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledged(
+    data: Path,
+) -> None:
+    """kill -9 of the keeper while publishes come through the other workers: each is answered
+    OK (in the log) or E_PUB_FAILED (the client publishes again), never OK and lost."""
+    import threading
+
+    flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        acked: set[bytes] = set()
+        failed = 0
+        stop = threading.Event()
+
+        def publisher(i: int) -> None:
+            nonlocal failed
+            n = 0
+            while not stop.is_set():
+                try:
+                    with node.connect() as c:
+                        c.identify()
+                        while not stop.is_set():
+                            body = b"p%d-%d" % (i, n)
+                            n += 1
+                            c.send(encode_pub("guarded", body))
+                            frame = c.read_frame()
+                            if frame.data == b"OK":
+                                acked.add(body)
+                            else:
+                                assert frame.data.startswith(b"E_PUB_FAILED "), frame
+                                failed += 1
+                                break
+                except (ConnectionError, OSError):
+                    continue
+
+        threads = [threading.Thread(target=publisher, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(acked) > 200, "publishes before the kill")
+        k = keeper("guarded", 3)
+        before = worker_pids(node)
+        os.kill(before[k], signal.SIGKILL)
+        wait_for(lambda: worker_pids(node).get(k, before[k]) != before[k], "the keeper restarted")
+        count = len(acked)
+        wait_for(lambda: len(acked) > count + 200, "publishes after the restart")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        from .test_replay import read_everything
+
+        logged = {r.body for r in read_everything(node, "guarded")}
+        assert acked <= logged, sorted(acked - logged)[:10]
+
+
+def encode_pub(topic: str, body: bytes) -> bytes:
+    from pynsqd.protocol import encode
+
+    return encode.pub(topic, body)

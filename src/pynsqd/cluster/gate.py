@@ -8,13 +8,18 @@ OK waits for its records to commit (True; ``Replicator.wait``); its first publis
 for its partition's placement. A new retained topic under ``--replicas`` gets the flags'
 settings written to etcd (create-only), so it is replicated from its first publish. While
 another node serves this node's partition (this node came back and is taking it back), a
-publish is refused (``PublishRefused``, with the HTTP API's code): a wait for the take-back
-was built and taken out again, as it lost acknowledged deliveries in the replicated channels'
-kill test (the closing note of that session).
+publish waits (``NotYetWritable``, then ``when_writable``): the plan's next read wakes it once
+the partition is this node's again (``wake_writable``), or it fails after
+``--replication-timeout`` naming what it waited for. A client sees a slow OK, as from a node
+that commits slowly, never a refusal only a replicated node gives. (A first version of this
+wait lost acknowledged deliveries in the replicated channels' kill test; the cause was an
+adopter that skipped an origin killed right after its take-back, fixed in
+``checkpoints.py``'s ``_adopt_after_take_back``.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -27,7 +32,7 @@ from .partition import Partition
 from .records import ClusterState, Keys
 from .settings import ReplicationSettings
 
-__all__ = ["PublishGate", "PublishRefused"]
+__all__ = ["NotYetWritable", "PublishGate", "PublishRefused"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -41,6 +46,18 @@ class PublishRefused(Exception):
     def __init__(self, reason: str, code: str) -> None:
         super().__init__(reason)
         self.code = code
+
+
+class NotYetWritable(Exception):
+    """A publish to ``topic`` must wait: another node serves this node's partition while this
+    node catches up to take it back (``PublishGate.when_writable`` says when to try again)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(topic)
+        self.topic = topic
+
+
+Waiter = tuple[Callable[[str | None], None], asyncio.TimerHandle]
 
 
 class PublishGate:
@@ -61,6 +78,7 @@ class PublishGate:
         etcd: EtcdClient,
         keys: Keys,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
+        timeout: float,
     ) -> None:
         self.node_id = node_id
         self.defaults = defaults
@@ -75,11 +93,18 @@ class PublishGate:
         self._spawn = spawn
         #: Topics whose default settings (``--replicas``) are being written to etcd.
         self._writing_defaults: set[str] = set()
+        #: ``--replication-timeout``: the longest a publish waits for a take-back.
+        self.timeout = timeout
+        #: Publishes waiting for this node's partition of a topic to be its own again.
+        self._unwritable: dict[str, list[Waiter]] = {}
+        #: When the first of a topic's waiting publishes came.
+        self._since: dict[str, float] = {}
 
     def gate(self, topic: str) -> bool:
         """Before a publish to ``topic``: whether its OK must wait for the records to commit
         (``Replicator.committed``/``wait``). Raises ``PublishRefused`` when this node cannot
-        take it (another node serves its partition while it catches up to take it back)."""
+        take it; ``NotYetWritable`` when it must wait (another node serves its partition
+        while it catches up to take it back: ``when_writable``)."""
         retained = self._retained(topic) is not None
         if not self._ready() and retained:
             # Not reached from the network (nsqd takes no connection before it has joined);
@@ -113,11 +138,62 @@ class PublishGate:
             if tlog is not None:
                 Partition.hold_unplaced(tlog)
         elif not p.writable:
-            raise PublishRefused(
-                f"node {p.leader} serves this node's partition of {topic} while it catches up",
-                "NOT_LEADER",
-            )
+            raise NotYetWritable(topic)
         return True
+
+    def when_writable(self, topic: str, done: Callable[[str | None], None]) -> None:
+        """After ``NotYetWritable``: ``done(None)`` once this node's partition of ``topic`` may
+        take publishes again (it took it back; the publish goes through ``gate`` again), or
+        ``done(reason)`` after ``--replication-timeout`` (or when nsqd stops)."""
+        timeout = self.timeout
+
+        def timed_out() -> None:
+            waiters = self._unwritable.get(topic, [])
+            if entry in waiters:
+                waiters.remove(entry)
+            if not waiters:
+                self._unwritable.pop(topic, None)
+                self._since.pop(topic, None)
+            p = self._partitions.get((topic, self.node_id))
+            leader = f"node {p.leader}" if p is not None and p.leader >= 0 else "another node"
+            done(
+                f"{leader} served this node's partition of {topic} for all of "
+                f"--replication-timeout={timeout:g}s while this node caught up to take it back"
+            )
+
+        loop = asyncio.get_running_loop()
+        handle = loop.call_later(timeout, timed_out)
+        entry = (done, handle)
+        waiters = self._unwritable.setdefault(topic, [])
+        if not waiters:
+            self._since[topic] = loop.time()
+        waiters.append(entry)
+
+    @property
+    def waiting(self) -> int:
+        """Publishes waiting for a take-back (``when_writable``)."""
+        return sum(len(w) for w in self._unwritable.values())
+
+    def wake_writable(self, why: str | None = None) -> None:
+        """Publishes waiting for their partition whose partition can take them now (or all
+        of them, with ``why``: nsqd stops), in the order they came."""
+        for topic in list(self._unwritable):
+            p = self._partitions.get((topic, self.node_id))
+            if why is None and p is not None and not p.writable:
+                continue
+            waiters = self._unwritable.pop(topic)
+            since = self._since.pop(topic, None)
+            if why is None and since is not None:
+                log.info(
+                    "CLUSTER: partition %s/%d: %d publish(es) waited %.0f ms for the take-back",
+                    topic,
+                    self.node_id,
+                    len(waiters),
+                    (asyncio.get_running_loop().time() - since) * 1000,
+                )
+            for done, handle in waiters:
+                handle.cancel()
+                done(why)
 
     def write_defaults(self, topic: str) -> None:
         """``--replicas`` and the other flags' settings for a retained topic that has none in

@@ -167,6 +167,7 @@ class Replicator:
             etcd=self.member.etcd,
             keys=self.member.keys,
             spawn=lambda coro: self._tasks.append(asyncio.create_task(coro)),
+            timeout=self.opts.replication_timeout,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -227,6 +228,7 @@ class Replicator:
         await self.following.close()
         for p in self.partitions.values():
             p.fail_waiters("nsqd is exiting")
+        self.publishing.wake_writable("nsqd is exiting")
         await self.checkpoints.stop()
         await self.member.leave()
 
@@ -291,6 +293,8 @@ class Replicator:
                 if replace is not None:
                     await self._replace(p, rec, replace)
         self._drop_unassigned(state, held)
+        if self.publishing.waiting:
+            self.publishing.wake_writable()  # a partition taken back takes its publishes
         if self._deleting:
             await self._delete_keys()
 

@@ -65,6 +65,7 @@ class Topic:
         "exiting",
         "guid",
         "hand_off_held",
+        "kept_by",
         "log",
         "loop",
         "max_depth",
@@ -112,6 +113,9 @@ class Topic:
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
+        #: ``--workers``: the worker of this node that keeps this retained topic's log, when it
+        #: is another one (``server/workers.py``): publishes go there. None: this one, or no log.
+        self.kept_by: int | None = None
         # pynsqd's bound on the topic's own backlog while it has no channels (0: none).
         self.max_depth = 0
         self.bound_policy = "reject"

@@ -15,10 +15,11 @@ import socket
 from dataclasses import Field
 from typing import TYPE_CHECKING, Any
 
+from aiohttp.web import StreamResponse
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..cluster.gate import PublishRefused
+from ..cluster.gate import NotYetWritable, PublishRefused
 from ..core.dedup import MAX_SEQUENCE, DedupError
 from ..core.e2e import go_float
 from ..core.errors import NotRetained, QueueFull
@@ -155,7 +156,7 @@ class API:
             end = -1
             try:
                 if replication is not None:
-                    waits = replication.publishing.gate(topic_name)
+                    waits = await self._gate(topic_name)
                 if identity is None:
                     topic.put_bodies(bodies, defer_ms)
                 else:
@@ -185,6 +186,39 @@ class API:
             resp.headers["X-Nsq-Duplicates"] = str(dups)
             return resp
         return "OK"
+
+    async def _kept_elsewhere(
+        self, request: BaseRequest, topic_name: str, body: bytes
+    ) -> StreamResponse | None:
+        """--workers: a publish to a retained topic whose log another worker keeps is made
+        there, and answered with its answer (``Workers.proxy``); None: made here."""
+        workers = self.nsqd.workers
+        if workers is None or self.nsqd.exiting:
+            return None
+        topic = self.nsqd.get_topic(topic_name)
+        if topic.kept_by is None:
+            return None
+        return await workers.proxy(topic.kept_by, request, body)
+
+    async def _gate(self, topic_name: str) -> bool:
+        """``PublishGate.gate``; a publish to a partition this node is taking back waits for
+        it (``--replication-timeout`` at most: then 503 PUB_FAILED with the reason)."""
+        replication = self.nsqd.replication
+        assert replication is not None
+        while True:
+            try:
+                return replication.publishing.gate(topic_name)
+            except NotYetWritable:
+                answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
+
+                def done(why: str | None, answer: asyncio.Future[str | None] = answer) -> None:
+                    if not answer.done():
+                        answer.set_result(why)
+
+                replication.publishing.when_writable(topic_name, done)
+                why = await answer
+                if why is not None:
+                    raise PublishRefused(why, "PUB_FAILED") from None
 
     async def _wait_commit(self, topic_name: str, topic: Topic, end: int = -1) -> None:
         """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503
@@ -276,6 +310,9 @@ class API:
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
         topic_name = self._topic_name(params)
+        kept = await self._kept_elsewhere(request, topic_name, body)
+        if kept is not None:
+            return kept
         defer_ms = 0
         text = params.get("defer")
         if text is not None:
@@ -300,6 +337,9 @@ class API:
         body = await read_body(request, opts.max_body_size)
         if body is None:
             raise HTTPError(413, "BODY_TOO_BIG")
+        kept = await self._kept_elsewhere(request, topic_name, body)
+        if kept is not None:
+            return kept
         if binary:
             try:
                 bodies = parse_mpub_body(body, self.nsqd.protocol_config)
@@ -391,8 +431,11 @@ class API:
 
     async def channel_create(self, request: BaseRequest, params: Params) -> Any:
         topic, channel_name = self._existing_topic(params)
-        # pynsqd: with offset= or timestamp=, a new channel starts in the past.
-        start = self.replay.start_offset_for_new_channel(topic.name, params)
+        # pynsqd: with offset= or timestamp=, a new channel starts in the past (--workers:
+        # the worker that keeps the log replays it; the others make the channel).
+        start = None
+        if topic.kept_by is None:
+            start = self.replay.start_offset_for_new_channel(topic.name, params)
         existed = channel_name in topic.channels
         channel = topic.get_channel(channel_name)
         if start is None or existed:

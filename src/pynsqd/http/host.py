@@ -11,6 +11,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from aiohttp.web import StreamResponse
 from aiohttp.web_request import BaseRequest
 
 from ..cluster.replicator import Replicator
@@ -97,6 +98,15 @@ class WorkersHost(Protocol):
 
     def fanned(self, handler: Handler) -> Handler:
         """``handler`` made on every worker, answered once."""
+
+    def routed(self, handler: Handler) -> Handler:
+        """``handler`` made by the worker that keeps the topic's log."""
+
+    def on_admin_socket(self, request: BaseRequest) -> bool:
+        """A request over this worker's private socket (from another worker)."""
+
+    async def proxy(self, peer: int, request: BaseRequest, body: bytes | None) -> StreamResponse:
+        """The request made of worker ``peer``, its answer passed on."""
 
     async def unhealthy_peers(self, request: BaseRequest) -> list[tuple[int, str]]:
         """Every other worker that answers ``/ping`` unhealthy: (its index, its line)."""

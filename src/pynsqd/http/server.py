@@ -56,7 +56,12 @@ FANNED = frozenset(
         "/channel/unpause",
         "/topic/config",
         "/channel/config",
+        "/topic/retention",
     }
+)
+#: Calls about a topic's log that ``--workers`` has the worker that keeps it answer.
+ROUTED = frozenset(
+    {"/topic/offsets", "/topic/log", "/topic/retention", "/channel/rewind", "/channel/create"}
 )
 
 
@@ -200,6 +205,9 @@ class HTTPService(Router):
     # -- requests -------------------------------------------------------------------------
 
     def gate(self, request: BaseRequest) -> StreamResponse | None:
+        workers = self.nsqd.workers
+        if workers is not None and workers.on_admin_socket(request):
+            return None  # another worker, or a client's call it passed on (checked there)
         if self.nsqd.opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.
             port = _https_port(self.https_address or self.nsqd.opts.https_address)
@@ -222,6 +230,9 @@ class HTTPService(Router):
                 m: (kind, workers.fanned(h) if m in ("POST", "PUT") else h)
                 for m, (kind, h) in methods.items()
             }
+        if methods is not None and workers is not None and path in ROUTED:
+            # ... and one about a topic's log by the worker that keeps it (then fanned).
+            methods = {m: (kind, workers.routed(h)) for m, (kind, h) in methods.items()}
         return methods
 
     def _config_handler(self, opt: str) -> Handler:

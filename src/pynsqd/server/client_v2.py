@@ -24,6 +24,8 @@ class Pause(enum.Enum):
     AUTH = "auth"
     INFLATE = "inflate"
     COMMIT = "commit"  # a publish to a replicated topic waits for its records to commit
+    WRITABLE = "writable"  # ... or for its partition, which this node is taking back
+    FORWARD = "forward"  # ... or for the worker that keeps its topic's log (--workers)
 
 
 class ClientV2State:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..cluster.replicator import Replicator
@@ -22,10 +23,15 @@ if TYPE_CHECKING:
 
 
 class ChannelsEverywhere(Protocol):
-    """``--workers``: a channel just made here is being made on every other worker."""
+    """``--workers``: a channel just made here is being made on every other worker; a
+    publish to a topic another worker keeps the log of is made there."""
 
     def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
         """Done once every worker has the channel (None: nothing to wait for)."""
+
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
+        """Send a publish command to worker ``peer``; ``done(None)`` on its OK, else
+        ``done(error line)`` (``server/forward.py``)."""
 
 
 class ConnectionContext(Protocol):

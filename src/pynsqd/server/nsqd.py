@@ -131,6 +131,8 @@ class NSQD:
         self._joining = bool(opts.etcd_endpoints)
         #: One worker of ``--workers N`` (``server/workers.py``): None in a single process.
         self.workers: Workers | None = Workers(self, worker) if worker is not None else None
+        if self.workers is not None:  # a retained topic's log is one worker's
+            self.retention.elsewhere = self.workers.elsewhere
 
     # -- topics and channels --------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..cluster.gate import PublishRefused
+from ..cluster.gate import NotYetWritable, PublishRefused
 from ..core.channel import Channel
 from ..core.dedup import DedupError
 from ..core.errors import (
@@ -49,6 +49,7 @@ from ..core.errors import (
     TooManyConsumers,
 )
 from ..core.message import Message
+from ..protocol import encode
 from ..protocol.commands import (
     Auth,
     ClientState,
@@ -83,6 +84,7 @@ from .transforms import Pipeline, TransformError
 from .upgrade import Upgrade
 
 if TYPE_CHECKING:
+    from ..core.topic import Topic
     from .context import ConnectionContext
 
 log = logging.getLogger("pynsqd")
@@ -552,6 +554,28 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         topic = self.nsqd.get_topic(topic_name)
         if topic.exiting:
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed exiting")
+        if topic.kept_by is not None and not self.is_link:
+            self._forward(cmd, topic, bodies, defer_ms, identity)
+            return
+        if self.is_link:
+            try:
+                self._publish_here(cmd, topic, bodies, defer_ms, identity)
+            except FatalClientError as err:
+                # A forwarded publish (server/forward.py): refused without closing the link,
+                # which carries other clients' publishes; the client's worker closes the client.
+                raise ClientError(err.code, err.desc) from None
+            return
+        self._publish_here(cmd, topic, bodies, defer_ms, identity)
+
+    def _publish_here(
+        self,
+        cmd: str,
+        topic: Topic,
+        bodies: list[bytes],
+        defer_ms: int,
+        identity: Identity | None,
+    ) -> None:
+        topic_name = topic.name
         replication = self.nsqd.replication
         waits = False
         end = -1
@@ -576,6 +600,16 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
         except (QueueFull, PublishRefused) as err:  # pynsqd: pushed back, or not this node's
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
+        except NotYetWritable:
+            # The node is taking its partition back: the publish waits (later commands wait
+            # behind it), then goes through the gate again.
+            assert replication is not None
+            self.pause(Pause.WRITABLE)
+            replication.publishing.when_writable(
+                topic_name,
+                lambda why: self._writable(cmd, topic_name, bodies, defer_ms, identity, why),
+            )
+            return
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         if waits and replication is not None and topic.log is not None:
             end = topic.log.latest if identity is None else end
@@ -585,6 +619,70 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
                 return
         self.send_frame(OK_FRAME)
+
+    def _forward(
+        self,
+        cmd: str,
+        topic: Topic,
+        bodies: list[bytes],
+        defer_ms: int,
+        identity: Identity | None,
+    ) -> None:
+        """--workers: a retained topic another worker keeps the log of: the publish is made
+        there (``server/forward.py``), and answered here with its answer; later commands wait
+        behind it."""
+        workers = self.nsqd.workers
+        assert workers is not None and topic.kept_by is not None
+        ident = None if identity is None else (identity.producer.decode(), identity.sequence)
+        if cmd == "PUB":
+            data = encode.pub(topic.name, bodies[0], ident)
+        elif cmd == "DPUB":
+            data = encode.dpub(topic.name, defer_ms, bodies[0], ident)
+        else:
+            data = encode.mpub(topic.name, bodies, ident)
+        name, count = topic.name, len(bodies)
+
+        def done(err: bytes | None) -> None:
+            if self.closed:
+                return
+            if err is not None:
+                code, _, desc = err.decode(errors="replace").partition(" ")
+                self.fatal(FatalClientError(code, desc))
+                return
+            self.pub_counts[name] = self.pub_counts.get(name, 0) + count
+            self.send_frame(OK_FRAME)
+            self.resume()
+
+        self.pause(Pause.FORWARD)
+        workers.forward(topic.kept_by, data, done)
+
+    def _writable(
+        self,
+        cmd: str,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int,
+        identity: Identity | None,
+        why: str | None,
+    ) -> None:
+        """A publish that waited for its partition (``Pause.WRITABLE``): published now (it
+        may wait again, for its commit or the partition), or failed with the reason."""
+        if self.closed:
+            return
+        if why is not None:
+            self.fatal(FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}"))
+            return
+        self.paused = None
+        try:
+            self._publish(cmd, topic_name, bodies, defer_ms, identity)
+        except ClientError as err:
+            self.send_frame(encode_error(err.wire))
+        except ProtocolError as err:
+            self.fatal(err)
+            return
+        if self.paused is None:  # answered: the commands behind it go on
+            self.paused = Pause.WRITABLE
+            self.resume()
 
     def _committed(self, cmd: str, why: str | None) -> None:
         if self.closed:

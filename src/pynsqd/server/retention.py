@@ -65,6 +65,14 @@ PROGRESS_EVERY = 5.0
 _REWIND_FILE = re.compile(r"^rewind\.(\d{1,19})\.(.+)$")
 
 
+def _has_segments(directory: str) -> bool:
+    """Whether a log directory holds a log (not only its retention setting)."""
+    try:
+        return any(n.endswith(".log") for n in os.listdir(directory))
+    except OSError:
+        return False
+
+
 class BacklogNotMoved(OSError):
     """Retention could not go off: part of the log's backlog could not be stored elsewhere."""
 
@@ -87,6 +95,9 @@ class Retention:
         self._on_error = on_error
         self._exiting = exiting
         self.logs: dict[str, TopicLog] = {}
+        #: ``--workers``: the worker that keeps a topic's log when it is another one (None:
+        #: this one). Set by the worker (``Workers.elsewhere``); one process keeps every log.
+        self.elsewhere: Callable[[str], int | None] = lambda name: None
         #: Copies of other nodes' partitions (replicated topics), by "topic/origin".
         self.replicas: dict[str, TopicLog] = {}
         #: Running rewinds, by (topic, channel).
@@ -153,8 +164,12 @@ class Retention:
         """A topic was created: give it its log if it retains; if it does not but its log
         still holds a backlog, move that to its queue."""
         seconds, size = self.setting(topic.name)
-        if not (seconds or size):
-            if os.path.isdir(self.directory(topic.name)):
+        keeper = self.elsewhere(topic.name) if seconds or size else None
+        topic.kept_by = keeper
+        if not (seconds or size) or keeper is not None:
+            # No log here: none wanted, or another worker of this node keeps it (a log left
+            # here by a run with another --workers count gives its backlog to the queue).
+            if _has_segments(self.directory(topic.name)):
                 self._release_at_start(topic)
             return
         try:
@@ -251,6 +266,7 @@ class Retention:
             return
         if current is None:
             write_retention(self.directory(name), 0.0, 0)
+            topic.kept_by = None
             return
         if any(t == name for t, _ in self._rewinds):
             raise Conflict("REWIND_IN_PROGRESS")

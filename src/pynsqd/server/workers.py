@@ -31,6 +31,7 @@ import socket
 import ssl
 import struct
 import urllib.parse
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,10 +41,12 @@ from ..http.stats import merge_stats
 from ..internal.httpapi import HTTPError
 from ..internal.listener import SharedListener
 from ..internal.names import is_ephemeral
+from .forward import Done, Forwarder
 from .relay import Relay
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
+    from aiohttp.web import StreamResponse
     from aiohttp.web_request import BaseRequest
 
     from ..core.channel import Channel
@@ -65,6 +68,10 @@ log = logging.getLogger("pynsqd")
 
 #: An HTTP request one worker makes of another: made there alone, not again on every worker.
 WORKER_HEADER = "X-Pynsqd-Worker"
+#: Headers of one connection, not passed on by ``Workers.proxy``.
+_HOP_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "date"}
+)
 FAN_OUT_TIMEOUT = 30.0
 
 
@@ -167,6 +174,7 @@ class Workers:
         self._counts = ConnectionCounts(spec.counts, spec.count) if spec.counts else None
         if self._counts is not None:
             self._counts.set(self.index, 0)
+        self.forwarder = Forwarder(self)
 
     @property
     def is_lead(self) -> bool:
@@ -178,6 +186,21 @@ class Workers:
 
     def link_path(self, peer: int) -> str:
         return self.spec.links[peer]
+
+    # -- retained topics: one worker keeps a topic's log ----------------------------------
+
+    def log_worker(self, topic: str) -> int:
+        """The worker that keeps ``topic``'s log when it retains one: its offsets, rewinds,
+        dedup index and retention are one log's, as with one process."""
+        return zlib.crc32(topic.encode()) % self.spec.count
+
+    def elsewhere(self, topic: str) -> int | None:
+        """``log_worker`` when it is another worker (None: this one)."""
+        keeper = self.log_worker(topic)
+        return None if keeper == self.index else keeper
+
+    def forward(self, peer: int, command: bytes, done: Done) -> None:
+        self.forwarder.send(peer, command, done)
 
     # -- sockets --------------------------------------------------------------------------
 
@@ -332,11 +355,76 @@ class Workers:
 
     def from_worker(self, request: BaseRequest) -> bool:
         """A call another worker made (over this worker's private admin socket)."""
-        if WORKER_HEADER not in request.headers:
-            return False
+        return WORKER_HEADER in request.headers and self.on_admin_socket(request)
+
+    def on_admin_socket(self, request: BaseRequest) -> bool:
+        """A request over this worker's private admin socket (another worker's, or one it
+        passed on for a client: ``proxy``)."""
         transport = request.transport
         sockname = transport.get_extra_info("sockname") if transport is not None else None
         return isinstance(sockname, str) and sockname == self.spec.admins[self.index]
+
+    async def proxy(self, peer: int, request: BaseRequest, body: bytes | None) -> StreamResponse:
+        """The client's request made of worker ``peer`` (the keeper of its topic's log), its
+        answer streamed back as it comes: status, body and nsqd's headers. ``body``: the
+        request's body when it was read already."""
+        import aiohttp
+        from aiohttp.web import StreamResponse
+
+        if body is None:
+            body = b""
+            if request.can_read_body:
+                read = await read_body(request, self.opts.max_body_size)
+                if read is None:
+                    raise HTTPError(413, "BODY_TOO_BIG")
+                body = read
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_HEADERS and k != WORKER_HEADER
+        }
+        try:
+            async with self._session(peer).request(
+                request.method, "http://worker" + request.path_qs, data=body, headers=headers
+            ) as answer:
+                resp = StreamResponse(status=answer.status, reason=answer.reason)
+                for k, v in answer.headers.items():
+                    if k.lower() not in _HOP_HEADERS and k.lower() != "server":
+                        resp.headers[k] = v
+                if answer.content_length is not None:
+                    resp.content_length = answer.content_length
+                await resp.prepare(request)
+                async for chunk in answer.content.iter_chunked(1 << 16):
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
+            raise HTTPError(
+                503,
+                "WORKER_UNAVAILABLE",
+                {"reason": f"worker {peer}, which keeps this topic's log, did not answer"},
+            ) from err
+
+    def routed(
+        self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
+    ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
+        """A call about a topic's log (offsets, reads, rewinds, retention, a channel made at
+        an offset) answered by the worker that keeps it (``log_worker``)."""
+
+        async def handler_on_the_keeper(request: BaseRequest, params: Any) -> Any:
+            query = request.query
+            topic = query.get("topic", "")
+            if request.path == "/channel/create" and not (
+                "offset" in query or "timestamp" in query
+            ):
+                return await handler(request, params)  # a plain channel: made everywhere
+            keeper = self.elsewhere(topic) if topic else None
+            if keeper is None or self.from_worker(request):
+                return await handler(request, params)
+            return await self.proxy(keeper, request, None)
+
+        return handler_on_the_keeper
 
     def fanned(
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
@@ -428,6 +516,7 @@ class Workers:
                 self.detach(ch)
         for task in list(self._tasks):
             task.cancel()
+        self.forwarder.close()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()

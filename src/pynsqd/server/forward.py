@@ -1,0 +1,178 @@
+"""Publishes to a retained topic that another worker keeps (``--workers``): the forward links.
+
+Theory of operation. A retained topic's log is one worker's (``Workers.log_worker``: a hash of
+the name), so that its offsets, rewinds, dedup index and retention are those of one log, as
+with one process. A publish that lands on another worker is sent there before it is answered:
+one V2 producer connection per pair of workers, over the keeper's private unix socket (as the
+relay's links), pipelined: every client connection's publishes go down it in the order they
+came, and the keeper's answers come back in that order (``_waiting``). The client's connection
+waits for its answer (``Pause.FORWARD``), so what it is told OK is in the keeper's log, synced
+as its flags say; a refusal there (a bad sequence, a full disk) is answered to the client with
+the keeper's own error. The keeper answers a link's refusal without closing it (one client's
+bad publish does not fail another's). If the connection drops (the keeper was killed), what was
+waiting fails with ``E_PUB_FAILED`` (it may or may not be in the log: as for a client whose
+connection to nsqd drops); the next publish opens it again. HTTP publishes go to the keeper's
+admin socket instead (``Workers.proxy``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+from ..protocol import encode
+from ..protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from .relay import LINK_AGENT
+
+log = logging.getLogger("pynsqd")
+
+_FRAME_HEADER = struct.Struct(">ll")
+
+#: ``done(None)``: the keeper answered OK; ``done(line)``: its error line, or why no answer came.
+Done = Callable[[bytes | None], None]
+
+
+class ForwardHost(Protocol):
+    """What the forward links need of their worker (``server/workers.Workers``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def index(self) -> int: ...
+    def link_path(self, peer: int) -> str: ...
+
+
+class ForwardLink(asyncio.Protocol):
+    """One producer connection to the worker that keeps some retained topics' logs."""
+
+    def __init__(self, peer: int, lost: Callable[[ForwardLink], None]) -> None:
+        self.peer = peer
+        self._lost = lost
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        #: Commands sent (or to send once connected), oldest first: their ``done``.
+        self._waiting: collections.deque[Done] = collections.deque()
+        #: Commands written before the connection was made.
+        self._pending: list[bytes] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._waiting.appendleft(lambda err: None)  # the IDENTIFY's OK
+        self.transport.write(
+            b"  V2"
+            + encode.identify(
+                {
+                    "client_id": "worker-forward",
+                    "hostname": "worker",
+                    "user_agent": LINK_AGENT,
+                    "feature_negotiation": False,
+                    "heartbeat_interval": -1,
+                    "idempotent_publish": True,
+                }
+            )
+            + b"".join(self._pending)
+        )
+        self._pending.clear()
+
+    def send(self, command: bytes, done: Done) -> None:
+        if self.closed:
+            done(b"E_PUB_FAILED the link to the worker that keeps the topic's log closed")
+            return
+        self._waiting.append(done)
+        if self.transport is None:
+            self._pending.append(command)
+        else:
+            self.transport.write(command)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        header = _FRAME_HEADER.unpack_from
+        while end - pos >= 8:
+            size, ftype = header(buf, pos)
+            stop = pos + 4 + size
+            if size < 4 or stop > end:
+                break
+            body = bytes(buf[pos + 8 : stop])
+            pos = stop
+            if ftype == FRAME_TYPE_RESPONSE and body == b"_heartbeat_":
+                continue
+            if not self._waiting:
+                log.error("WORKERS: forward link to worker %d: an answer no one asked", self.peer)
+                continue
+            done = self._waiting.popleft()
+            if ftype == FRAME_TYPE_ERROR:
+                done(body)
+            else:
+                done(None)
+        if pos:
+            del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(b"E_PUB_FAILED the worker that keeps the topic's log went away; publish again")
+
+    def fail(self, why: bytes) -> None:
+        self.closed = True
+        self.transport = None
+        self._pending.clear()
+        waiting, self._waiting = self._waiting, collections.deque()
+        self._lost(self)
+        for done in waiting:
+            done(why)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        else:
+            self.closed = True
+
+
+class Forwarder:
+    """This worker's forward links, one per keeper, opened on first use."""
+
+    def __init__(self, host: ForwardHost) -> None:
+        self.host = host
+        self.links: dict[int, ForwardLink] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def send(self, peer: int, command: bytes, done: Done) -> None:
+        link = self.links.get(peer)
+        if link is None:
+            link = self.links[peer] = ForwardLink(peer, self._lost)
+            self._connect(link)
+        link.send(command, done)
+
+    def _connect(self, link: ForwardLink) -> None:
+        path = self.host.link_path(link.peer)
+
+        async def connect() -> None:
+            try:
+                await self.host.loop.create_unix_connection(lambda: link, path)
+            except OSError as err:
+                log.warning("WORKERS: forward link to worker %d failed - %s", link.peer, err)
+                link.fail(
+                    b"E_PUB_FAILED the worker that keeps the topic's log is not serving "
+                    b"(restarting); publish again"
+                )
+
+        task = self.host.loop.create_task(connect())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lost(self, link: ForwardLink) -> None:
+        if self.links.get(link.peer) is link:
+            del self.links[link.peer]
+
+    def close(self) -> None:
+        for link in list(self.links.values()):
+            link.close()
+        self.links.clear()
+
+
+__all__ = ["Done", "ForwardLink", "Forwarder"]
