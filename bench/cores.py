@@ -63,8 +63,14 @@ def wait_tcp(port: int, timeout: float = 30.0) -> None:
 
 
 def start(
-    kind: str, k: int, go_bin: str, cores: list[int] | None, data: str
+    kind: str,
+    k: int,
+    go_bin: str,
+    cores: list[int] | None,
+    data: str,
+    py_flags: list[str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
+    py_flags = py_flags or []
     tcp, http = free_port(), free_port()
     common = [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}"]
     env = dict(os.environ)
@@ -73,6 +79,7 @@ def start(
         env["GOMAXPROCS"] = str(k)
     else:
         cmd = [sys.executable, "-m", "pynsqd", *common, f"--data-path={data}", f"--workers={k}"]
+        cmd += py_flags
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (os.path.join(ROOT, "src"), env.get("PYTHONPATH", "")) if p
         )
@@ -128,7 +135,7 @@ def one_round(kind: str, k: int, args: argparse.Namespace) -> dict[str, float]:
     server_cores = None if shared else list(range(k))
     load_cores = None if shared else args.load_cores
     data = tempfile.mkdtemp(prefix=f"cores-{kind}{k}-")
-    proc, port = start(kind, k, args.go_bin, server_cores, data)
+    proc, port = start(kind, k, args.go_bin, server_cores, data, args.py_flags.split())
     try:
         result = {}
         result["writer"] = ops(tool(args.go_bin, "bench_writer", port, "w", args, load_cores))
@@ -184,6 +191,11 @@ def main() -> int:
     p.add_argument("--shared", default="", help="core counts run unpinned (e.g. 16)")
     p.add_argument("--load-cores", default="", help="cores of the bench tools (default: top half)")
     p.add_argument("--tool-procs", type=int, default=16, help="GOMAXPROCS (connections) per tool")
+    p.add_argument(
+        "--py-flags",
+        default="",
+        help="more flags for pynsqd only, e.g. --retention-time=1h (a replayable topic)",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--runfor", type=float, default=4.0)
     p.add_argument("--out", default="")
@@ -227,6 +239,7 @@ def main() -> int:
                     "load_cores": args.load_cores,
                     "shared": sorted(args.shared),
                     "tool_procs": args.tool_procs,
+                    "py_flags": args.py_flags,
                     "runfor": args.runfor,
                     "rounds": args.rounds,
                     "runs": results,

@@ -276,9 +276,13 @@ def test_a_worker_killed_with_kill_9_loses_nothing_acknowledged(data: Path) -> N
     flags = ("--workers=2", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
         published = publish_spread(node, "durable", 20, 10)
+        infos = {call_on_worker(node, w, "GET", "/info") for w in range(2)}
+        assert len(infos) == 1, infos  # one node: the same /info from every worker
         before = worker_pids(node)
         os.kill(before[1], signal.SIGKILL)
         wait_for(lambda: worker_pids(node).get(1, before[1]) != before[1], "worker 1 restarted")
+        # ... a restarted worker's too (the node's start time, not the worker's).
+        assert {call_on_worker(node, w, "GET", "/info") for w in range(2)} == infos
         ended = f"WORKERS: worker 1 (pid {before[1]}) ended (signal 9); starting it again\n"
         assert ended in node.output()
         published |= publish_spread(node, "durable", 5, 2, tag="after")

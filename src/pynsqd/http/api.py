@@ -279,7 +279,7 @@ class API:
             "retention_time": round(opts.retention_time * 1e9),
             "retention_bytes": opts.retention_bytes,
             # Which data directory this is, whatever address reached it (storage/identity.py).
-            "storage_id": nsqd.storage_id,
+            "storage_id": nsqd.node_storage_id,
             **self._cluster_info(),
         }
 

@@ -133,6 +133,10 @@ class NSQDHost(Protocol):
     @property
     def storage_id(self) -> str: ...
     @property
+    def node_storage_id(self) -> str:
+        """The node's storage id (``--workers``: the supervisor's directory's), for /info."""
+
+    @property
     def instance(self) -> str: ...
     @property
     def health_error(self) -> str | None: ...

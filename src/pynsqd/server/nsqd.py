@@ -133,8 +133,16 @@ class NSQD:
         self.workers: Workers | None = Workers(self, worker) if worker is not None else None
         if self.workers is not None:  # a retained topic's log is one worker's
             self.retention.elsewhere = self.workers.elsewhere
+            if worker is not None and worker.started:
+                self.start_time = worker.started  # the node's, not this worker's (restarts)
 
     # -- topics and channels --------------------------------------------------------------
+
+    @property
+    def node_storage_id(self) -> str:
+        """/info's ``storage_id``: the node's (``--workers``: one for every worker)."""
+        spec = self.workers.spec if self.workers is not None else None
+        return spec.storage if spec is not None and spec.storage else self.storage_id
 
     def get_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)

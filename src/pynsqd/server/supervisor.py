@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 
 from ..internal.listener import (
     is_unix_address,
@@ -38,6 +39,7 @@ from ..internal.listener import (
 )
 from ..internal.waits import wait_set
 from ..options import Options
+from ..storage.identity import storage_id
 from .workers import ConnectionCounts, WorkerSpec
 
 log = logging.getLogger("pynsqd")
@@ -85,6 +87,9 @@ class Supervisor:
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
+        #: The node's start: every worker reports it (``WorkerSpec.started``).
+        self.started = int(time.time())
+        self.storage = ""
 
     def bind_all(self) -> None:
         opts = self.opts
@@ -106,6 +111,7 @@ class Supervisor:
         base = opts.data_path or os.getcwd()
         for i in range(self.count):
             os.makedirs(os.path.join(base, f"worker-{i}"), mode=0o700, exist_ok=True)
+        self.storage = storage_id(base)  # the node's, in /info (a worker's log has its own)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -157,7 +163,16 @@ class Supervisor:
             fds.update({name: s.fileno() for name, s in self.private[i].items()})
             fds["alive"] = self._alive_r
             fds["ready"] = self._ready_w
-            spec = WorkerSpec(i, self.count, fds, self.links, self.admins, self.counts_path)
+            spec = WorkerSpec(
+                i,
+                self.count,
+                fds,
+                self.links,
+                self.admins,
+                self.counts_path,
+                self.started,
+                self.storage,
+            )
             env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env

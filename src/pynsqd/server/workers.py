@@ -89,6 +89,11 @@ class WorkerSpec:
     admins: list[str]
     #: A file of ``count`` int64: each worker's client connections (``ConnectionCounts``).
     counts: str = ""
+    #: The supervisor's start (unix seconds): the node's ``start_time`` in /info and /stats.
+    started: int = 0
+    #: The node's storage id (``<data-path>/cluster.id``), in /info; each worker's own data
+    #: directory has its own, which its logs' answers carry (``/topic/offsets``).
+    storage: str = ""
 
     ENV = "PYNSQD_WORKER"
 
