@@ -713,3 +713,41 @@ def encode_pub(topic: str, body: bytes) -> bytes:
     from pynsqd.protocol import encode
 
     return encode.pub(topic, body)
+
+
+def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its_error(
+    data: Path,
+) -> None:
+    """The keeper's disk is full: a publish through another worker is refused with the
+    keeper's own answer (HTTP 503, TCP ``E_PUB_FAILED`` naming the disk), never an OK, and
+    nothing is written where a later read would miss it; room again, it is taken."""
+    k = keeper("full", 2)
+    other = 1 - k
+    with (
+        tmpfs(data / "data" / f"worker-{k}", "size=1m") as disk,
+        started(data, "--workers=2", "--retention-time=1h", "--mem-queue-size=0") as node,
+    ):
+        assert call_on_worker(node, other, "POST", "/pub?topic=full", b"before")[0] == 200
+        filler = fill(disk)
+        status, text = call_on_worker(node, other, "POST", "/pub?topic=full", b"x" * 4000)
+        assert status == 503, (status, text)
+        conns = [node.connect() for _ in range(6)]  # some land on the other worker
+        try:
+            for c in conns:
+                c.identify()
+                c.send(encode_pub("full", b"y" * 4000))
+            for c in conns:
+                err = c.read_error()
+                assert err.startswith(b"E_PUB_FAILED PUB failed "), err
+                assert b"No space left" in err, err
+        finally:
+            for c in conns:
+                c.close()
+        status, body = call_on_worker(node, other, "GET", "/ping")
+        assert status == 500 and body.endswith(b"(worker %d)" % k), body
+        assert "Traceback" not in node.output()
+        os.unlink(filler)
+        assert call_on_worker(node, other, "POST", "/pub?topic=full", b"after")[0] == 200
+        from .test_replay import read_everything
+
+        assert [r.body for r in read_everything(node, "full")] == [b"before", b"after"]

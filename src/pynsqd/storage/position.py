@@ -16,6 +16,7 @@ save rewrites it in slots.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -69,7 +70,7 @@ class PositionFile:
         record = head + struct.pack(">I", zlib.crc32(head))
         written = os.pwrite(self._fd, record, (seq % 2) * _SLOT_SPACING)
         if written != len(record):
-            raise OSError(28, f"short write to {self.path}")
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (short write to {self.path})")
         self._seq = seq
         self._unsynced = True
         if sync:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -359,7 +360,10 @@ class TopicLog:
         try:
             written = os.pwrite(self._fd, data, seg.size)
             if written != len(data):
-                raise OSError(28, f"short write ({written} of {len(data)} bytes)")
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{os.strerror(errno.ENOSPC)} (short write: {written} of {len(data)} bytes)",
+                )
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, seg.size)
