@@ -169,11 +169,6 @@ class PublishGate:
             self._since[topic] = loop.time()
         waiters.append(entry)
 
-    @property
-    def waiting(self) -> int:
-        """Publishes waiting for a take-back (``when_writable``)."""
-        return sum(len(w) for w in self._unwritable.values())
-
     def wake_writable(self, why: str | None = None) -> None:
         """Publishes waiting for their partition whose partition can take them now (or all
         of them, with ``why``: nsqd stops), in the order they came."""

@@ -293,8 +293,7 @@ class Replicator:
                 if replace is not None:
                     await self._replace(p, rec, replace)
         self._drop_unassigned(state, held)
-        if self.publishing.waiting:
-            self.publishing.wake_writable()  # a partition taken back takes its publishes
+        self.publishing.wake_writable()  # a partition taken back takes its publishes
         if self._deleting:
             await self._delete_keys()
 
