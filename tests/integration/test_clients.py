@@ -2,11 +2,12 @@
 
 A Writer publishes N messages with PUB, MPUB and DPUB; a Reader receives all N: none lost,
 none duplicated. Each library's event loop runs in the test thread under a hard timeout. The
-same tests run against four kinds of node (the ``node`` fixture): a plain nsqd (in this
+same tests run against five kinds of node (the ``node`` fixture): a plain nsqd (in this
 process, on its own loop in a background thread), a node of a replicated cluster (three
 processes and a real etcd, every topic retained with three copies: publishes are answered once
-committed), such a node whose peer is killed with kill -9 in the middle of the test, and
-``nsqd --workers 4`` (one node over four processes: the clients' connections land on any). What
+committed), such a node whose peer is killed with kill -9 in the middle of the test,
+``nsqd --workers 4`` (one node over four processes: the clients' connections land on any), and
+the same with every topic retained (its log kept by one worker, publishes passed to it). What
 the tests check of the server they read from its ``/stats``, as any client could.
 """
 
@@ -89,11 +90,16 @@ class Node:
         return c["depth"], c["in_flight_count"], c["deferred_count"]
 
 
-@pytest.fixture(params=["plain", "replicated", "replicated, a peer killed", "4 workers"])
+@pytest.fixture(
+    params=["plain", "replicated", "replicated, a peer killed", "4 workers", "4 workers, retained"]
+)
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
-    if request.param == "4 workers":  # nsqd --workers 4: one node over four processes
+    if request.param.startswith("4 workers"):  # nsqd --workers 4: one node over four processes
         (tmp_path / "data").mkdir()
-        proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4")
+        # ", retained": every topic keeps a log, which one worker keeps; the clients'
+        # publishes landing on the other three are passed to it (server/forward.py).
+        retained = ["--retention-time=1h"] if request.param.endswith("retained") else []
+        proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4", *retained)
         try:
             wait_for(lambda: proc.output().count(") serving") == 4, "every worker to serve")
             yield Node(proc.port, proc.http_port, lambda: None, replicated=False)
