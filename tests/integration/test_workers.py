@@ -751,3 +751,69 @@ def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its
         from .test_replay import read_everything
 
         assert [r.body for r in read_everything(node, "full")] == [b"before", b"after"]
+
+
+def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
+    data: Path,
+) -> None:
+    """Retention turned on and off, and rewinds, asked of every worker in turn while three
+    connections publish, and the keeper killed with kill -9 midway: no admin call answers 500,
+    no traceback, and every acknowledged message reaches the consumer (at least once)."""
+    import threading
+
+    flags = ("--workers=3", "--mem-queue-size=0", "--sync-every=1")
+    with started(data, *flags) as node:
+        with node.connect() as c:
+            c.identify()
+            c.sub("race", "ch", rdy=0)  # the channel exists before the first publish
+        acked: set[bytes] = set()
+        stop = threading.Event()
+
+        def publisher(i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    with node.connect() as c:
+                        c.identify()
+                        while not stop.is_set():
+                            body = b"r%d-%d" % (i, n)
+                            n += 1
+                            c.send(encode_pub("race", body))
+                            if c.read_frame().data != b"OK":
+                                break
+                            acked.add(body)
+                except (ConnectionError, OSError):
+                    continue
+
+        threads = [threading.Thread(target=publisher, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        k = keeper("race", 3)
+        answers: list[int] = []
+        for step in range(9):
+            w = step % 3
+            if step == 4:
+                before = worker_pids(node)
+                os.kill(before[k], signal.SIGKILL)
+            seen = len(acked)
+            wait_for(lambda seen=seen: len(acked) > seen + 20, "publishes between the calls")
+            for path in (
+                "/topic/retention?topic=race&time=1h",
+                "/channel/rewind?topic=race&channel=ch&offset=0",
+                "/topic/retention?topic=race&time=0&bytes=0",
+            ):
+                with contextlib.suppress(OSError):  # the worker asked is the one killed
+                    answers.append(call_on_worker(node, w, "POST", path)[0])
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert 500 not in answers and 200 in answers, answers
+        assert "Traceback" not in node.output()
+        got: set[bytes] = set()
+        with node.connect() as c:
+            c.identify()
+            c.sub("race", "ch", rdy=100)
+            while not acked <= got:
+                m = c.read_message()
+                c.fin(m.id)
+                got.add(m.body)
