@@ -20,17 +20,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import struct
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from ..protocol import encode
-from ..protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from ..protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
 from .relay import LINK_AGENT
 
 log = logging.getLogger("pynsqd")
-
-_FRAME_HEADER = struct.Struct(">ll")
 
 #: ``done(None)``: the keeper answered OK; ``done(line)``: its error line, or why no answer came.
 Done = Callable[[bytes | None], None]
@@ -53,7 +50,7 @@ class ForwardLink(asyncio.Protocol):
         self.peer = peer
         self._lost = lost
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        self.reader = FrameReader()
         #: Commands sent (or to send once connected), oldest first: their ``done``.
         self._waiting: collections.deque[Done] = collections.deque()
         #: Commands written before the connection was made.
@@ -90,29 +87,21 @@ class ForwardLink(asyncio.Protocol):
             self.transport.write(command)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, end = 0, len(buf)
-        header = _FRAME_HEADER.unpack_from
-        while end - pos >= 8:
-            size, ftype = header(buf, pos)
-            stop = pos + 4 + size
-            if size < 4 or stop > end:
-                break
-            body = bytes(buf[pos + 8 : stop])
-            pos = stop
-            if ftype == FRAME_TYPE_RESPONSE and body == b"_heartbeat_":
+        self.reader.feed(data)
+        try:
+            frames = self.reader.frames()
+        except ValueError as err:
+            log.error("WORKERS: forward link to worker %d: %s", self.peer, err)
+            self.close()
+            return
+        for frame in frames:
+            if frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == b"_heartbeat_":
                 continue
             if not self._waiting:
                 log.error("WORKERS: forward link to worker %d: an answer no one asked", self.peer)
                 continue
             done = self._waiting.popleft()
-            if ftype == FRAME_TYPE_ERROR:
-                done(body)
-            else:
-                done(None)
-        if pos:
-            del buf[:pos]
+            done(frame.data if frame.frame_type == FRAME_TYPE_ERROR else None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(b"E_PUB_FAILED the worker that keeps the topic's log went away; publish again")

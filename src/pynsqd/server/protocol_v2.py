@@ -554,9 +554,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         topic = self.nsqd.get_topic(topic_name)
         if topic.exiting:
             raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed exiting")
-        if topic.kept_by is not None and not self.is_link:
-            self._forward(cmd, topic, bodies, defer_ms, identity)
-            return
         if self.is_link:
             try:
                 self._publish_here(cmd, topic, bodies, defer_ms, identity)
@@ -564,8 +561,10 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 # A forwarded publish (server/forward.py): refused without closing the link,
                 # which carries other clients' publishes; the client's worker closes the client.
                 raise ClientError(err.code, err.desc) from None
-            return
-        self._publish_here(cmd, topic, bodies, defer_ms, identity)
+        elif topic.kept_by is not None:
+            self._forward(cmd, topic, bodies, defer_ms, identity)
+        else:
+            self._publish_here(cmd, topic, bodies, defer_ms, identity)
 
     def _publish_here(
         self,
