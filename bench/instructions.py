@@ -234,6 +234,70 @@ class CrossPubsub(Pubsub):
             )
 
 
+class _Forwarding:
+    """Worker A's side of ``--workers`` for ``--forward``: its publishes go over one link."""
+
+    def __init__(self, link: object) -> None:
+        self.link = link
+
+    def channel_everywhere(self, topic: str, channel: str) -> None:
+        return None
+
+    def forward(self, peer: int, command: bytes, done: object) -> None:
+        self.link.send(command, done)  # type: ignore[attr-defined]
+
+
+class ForwardPubsub(Pubsub):
+    """``--forward``: the MPUB lands on worker A, which does not keep the retained topic's log:
+    A passes it to worker B over a forward link (``server/forward.py``) and answers with B's
+    answer; both consumers are on B. What it adds to ``Pubsub`` is the hop. Two fake loops."""
+
+    def __init__(self, size: int, batch: int) -> None:
+        from pynsqd.server.forward import ForwardLink
+
+        super().__init__(size, batch)  # worker B: the topic, its two consumers
+        b_ctx, b_loop = self.ctx, self.loop
+        self.a_loop = a_loop = FakeLoop()
+        self.a_ctx = a_ctx = _context(a_loop)
+        self.to_b, self.to_a = Pipe(), Pipe()
+        self.b_link = ClientV2(b_ctx, link=True)  # type: ignore[arg-type]
+        self.b_link.connection_made(self.to_a)  # type: ignore[arg-type]
+        self.fwd = ForwardLink(1, lambda link: None)
+        self.fwd.connection_made(self.to_b)  # type: ignore[arg-type]
+        a_ctx.workers = _Forwarding(self.fwd)  # type: ignore[assignment]
+        a_ctx.get_topic("t").kept_by = 1  # B keeps its log
+        self.ctx, self.loop = a_ctx, a_loop
+        self.publisher = self._connect(Transport())  # publishes on worker A
+        self.answers = Sink()
+        self.publisher.transport.write = self.answers.write  # type: ignore[union-attr]
+        self.ctx, self.loop = b_ctx, b_loop
+        self.pump_links()
+
+    def pump_links(self) -> None:
+        """Bytes across the link both ways until neither side has more."""
+        while True:
+            self.a_loop.run_ready()
+            self.loop.run_ready()
+            self.b_link.flush()
+            down, up = self.to_b.take(), self.to_a.take()
+            if not down and not up:
+                return
+            if down:
+                self.b_link.data_received(down)
+            if up:
+                self.fwd.data_received(up)
+
+    def settle(self) -> None:
+        self.pump_links()
+
+    def check(self, cycles: int) -> None:
+        super().check(cycles)
+        self.publisher.flush()
+        oks = b"".join(self.answers.chunks).count(b"OK")
+        if oks != cycles or self.a_ctx.get_topic("t").message_count:
+            raise SystemExit(f"harness broken: {oks} OKs on A for {cycles} MPUBs")
+
+
 def harness_only(size: int, batch: int, cycles: int) -> None:
     """The harness's per-cycle work alone, over frames like the server's."""
     frames = [
@@ -264,6 +328,7 @@ def instructions(args: argparse.Namespace, what: str) -> float:
             "--batch",
             str(args.batch),
             *(["--cross"] if args.cross and what == "pubsub" else []),
+            *(["--forward"] if args.forward and what == "pubsub" else []),
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts each run
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
@@ -286,12 +351,18 @@ def main() -> int:
         help="--workers: every message crosses from the worker it was published on to the "
         "consumers' worker",
     )
+    ap.add_argument(
+        "--forward",
+        action="store_true",
+        help="--workers with a retained topic: every MPUB lands on a worker that does not keep "
+        "the topic's log and is passed to the one that does (the consumers' worker)",
+    )
     ap.add_argument("--inner", choices=["pubsub", "harness"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner == "harness":
         harness_only(args.size, args.batch, args.cycles)
         return 0
-    kind = CrossPubsub if args.cross else Pubsub
+    kind = CrossPubsub if args.cross else ForwardPubsub if args.forward else Pubsub
     if args.inner == "pubsub":
         bench = kind(args.size, args.batch)
         bench.run(args.cycles)
@@ -301,6 +372,8 @@ def main() -> int:
     bench.run(20)
     bench.check(20)
     where = ", every message crossing workers" if args.cross else ""
+    if args.forward:
+        where = ", every MPUB passed to the worker that keeps the topic's log"
     print(
         f"in-process pubsub, {args.batch} x {args.size}-byte messages per MPUB, 2 consumers{where}"
     )

@@ -11,11 +11,19 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "instructions.py"
 
 
 def test_the_instruction_benchmark_harness_delivers_and_fins_every_message() -> None:
-    for size, batch in ((200, 200), (10, 7), (3000, 1)):
+    # Plain, every message crossing workers, every MPUB passed to the log's keeper.
+    for size, batch, extra in (
+        (200, 200, ""),
+        (10, 7, ""),
+        (3000, 1, ""),
+        (10, 7, "--cross"),
+        (10, 7, "--forward"),
+    ):
         done = subprocess.run(
             [
                 *(sys.executable, str(BENCH), "--inner", "pubsub", "--cycles", "4"),
                 *("--size", str(size), "--batch", str(batch)),
+                *([extra] if extra else []),
             ],
             capture_output=True,
             text=True,
