@@ -41,10 +41,6 @@ def _validate(opts: Options, warnings: list[str]) -> None:
             f" (--tls-required={opts.tls_required})",
             1,
         )
-    if checks.workers_count(opts.workers) > 1 and opts.etcd_endpoints:
-        raise UsageError(
-            "--workers above 1 does not work with --etcd-endpoints yet (replicated topics)", 1
-        )
     for name in opts.enable_experiment:
         if name not in EXPERIMENTS:
             warnings.append(f"--enable-experiment={name} is not an experiment nsqd knows")

@@ -179,7 +179,10 @@ class Node:
     def joined(self) -> bool:
         """This run of the node has joined the cluster (it listens before it has: the test
         must not place a topic before every node is a member)."""
-        return "joined (etcd" in self.log.read_text(errors="replace").rpartition("INFO: nsqd v")[2]
+        text = self.log.read_text(errors="replace")
+        if "WORKERS: " in text:  # --workers: worker 0 is the node's member of the cluster
+            text = "\n".join(line for line in text.splitlines() if " w0]" in line)
+        return "joined (etcd" in text.rpartition("INFO: nsqd v")[2]
 
     @property
     def alive(self) -> bool:

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,19 +376,11 @@ def test_one_worker_is_one_process_as_before(data: Path) -> None:
     assert not (data / "data" / "worker-0").exists()
 
 
-def test_workers_refuse_what_they_do_not_do_yet(data: Path) -> None:
+def test_workers_refuse_a_count_that_is_not_a_number() -> None:
     import subprocess
 
     from ..processes import NSQD
 
-    r = subprocess.run(
-        [NSQD, "--workers=2", "--etcd-endpoints=http://127.0.0.1:9", f"--data-path={data}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert r.returncode == 1
-    assert "--workers above 1 does not work with --etcd-endpoints" in r.stderr
     r = subprocess.run([NSQD, "--workers=two"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "for flag -workers: must be a number" in r.stderr
 
@@ -817,3 +810,108 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
                 m = c.read_message()
                 c.fin(m.id)
                 got.add(m.body)
+
+
+def test_a_replicated_node_with_workers_loses_nothing_acknowledged(
+    tmp_path: Path, etcd: Any
+) -> None:
+    """Three replicated nodes of two workers each (replicas=3, acks=all): worker 0 is each
+    node's member of the cluster and keeps its logs; publishes that land on worker 1 (TCP,
+    HTTP) are passed to it and answered once committed; followers' fetch streams reach worker
+    0 through either worker. Worker 0 of node 1 killed with kill -9 under two producers: the
+    checker finds nothing acknowledged lost, no partition offset holding two records."""
+    import asyncio
+
+    import aiohttp
+
+    from pynsqd.cluster.fetch import FetchAnswer, FetchRequest
+
+    from .replication_harness import (
+        Cluster,
+        History,
+        check,
+        producing,
+        replicate,
+        wait_in_sync,
+    )
+
+    cluster = Cluster(tmp_path, etcd, 3, "--workers=2", "--mem-queue-size=0", "--sync-every=1")
+    try:
+        for n in cluster.nodes:
+            assert n.proc is not None
+            wait_for(lambda n=n: len(worker_pids(n.proc)) == 2, "both workers to serve")
+        replicate(cluster)
+        one = cluster.node(1)
+        assert one.proc is not None
+        # Asked of either worker: the cluster's answers are worker 0's.
+        answers = [
+            json.loads(call_on_worker(one.proc, w, "GET", "/topic/replication?topic=orders")[1])
+            for w in (0, 1)
+        ]
+        assert [len(a["partitions"]) for a in answers] == [3, 3]
+        assert answers[0]["replicas"] == answers[1]["replicas"] == 3
+        infos = [json.loads(call_on_worker(one.proc, w, "GET", "/info")[1]) for w in (0, 1)]
+        assert infos[0]["cluster"]["nodes"] == infos[1]["cluster"]["nodes"] == [1, 2, 3]
+        # HTTP publishes made on worker 1 are worker 0's partition, acknowledged once committed.
+        history = History()
+        on_one = [f"http-w1-{i}".encode() for i in range(20)]
+        history.invoked.update(on_one)
+        publish_on_worker(one.proc, 1, "orders", on_one)
+        history.ok.update(on_one)
+        # TCP connections open at once spread over both workers.
+        spread = publish_spread(one.proc, "orders", 8, 25, tag="tcp")
+        history.invoked |= spread
+        history.ok |= spread
+
+        # A fetch stream opened on worker 1 is answered by worker 0, the partition's leader.
+        async def fetch_on_worker_1() -> list[FetchAnswer]:
+            found = re.search(r"their own sockets in (\S+)\)", one.proc.output())
+            assert found is not None
+            connector = aiohttp.UnixConnector(path=f"{found.group(1)}/1.admin")
+            url = "http://worker/topic/replicate?topic=orders&partition=1"
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.ws_connect(url) as ws,
+            ):
+                # Asked at epoch 0, the leader names its epoch; asked again at that epoch it
+                # refuses a node that holds no copy (two messages each way on one stream).
+                out, epoch = [], 0
+                for _ in range(2):
+                    await ws.send_bytes(FetchRequest(0, epoch, 0, 99, "", 0, 1 << 20).encode())
+                    msg = await asyncio.wait_for(ws.receive(), 10)
+                    out.append(FetchAnswer.decode(msg.data))
+                    epoch = out[-1].epoch
+                return out
+
+        (led,) = [p for p in answers[1]["partitions"] if p["partition"] == 1]
+        first, second = asyncio.run(fetch_on_worker_1())
+        assert (first.status, first.message, first.epoch) == (409, "EPOCH_MISMATCH", led["epoch"])
+        assert (second.status, second.message) == (409, "NOT_REPLICA"), second
+
+        with producing(cluster, history):
+            wait_for(lambda: len(history.ok) > len(spread) + 300, "publishes before the kill")
+            before = worker_pids(one.proc)
+            os.kill(before[0], signal.SIGKILL)
+            wait_for(
+                lambda: worker_pids(one.proc).get(0, before[0]) != before[0],
+                "worker 0 of node 1 restarted",
+            )
+            wait_in_sync(cluster, "orders", 1)
+            # Both workers of the restarted node take publishes again (worker 1's link to
+            # worker 0 opened anew).
+            again = publish_spread(one.proc, "orders", 8, 25, tag="again")
+            history.invoked |= again
+            history.ok |= again
+            count = len(history.ok)
+            wait_for(lambda: len(history.ok) > count + 300, "publishes after the restart")
+        reads = {
+            (origin, f"node{n.node_id}"): cluster.read_partition("orders", origin, n)
+            for origin in (1, 2, 3)
+            for n in cluster.nodes
+        }
+        verdict = check(history, reads)
+        assert verdict.lost == [], verdict.lost[:10]
+        assert verdict.unexpected == [] and verdict.inconsistent == []
+        assert set(on_one) | spread | again <= {b for rs in reads.values() for _, _, b in rs}
+    finally:
+        cluster.stop()

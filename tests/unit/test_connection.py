@@ -389,3 +389,75 @@ def test_a_deflate_bomb_is_inflated_one_piece_per_loop_turn() -> None:
     loop.run_ready()
     assert t.reading and not t.closed
     assert ctx.topics["t"].depth == 1
+
+
+# -- a link between workers: answers in order while publishes wait for their commit ------------
+
+
+class CountingLog:
+    """A retained log that only counts (what the commit wait reads of one)."""
+
+    def __init__(self) -> None:
+        self.latest = self.handed = self.visible = 0
+
+    def append(self, msgs: list[CoreMessage], identity: Any = None) -> int:
+        first, self.latest = self.latest, self.latest + len(msgs)
+        return first
+
+
+class Commits:
+    """Replication as a publish sees it: topics named r* wait for a commit the test gives."""
+
+    def __init__(self) -> None:
+        self.publishing = self
+        self.waiting: list[tuple[str, Any]] = []
+
+    def gate(self, topic: str) -> bool:
+        return topic.startswith("r")
+
+    def committed(self, topic: str, end: int) -> bool:
+        return False
+
+    def wait(self, topic: str, end: int, done: Any) -> None:
+        self.waiting.append((topic, done))
+
+
+def test_a_link_answers_in_order_while_its_publishes_wait_for_their_commits() -> None:
+    """Worker 0 of a replicated node takes the other workers' publishes over one link each,
+    answered in the order they came (``server/forward.py`` matches them so). A publish that
+    waits for its commit holds back the answers behind it, not the publishes: they go on,
+    and a commit that comes out of order answers nothing before its turn."""
+    loop = FakeLoop()
+    ctx = Context(loop)
+    commits = ctx.replication = Commits()  # type: ignore[assignment]
+    for name in ("r1", "r2"):
+        ctx.get_topic(name).log = CountingLog()  # type: ignore[assignment]
+    link = ClientV2(ctx, link=True)  # type: ignore[arg-type]
+    t = Transport()
+    link.connection_made(t)  # type: ignore[arg-type]
+    send(link, loop, b"  V2" + encode.pub("r1", b"a") + encode.pub("r2", b"b"))
+    send(link, loop, encode.pub("plain", b"c"))  # not replicated: known at once
+    assert t.frames() == []
+    assert [topic for topic, _ in commits.waiting] == ["r1", "r2"]  # both taken meanwhile
+    (_, r1_a), (_, r2_b) = commits.waiting
+    r2_b(None)  # r2 commits first: its answer waits for r1's
+    loop.run_ready()
+    assert t.frames() == []
+    r1_a(None)
+    loop.run_ready()
+    assert t.frames() == [OK, OK, OK]
+    # A publish that fails its wait is refused on the link, which goes on (it carries other
+    # clients' publishes); the one behind it is answered after it.
+    commits.waiting.clear()
+    send(link, loop, encode.pub("r1", b"d") + encode.pub("r1", b"e"))
+    (_, d), (_, e) = commits.waiting
+    e(None)
+    d("--replication-timeout=5s passed before 2 of 3 replicas had it")
+    loop.run_ready()
+    frames = t.frames()
+    assert [f.data for f in frames] == [
+        b"E_PUB_FAILED PUB failed --replication-timeout=5s passed before 2 of 3 replicas had it",
+        b"OK",
+    ]
+    assert not t.closed and t.reading
+    assert ctx.get_topic("r1").message_count == 3

@@ -102,6 +102,9 @@ class WorkersHost(Protocol):
     def routed(self, handler: Handler) -> Handler:
         """``handler`` made by the worker that keeps the topic's log."""
 
+    def on_member(self, handler: Handler) -> Handler:
+        """``handler`` made by worker 0 on a replicated node (the cluster's member)."""
+
     def on_admin_socket(self, request: BaseRequest) -> bool:
         """A request over this worker's private socket (from another worker)."""
 

@@ -63,6 +63,8 @@ FANNED = frozenset(
 ROUTED = frozenset(
     {"/topic/offsets", "/topic/log", "/topic/retention", "/channel/rewind", "/channel/create"}
 )
+#: ... and, on a replicated node, the calls about the cluster: by worker 0, its member.
+ON_MEMBER = frozenset({"/info", "/topic/replication", "/topic/replicate"})
 
 
 class HTTPService(Router):
@@ -128,7 +130,7 @@ class HTTPService(Router):
         if workers is not None:  # the node's socket, shared by its workers, and this one's own
             self._web = web = self.web_server(self.nsqd.loop)
             self._admin = workers.listener("admin", web)
-            if self._admin is not None:
+            if self._admin is not None and serve:  # (worker 0 of a replicated node: joined)
                 await self._admin.start_serving()
             self._server = workers.listener("http", web)
             if self._server is not None:
@@ -171,6 +173,8 @@ class HTTPService(Router):
 
     async def serve(self) -> None:
         """Take connections on the sockets ``start`` and ``start_https`` bound unserved."""
+        if self._admin is not None and not self._admin.is_serving():
+            await self._admin.start_serving()
         if self._server is not None and not self._server.is_serving():
             await self._server.start_serving()
             log.info("HTTP: listening on %s", self.address)
@@ -233,6 +237,8 @@ class HTTPService(Router):
         if methods is not None and workers is not None and path in ROUTED:
             # ... and one about a topic's log by the worker that keeps it (then fanned).
             methods = {m: (kind, workers.routed(h)) for m, (kind, h) in methods.items()}
+        if methods is not None and workers is not None and path in ON_MEMBER:
+            methods = {m: (kind, workers.on_member(h)) for m, (kind, h) in methods.items()}
         return methods
 
     def _config_handler(self, opt: str) -> Handler:

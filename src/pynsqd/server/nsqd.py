@@ -126,11 +126,17 @@ class NSQD:
         self.lookup = Lookup(self)
         #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
         self.replication: Replicator | None = None
-        #: Until the cluster's state is read, channels do not deliver and logs do not hand off
-        #: (a replicated channel is restored from its checkpoint first).
-        self._joining = bool(opts.etcd_endpoints)
         #: One worker of ``--workers N`` (``server/workers.py``): None in a single process.
         self.workers: Workers | None = Workers(self, worker) if worker is not None else None
+        #: This process is the node's member of the cluster (``--etcd-endpoints``): a single
+        #: process, or worker 0 of ``--workers N``, which keeps every retained topic's log
+        #: then; the other workers pass their publishes to it (``Workers.log_worker``).
+        self.cluster_member = bool(opts.etcd_endpoints) and (
+            self.workers is None or self.workers.is_lead
+        )
+        #: Until the cluster's state is read, channels do not deliver and logs do not hand off
+        #: (a replicated channel is restored from its checkpoint first).
+        self._joining = self.cluster_member
         if self.workers is not None:  # a retained topic's log is one worker's
             self.retention.elsewhere = self.workers.elsewhere
             if worker is not None and worker.started:
@@ -519,13 +525,14 @@ class NSQD:
             # A replicated node binds its sockets (their addresses go into its cluster record)
             # but takes no connection until it has joined: a publish can never be answered
             # before the node knows whether its partition is still its own.
-            serve = not self.opts.etcd_endpoints
+            serve = not self.cluster_member
             if self.workers is not None:
                 self.tcp_server = self.workers.listener("tcp", lambda: ClientV2(self))
                 self._link_server = self.workers.listener("link", lambda: ClientV2(self, link=True))
                 assert self.tcp_server is not None and self._link_server is not None
-                await self._link_server.start_serving()
-                await self.tcp_server.start_serving()
+                if serve:  # worker 0 of a replicated node takes its peers' links once joined
+                    await self._link_server.start_serving()
+                    await self.tcp_server.start_serving()
             else:
                 self.tcp_server = await listen(
                     self.loop, lambda: ClientV2(self), self.opts.tcp_address, start_serving=serve
@@ -557,7 +564,7 @@ class NSQD:
                 raise
             self.https_address = self.http.https_address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
-        if self.opts.etcd_endpoints:
+        if self.cluster_member:
             self.replication = Replicator(self)
             try:
                 await self.replication.start()
@@ -568,6 +575,8 @@ class NSQD:
                 await self._stop_after_failed_start()
                 raise
             try:
+                if self._link_server is not None:
+                    await self._link_server.start_serving()
                 await self.tcp_server.start_serving()
                 log.info("TCP: listening on %s", self.tcp_address)
                 await self.http.serve()

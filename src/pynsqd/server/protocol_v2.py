@@ -140,6 +140,11 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         #: A response or error is queued: written when the current input has been run.
         self._respond = False
         self._flush_pending = False
+        #: A link's answers while one of its publishes waits for its commit: each a slot
+        #: (None until known), written oldest first. The worker that passed the publishes on
+        #: matches answers to them in order (``server/forward.py``), and the publishes behind
+        #: one that waits go on meanwhile (a link carries many clients' publishes).
+        self._in_order: deque[list[bytes | None]] = deque()
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -344,8 +349,24 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     def send_frame(self, frame: bytes) -> None:
         """A response or error: written once the current input has been run."""
+        if self._in_order:  # a link: behind an answer not known yet
+            self._in_order.append([frame])
+            return
         self.out.append(frame)
         self._respond = True
+
+    def _answer_in_order(self, slot: list[bytes | None], frame: bytes) -> None:
+        """A link's publish committed (or failed): its answer, then every known one behind
+        it, are written."""
+        if self.closed:
+            return
+        slot[0] = frame
+        in_order = self._in_order
+        while in_order and in_order[0][0] is not None:
+            answer = in_order.popleft()[0]
+            assert answer is not None
+            self.out.append(answer)
+        self.flush()
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
@@ -613,7 +634,22 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         if waits and replication is not None and topic.log is not None:
             end = topic.log.latest if identity is None else end
             if end > 0 and not replication.committed(topic_name, end):
-                # OK once the records are on enough replicas: later commands wait behind it.
+                # OK once the records are on enough replicas: later commands wait behind it
+                # (a link's go on: their answers wait behind its).
+                if self.is_link:
+                    slot: list[bytes | None] = [None]
+                    self._in_order.append(slot)
+                    replication.wait(
+                        topic_name,
+                        end,
+                        lambda why: self._answer_in_order(
+                            slot,
+                            OK_FRAME
+                            if why is None
+                            else encode_error(f"E_{cmd}_FAILED {cmd} failed {why}".encode()),
+                        ),
+                    )
+                    return
                 self.pause(Pause.COMMIT)
                 replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
                 return
@@ -669,7 +705,12 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         if self.closed:
             return
         if why is not None:
-            self.fatal(FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}"))
+            err = FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}")
+            if not self.is_link:
+                self.fatal(err)
+                return
+            self.send_frame(encode_error(err.wire))  # a link goes on (``_publish``)
+            self.resume()
             return
         self.paused = None
         try:

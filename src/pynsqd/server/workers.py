@@ -73,6 +73,8 @@ _HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "date"}
 )
 FAN_OUT_TIMEOUT = 30.0
+#: ... and of a websocket's opening, passed on by ``Workers.proxy_websocket``.
+_WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade", WORKER_HEADER.lower()}
 
 
 @dataclasses.dataclass
@@ -194,9 +196,19 @@ class Workers:
 
     # -- retained topics: one worker keeps a topic's log ----------------------------------
 
+    @property
+    def clustered(self) -> bool:
+        """A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster."""
+        return bool(self.opts.etcd_endpoints)
+
     def log_worker(self, topic: str) -> int:
         """The worker that keeps ``topic``'s log when it retains one: its offsets, rewinds,
-        dedup index and retention are one log's, as with one process."""
+        dedup index and retention are one log's, as with one process. On a replicated node
+        worker 0, the cluster's member, keeps them all: any retained topic may be replicated
+        (its settings are in etcd, which only worker 0 reads), and its partition is the
+        node's one log of it."""
+        if self.clustered:
+            return 0
         return zlib.crc32(topic.encode()) % self.spec.count
 
     def elsewhere(self, topic: str) -> int | None:
@@ -430,6 +442,92 @@ class Workers:
             return await self.proxy(keeper, request, None)
 
         return handler_on_the_keeper
+
+    def on_member(
+        self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
+    ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
+        """A call about the cluster (``/info``, ``/topic/replication``, a follower's fetch
+        stream ``/topic/replicate``) answered by worker 0, the node's member of it."""
+
+        async def handler_on_worker_0(request: BaseRequest, params: Any) -> Any:
+            if self.is_lead or not self.clustered or self.from_worker(request):
+                return await handler(request, params)
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                return await self.proxy_websocket(0, request)
+            return await self.proxy(0, request, None)
+
+        return handler_on_worker_0
+
+    async def proxy_websocket(self, peer: int, request: BaseRequest) -> Any:
+        """A websocket (a follower's fetch stream) passed on to worker ``peer``: opened there
+        first (a refusal is answered with its status), then each message passed on both
+        ways until either side closes."""
+        import aiohttp
+        from aiohttp.web import WebSocketResponse
+
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _WS_HOP_HEADERS and not k.lower().startswith("sec-websocket")
+        }
+        # A session of its own: the fan-out's (``_session``) bounds a whole call to 30 s.
+        session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.spec.admins[peer]),
+            timeout=aiohttp.ClientTimeout(total=None, connect=FAN_OUT_TIMEOUT),
+        )
+        try:
+            try:
+                upstream = await session.ws_connect(
+                    "http://worker" + request.path_qs,
+                    headers=headers,
+                    max_msg_size=0,
+                    autoping=True,
+                    compress=0,
+                )
+            except aiohttp.WSServerHandshakeError as err:
+                raise HTTPError(
+                    err.status,
+                    "WEBSOCKET_REFUSED",
+                    {"reason": f"worker {peer}, the node's member of the cluster, refused it"},
+                ) from err
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
+                log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
+                raise HTTPError(
+                    503,
+                    "WORKER_UNAVAILABLE",
+                    {"reason": f"worker {peer}, the node's member of the cluster, did not answer"},
+                ) from err
+            ws = WebSocketResponse(max_msg_size=0, autoping=True, compress=False, timeout=1.0)
+            try:
+                await ws.prepare(request)
+            except ConnectionError:
+                await upstream.close()
+                return ws
+
+            async def pump(src: Any, dst: Any) -> None:
+                async for msg in src:
+                    if msg.type is aiohttp.WSMsgType.BINARY:
+                        await dst.send_bytes(msg.data)
+                    elif msg.type is aiohttp.WSMsgType.TEXT:
+                        await dst.send_str(msg.data)
+                    else:
+                        break
+
+            ways = [
+                asyncio.ensure_future(pump(ws, upstream)),
+                asyncio.ensure_future(pump(upstream, ws)),
+            ]
+            try:
+                await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for way in ways:
+                    way.cancel()
+                await asyncio.gather(*ways, return_exceptions=True)
+                await upstream.close()
+                await ws.close()
+            return ws
+        finally:
+            await session.close()
 
     def fanned(
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
