@@ -883,6 +883,9 @@ def test_a_replicated_node_with_workers_loses_nothing_acknowledged(
                     epoch = out[-1].epoch
                 return out
 
+        # Consumers on both workers: those on worker 1 are sent what worker 0's channel holds.
+        got = consume_spread(one.proc, "orders", 4, len(on_one) + len(spread))
+        assert sorted(got) == sorted(set(on_one) | spread)  # each once
         (led,) = [p for p in answers[1]["partitions"] if p["partition"] == 1]
         first, second = asyncio.run(fetch_on_worker_1())
         assert (first.status, first.message, first.epoch) == (409, "EPOCH_MISMATCH", led["epoch"])
@@ -915,3 +918,42 @@ def test_a_replicated_node_with_workers_loses_nothing_acknowledged(
         assert set(on_one) | spread | again <= {b for rs in reads.values() for _, _, b in rs}
     finally:
         cluster.stop()
+
+
+def consume_spread(node: NsqdProcess, topic: str, n_conns: int, want: int) -> list[bytes]:
+    """``want`` messages of ``topic``'s channel ``ch`` read (and FIN'd) over ``n_conns``
+    consumer connections open at once (they spread over the workers)."""
+    import threading
+
+    conns = [node.connect() for _ in range(n_conns)]
+    got: list[bytes] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + 30  # a guard against a hang, not a wait
+
+    def read(c: Conn) -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if len(got) >= want:
+                    return
+            try:
+                m = c.read_message()
+            except (TimeoutError, OSError):
+                continue
+            c.fin(m.id)
+            with lock:
+                got.append(m.body)
+
+    try:
+        for c in conns:
+            c.identify()
+            c.sub(topic, "ch", rdy=10)
+            c.sock.settimeout(0.5)  # a reader looks at the count between reads
+        threads = [threading.Thread(target=read, args=(c,), daemon=True) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+    finally:
+        for c in conns:
+            c.close()
+    return got
