@@ -109,7 +109,10 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
     procs: list[subprocess.Popen[bytes]] = []
     dirs: list[str] = []
     topic = "rep_bench"
-    durability = setup.partition(" ")[2]
+    # "replicated fsync w2": durability fsync, each node --workers=2.
+    words = setup.split()
+    durability = words[1] if len(words) > 1 else ""
+    workers = next((int(w[1:]) for w in words[2:] if w.startswith("w")), 1)
     try:
         if setup == "go nsqd":
             args_go = argparse.Namespace(mode="logread", nsqd_binary=args.go_nsqd, nsqd_args="")
@@ -133,6 +136,8 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
             nodes = []
             for i in (1, 2, 3):
                 flags = f"--retention-time=1h --node-id={i} --etcd-endpoints={url}"
+                if workers > 1:
+                    flags += f" --workers={workers}"
                 nodes.append(_node(flags))
             procs += [n[0] for n in nodes]
             dirs += [n[3] for n in nodes]
@@ -192,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--setups",
         default="unreplicated,replicated fsync,replicated pagecache",
-        help="comma-separated set-ups to run (the first is the ratios' base)",
+        help="comma-separated set-ups to run (the first is the ratios' base); "
+        "'replicated fsync w2' runs each node with --workers=2",
     )
     p.add_argument(
         "--baseline-src",
@@ -228,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "unreplicated": "one node, unreplicated",
         "replicated fsync": "three nodes, replicas=3, durability=fsync",
         "replicated pagecache": "three nodes, replicas=3, durability=pagecache",
+        "replicated fsync w2": "three nodes of --workers 2, replicas=3, durability=fsync",
         "go nsqd": "Go nsqd 1.3.0, one node (no retention, no replication)",
     }
     summary: dict[str, dict[str, float]] = {}
