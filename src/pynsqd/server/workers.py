@@ -73,6 +73,10 @@ _HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "date"}
 )
 FAN_OUT_TIMEOUT = 30.0
+#: ``Workers._ask``'s status for a call whose connection went without an answer.
+DROPPED = -1
+#: How many times an admin call is made of a peer whose connection drops each time.
+FAN_OUT_ATTEMPTS = 3
 #: ... and of a websocket's opening, passed on by ``Workers.proxy_websocket``.
 _WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade", WORKER_HEADER.lower()}
 
@@ -342,6 +346,8 @@ class Workers:
         return session
 
     async def _ask(self, peer: int, method: str, path_qs: str, body: bytes) -> tuple[int, bytes]:
+        """Status 0: no answer in ``FAN_OUT_TIMEOUT``; ``DROPPED``: the connection went
+        without an answer (the worker was killed, or its socket is gone)."""
         import aiohttp
 
         try:
@@ -352,16 +358,40 @@ class Workers:
                 headers={WORKER_HEADER: str(self.index)},
             ) as resp:
                 return resp.status, await resp.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            return 0, str(err).encode()
+        except TimeoutError as err:
+            return 0, str(err).encode() or b"timed out"
+        except (aiohttp.ClientError, OSError) as err:
+            return DROPPED, str(err).encode()
+
+    async def _ask_again_if_dropped(
+        self, peer: int, method: str, path_qs: str, body: bytes
+    ) -> tuple[int, bytes]:
+        """An admin call made of a peer until it answers: one killed while it held the call
+        (which it may or may not have made) is asked again, and the asking waits in its socket,
+        which the supervisor holds, for the worker started in its place; that one has read its
+        state from disk by then, and makes the call on it. Admin calls are idempotent."""
+        for attempt in range(FAN_OUT_ATTEMPTS):
+            status, text = await self._ask(peer, method, path_qs, body)
+            if status != DROPPED or attempt == FAN_OUT_ATTEMPTS - 1:
+                return status, text
+            log.warning(
+                "WORKERS: %s %s on worker %d dropped (%s); asking again",
+                method,
+                path_qs,
+                peer,
+                text[:200].decode(errors="replace"),
+            )
+        raise AssertionError("unreachable")
 
     async def fan_out(self, method: str, path_qs: str, body: bytes) -> None:
         """Make the same call of every other worker; a worker that fails it is logged (one
         being restarted reads the change from its own disk or its peers' announcements)."""
         peers = self.peers()
-        answers = await asyncio.gather(*(self._ask(p, method, path_qs, body) for p in peers))
+        answers = await asyncio.gather(
+            *(self._ask_again_if_dropped(p, method, path_qs, body) for p in peers)
+        )
         for peer, (status, text) in zip(peers, answers, strict=True):
-            if status == 0 or status >= 500:
+            if status <= 0 or status >= 500:
                 log.warning(
                     "WORKERS: %s %s on worker %d failed - %s",
                     method,
@@ -563,7 +593,12 @@ class Workers:
         out = []
         for peer, (status, text) in zip(peers, answers, strict=True):
             if status != 200:
-                log.warning("WORKERS: %s of worker %d failed (%s)", path_qs, peer, status or text)
+                log.warning(
+                    "WORKERS: %s of worker %d failed (%s)",
+                    path_qs,
+                    peer,
+                    status if status > 0 else text,
+                )
                 continue
             out.append(text)
         return out
@@ -602,7 +637,9 @@ class Workers:
         ]
         for peer, (status, text) in zip(peers, answers, strict=True):
             if status != 200:
-                log.warning("WORKERS: /stats of worker %d failed (%s)", peer, status or text)
+                log.warning(
+                    "WORKERS: /stats of worker %d failed (%s)", peer, status if status > 0 else text
+                )
                 continue
             data = json.loads(text)
             parts.append((data.get("topics"), data.get("producers")))
