@@ -812,15 +812,24 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
                 got.add(m.body)
 
 
-def test_a_replicated_node_with_workers_loses_nothing_acknowledged(
+#: kill -9 cycles of a random worker of a random replicated node (scripts/replication-faults
+#: runs them ten times over).
+WORKER_KILLS = max(1, round(3 * float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))))
+
+
+@pytest.mark.timeout(900)  # scaled by PYNSQD_FAULT_SCALE
+def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
     tmp_path: Path, etcd: Any
 ) -> None:
     """Three replicated nodes of two workers each (replicas=3, acks=all): worker 0 is each
     node's member of the cluster and keeps its logs; publishes that land on worker 1 (TCP,
     HTTP) are passed to it and answered once committed; followers' fetch streams reach worker
     0 through either worker. Worker 0 of node 1 killed with kill -9 under two producers: the
-    checker finds nothing acknowledged lost, no partition offset holding two records."""
+    checker finds nothing acknowledged lost, no partition offset holding two records. Then a
+    random worker of a random node killed at a random instant, ``WORKER_KILLS`` times, and a
+    node's supervisor killed with kill -9 (its workers stop; the node is started again)."""
     import asyncio
+    import random
 
     import aiohttp
 
@@ -907,6 +916,37 @@ def test_a_replicated_node_with_workers_loses_nothing_acknowledged(
             history.ok |= again
             count = len(history.ok)
             wait_for(lambda: len(history.ok) > count + 300, "publishes after the restart")
+            seed = random.randrange(1 << 30)
+            rng = random.Random(seed)
+            for cycle in range(WORKER_KILLS):
+                victim = rng.choice(cluster.nodes)
+                assert victim.proc is not None
+                w = rng.choice((0, 1))
+                # A random instant: after a random number of further acknowledged publishes.
+                at = len(history.ok) + rng.randrange(1, 300)
+                wait_for(lambda at=at: len(history.ok) > at, f"publishes (seed {seed})")
+                pids = worker_pids(victim.proc)
+                os.kill(pids[w], signal.SIGKILL)
+                wait_for(
+                    lambda v=victim, w=w, pids=pids: worker_pids(v.proc).get(w) != pids[w],
+                    f"cycle {cycle}: worker {w} of node {victim.node_id} restarted (seed {seed})",
+                )
+                wait_in_sync(cluster, "orders", victim.node_id)
+            # kill -9 of a node's supervisor: its workers stop within seconds, none serving on.
+            two = cluster.node(2)
+            assert two.proc is not None
+            pids = worker_pids(two.proc)
+            two.kill()
+            wait_for(
+                lambda: not any(alive(p) for p in pids.values()),
+                "node 2's workers to stop after its supervisor's kill -9",
+                timeout=10,
+            )
+            two.start()
+            wait_for(lambda: two.joined, "node 2 to join again", 60)
+            wait_in_sync(cluster, "orders", 2)
+            count = len(history.ok)
+            wait_for(lambda: len(history.ok) > count + 300, "publishes after node 2's restart")
         reads = {
             (origin, f"node{n.node_id}"): cluster.read_partition("orders", origin, n)
             for origin in (1, 2, 3)
