@@ -446,12 +446,15 @@ class Workers:
                 await resp.write_eof()
                 return resp
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
-            raise HTTPError(
-                503,
-                "WORKER_UNAVAILABLE",
-                {"reason": f"worker {peer}, which keeps this topic's log, did not answer"},
-            ) from err
+            raise self._unavailable(peer, request, err) from err
+
+    def _unavailable(self, peer: int, request: BaseRequest, err: Exception) -> HTTPError:
+        """A call passed on to ``peer`` that got no answer: logged, and 503 naming it."""
+        log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
+        role = "the node's member of the cluster" if self.clustered else "which keeps its log"
+        return HTTPError(
+            503, "WORKER_UNAVAILABLE", {"reason": f"worker {peer}, {role}, did not answer"}
+        )
 
     def routed(
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
@@ -521,12 +524,7 @@ class Workers:
                     {"reason": f"worker {peer}, the node's member of the cluster, refused it"},
                 ) from err
             except (TimeoutError, aiohttp.ClientError, OSError) as err:
-                log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
-                raise HTTPError(
-                    503,
-                    "WORKER_UNAVAILABLE",
-                    {"reason": f"worker {peer}, the node's member of the cluster, did not answer"},
-                ) from err
+                raise self._unavailable(peer, request, err) from err
             ws = WebSocketResponse(max_msg_size=0, autoping=True, compress=False, timeout=1.0)
             try:
                 await ws.prepare(request)
