@@ -52,6 +52,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Every node run with ``--workers=N``: a local attack on replicated nodes with workers
+#: (``PYNSQD_TEST_NODE_WORKERS=2 scripts/test tests/integration/test_replication.py``), not
+#: the suite's (which runs them in ``test_workers.py``).
+NODE_WORKERS = int(os.environ.get("PYNSQD_TEST_NODE_WORKERS", "1"))
+
+
 class PortTaken(Exception):
     """An etcd member exited while starting (its port was taken meanwhile)."""
 
@@ -188,20 +194,35 @@ class Node:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.p.poll() is None and not self.paused
 
+    def _signal(self, sig: int) -> None:
+        """``sig`` to the node: its process, and with ``--workers`` its workers too (but
+        SIGTERM, which the supervisor passes on itself)."""
+        assert self.proc is not None
+        pid = self.proc.p.pid
+        workers: list[int] = []
+        if NODE_WORKERS > 1 and sig != signal.SIGTERM:
+            out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+            workers = [int(x) for x in out.stdout.split()]
+        for w in workers if sig != signal.SIGCONT else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, sig)
+        self.proc.p.send_signal(sig)
+        for w in workers if sig == signal.SIGCONT else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, sig)
+
     def pause(self) -> None:
         """SIGSTOP: the process holds its sockets and answers nothing."""
-        assert self.proc is not None
-        self.proc.p.send_signal(signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.p.send_signal(signal.SIGCONT)
+        self._signal(signal.SIGCONT)
         self.paused = False
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
-        self.proc.p.send_signal(sig)
+        self._signal(sig)
         self.proc.p.wait(timeout=20)
         self.proc.log_file.close()
 
@@ -391,6 +412,7 @@ class Cluster:
             "--cluster-name=test",
             "--retention-time=1h",
             "--etcd-lease-ttl=2s",
+            *([f"--workers={NODE_WORKERS}"] if NODE_WORKERS > 1 else []),
             *self.extra,
         ]
 
@@ -403,8 +425,7 @@ class Cluster:
     def stop(self) -> None:
         for n in self.nodes:
             if n.paused and n.proc is not None:
-                n.proc.p.send_signal(signal.SIGCONT)
-                n.paused = False
+                n.resume()
             if n.alive:
                 n.kill(signal.SIGTERM)
 
