@@ -194,7 +194,12 @@ class Node:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.p.poll() is None and not self.paused
 
-    def _signal(self, sig: int) -> None:
+    @property
+    def store(self) -> Path:
+        """Where the node keeps its logs (``--workers``: worker 0's directory)."""
+        return self.data / "worker-0" if NODE_WORKERS > 1 else self.data
+
+    def send_signal(self, sig: int) -> None:
         """``sig`` to the node: its process, and with ``--workers`` its workers too (but
         SIGTERM, which the supervisor passes on itself)."""
         assert self.proc is not None
@@ -213,16 +218,16 @@ class Node:
 
     def pause(self) -> None:
         """SIGSTOP: the process holds its sockets and answers nothing."""
-        self._signal(signal.SIGSTOP)
+        self.send_signal(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
-        self._signal(signal.SIGCONT)
+        self.send_signal(signal.SIGCONT)
         self.paused = False
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
-        self._signal(sig)
+        self.send_signal(sig)
         self.proc.p.wait(timeout=20)
         self.proc.log_file.close()
 
@@ -463,8 +468,7 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
     does to an append-only file. Returns the bytes taken away (other than zeros)."""
     for n in cluster.nodes:
         if n.alive:
-            assert n.proc is not None
-            n.proc.p.send_signal(signal.SIGKILL)
+            n.send_signal(signal.SIGKILL)
     for n in cluster.nodes:
         if n.proc is not None:
             n.proc.p.wait(timeout=20)
@@ -476,7 +480,7 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
             durable[path] = int(size)
     lost = 0
     for n in cluster.nodes:
-        for seg in [*n.data.glob("*.log/*.log"), *n.data.glob("replicas/*/*/*.log")]:
+        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]:
             keep = durable.get(str(seg), 0)
             size = seg.stat().st_size
             if size > keep:
@@ -491,7 +495,7 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
                 lost += len(gone) - gone.count(0)
     ledger.write_text("")  # the sizes now on disk are the durable ones
     for n in cluster.nodes:
-        for seg in [*n.data.glob("*.log/*.log"), *n.data.glob("replicas/*/*/*.log")]:
+        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]:
             with ledger.open("a") as f:
                 f.write(f"{seg}\t{seg.stat().st_size}\n")
     return lost

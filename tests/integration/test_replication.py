@@ -850,7 +850,7 @@ def test_deleting_a_replicated_topic_removes_its_partition_everywhere(cluster: C
     replicate(cluster)
     for n in cluster.nodes:
         assert n.http("POST", f"/pub?topic={TOPIC}", b"m%d" % n.node_id)[0] == 200
-    copies = [cluster.directory / f"node{i}" / "replicas" / "1" / TOPIC for i in (2, 3)]
+    copies = [cluster.node(i).store / "replicas" / "1" / TOPIC for i in (2, 3)]
     assert all(c.is_dir() for c in copies)
     status, body = cluster.node(1).http("POST", f"/topic/delete?topic={TOPIC}")
     assert status == 200, body

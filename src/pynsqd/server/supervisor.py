@@ -200,7 +200,8 @@ class Supervisor:
             if self.stop.is_set():
                 return
             if i not in self.ever_ready:
-                log.critical("WORKERS: worker %d failed to start (exit %d); stopping", i, code)
+                # An ERROR: the worker's own FATAL line said why (nsqd's one FATAL line).
+                log.error("WORKERS: worker %d failed to start (exit %d); stopping", i, code)
                 self.failure = 1
                 self.stop.set()
                 return
