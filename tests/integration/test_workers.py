@@ -198,6 +198,49 @@ def test_after_a_subs_ok_every_worker_publishes_to_the_channel(data: Path) -> No
                     assert got == sorted(bodies)
 
 
+def own_stats(node: NsqdProcess, worker: int) -> dict[str, Any]:
+    """One worker's own /stats (asked as its peers ask it: not the node's sum)."""
+    import http.client
+
+    found = re.search(r"their own sockets in (\S+)\)", node.output())
+    assert found is not None
+    conn = http.client.HTTPConnection("worker", timeout=10)
+    conn.sock = _unix(f"{found.group(1)}/{worker}.admin")
+    try:
+        conn.request("GET", "/stats?format=json", headers={"X-Pynsqd-Worker": "99"})
+        r = conn.getresponse()
+        assert r.status == 200
+        result: dict[str, Any] = json.loads(r.read())
+        return result
+    finally:
+        conn.close()
+
+
+def consumer_worker(node: NsqdProcess, workers: int, topic: str) -> int:
+    """The worker that holds the one client consumer of ``topic``."""
+    for w in range(workers):
+        for t in own_stats(node, w)["topics"]:
+            for ch in t["channels"] if t["topic_name"] == topic else []:
+                if any("worker-link" not in c["user_agent"] for c in ch["clients"]):
+                    return w
+    raise AssertionError(f"no worker holds a consumer of {topic}")
+
+
+def test_a_consumer_gets_as_many_in_flight_as_its_rdy_from_another_worker(data: Path) -> None:
+    """Found by pynsq's own suite against --workers 4 (test_conn_messages): a consumer with
+    RDY 5, its 5 messages all on another worker, got 2 in flight and waited for ever (each of
+    the three links asked for a third of its RDY, rounded up). nsqd puts all 5 in flight."""
+    with started(data, "--workers=4") as node, node.connect() as c:
+        c.identify()
+        c.sub("held", "ch", rdy=5)
+        w = consumer_worker(node, 4, "held")
+        bodies = [b"held-%d" % i for i in range(5)]
+        publish_on_worker(node, (w + 1) % 4, "held", bodies)
+        got = [c.read_message().body for _ in bodies]  # none FIN'd
+        assert sorted(got) == bodies
+        c.expect_nothing()
+
+
 def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:
     with started(data, "--workers=2") as node:
         published = publish_spread(node, "req", 20, 5)
@@ -353,12 +396,35 @@ def test_sigterm_stops_every_worker_and_flushes_what_they_hold(data: Path) -> No
 
 
 def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
+    """The node's ports are free as soon as the workers see their supervisor gone, before
+    they have finished stopping (found by nsqjs's suite, which starts the next nsqd on the
+    same ports the instant it has killed one: the workers held them while they shut down,
+    a second with an idle keep-alive HTTP connection open)."""
+    import http.client
+
     with started(data, "--workers=2") as node:
         pids = list(worker_pids(node).values())
+        idle = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=10)
+        idle.request("GET", "/ping")
+        assert idle.getresponse().read() == b"OK"  # kept open, idle
         node.p.kill()
         node.p.wait()
+
+        def ports_free() -> bool:
+            for port in (node.port, node.http_port):
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        s.bind(("127.0.0.1", port))
+                    except OSError:
+                        return False
+            return True
+
+        wait_for(ports_free, "the node's ports to be free")
+        assert any(alive(p) for p in pids)  # a worker still stopping: it had let them go
         wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop")
         assert "the supervisor is gone; stopping" in node.output()
+        idle.close()
 
 
 def test_one_worker_is_one_process_as_before(data: Path) -> None:

@@ -151,12 +151,16 @@ class SharedListener:
             conn.close()
 
     def close(self) -> None:
+        """Stop accepting and let this process's copy of the socket go (the supervisor's keeps
+        the port open while a worker restarts; with the supervisor gone, the port is free once
+        every worker has closed its own)."""
         if self._later is not None:
             self._later.cancel()
             self._later = None
         if self._serving:
             self._serving = False
             self.loop.remove_reader(self._sock.fileno())
+        self._sock.close()
 
     async def wait_closed(self) -> None:
         return None

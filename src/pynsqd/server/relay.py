@@ -4,8 +4,9 @@ Theory of operation. A worker's channel that has consumers of its own opens one 
 same channel on every other worker: a V2 consumer connection over that worker's private unix
 socket (``SUB topic channel``; no TLS, no AUTH: the socket lives in a private directory, mode
 0700). A link asks for nothing while this channel has messages of its own to give: its RDY is
-its share of the consumers' RDY while the channel's own queue is empty and a consumer has room,
-else 0 (a change is one RDY command; what is already out stays out). So a message crosses
+what it has out here plus its share of the consumers' uncovered room while the channel's own
+queue is empty and a consumer has room, else 0 (a change is one RDY command; what is already
+out stays out). So a message crosses
 workers only when a consumer here would otherwise wait, and a producer pays nothing for it
 until then. What a link brings is lent to the channel (``core/lending.py``) and its FIN, REQ
 and TOUCH go back over the link; the other worker keeps its copy, so killing either worker
@@ -239,25 +240,33 @@ class Relay:
         self.channel.schedule_pump()
 
     def demand_changed(self) -> None:
-        """Each link's RDY is its share of the consumers' RDY (their window, so it does not
-        move with every message), and 0 while this channel has messages of its own or none of
-        its consumers has room: a change is one RDY command, at most one per loop turn."""
+        """Each link's RDY is what it has out here plus its share of the consumers' room
+        not yet covered (their RDY less what they hold and what waits here), and 0 while
+        this channel has messages of its own or none of its consumers has room. So the links
+        together may bring what the consumers have room for, wherever the messages are (a
+        consumer with RDY 5 whose 5 messages are all on one other worker gets 5 in flight,
+        as from nsqd), a link fed alone keeps one RDY while messages flow, and a change is
+        one RDY command, at most one per loop turn."""
         links = self.links
         if not links:
             return
         ch = self.channel
-        want = 0
+        free = 0
         if not (ch.paused or ch.exiting or ch.held or len(ch.queue)):
-            window = room = 0
+            room = 0
             for c in ch.clients.values():
                 if not getattr(c, "is_link", False):
-                    window += c.rdy
                     room += c.rdy - c.in_flight_count
             lending = ch.lending
-            if room > (len(lending.queue) if lending is not None else 0):
-                want = min(self.workers.opts.max_rdy_count, -(-window // len(links)))
+            free = room - (len(lending.queue) if lending is not None else 0)
+        if free <= 0:
+            for link in links.values():
+                link.set_rdy(0)
+            return
+        share = -(-free // len(links))
+        most = self.workers.opts.max_rdy_count
         for link in links.values():
-            link.set_rdy(want)
+            link.set_rdy(min(most, link.outstanding + share))
 
     def _close_links(self) -> None:
         for handle in self._retry.values():

@@ -186,6 +186,8 @@ class Workers:
         if self._counts is not None:
             self._counts.set(self.index, 0)
         self.forwarder = Forwarder(self)
+        #: The sockets this worker accepts on (its copies of the supervisor's).
+        self._listeners: list[SharedListener] = []
 
     @property
     def is_lead(self) -> bool:
@@ -237,7 +239,9 @@ class Workers:
         # The node's TCP port: a worker with more than its share of clients lets the others
         # take the next one (HTTP's connections are short-lived: taken as they come).
         admit = self.admit if name == "tcp" and self._counts is not None else None
-        return SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
+        listener = SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
+        self._listeners.append(listener)
+        return listener
 
     # -- clients spread over the workers --------------------------------------------------
 
@@ -273,6 +277,10 @@ class Workers:
             return
         self.loop.remove_reader(self._alive_fd)
         log.error("WORKERS: the supervisor is gone; stopping")
+        # The node's ports go first, so that an nsqd started in its place can bind them while
+        # this one flushes (as a killed nsqd's ports are free at once).
+        for listener in self._listeners:
+            listener.close()
         os.kill(os.getpid(), signal.SIGTERM)
 
     # -- channels -------------------------------------------------------------------------
