@@ -241,6 +241,36 @@ def test_a_consumer_gets_as_many_in_flight_as_its_rdy_from_another_worker(data: 
         c.expect_nothing()
 
 
+def test_a_bounded_channel_holds_its_bound_for_the_node_not_for_each_worker(data: Path) -> None:
+    """A channel with max_depth 12 and policy reject (``--max-channel-depth``, and one set by
+    ``/channel/config``) takes 12 messages published through every worker, then refuses the
+    next through any of them, as one process does: a bounded topic is kept by one worker (as
+    a retained one), the others pass its publishes on."""
+    flags = ("--workers=3", "--max-channel-depth=12", "--channel-bound-policy=reject")
+    with started(data, *flags) as node:
+        for topic in ("flagged", "configured"):
+            with node.connect() as c:
+                c.identify()
+                c.sub(topic, "c", rdy=0)
+            if topic == "configured":
+                on_worker(node, 1, f"/channel/config?topic={topic}&channel=c&max_depth=12", b"")
+            for w in range(3):
+                publish_on_worker(node, w, topic, [b"%d-%d" % (w, i) for i in range(4)])
+            for w in range(3):
+                status, text = call_on_worker(node, w, "POST", f"/pub?topic={topic}", b"over")
+                assert status == 503 and json.loads(text)["message"] == "QUEUE_FULL", text
+            with node.connect() as p:
+                p.identify()
+                p.send(encode_pub(topic, b"over"))
+                frame = p.read_frame()
+                assert frame.data == b"E_PUB_FAILED PUB failed %s:c is full (12 of 12 messages)" % (
+                    topic.encode()
+                ), frame
+            (t,) = [t for t in node.stats()["topics"] if t["topic_name"] == topic]
+            (ch,) = t["channels"]
+            assert ch["depth"] == 12
+
+
 def test_req_and_touch_go_back_to_the_worker_that_holds_the_message(data: Path) -> None:
     with started(data, "--workers=2") as node:
         published = publish_spread(node, "req", 20, 5)

@@ -72,6 +72,7 @@ class Topic:
         "message_bytes",
         "message_count",
         "name",
+        "on_bounds",
         "on_channel_added",
         "origin",
         "other_logs",
@@ -113,9 +114,12 @@ class Topic:
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
-        #: ``--workers``: the worker of this node that keeps this retained topic's log, when it
-        #: is another one (``server/workers.py``): publishes go there. None: this one, or no log.
+        #: ``--workers``: the worker of this node that keeps this topic's queue, when it is
+        #: another one (``server/workers.py``): a retained topic's log, or a bounded topic's
+        #: queues (so that its bound is the node's). Publishes go there. None: this one.
         self.kept_by: int | None = None
+        #: Told when ``bounded`` was recomputed (``--workers``: where the topic is kept).
+        self.on_bounds: Callable[[Topic], None] | None = None
         # pynsqd's bound on the topic's own backlog while it has no channels (0: none).
         self.max_depth = 0
         self.bound_policy = "reject"
@@ -349,6 +353,8 @@ class Topic:
         in_bytes = any(ch.max_bytes for ch in self.channels.values())
         if in_bytes != self.queue.track_bytes:  # the topic's backlog counts for those bounds
             self.queue.count_bytes(in_bytes)
+        if self.on_bounds is not None:
+            self.on_bounds(self)
 
     def _check_room(self, n: int, size: int = 0) -> None:
         """Policy reject: refuse the whole publish if any bounded queue it goes to is full."""

@@ -139,6 +139,7 @@ class NSQD:
         self._joining = self.cluster_member
         if self.workers is not None:  # a retained topic's log is one worker's
             self.retention.elsewhere = self.workers.elsewhere
+            self.retention.placed = self.place
             if worker is not None and worker.started:
                 self.start_time = worker.started  # the node's, not this worker's (restarts)
 
@@ -163,6 +164,8 @@ class NSQD:
                 ephemeral=is_ephemeral(name),
             )
             self.topics[name] = topic
+            if self.workers is not None and not topic.ephemeral:
+                topic.on_bounds = self.place
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
                 self.retention.attach(topic)
@@ -177,6 +180,19 @@ class NSQD:
             if not topic.ephemeral:
                 self._persist_metadata_soon()
         return topic
+
+    def place(self, topic: Topic) -> None:
+        """``--workers``: a bounded topic (``max_depth`` on it, a bound on a channel) is kept
+        by one worker, as a retained one is (``Workers.log_worker``), so that its bounds are
+        the node's, as with one process; the other workers pass its publishes on. A retained
+        topic's keeper is its log's (``Retention.attach``). Messages a worker held before
+        the bound was set stay there, delivered as before."""
+        if self.workers is None or (topic.kept_by is None and not topic.bounded):
+            return  # (the common case, without reading the topic's retention from disk)
+        seconds, size = self.retention.setting(topic.name)
+        if seconds or size:
+            return
+        topic.kept_by = self.workers.elsewhere(topic.name) if topic.bounded else None
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

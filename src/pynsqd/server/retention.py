@@ -98,6 +98,9 @@ class Retention:
         #: ``--workers``: the worker that keeps a topic's log when it is another one (None:
         #: this one). Set by the worker (``Workers.elsewhere``); one process keeps every log.
         self.elsewhere: Callable[[str], int | None] = lambda name: None
+        #: Told when a topic's retention went off here: where its queue is kept may change
+        #: (``NSQD.place``: a bounded topic stays with one worker).
+        self.placed: Callable[[Topic], None] = lambda topic: None
         #: Copies of other nodes' partitions (replicated topics), by "topic/origin".
         self.replicas: dict[str, TopicLog] = {}
         #: Running rewinds, by (topic, channel).
@@ -267,6 +270,7 @@ class Retention:
         if current is None:
             write_retention(self.directory(name), 0.0, 0)
             topic.kept_by = None
+            self.placed(topic)
             return
         if any(t == name for t, _ in self._rewinds):
             raise Conflict("REWIND_IN_PROGRESS")
