@@ -845,8 +845,9 @@ def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its
 def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
     data: Path,
 ) -> None:
-    """Retention turned on and off, and rewinds, asked of every worker in turn while three
-    connections publish, and the keeper killed with kill -9 midway: no admin call answers 500,
+    """Retention turned on and off, a channel bound set and lifted, and rewinds, asked of
+    every worker in turn while three connections publish, and the keeper killed with kill -9
+    midway: no admin call answers 500,
     no traceback, and every acknowledged message reaches the consumer (at least once)."""
     import threading
 
@@ -888,8 +889,10 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
             wait_for(lambda seen=seen: len(acked) > seen + 20, "publishes between the calls")
             for path in (
                 "/topic/retention?topic=race&time=1h",
+                "/channel/config?topic=race&channel=ch&max_depth=1000000",  # kept by one
                 "/channel/rewind?topic=race&channel=ch&offset=0",
                 "/topic/retention?topic=race&time=0&bytes=0",
+                "/channel/config?topic=race&channel=ch&max_depth=0",  # spread again
             ):
                 with contextlib.suppress(OSError):  # the worker asked is the one killed
                     answers.append(call_on_worker(node, w, "POST", path)[0])
