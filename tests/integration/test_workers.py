@@ -745,43 +745,58 @@ def test_per_topic_retention_and_idempotent_publishes_across_workers(data: Path)
             assert sorted(b for _, b, _ in consume(c, 3)) == [b"x", b"y", b"z"]
 
 
+class Publishing:
+    """``count`` threads each publishing single PUBs of unique bodies (``<tag><i>-<n>``) to
+    ``topic`` on a connection of its own until ``stop``: ``acked`` holds the bodies answered
+    OK, ``refused`` the other answers (the thread connects again after each, and after a
+    dropped connection)."""
+
+    def __init__(self, node: NsqdProcess, topic: str, tag: str, count: int) -> None:
+        import threading
+
+        self.node, self.topic, self.tag = node, topic, tag
+        self.acked: set[bytes] = set()
+        self.refused: list[bytes] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            try:
+                with self.node.connect() as c:
+                    c.identify()
+                    while not self._stop.is_set():
+                        body = f"{self.tag}{i}-{n}".encode()
+                        n += 1
+                        c.send(encode_pub(self.topic, body))
+                        frame = c.read_frame()
+                        if frame.data != b"OK":
+                            self.refused.append(frame.data)
+                            break
+                        self.acked.add(body)
+            except (ConnectionError, OSError):
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
 def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledged(
     data: Path,
 ) -> None:
     """kill -9 of the keeper while publishes come through the other workers: each is answered
     OK (in the log) or E_PUB_FAILED (the client publishes again), never OK and lost."""
-    import threading
-
     flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
-        acked: set[bytes] = set()
-        failed = 0
-        stop = threading.Event()
-
-        def publisher(i: int) -> None:
-            nonlocal failed
-            n = 0
-            while not stop.is_set():
-                try:
-                    with node.connect() as c:
-                        c.identify()
-                        while not stop.is_set():
-                            body = b"p%d-%d" % (i, n)
-                            n += 1
-                            c.send(encode_pub("guarded", body))
-                            frame = c.read_frame()
-                            if frame.data == b"OK":
-                                acked.add(body)
-                            else:
-                                assert frame.data.startswith(b"E_PUB_FAILED "), frame
-                                failed += 1
-                                break
-                except (ConnectionError, OSError):
-                    continue
-
-        threads = [threading.Thread(target=publisher, args=(i,), daemon=True) for i in range(4)]
-        for t in threads:
-            t.start()
+        pubs = Publishing(node, "guarded", "p", 4)
+        acked = pubs.acked
         wait_for(lambda: len(acked) > 200, "publishes before the kill")
         k = keeper("guarded", 3)
         before = worker_pids(node)
@@ -789,9 +804,8 @@ def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledg
         wait_for(lambda: worker_pids(node).get(k, before[k]) != before[k], "the keeper restarted")
         count = len(acked)
         wait_for(lambda: len(acked) > count + 200, "publishes after the restart")
-        stop.set()
-        for t in threads:
-            t.join(30)
+        pubs.stop()
+        assert all(f.startswith(b"E_PUB_FAILED ") for f in pubs.refused), pubs.refused
         from .test_replay import read_everything
 
         logged = {r.body for r in read_everything(node, "guarded")}
@@ -847,37 +861,15 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
 ) -> None:
     """Retention turned on and off, a channel bound set and lifted, and rewinds, asked of
     every worker in turn while three connections publish, and the keeper killed with kill -9
-    midway: no admin call answers 500,
-    no traceback, and every acknowledged message reaches the consumer (at least once)."""
-    import threading
-
+    midway: no admin call answers 500, no traceback, and every acknowledged message reaches
+    the consumer (at least once)."""
     flags = ("--workers=3", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
         with node.connect() as c:
             c.identify()
             c.sub("race", "ch", rdy=0)  # the channel exists before the first publish
-        acked: set[bytes] = set()
-        stop = threading.Event()
-
-        def publisher(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                try:
-                    with node.connect() as c:
-                        c.identify()
-                        while not stop.is_set():
-                            body = b"r%d-%d" % (i, n)
-                            n += 1
-                            c.send(encode_pub("race", body))
-                            if c.read_frame().data != b"OK":
-                                break
-                            acked.add(body)
-                except (ConnectionError, OSError):
-                    continue
-
-        threads = [threading.Thread(target=publisher, args=(i,), daemon=True) for i in range(3)]
-        for t in threads:
-            t.start()
+        pubs = Publishing(node, "race", "r", 3)
+        acked = pubs.acked
         k = keeper("race", 3)
         answers: list[int] = []
         for step in range(9):
@@ -896,9 +888,7 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
             ):
                 with contextlib.suppress(OSError):  # the worker asked is the one killed
                     answers.append(call_on_worker(node, w, "POST", path)[0])
-        stop.set()
-        for t in threads:
-            t.join(30)
+        pubs.stop()
         assert 500 not in answers and 200 in answers, answers
         assert "Traceback" not in node.output()
         got: set[bytes] = set()

@@ -378,10 +378,10 @@ class Workers:
         (which it may or may not have made) is asked again, and the asking waits in its socket,
         which the supervisor holds, for the worker started in its place; that one has read its
         state from disk by then, and makes the call on it. Admin calls are idempotent."""
-        for attempt in range(FAN_OUT_ATTEMPTS):
-            status, text = await self._ask(peer, method, path_qs, body)
-            if status != DROPPED or attempt == FAN_OUT_ATTEMPTS - 1:
-                return status, text
+        status, text = await self._ask(peer, method, path_qs, body)
+        for _ in range(FAN_OUT_ATTEMPTS - 1):
+            if status != DROPPED:
+                break
             log.warning(
                 "WORKERS: %s %s on worker %d dropped (%s); asking again",
                 method,
@@ -389,7 +389,8 @@ class Workers:
                 peer,
                 text[:200].decode(errors="replace"),
             )
-        raise AssertionError("unreachable")
+            status, text = await self._ask(peer, method, path_qs, body)
+        return status, text
 
     async def fan_out(self, method: str, path_qs: str, body: bytes) -> None:
         """Make the same call of every other worker; a worker that fails it is logged (one
