@@ -342,7 +342,13 @@ def test_log_reads_over_https_when_nsqd_requires_tls(
     node = retained(
         start_nsqd, f"--tls-cert={cert_file}", f"--tls-key={key_file}", "--tls-required=true"
     )
-    found = re.search(r"HTTPS: listening on (\S+)", node.log_path.read_text())
+    from ..waiting import wait_for
+
+    # The start waited for TCP and HTTP; nsqd logs HTTPS's line just after (a fresh-clone run
+    # read the log in between).
+    listening = r"HTTPS: listening on (\S+)"
+    wait_for(lambda: re.search(listening, node.log_path.read_text()), "the HTTPS listener")
+    found = re.search(listening, node.log_path.read_text())
     assert found is not None
     https = found.group(1)
     from pynsqd.client.connection import ClientOptions, Connection
