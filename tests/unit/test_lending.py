@@ -100,6 +100,31 @@ def test_req_timeout_and_a_leaving_consumer_give_lent_messages_back() -> None:
     assert ch.depth == 0
 
 
+def test_lent_messages_go_to_this_workers_consumers_never_on_to_another_link() -> None:
+    """A lent message is not lent again: another worker's link is a consumer of this channel
+    too, but what this channel holds for a third worker goes only to its own consumers. Lent
+    on, it could come back by a link of its own (w1 to w3 to w0 to w3): the second copy took
+    the first one's lender, the FIN of the first went nowhere, and the worker that kept it
+    held it in flight for 15 minutes (pynsq's requeue test under --workers 4, retained: some
+    messages redelivered 11 times, others never finished)."""
+    loop, _topic, ch, demand, consumer = setup(rdy=1)
+    other = Consumer(rdy=5)  # a link from another worker: RDY as its worker's consumers want
+    other.is_link = True  # type: ignore[attr-defined]
+    ch.add_client(other)
+    link = Link()
+    ch.lending.add(lent(3), link)  # type: ignore[union-attr]
+    ch.schedule_pump()  # as the relay does
+    loop.run_ready()
+    assert other.take() == []  # never on to another worker
+    (a,) = consumer.take()
+    ch.finish_many(consumer, [a.id])
+    loop.run_ready()
+    assert link.fins == [a.id]
+    (b,) = consumer.take()
+    assert b.body == b"L1"
+    assert ch.lending.queue and other.take() == []  # type: ignore[union-attr]
+
+
 def test_a_closed_links_messages_are_dropped_here_not_kept() -> None:
     loop, _topic, ch, _demand, consumer = setup(rdy=1, timeout=5.0)
     link = Link()

@@ -89,6 +89,11 @@ def test_every_record_round_trips_and_a_bad_value_is_a_record_error() -> None:
     cp = ChannelCheckpoint(2, "s2", True, {"c": {"low": 3, "end": None, "done": []}}, 7)
     assert decode_checkpoint(cp.encode()) == cp
     assert decode_checkpoint(Tombstone(2, 3, 40).encode()) == Tombstone(2, 3, 40)
+    named = Tombstone(2, 3, 40, ("a", "b"))  # the channels it adopted, for a later adopter
+    assert decode_checkpoint(named.encode()) == named
+    assert decode_checkpoint(Tombstone(2, 3, 40, ()).encode()).channels == ()
+    with pytest.raises(RecordError):
+        decode_checkpoint(b'{"node": 2, "adopted_by": 3, "end": 40, "channels": [1]}')
     for bad in (b"", b"[1]", b"{not json", b'{"node": "x"}', b"\xff"):
         with pytest.raises(RecordError):
             Leadership.decode(bad)
@@ -105,7 +110,8 @@ def test_the_checkpoint_format_is_the_one_nodes_already_wrote() -> None:
         b'"channels":{"a":{"low":1,"end":null,"done":[]}},"handed":9}'
     )
     assert decode_checkpoint(old).encode() == old
-    assert decode_checkpoint(b'{"node": 2, "adopted_by": 3, "end": 40}') == Tombstone(2, 3, 40)
+    tomb = decode_checkpoint(b'{"node": 2, "adopted_by": 3, "end": 40}')
+    assert tomb == Tombstone(2, 3, 40) and tomb.channels is None  # not named: not known
     assert Leadership.decode(b'{"node": 2, "http": "h:1"}') == Leadership(2, "h:1")
 
 

@@ -428,12 +428,21 @@ class Checkpoints:
         topic = self.host.topics.get(p.topic)
         if topic is None:
             return
-        names = [
+        # The origin's channels: those the tombstone names (the adoption that wrote it took
+        # them over, and they went on from its end), and any of this node's with a window of
+        # the partition. This node may hold none: another node made that adoption.
+        names = set(tomb.channels or ()) | {
             name
             for name, ch in topic.channels.items()
             if not ch.ephemeral and ch.windows is not None and p.origin in ch.windows
-        ]
-        theirs = {name: DoneWindow(tomb.end, end) for name in names}
+        }
+        if tomb.channels is None and not names:  # a tombstone from before they were named
+            names = {
+                name
+                for name, ch in topic.channels.items()
+                if not ch.ephemeral and ch.windows is not None
+            }
+        theirs = {name: DoneWindow(tomb.end, end) for name in sorted(names)}
         log.warning(
             "CLUSTER: partition %s: node %d took it back after an adoption and went before it "
             "wrote a checkpoint; offsets %d-%d are taken as pending in its channels",
@@ -458,7 +467,7 @@ class Checkpoints:
                 merged[name] = theirs[name] if mine is None else mine.union(theirs[name])
             elif mine is not None:
                 merged[name] = mine
-        tomb = Tombstone(holder, self.me, end).encode()
+        tomb = Tombstone(holder, self.me, end, tuple(sorted(theirs))).encode()
         mykey = self.key(part)
         leader = self.member.keys.part(p.topic, p.origin, "leader")
         mine_value = put_op(mykey, self._value(part, merged, False))

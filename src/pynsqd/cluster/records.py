@@ -264,22 +264,37 @@ class ClusterSecret:
 @dataclass(frozen=True)
 class Tombstone:
     """In place of a holder's checkpoint: ``adopted_by`` took over its channels of the
-    partition, and has everything below ``end``."""
+    partition (``channels``: their names), and has everything below ``end``. The names are
+    what a later adopter goes by when the origin took its partition back and died before it
+    wrote a checkpoint of its own: that adopter may hold no window of the partition (None:
+    a tombstone written before the names were kept)."""
 
     node: int
     adopted_by: int
     end: int
+    channels: tuple[str, ...] | None = None
 
     def encode(self) -> bytes:
-        return _encode({"node": self.node, "adopted_by": self.adopted_by, "end": self.end})
+        doc: dict[str, Any] = {"node": self.node, "adopted_by": self.adopted_by, "end": self.end}
+        if self.channels is not None:
+            doc["channels"] = list(self.channels)
+        return _encode(doc)
 
 
 def decode_checkpoint(raw: bytes) -> ChannelCheckpoint | Tombstone:
     doc = _doc(raw, "checkpoint")
     try:
         if "adopted_by" in doc:
+            names = doc.get("channels")
+            if names is not None and (
+                not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+            ):
+                raise RecordError("checkpoint: channels of a tombstone is not a list of names")
             return Tombstone(
-                int(doc.get("node", -1)), int(doc["adopted_by"]), int(doc.get("end", 0))
+                int(doc.get("node", -1)),
+                int(doc["adopted_by"]),
+                int(doc.get("end", 0)),
+                None if names is None else tuple(names),
             )
         channels = doc.get("channels", {})
         if not isinstance(channels, dict):

@@ -381,9 +381,14 @@ class Channel:
 
     def _pump_lent(self, lending: Lending) -> None:
         """Lent messages to consumers with room left after this channel's own, then the
-        relay is told how much room is left (it asks the other workers for that much)."""
+        relay is told how much room is left (it asks the other workers for that much). Only
+        this worker's own consumers: a lent message is never lent on to another worker's
+        link (a chain of lenders could bring it back here by a second link, and the FIN of
+        one copy would go to the other's lender)."""
         if lending.queue:
             for client in list(self.clients.values()):
+                if getattr(client, "is_link", False):
+                    continue
                 window = client.rdy - client.in_flight_count
                 if window <= 0 or client.write_paused:
                     continue
