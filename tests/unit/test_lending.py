@@ -107,7 +107,7 @@ def test_lent_messages_go_to_this_workers_consumers_never_on_to_another_link() -
     the first one's lender, the FIN of the first went nowhere, and the worker that kept it
     held it in flight for 15 minutes (pynsq's requeue test under --workers 4, retained: some
     messages redelivered 11 times, others never finished)."""
-    loop, _topic, ch, demand, consumer = setup(rdy=1)
+    loop, _topic, ch, _demand, consumer = setup(rdy=1)
     other = Consumer(rdy=5)  # a link from another worker: RDY as its worker's consumers want
     other.is_link = True  # type: ignore[attr-defined]
     ch.add_client(other)
