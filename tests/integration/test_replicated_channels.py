@@ -704,6 +704,18 @@ def test_channel_admin_calls_race_load_and_a_takeover(
         assert "Traceback" not in n.log.read_text()
 
 
+def take_back_and_publish(node: Node) -> list[bytes]:
+    """``node`` started again, once it has taken its partition back: 50 messages published to
+    it, acknowledged."""
+    node.start()
+    took_back = "its channels here go on from offset"
+    wait_for(lambda: took_back in node.log.read_text(), f"node {node.node_id} to take back")
+    bodies = [b"after-take-back-%03d" % i for i in range(50)]
+    status, body = node.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))
+    assert status == 200, body
+    return bodies
+
+
 def test_a_node_killed_again_right_after_it_took_its_partition_back_loses_nothing(
     tmp_path: Path, cluster: Cluster, lookupd: ServerProcess
 ) -> None:
@@ -718,12 +730,7 @@ def test_a_node_killed_again_right_after_it_took_its_partition_back_loses_nothin
     with consuming(tmp_path, lookupd) as group:
         n1.kill()
         wait_for(lambda: led_elsewhere(cluster, n1), "a takeover of node 1's partition", 20)
-        n1.start()
-        took_back = "its channels here go on from offset"
-        wait_for(lambda: took_back in n1.log.read_text(), "node 1 to take its partition back")
-        bodies = [b"after-take-back-%03d" % i for i in range(50)]
-        status, body = n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))
-        assert status == 200, body
+        bodies = take_back_and_publish(n1)
         n1.kill()  # before its checkpoint replaced the tombstone (most times: within 1 s)
         wait_for(lambda: led_elsewhere(cluster, n1), "a second takeover", 20)
         wait_for(
@@ -766,12 +773,7 @@ def test_an_adopter_that_never_held_the_partitions_windows_adopts_after_a_take_b
         )
         first = next(n for n in cluster.nodes if n is not n1 and adopted in n.log.read_text())
         other = next(n for n in cluster.nodes if n is not n1 and n is not first)
-        n1.start()
-        took_back = "its channels here go on from offset"
-        wait_for(lambda: took_back in n1.log.read_text(), "node 1 to take its partition back")
-        bodies = [b"after-take-back-%03d" % i for i in range(50)]
-        status, body = n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))
-        assert status == 200, body
+        bodies = take_back_and_publish(n1)
         first.pause()
         n1.kill()
         wait_for(
