@@ -214,6 +214,28 @@ def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
     assert dupes == [] and got == want, f"{len(set(want) - set(got))} lost, {len(dupes)} twice"
 
 
+def test_a_channel_stream_loses_nothing_across_a_driver_kill(
+    spark: Any, cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+) -> None:
+    lookupd, a, b = nodes
+    for n in (a, b):  # the channel first, so that it gets every message
+        urlopen_post(n.proc.http_address, "/topic/create?topic=chan")
+        urlopen_post(n.proc.http_address, "/channel/create?topic=chan&channel=spark")
+    want = _published(a, b, "chan", 20_000)
+    wait_for(lambda: len(lookupd.producers("chan")) == 2, "both nodes registered", 20)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    args = (lookupd.http_address, "chan", str(out), str(checkpoint))
+    driver = Driver(cluster, tmp_path / "first.log", "channel", *args)
+    wait_for(
+        lambda: driver.running() and len(_numbered(checkpoint / "commits")) > 1, "two batches", 240
+    )
+    driver.kill()
+    Driver(cluster, tmp_path / "second.log", "channel", *args).finish()
+    got = [r.body for r in spark.read.parquet(str(out)).collect()]
+    assert set(want) - set(got) == set(), "acknowledged messages lost"
+    assert set(got) <= set(want)
+
+
 def test_the_sink_spreads_its_tasks_over_the_nodes_and_loses_nothing(
     cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
 ) -> None:
