@@ -10,7 +10,6 @@ import random
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,8 @@ import yaml
 from pynsqd import cli as nsqd_cli
 from pynsqd.lookupd import cli as lookupd_cli
 from pynsqd.nsqadmin import cli as admin_cli
+
+from ..processes import port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -38,19 +39,8 @@ def _free_base() -> int:
     rng = random.Random()
     for _ in range(50):
         base = rng.randrange(10000, max(10001, low - 22))
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + 22):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", port))
+        if all(port_free(port) for port in range(base, base + 22)):
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
     raise AssertionError("no free port range")
 
 

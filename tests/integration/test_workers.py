@@ -4,13 +4,19 @@ nothing acknowledged; SIGTERM and the supervisor's death stop every worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
+import subprocess
+import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +24,7 @@ from typing import Any
 import pytest
 
 from ..disks import fill, tmpfs
-from ..processes import NsqdProcess, alive
+from ..processes import NsqdProcess, alive, port_free
 from ..waiting import wait_for
 from ..wire import Conn
 
@@ -92,7 +98,6 @@ def call_on_worker(
     node: NsqdProcess, worker: int, method: str, path: str, body: bytes = b""
 ) -> tuple[int, bytes]:
     """A call made on one given worker's admin socket, as a client's (not a peer's) call."""
-    import http.client
 
     found = re.search(r"their own sockets in (\S+)\)", node.output())
     assert found is not None
@@ -200,7 +205,6 @@ def test_after_a_subs_ok_every_worker_publishes_to_the_channel(data: Path) -> No
 
 def own_stats(node: NsqdProcess, worker: int) -> dict[str, Any]:
     """One worker's own /stats (asked as its peers ask it: not the node's sum)."""
-    import http.client
 
     found = re.search(r"their own sockets in (\S+)\)", node.output())
     assert found is not None
@@ -331,7 +335,7 @@ def test_admin_calls_take_effect_on_every_worker_and_answer_once(data: Path) -> 
         assert node.stats()["topics"][0]["channels"][0]["depth"] == 0
         # PUT /config/:opt with its value in the body: on every worker (any one answers).
         before = node.http("GET", "/config/log_level")[1]
-        conn = __import__("http.client").client.HTTPConnection("127.0.0.1", node.http_port)
+        conn = http.client.HTTPConnection("127.0.0.1", node.http_port)
         conn.request("PUT", "/config/log_level", body=b"warn")
         resp = conn.getresponse()
         warn = resp.read()
@@ -430,7 +434,6 @@ def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
     they have finished stopping (found by nsqjs's suite, which starts the next nsqd on the
     same ports the instant it has killed one: the workers held them while they shut down,
     a second with an idle keep-alive HTTP connection open)."""
-    import http.client
 
     with started(data, "--workers=2") as node:
         pids = list(worker_pids(node).values())
@@ -440,17 +443,10 @@ def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
         node.p.kill()
         node.p.wait()
 
-        def ports_free() -> bool:
-            for port in (node.port, node.http_port):
-                with socket.socket() as s:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    try:
-                        s.bind(("127.0.0.1", port))
-                    except OSError:
-                        return False
-            return True
-
-        wait_for(ports_free, "the node's ports to be free")
+        wait_for(
+            lambda: port_free(node.port) and port_free(node.http_port),
+            "the node's ports to be free",
+        )
         assert any(alive(p) for p in pids)  # a worker still stopping: it had let them go
         wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop")
         assert "the supervisor is gone; stopping" in node.output()
@@ -473,7 +469,6 @@ def test_one_worker_is_one_process_as_before(data: Path) -> None:
 
 
 def test_workers_refuse_a_count_that_is_not_a_number() -> None:
-    import subprocess
 
     from ..processes import NSQD
 
@@ -515,8 +510,6 @@ def test_workers_killed_at_random_instants_under_load_lose_nothing_acknowledged(
     kill -9 at random instants (three cycles); a publisher whose connection dies connects
     again (to whichever worker). Then one consumer drains the node: every message that was
     acknowledged is there."""
-    import random
-    import threading
 
     flags = ("--workers=3", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
@@ -633,7 +626,6 @@ def test_ping_answers_for_the_node_whichever_worker_it_reaches(data: Path) -> No
 
 def keeper(topic: str, workers: int) -> int:
     """The worker that keeps a retained topic's log (``Workers.log_worker``)."""
-    import zlib
 
     return zlib.crc32(topic.encode()) % workers
 
@@ -752,7 +744,6 @@ class Publishing:
     dropped connection)."""
 
     def __init__(self, node: NsqdProcess, topic: str, tag: str, count: int) -> None:
-        import threading
 
         self.node, self.topic, self.tag = node, topic, tag
         self.acked: set[bytes] = set()
@@ -917,8 +908,6 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
     checker finds nothing acknowledged lost, no partition offset holding two records. Then a
     random worker of a random node killed at a random instant, ``WORKER_KILLS`` times, and a
     node's supervisor killed with kill -9 (its workers stop; the node is started again)."""
-    import asyncio
-    import random
 
     import aiohttp
 
@@ -1052,7 +1041,6 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
 def consume_spread(node: NsqdProcess, topic: str, n_conns: int, want: int) -> list[bytes]:
     """``want`` messages of ``topic``'s channel ``ch`` read (and FIN'd) over ``n_conns``
     consumer connections open at once (they spread over the workers)."""
-    import threading
 
     conns = [node.connect() for _ in range(n_conns)]
     got: list[bytes] = []

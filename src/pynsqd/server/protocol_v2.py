@@ -574,7 +574,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     ) -> None:
         topic = self.nsqd.get_topic(topic_name)
         if topic.exiting:
-            raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed exiting")
+            raise _failed(cmd, "exiting")
         if self.is_link:
             try:
                 self._publish_here(cmd, topic, bodies, defer_ms, identity)
@@ -617,9 +617,9 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             raise FatalClientError("E_NOT_RETAINED", f"{cmd} failed {err}") from err
         except OSError as err:
             self.nsqd.set_health_error(err)
-            raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
+            raise _failed(cmd, err) from err
         except (QueueFull, PublishRefused) as err:  # pynsqd: pushed back, or not this node's
-            raise FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {err}") from err
+            raise _failed(cmd, err) from err
         except NotYetWritable:
             # The node is taking its partition back: the publish waits (later commands wait
             # behind it), then goes through the gate again.
@@ -644,9 +644,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                         end,
                         lambda why: self._answer_in_order(
                             slot,
-                            OK_FRAME
-                            if why is None
-                            else encode_error(f"E_{cmd}_FAILED {cmd} failed {why}".encode()),
+                            OK_FRAME if why is None else encode_error(_failed(cmd, why).wire),
                         ),
                     )
                     return
@@ -705,7 +703,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         if self.closed:
             return
         if why is not None:
-            err = FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}")
+            err = _failed(cmd, why)
             if not self.is_link:
                 self.fatal(err)
                 return
@@ -731,7 +729,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             self.send_frame(OK_FRAME)
             self.resume()
         else:
-            self.fatal(FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}"))
+            self.fatal(_failed(cmd, why))
 
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
@@ -772,6 +770,11 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     @property
     def state(self) -> ClientState:
         return self.parser.state
+
+
+def _failed(cmd: str, why: object) -> FatalClientError:
+    """A publish (PUB, MPUB, DPUB) that failed: ``E_<CMD>_FAILED <CMD> failed <why>``."""
+    return FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}")
 
 
 def _describe(ev: object) -> str:
