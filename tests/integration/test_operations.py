@@ -6,7 +6,6 @@ parsers take and addresses that point at their services."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import shlex
 import shutil
@@ -22,26 +21,15 @@ from pynsqd import cli as nsqd_cli
 from pynsqd.lookupd import cli as lookupd_cli
 from pynsqd.nsqadmin import cli as admin_cli
 
-from ..processes import port_free
+from ..processes import free_offset
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
 def _free_base() -> int:
-    """A base port with the next 22 free (the walkthrough uses base .. base+21).
-
-    The range is drawn below the kernel's ephemeral range, where the suite's own client
-    connections take their ports (and leave them in TIME_WAIT), and each port is probed with
-    SO_REUSEADDR as the servers bind it: a port in TIME_WAIT is free to them. A CI run under the
-    whole suite found no 22 ports in a row free to a bind without it in 50 tries."""
-    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    rng = random.Random()
-    for _ in range(50):
-        base = rng.randrange(10000, max(10001, low - 22))
-        if all(port_free(port) for port in range(base, base + 22)):
-            return base
-    raise AssertionError("no free port range")
+    """A base port with the next 22 free (the walkthrough uses base .. base+21)."""
+    return free_offset(range(22))
 
 
 @pytest.mark.skipif(not (BIN / "nsqd").exists(), reason="needs the installed nsqd console script")
