@@ -18,13 +18,14 @@ import http.client
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from pynsqd.internal.listener import port_free
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -37,16 +38,6 @@ def etcd_binary() -> str | None:
         return found
     unpacked = ROOT / ".venv" / "opt" / "etcd" / "usr" / "bin" / "etcd"
     return str(unpacked) if unpacked.exists() else None
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def answers(url: str) -> bool:

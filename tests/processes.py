@@ -10,12 +10,13 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from pynsqd.internal.listener import port_free
 
 from .waiting import wait_for
 from .wire import Conn
@@ -120,18 +121,6 @@ class NsqdProcess(ServerProcess):
         assert status == 200
         result: dict[str, Any] = json.loads(body)
         return result
-
-
-def port_free(port: int) -> bool:
-    """Whether a server could bind ``port`` on 127.0.0.1 now (with SO_REUSEADDR, as servers
-    bind: a port left in TIME_WAIT is free to them)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_offset(ports: Iterable[int], low: int = 10_000) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,7 +47,7 @@ def started(proc: subprocess.Popen[bytes], log: Path) -> Callable[[], bool]:
 def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     from pynsqd.client.cluster import NodeHTTPError  # noqa: F401  (the client is installed)
 
-    if not (ROOT / ".venv" / "opt" / "etcd").exists() and not __import__("shutil").which("etcd"):
+    if not (ROOT / ".venv" / "opt" / "etcd").exists() and not shutil.which("etcd"):
         pytest.fail("etcd is missing: scripts/bootstrap installs it")
     for _ in range(10):
         offset = free_offset(PORTS)
@@ -182,8 +183,6 @@ def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
     its ports and its directory are moved, so that it runs beside the rest of the suite. The
     ports are free when chosen, but a test beside this one may bind one first: that try is made
     again on other ports."""
-    import shutil
-
     if shutil.which("curl") is None:
         pytest.fail("the walk-through uses curl: install it (Debian: apt install curl)")
     for attempt in range(3):

@@ -27,17 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def _free_base() -> int:
-    """A base port with the next 22 free (the walkthrough uses base .. base+21)."""
-    return free_offset(range(22))
-
-
 @pytest.mark.skipif(not (BIN / "nsqd").exists(), reason="needs the installed nsqd console script")
 def test_the_cluster_walkthrough_runs_as_written() -> None:
     # The ports are free when chosen, but a test beside this one (the suite runs in parallel
     # workers) may bind one before the script does: that try is made again on other ports.
     for _ in range(3):
-        base = _free_base()
+        base = free_offset(range(22))  # the walkthrough uses base .. base+21
         res = subprocess.run(
             [str(ROOT / "contrib" / "cluster-walkthrough.sh"), str(BIN)],
             capture_output=True,

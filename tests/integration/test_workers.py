@@ -23,8 +23,10 @@ from typing import Any
 
 import pytest
 
+from pynsqd.internal.listener import port_free
+
 from ..disks import fill, tmpfs
-from ..processes import NsqdProcess, alive, port_free
+from ..processes import NsqdProcess, alive
 from ..waiting import wait_for
 from ..wire import Conn
 

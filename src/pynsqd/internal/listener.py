@@ -64,6 +64,19 @@ async def listen(
         raise listen_failed(address, err) from None
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``listen`` could bind ``host:port`` now: bound as it binds, with SO_REUSEADDR,
+    so a port left in TIME_WAIT counts as free (scripts/cluster's check before it starts
+    anything; the tests' choice of ports)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def listen_failed(address: str, err: OSError) -> OSError:
     """nsqd's words ("listen (0.0.0.0:4150) failed - address already in use"), not a Python
     tuple repr."""
