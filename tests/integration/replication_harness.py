@@ -531,6 +531,39 @@ class History:
     acked_by: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     #: The phase each body's publish was sent in.
     sent_in: dict[bytes, int] = field(default_factory=dict)
+    #: The producers are threads: each write, and each read that walks the history, holds it.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def sent(self, batch: list[bytes]) -> None:
+        """A publish of ``batch`` is about to go out, in the current phase."""
+        with self.lock:
+            self.invoked.update(batch)
+            self.sent_in.update((b, self.phase) for b in batch)
+
+    def acknowledged(self, batch: list[bytes], node_id: int) -> None:
+        """Node ``node_id`` answered OK to ``batch``, in the current phase."""
+        with self.lock:
+            self.ok.update(batch)
+            at = (node_id, self.phase)
+            self.acked_by.update((b, at) for b in batch)
+
+    def not_acknowledged(self, batch: list[bytes]) -> None:
+        """The publish of ``batch`` failed, or its answer never came: it may or may not be in."""
+        with self.lock:
+            self.failed.update(batch)
+
+    def acknowledged_so_far(self) -> set[bytes]:
+        with self.lock:
+            return set(self.ok)
+
+    def acked_in(self, node_id: int, phase: int) -> list[bytes]:
+        """The bodies sent in ``phase`` and answered OK by ``node_id`` in that same phase."""
+        with self.lock:
+            return [
+                b
+                for b, at in self.acked_by.items()
+                if at == (node_id, phase) and self.sent_in[b] == phase
+            ]
 
 
 @dataclass
@@ -636,7 +669,6 @@ class Producer(threading.Thread):
         self.tag = name
         self.stopping = threading.Event()
         self.seq = 0
-        self.lock = threading.Lock()
 
     def run(self) -> None:
         rng = random.Random(self.tag)
@@ -660,23 +692,16 @@ class Producer(threading.Thread):
                         f"{self.tag}-{self.seq + i}".encode() for i in range(rng.choice((1, 10)))
                     ]
                     self.seq += len(batch)
-                    with self.lock:
-                        self.history.invoked.update(batch)
-                        sent = self.history.phase
-                        self.history.sent_in.update((b, sent) for b in batch)
+                    self.history.sent(batch)
                     try:
                         if len(batch) == 1:
                             conn.pub(TOPIC, batch[0])
                         else:
                             conn.mpub(TOPIC, batch)
                     except Exception:
-                        with self.lock:
-                            self.history.failed.update(batch)
+                        self.history.not_acknowledged(batch)
                         break
-                    with self.lock:
-                        self.history.ok.update(batch)
-                        at = (node.node_id, self.history.phase)
-                        self.history.acked_by.update((b, at) for b in batch)
+                    self.history.acknowledged(batch, node.node_id)
             finally:
                 conn.close()
 

@@ -191,7 +191,7 @@ def cycles(
         victim: Node = (
             cluster.nodes[cycle % len(cluster.nodes)] if in_turn else rng.choice(cluster.nodes)
         )
-        acked = set(history.ok)
+        acked = history.acknowledged_so_far()
         # The partitions whose windows the victim holds: its own, and (cut off from etcd only,
         # where it goes on delivering them) those it adopted at an earlier cut.
         held = {victim.node_id}
@@ -251,7 +251,7 @@ def delivered_within_bound(
     backlog while the adopter delivers the same backlog, until the cut heals, so up to one more
     copy of what each victim held (``replay_all``) on top (37.5% measured once, 8.6% and 18.2%
     in other runs)."""
-    acked = set(history.ok)
+    acked = history.acknowledged_so_far()
     if not until(lambda: acked <= set(received(group)), 60):
         missing = sorted(acked - set(received(group)))
         pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
@@ -488,7 +488,7 @@ def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
                     n.start()
                 for n in cluster.nodes:
                     wait_in_sync(cluster, TOPIC, n.node_id)
-            acked = set(history.ok)
+            acked = history.acknowledged_so_far()
             if not until(lambda: acked <= set(received(group)), 90):
                 missing = sorted(acked - set(received(group)))
                 pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
@@ -545,7 +545,7 @@ def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
             wait_for(lambda: len(history.ok) > 300, "acknowledged publishes")
             etcd.stop(signal.SIGKILL)
             before = checkpoint(n1, 1)[CHANNEL]["low"]  # the last one etcd took
-            acked = set(history.ok)
+            acked = history.acknowledged_so_far()
             wait_for(lambda: acked <= set(received(group)), "deliveries without etcd", 60)
             wait_for(
                 lambda: all(
@@ -559,7 +559,7 @@ def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
             etcd.start()
             want = len(history.ok) + 300
             wait_for(lambda: len(history.ok) > want, "publishes with etcd back", 60)
-        acked = set(history.ok)
+        acked = history.acknowledged_so_far()
         if not until(lambda: acked <= set(received(group)), 60):
             missing = sorted(acked - set(received(group)))
             pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
@@ -669,7 +669,7 @@ def test_channel_admin_calls_race_load_and_a_takeover(
                     want = len(history.ok) + 300
                     wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
                 victim = cluster.node(2)
-                acked = set(history.ok)
+                acked = history.acknowledged_so_far()
                 victim.kill()
                 before = sum(answers.values())
                 wait_for(
@@ -688,7 +688,7 @@ def test_channel_admin_calls_race_load_and_a_takeover(
                     t.join(30)
         for n in cluster.nodes:  # a pause may have been the last call on a node
             assert n.http("POST", f"/channel/unpause?topic={TOPIC}&channel={CHANNEL}")[0] == 200
-        acked = set(history.ok)
+        acked = history.acknowledged_so_far()
         if not until(lambda: acked <= set(received(group)), 60):
             missing = sorted(acked - set(received(group)))
             pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")

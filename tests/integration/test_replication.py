@@ -632,7 +632,7 @@ def run_faults(cluster: Cluster, cycles: int, fault: str) -> None:
             victim: Node = rng.choice(cluster.nodes)
             want = 20 * (cycle + 1)
             wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-            acked = set(history.ok)
+            acked = history.acknowledged_so_far()
             victim.kill() if fault == "kill" else victim.pause()
             # A live in-sync follower takes the partition over and serves everything that
             # was acknowledged before the fault.
@@ -900,7 +900,7 @@ def _empty_disk_return(cluster: Cluster, history: History) -> None:
         wait_for(lambda: len(history.ok) > 100, "acknowledged publishes")
         old_storage = victim.json("GET", "/info")["cluster"]["storage_id"]
         victim.kill()
-        acked = set(history.ok)
+        acked = history.acknowledged_so_far()
         shutil.rmtree(victim.data)
         victim.data.mkdir()
         victim.start()
@@ -1004,7 +1004,7 @@ def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None
             victim = cluster.node(cycle % 3 + 1)
             want = len(history.ok) + 30
             wait_for(lambda want=want: len(history.ok) > want, "acknowledged publishes")
-            acked = set(history.ok)
+            acked = history.acknowledged_so_far()
             peers = [n.host for n in cluster.nodes if n is not victim]
             cut_off = {"followers": peers, "etcd": [network.etcd]}.get(cut)
             network.cut(victim, cut_off or [*peers, network.etcd])
@@ -1026,11 +1026,7 @@ def _cut_each_node_in_turn(cluster: Cluster, network: Network, cut: str) -> None
                 pytest.fail(f"cycle {cycle}: {len(missing)} acknowledged records unreadable")
             history.phase = 0
             network.heal(victim)
-            stale = [
-                b
-                for b, (node, phase) in list(history.acked_by.items())
-                if node == victim.node_id and history.sent_in[b] == phase == cut_phase
-            ]
+            stale = history.acked_in(victim.node_id, cut_phase)
             assert stale == [], f"cycle {cycle}: node {victim.node_id} answered OK while cut off"
             wait_in_sync(cluster, TOPIC, victim.node_id)
     verify(cluster, history)

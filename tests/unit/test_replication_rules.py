@@ -4,6 +4,8 @@ epoch history (truncation), the settings format, and the checker the fault tests
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,46 @@ def test_settings_format_and_checks() -> None:
     assert err.value.code == "INVALID_ARG_MIN_INSYNC"
     with pytest.raises(SettingsError):
         ReplicationSettings.parse({"durability": "maybe"}.get, ReplicationSettings())
+
+
+def test_the_history_is_read_while_producers_write_it() -> None:
+    """The producers are threads. A fault test that walked ``acked_by`` while they wrote it
+    failed in CI with "dictionary changed size during iteration"; every writer and every reader
+    that iterates now holds the history's one lock."""
+    h = History()
+    h.sent([b"a", b"b"])
+    h.phase = 2
+    h.sent([b"c"])
+    h.acknowledged([b"a", b"c"], node_id=3)
+    h.acknowledged([b"b"], node_id=1)
+    assert h.acked_in(3, 2) == [b"c"]  # sent and answered in phase 2 by node 3
+    assert h.acked_in(1, 2) == []  # b was sent in phase 0
+    assert h.ok == {b"a", b"b", b"c"} and h.invoked == {b"a", b"b", b"c"}
+    h.not_acknowledged([b"d"])
+    assert h.failed == {b"d"}
+
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            batch = [f"w{i + j}".encode() for j in range(10)]
+            i += len(batch)
+            h.sent(batch)
+            h.acknowledged(batch, node_id=3)
+
+    writer = threading.Thread(target=write)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as it can be
+    writer.start()
+    try:
+        for _ in range(300):
+            assert b"c" in h.acked_in(3, 2)
+            assert b"c" in h.acknowledged_so_far()
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(switch)
 
 
 def test_the_checker_finds_lost_unexpected_and_inconsistent() -> None:
