@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from ..core.errors import NotYetWritable, PublishRefused
 from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..storage.topiclog import TopicLog
@@ -37,24 +38,6 @@ __all__ = ["NotYetWritable", "PublishGate", "PublishRefused"]
 log = logging.getLogger(LOGGER_NAME)
 
 PartitionKey = tuple[str, int]
-
-
-class PublishRefused(Exception):
-    """A publish this node cannot take for a replicated topic (the reason is the message;
-    ``code`` the HTTP API's error code for it)."""
-
-    def __init__(self, reason: str, code: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
-class NotYetWritable(Exception):
-    """A publish to ``topic`` must wait: another node serves this node's partition while this
-    node catches up to take it back (``PublishGate.when_writable`` says when to try again)."""
-
-    def __init__(self, topic: str) -> None:
-        super().__init__(topic)
-        self.topic = topic
 
 
 Waiter = tuple[Callable[[str | None], None], asyncio.TimerHandle]

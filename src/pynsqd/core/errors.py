@@ -58,3 +58,21 @@ class NotRetained(Exception):
             f"retention (POST /topic/retention?topic={topic}&time=24h, or --retention-time)"
         )
         self.topic = topic
+
+
+class PublishRefused(Exception):
+    """A publish this node cannot take for a replicated topic (the reason is the message;
+    ``code`` the HTTP API's error code for it). Raised by the gate (``cluster/gate.py``)."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class NotYetWritable(Exception):
+    """A publish to ``topic`` must wait: another node serves this node's partition while this
+    node catches up to take it back (``PublishGate.when_writable`` says when to try again)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(topic)
+        self.topic = topic

@@ -169,24 +169,26 @@ class Topic:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def put_bodies(self, bodies: list[bytes], defer_ms: int = 0) -> None:
-        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them. Raises OSError (not
-        stored) or QueueFull (a bounded queue with policy reject has no room: nothing stored)."""
+    def put_bodies(self, bodies: list[bytes], defer_ms: int = 0) -> int:
+        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them. Returns the log's
+        offset past them (-1: the topic keeps no log). Raises OSError (not stored) or QueueFull
+        (a bounded queue with policy reject has no room: nothing stored)."""
         if self.bounded:
             self._check_room(len(bodies), sum(map(len, bodies)))
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
             ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
             one = [Message(ids[0], body, time.time_ns())]
+            end = -1
             if self.log is not None:
-                self._put_logged(one)
+                end = self._put_logged(one)
             else:
                 self.put_many(one)
             self.message_count += 1
             self.message_bytes += len(body)
             if self.bounded:
                 self._trim()
-            return
+            return end
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
@@ -195,14 +197,16 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
+        end = -1
         if self.log is not None:
-            self._put_logged(msgs)
+            end = self._put_logged(msgs)
         else:
             self.put_many(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
         if self.bounded:
             self._trim()
+        return end
 
     def put_identified(
         self, bodies: list[bytes], defer_ms: int, producer: bytes, first: int
@@ -236,12 +240,12 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        self._put_logged(msgs, (producer, first + dups))
+        end = self._put_logged(msgs, (producer, first + dups))
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, new))
         if self.bounded:
             self._trim()
-        return dups, log.latest
+        return dups, end
 
     @staticmethod
     def _same_bodies(
@@ -391,13 +395,15 @@ class Topic:
             dropped += self.queue.drop_oldest(excess - dropped)
         self.dropped_count += dropped
 
-    def _put_logged(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> None:
+    def _put_logged(self, msgs: list[Message], identity: tuple[bytes, int] | None = None) -> int:
         """A replayable topic: the log is its queue. The batch is appended (OSError: nothing
         is published); then it goes to the channels at once if nothing is waiting, else it
-        waits in the log, behind the backlog, and the drain hands it over in order."""
+        waits in the log, behind the backlog, and the drain hands it over in order. Returns
+        the log's offset past the batch."""
         log = self.log
         assert log is not None
         first = log.append(msgs, identity)
+        end = first + len(msgs)
         if (
             log.handed == first
             and log.visible > first
@@ -410,8 +416,9 @@ class Topic:
             self._handed_to(log.latest, first if err is not None else None)
             if err is not None:
                 raise err
-            return
+            return end
         self.schedule_drain()
+        return end
 
     def _handed_to(self, offset: int, failed_from: int | None = None) -> None:
         """Every channel has stored the messages before ``offset`` (those from ``failed_from``

@@ -12,18 +12,27 @@ import asyncio
 import logging
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import Field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from aiohttp.web import StreamResponse
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
-from ..cluster.gate import NotYetWritable, PublishRefused
-from ..core.dedup import MAX_SEQUENCE, DedupError
+from ..core.dedup import MAX_SEQUENCE
 from ..core.e2e import go_float
-from ..core.errors import NotRetained, QueueFull
-from ..core.topic import Topic
+from ..core.publish import (
+    Done,
+    Forward,
+    Refusal,
+    Refused,
+    WaitCommit,
+    WaitWritable,
+    decide,
+    http_error,
+    not_committed,
+)
 from ..internal import jsonbound
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
@@ -138,108 +147,64 @@ class API:
 
     async def _publish(
         self,
+        request: BaseRequest,
+        raw: bytes,
         topic_name: str,
         bodies: list[bytes],
         defer_ms: int = 0,
         identity: tuple[bytes, int] | None = None,
     ) -> Any:
+        """/pub and /mpub, validated: decided by ``core/publish.decide``, carried out here.
+        ``raw``: the request's body, for a worker that keeps the topic (``Workers.proxy``)."""
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
         topic = nsqd.get_topic(topic_name)
-        if topic.exiting:
-            raise HTTPError(503, "EXITING")
-        dups = 0
-        if bodies:
-            replication = nsqd.replication
-            waits = False
-            end = -1
-            try:
-                if replication is not None:
-                    waits = await self._gate(topic_name)
-                if identity is None:
-                    topic.put_bodies(bodies, defer_ms)
-                else:
-                    dups, end = topic.put_identified(bodies, defer_ms, *identity)
-            except DedupError as err:  # pynsqd: idempotent publishing
-                code = {"E_CONFLICT": 409, "E_PUB_FAILED": 503}.get(err.code, 400)
-                raise HTTPError(code, err.code.removeprefix("E_"), {"reason": str(err)}) from err
-            except NotRetained as err:
-                raise HTTPError(400, "NOT_RETAINED", {"reason": str(err)}) from err
-            except PublishRefused as err:
-                raise HTTPError(503, err.code, {"reason": str(err)}) from err
-            except OSError as err:
-                nsqd.set_health_error(err)
-                log.error("TOPIC(%s): failed to put messages - %s", topic_name, err)
-                raise HTTPError(503, "EXITING") from err
-            except QueueFull as err:  # pynsqd: a bounded queue pushes back on its producers
-                raise HTTPError(
-                    503,
-                    "QUEUE_FULL",
-                    {"queue": err.where, "depth": err.depth, "max_depth": err.limit},
-                ) from err
-            if waits:
-                await self._wait_commit(topic_name, topic, end)
-        if dups:
+        replication = nsqd.replication
+        outcome = decide(topic, bodies, defer_ms, identity, replication=replication)
+        while isinstance(outcome, WaitWritable):
+            # A partition this node is taking back: the publish waits for it (at most
+            # --replication-timeout), then is decided again.
+            assert replication is not None
+            gate = replication.publishing
+            why = await self._until(partial(gate.when_writable, topic_name))
+            if why is not None:
+                outcome = not_committed(why)
+                break
+            outcome = decide(topic, bodies, defer_ms, identity, replication=replication)
+        if isinstance(outcome, Forward):
+            workers = nsqd.workers
+            assert workers is not None
+            return await workers.proxy(outcome.worker, request, raw)
+        if isinstance(outcome, WaitCommit):
+            # A replicated topic: OK once committed (``cluster/replicator.py``), 503
+            # PUB_FAILED with the reason after --replication-timeout (it may still commit).
+            assert replication is not None
+            end = outcome.end
+            why = await self._until(partial(replication.wait, topic_name, end))
+            outcome = Done(end, outcome.duplicates) if why is None else not_committed(why)
+        if isinstance(outcome, Refused):
+            if outcome.why is Refusal.DISK and isinstance(outcome.error, OSError):
+                nsqd.set_health_error(outcome.error)
+                log.error("TOPIC(%s): failed to put messages - %s", topic_name, outcome.reason)
+            raise HTTPError(*http_error(outcome))
+        if outcome.duplicates:
             # What was already published is answered OK, and counted in a header.
             resp = respond_plain(200, "OK")
-            resp.headers["X-Nsq-Duplicates"] = str(dups)
+            resp.headers["X-Nsq-Duplicates"] = str(outcome.duplicates)
             return resp
         return "OK"
 
-    async def _kept_elsewhere(
-        self, request: BaseRequest, topic_name: str, body: bytes
-    ) -> StreamResponse | None:
-        """--workers: a publish to a retained topic whose log another worker keeps is made
-        there, and answered with its answer (``Workers.proxy``); None: made here."""
-        workers = self.nsqd.workers
-        if workers is None or self.nsqd.exiting:
-            return None
-        topic = self.nsqd.get_topic(topic_name)
-        if topic.kept_by is None:
-            return None
-        return await workers.proxy(topic.kept_by, request, body)
-
-    async def _gate(self, topic_name: str) -> bool:
-        """``PublishGate.gate``; a publish to a partition this node is taking back waits for
-        it (``--replication-timeout`` at most: then 503 PUB_FAILED with the reason)."""
-        replication = self.nsqd.replication
-        assert replication is not None
-        while True:
-            try:
-                return replication.publishing.gate(topic_name)
-            except NotYetWritable:
-                answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
-
-                def done(why: str | None, answer: asyncio.Future[str | None] = answer) -> None:
-                    if not answer.done():
-                        answer.set_result(why)
-
-                replication.publishing.when_writable(topic_name, done)
-                why = await answer
-                if why is not None:
-                    raise PublishRefused(why, "PUB_FAILED") from None
-
-    async def _wait_commit(self, topic_name: str, topic: Topic, end: int = -1) -> None:
-        """A replicated topic's publish: OK once committed (``cluster/replicator.py``), 503
-        PUB_FAILED with the reason after ``--replication-timeout`` (it may still commit).
-        ``end``: what an idempotent publish waits for (-1: the log's end)."""
-        replication = self.nsqd.replication
-        assert replication is not None and topic.log is not None
-        if end < 0:
-            end = topic.log.latest
-        if end == 0 or replication.committed(topic_name, end):
-            return
+    async def _until(self, start: Callable[[Callable[[str | None], None]], None]) -> str | None:
+        """Waits for a callback-style wait (``start(done)``): None, or the reason it failed."""
         answer: asyncio.Future[str | None] = self.nsqd.loop.create_future()
 
         def done(why: str | None) -> None:
             if not answer.done():
                 answer.set_result(why)
 
-        replication.wait(topic_name, end, done)
-        why = await answer
-        if why is not None:
-            raise HTTPError(503, "PUB_FAILED", {"reason": why})
+        start(done)
+        return await answer
 
     # -- handlers, named after nsqd's ---------------------------------------------------
 
@@ -310,9 +275,6 @@ class API:
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
         topic_name = self._topic_name(params)
-        kept = await self._kept_elsewhere(request, topic_name, body)
-        if kept is not None:
-            return kept
         defer_ms = 0
         text = params.get("defer")
         if text is not None:
@@ -321,7 +283,8 @@ class API:
             defer_ms = int(text)
             if defer_ms < 0 or defer_ms > self.nsqd.opts.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
-        return await self._publish(topic_name, [body], defer_ms, self._identity(params))
+        identity = self._identity(params)
+        return await self._publish(request, body, topic_name, [body], defer_ms, identity)
 
     async def mpub(self, request: BaseRequest, params: Params) -> Any:
         opts = self.nsqd.opts
@@ -337,9 +300,6 @@ class API:
         body = await read_body(request, opts.max_body_size)
         if body is None:
             raise HTTPError(413, "BODY_TOO_BIG")
-        kept = await self._kept_elsewhere(request, topic_name, body)
-        if kept is not None:
-            return kept
         if binary:
             try:
                 bodies = parse_mpub_body(body, self.nsqd.protocol_config)
@@ -354,7 +314,7 @@ class API:
                 if len(line) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        return await self._publish(topic_name, bodies, 0, self._identity(params))
+        return await self._publish(request, body, topic_name, bodies, 0, self._identity(params))
 
     async def stats(self, request: BaseRequest, params: Params) -> Any:
         params.checked()

@@ -35,20 +35,27 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..cluster.gate import NotYetWritable, PublishRefused
 from ..core.channel import Channel
-from ..core.dedup import DedupError
 from ..core.errors import (
     AlreadyDeferred,
     ChannelError,
     Exiting,
     NotInFlight,
     NotOwner,
-    NotRetained,
-    QueueFull,
     TooManyConsumers,
 )
 from ..core.message import Message
+from ..core.publish import (
+    Done,
+    Forward,
+    Refusal,
+    Refused,
+    WaitCommit,
+    WaitWritable,
+    decide,
+    not_committed,
+    tcp_error,
+)
 from ..protocol import encode
 from ..protocol.commands import (
     Auth,
@@ -84,7 +91,7 @@ from .transforms import Pipeline, TransformError
 from .upgrade import Upgrade
 
 if TYPE_CHECKING:
-    from ..core.topic import Topic
+    from ..cluster.replicator import Replicator
     from .context import ConnectionContext
 
 log = logging.getLogger("pynsqd")
@@ -572,108 +579,87 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         defer_ms: int = 0,
         identity: Identity | None = None,
     ) -> None:
+        """PUB, MPUB, DPUB (and a link's): decided by ``core/publish.decide``, carried out
+        here. A refusal closes a client's connection; a link's goes on (it carries other
+        clients' publishes: the client's worker closes the client)."""
         topic = self.nsqd.get_topic(topic_name)
-        if topic.exiting:
-            raise _failed(cmd, "exiting")
-        if self.is_link:
-            try:
-                self._publish_here(cmd, topic, bodies, defer_ms, identity)
-            except FatalClientError as err:
-                # A forwarded publish (server/forward.py): refused without closing the link,
-                # which carries other clients' publishes; the client's worker closes the client.
-                raise ClientError(err.code, err.desc) from None
-        elif topic.kept_by is not None:
-            self._forward(cmd, topic, bodies, defer_ms, identity)
-        else:
-            self._publish_here(cmd, topic, bodies, defer_ms, identity)
-
-    def _publish_here(
-        self,
-        cmd: str,
-        topic: Topic,
-        bodies: list[bytes],
-        defer_ms: int,
-        identity: Identity | None,
-    ) -> None:
-        topic_name = topic.name
         replication = self.nsqd.replication
-        waits = False
-        end = -1
-        try:
-            if replication is not None:
-                waits = replication.publishing.gate(topic_name)
-            if identity is None:
-                topic.put_bodies(bodies, defer_ms)
-            else:
-                dups, end = topic.put_identified(
-                    bodies, defer_ms, identity.producer, identity.sequence
-                )
-                if dups:
-                    bodies = bodies[dups:]
-        except DedupError as err:  # pynsqd: idempotent publishing (core/dedup.py)
-            code = f"E_{cmd}_FAILED" if err.code == "E_PUB_FAILED" else err.code
-            raise FatalClientError(code, f"{cmd} failed {err}") from err
-        except NotRetained as err:
-            raise FatalClientError("E_NOT_RETAINED", f"{cmd} failed {err}") from err
-        except OSError as err:
-            self.nsqd.set_health_error(err)
-            raise _failed(cmd, err) from err
-        except (QueueFull, PublishRefused) as err:  # pynsqd: pushed back, or not this node's
-            raise _failed(cmd, err) from err
-        except NotYetWritable:
+        ident = None if identity is None else (identity.producer, identity.sequence)
+        outcome = decide(
+            topic, bodies, defer_ms, ident, replication=replication, forwarded=self.is_link
+        )
+        if isinstance(outcome, Done):
+            self._count(topic_name, outcome.written)
+            self.send_frame(OK_FRAME)
+        elif isinstance(outcome, WaitCommit):
+            assert replication is not None
+            self._count(topic_name, outcome.written)
+            self._wait_commit(cmd, topic_name, outcome.end, replication)
+        elif isinstance(outcome, Forward):
+            self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
+        elif isinstance(outcome, WaitWritable):
             # The node is taking its partition back: the publish waits (later commands wait
-            # behind it), then goes through the gate again.
+            # behind it), then is decided again.
             assert replication is not None
             self.pause(Pause.WRITABLE)
             replication.publishing.when_writable(
                 topic_name,
                 lambda why: self._writable(cmd, topic_name, bodies, defer_ms, identity, why),
             )
+        else:
+            raise self._refused(cmd, outcome)
+
+    def _count(self, topic_name: str, n: int) -> None:
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + n
+
+    def _refused(self, cmd: str, refused: Refused) -> ProtocolError:
+        if refused.why is Refusal.DISK and isinstance(refused.error, OSError):
+            self.nsqd.set_health_error(refused.error)
+        err = tcp_error(cmd, refused)
+        return ClientError(err.code, err.desc) if self.is_link else err
+
+    def _wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
+        """OK once the records are on enough replicas: later commands wait behind it (a
+        link's go on: their answers wait behind its, in order)."""
+        if self.is_link:
+            slot: list[bytes | None] = [None]
+            self._in_order.append(slot)
+            replication.wait(
+                topic_name,
+                end,
+                lambda why: self._answer_in_order(
+                    slot,
+                    OK_FRAME
+                    if why is None
+                    else encode_error(self._refused(cmd, not_committed(why)).wire),
+                ),
+            )
             return
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        if waits and replication is not None and topic.log is not None:
-            end = topic.log.latest if identity is None else end
-            if end > 0 and not replication.committed(topic_name, end):
-                # OK once the records are on enough replicas: later commands wait behind it
-                # (a link's go on: their answers wait behind its).
-                if self.is_link:
-                    slot: list[bytes | None] = [None]
-                    self._in_order.append(slot)
-                    replication.wait(
-                        topic_name,
-                        end,
-                        lambda why: self._answer_in_order(
-                            slot,
-                            OK_FRAME if why is None else encode_error(_failed(cmd, why).wire),
-                        ),
-                    )
-                    return
-                self.pause(Pause.COMMIT)
-                replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
-                return
-        self.send_frame(OK_FRAME)
+        self.pause(Pause.COMMIT)
+        replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
 
     def _forward(
         self,
         cmd: str,
-        topic: Topic,
+        topic_name: str,
+        worker: int,
         bodies: list[bytes],
         defer_ms: int,
         identity: Identity | None,
     ) -> None:
-        """--workers: a retained topic another worker keeps the log of: the publish is made
-        there (``server/forward.py``), and answered here with its answer; later commands wait
+        """--workers: a topic another worker keeps the log of: the publish is made there
+        (``server/forward.py``), and answered here with its answer; later commands wait
         behind it."""
         workers = self.nsqd.workers
-        assert workers is not None and topic.kept_by is not None
+        assert workers is not None
         ident = None if identity is None else (identity.producer.decode(), identity.sequence)
         if cmd == "PUB":
-            data = encode.pub(topic.name, bodies[0], ident)
+            data = encode.pub(topic_name, bodies[0], ident)
         elif cmd == "DPUB":
-            data = encode.dpub(topic.name, defer_ms, bodies[0], ident)
+            data = encode.dpub(topic_name, defer_ms, bodies[0], ident)
         else:
-            data = encode.mpub(topic.name, bodies, ident)
-        name, count = topic.name, len(bodies)
+            data = encode.mpub(topic_name, bodies, ident)
+        count = len(bodies)
 
         def done(err: bytes | None) -> None:
             if self.closed:
@@ -682,12 +668,12 @@ class ClientV2(ClientV2State, asyncio.Protocol):
                 code, _, desc = err.decode(errors="replace").partition(" ")
                 self.fatal(FatalClientError(code, desc))
                 return
-            self.pub_counts[name] = self.pub_counts.get(name, 0) + count
+            self._count(topic_name, count)
             self.send_frame(OK_FRAME)
             self.resume()
 
         self.pause(Pause.FORWARD)
-        workers.forward(topic.kept_by, data, done)
+        workers.forward(worker, data, done)
 
     def _writable(
         self,
@@ -698,13 +684,13 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         identity: Identity | None,
         why: str | None,
     ) -> None:
-        """A publish that waited for its partition (``Pause.WRITABLE``): published now (it
+        """A publish that waited for its partition (``Pause.WRITABLE``): decided again now (it
         may wait again, for its commit or the partition), or failed with the reason."""
         if self.closed:
             return
         if why is not None:
-            err = _failed(cmd, why)
-            if not self.is_link:
+            err = self._refused(cmd, not_committed(why))
+            if err.fatal:
                 self.fatal(err)
                 return
             self.send_frame(encode_error(err.wire))  # a link goes on (``_publish``)
@@ -713,11 +699,11 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self.paused = None
         try:
             self._publish(cmd, topic_name, bodies, defer_ms, identity)
-        except ClientError as err:
-            self.send_frame(encode_error(err.wire))
         except ProtocolError as err:
-            self.fatal(err)
-            return
+            if err.fatal:
+                self.fatal(err)
+                return
+            self.send_frame(encode_error(err.wire))
         if self.paused is None:  # answered: the commands behind it go on
             self.paused = Pause.WRITABLE
             self.resume()
@@ -729,7 +715,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             self.send_frame(OK_FRAME)
             self.resume()
         else:
-            self.fatal(_failed(cmd, why))
+            self.fatal(self._refused(cmd, not_committed(why)))
 
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
@@ -770,11 +756,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     @property
     def state(self) -> ClientState:
         return self.parser.state
-
-
-def _failed(cmd: str, why: object) -> FatalClientError:
-    """A publish (PUB, MPUB, DPUB) that failed: ``E_<CMD>_FAILED <CMD> failed <why>``."""
-    return FatalClientError(f"E_{cmd}_FAILED", f"{cmd} failed {why}")
 
 
 def _describe(ev: object) -> str:
