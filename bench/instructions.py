@@ -40,6 +40,7 @@ from pynsqd.core.topic import Topic  # noqa: E402
 from pynsqd.protocol import encode  # noqa: E402
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE, encode_message_frame  # noqa: E402
 from pynsqd.server.protocol_v2 import ClientV2  # noqa: E402
+from pynsqd.server.worker_link import WorkerLink  # noqa: E402
 
 _FRAME = struct.Struct(">ll")
 
@@ -195,7 +196,7 @@ class CrossPubsub(Pubsub):
         self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
         self.ctx, self.loop = a_ctx, a_loop
         self.to_b, self.to_a = Pipe(), Pipe()
-        self.b_link = ClientV2(b_ctx, link=True)  # type: ignore[arg-type]
+        self.b_link = WorkerLink(b_ctx)  # type: ignore[arg-type]
         self.b_link.connection_made(self.to_a)  # type: ignore[arg-type]
         channel = a_ctx.get_topic("t").channels["c"]
         self.relay = relay = Relay(_Workers(a_ctx), channel)  # type: ignore[arg-type]
@@ -260,7 +261,7 @@ class ForwardPubsub(Pubsub):
         self.a_loop = a_loop = FakeLoop()
         self.a_ctx = a_ctx = _context(a_loop)
         self.to_b, self.to_a = Pipe(), Pipe()
-        self.b_link = ClientV2(b_ctx, link=True)  # type: ignore[arg-type]
+        self.b_link = WorkerLink(b_ctx)  # type: ignore[arg-type]
         self.b_link.connection_made(self.to_a)  # type: ignore[arg-type]
         self.fwd = ForwardLink(1, lambda link: None)
         self.fwd.connection_made(self.to_b)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from pynsqd.protocol.frames import (
 from pynsqd.server.busypoll import BusyPoll
 from pynsqd.server.nsqd import protocol_config
 from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
+from pynsqd.server.worker_link import WorkerLink
 
 from .fakeloop import FakeLoop
 
@@ -432,7 +433,7 @@ def test_a_link_answers_in_order_while_its_publishes_wait_for_their_commits() ->
     commits = ctx.replication = Commits()  # type: ignore[assignment]
     for name in ("r1", "r2"):
         ctx.get_topic(name).log = CountingLog()  # type: ignore[assignment]
-    link = ClientV2(ctx, link=True)  # type: ignore[arg-type]
+    link = WorkerLink(ctx)  # type: ignore[arg-type]
     t = Transport()
     link.connection_made(t)  # type: ignore[arg-type]
     send(link, loop, b"  V2" + encode.pub("r1", b"a") + encode.pub("r2", b"b"))

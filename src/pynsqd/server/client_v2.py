@@ -81,6 +81,12 @@ class ClientV2State:
         self.sample_rate = d.sample_rate
         self.msg_timeout = d.msg_timeout_ms / 1000
 
+    # -- counters, moved by what happened (nsqd's SendingMessage, FinishedMessage, ...) ------
+
+    def published(self, topic: str, n: int) -> None:
+        """``n`` messages of a PUB, MPUB or DPUB were taken (``pub_counts``)."""
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n
+
     @property
     def authed(self) -> bool:
         return self.auth_state is not None and bool(self.auth_state.authorizations)

@@ -519,6 +519,7 @@ class NSQD:
 
     async def start(self) -> None:
         from .protocol_v2 import ClientV2
+        from .worker_link import WorkerLink
 
         log.info("nsqd v%s (built w/pynsqd-%s)", NSQD_VERSION, __version__)
         self.tls_context = server_context(self.opts)  # raises TLSConfigError
@@ -544,7 +545,7 @@ class NSQD:
             serve = not self.cluster_member
             if self.workers is not None:
                 self.tcp_server = self.workers.listener("tcp", lambda: ClientV2(self))
-                self._link_server = self.workers.listener("link", lambda: ClientV2(self, link=True))
+                self._link_server = self.workers.listener("link", lambda: WorkerLink(self))
                 assert self.tcp_server is not None and self._link_server is not None
                 if serve:  # worker 0 of a replicated node takes its peers' links once joined
                     await self._link_server.start_serving()

@@ -29,7 +29,6 @@ E_TOUCH_FAILED) are written and the connection goes on.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -45,18 +44,6 @@ from ..core.errors import (
     TooManyConsumers,
 )
 from ..core.message import Message
-from ..core.publish import (
-    Done,
-    Forward,
-    Refusal,
-    Refused,
-    WaitCommit,
-    WaitWritable,
-    decide,
-    not_committed,
-    tcp_error,
-)
-from ..protocol import encode
 from ..protocol.commands import (
     Auth,
     ClientState,
@@ -87,11 +74,12 @@ from ..protocol.frames import (
 from ..protocol.parser import Event, V2Parser
 from .auth_session import AuthSession
 from .client_v2 import ClientV2State, Pause
+from .publishing import Publishing
 from .transforms import Pipeline, TransformError
 from .upgrade import Upgrade
 
 if TYPE_CHECKING:
-    from ..cluster.replicator import Replicator
+    from ..protocol.identify import ProtocolConfig
     from .context import ConnectionContext
 
 log = logging.getLogger("pynsqd")
@@ -109,16 +97,15 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     handlers; the upgrade (``upgrade.py``) and the AUTH session (``auth_session.py``) are its
     helpers."""
 
-    #: A link from another worker of this node (``--workers``; ``server/relay.py``): over a
-    #: private unix socket, so neither TLS nor AUTH is asked of it.
+    #: Another worker of this node (``--workers``): ``server/worker_link.WorkerLink``.
     is_link = False
+    #: The peer's name when the socket has no address (a unix socket).
+    unnamed_peer = ""
 
-    def __init__(self, nsqd: ConnectionContext, *, link: bool = False) -> None:
+    def __init__(self, nsqd: ConnectionContext, config: ProtocolConfig | None = None) -> None:
         opts = nsqd.opts
-        config = nsqd.protocol_config
-        if link:
-            self.is_link = True
-            config = dataclasses.replace(config, tls_required=False)
+        if config is None:
+            config = nsqd.protocol_config
         super().__init__(
             nsqd.next_client_id(), config, opts.msg_timeout, opts.output_buffer_timeout
         )
@@ -147,11 +134,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         #: A response or error is queued: written when the current input has been run.
         self._respond = False
         self._flush_pending = False
-        #: A link's answers while one of its publishes waits for its commit: each a slot
-        #: (None until known), written oldest first. The worker that passed the publishes on
-        #: matches answers to them in order (``server/forward.py``), and the publishes behind
-        #: one that waits go on meanwhile (a link carries many clients' publishes).
-        self._in_order: deque[list[bytes | None]] = deque()
+        self.publishing = self._publishing()
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -169,6 +152,9 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             Auth: self.AUTH,
         }
 
+    def _publishing(self) -> Publishing:
+        return Publishing(self)
+
     # -- connection lifecycle -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,7 +168,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             self.remote_address = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
             self.client_id = self.hostname = host
         else:
-            self.remote_address = str(peer or "") or ("worker-link" if self.is_link else "")
+            self.remote_address = str(peer or "") or self.unnamed_peer
         self._last_read = self.loop.time()
         self._arm_heartbeat()
         self.nsqd.add_client(self)
@@ -356,24 +342,8 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     def send_frame(self, frame: bytes) -> None:
         """A response or error: written once the current input has been run."""
-        if self._in_order:  # a link: behind an answer not known yet
-            self._in_order.append([frame])
-            return
         self.out.append(frame)
         self._respond = True
-
-    def _answer_in_order(self, slot: list[bytes | None], frame: bytes) -> None:
-        """A link's publish committed (or failed): its answer, then every known one behind
-        it, are written."""
-        if self.closed:
-            return
-        slot[0] = frame
-        in_order = self._in_order
-        while in_order and in_order[0][0] is not None:
-            answer = in_order.popleft()[0]
-            assert answer is not None
-            self.out.append(answer)
-        self.flush()
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
@@ -523,9 +493,16 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             # --workers: OK once every worker has the channel, so that a message published
             # through any worker after the OK is the channel's (nsqd's promise for a SUB).
             self.pause(Pause.COMMIT)
-            made.add_done_callback(lambda _f: self._committed("SUB", None))
+            made.add_done_callback(lambda _f: self.answer_ok())
             return
         self.send_frame(OK_FRAME)
+
+    def answer_ok(self) -> None:
+        """A paused command's OK; then the commands behind it go on."""
+        if self.closed:
+            return
+        self.send_frame(OK_FRAME)
+        self.resume()
 
     def RDY(self, cmd: Rdy) -> None:
         self.rdy = cmd.ready_count
@@ -571,166 +548,20 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     def NOP(self, cmd: Nop) -> None:
         pass
 
-    def _publish(
-        self,
-        cmd: str,
-        topic_name: str,
-        bodies: list[bytes],
-        defer_ms: int = 0,
-        identity: Identity | None = None,
-    ) -> None:
-        """PUB, MPUB, DPUB (and a link's): decided by ``core/publish.decide``, carried out
-        here. A refusal closes a client's connection; a link's goes on (it carries other
-        clients' publishes: the client's worker closes the client)."""
-        topic = self.nsqd.get_topic(topic_name)
-        replication = self.nsqd.replication
-        ident = None if identity is None else (identity.producer, identity.sequence)
-        outcome = decide(
-            topic, bodies, defer_ms, ident, replication=replication, forwarded=self.is_link
-        )
-        if isinstance(outcome, Done):
-            self._count(topic_name, outcome.written)
-            self.send_frame(OK_FRAME)
-        elif isinstance(outcome, WaitCommit):
-            assert replication is not None
-            self._count(topic_name, outcome.written)
-            self._wait_commit(cmd, topic_name, outcome.end, replication)
-        elif isinstance(outcome, Forward):
-            self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
-        elif isinstance(outcome, WaitWritable):
-            # The node is taking its partition back: the publish waits (later commands wait
-            # behind it), then is decided again.
-            assert replication is not None
-            self.pause(Pause.WRITABLE)
-            replication.publishing.when_writable(
-                topic_name,
-                lambda why: self._writable(cmd, topic_name, bodies, defer_ms, identity, why),
-            )
-        else:
-            raise self._refused(cmd, outcome)
-
-    def _count(self, topic_name: str, n: int) -> None:
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + n
-
-    def _refused(self, cmd: str, refused: Refused) -> ProtocolError:
-        if refused.why is Refusal.DISK and isinstance(refused.error, OSError):
-            self.nsqd.set_health_error(refused.error)
-        err = tcp_error(cmd, refused)
-        return ClientError(err.code, err.desc) if self.is_link else err
-
-    def _wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
-        """OK once the records are on enough replicas: later commands wait behind it (a
-        link's go on: their answers wait behind its, in order)."""
-        if self.is_link:
-            slot: list[bytes | None] = [None]
-            self._in_order.append(slot)
-            replication.wait(
-                topic_name,
-                end,
-                lambda why: self._answer_in_order(
-                    slot,
-                    OK_FRAME
-                    if why is None
-                    else encode_error(self._refused(cmd, not_committed(why)).wire),
-                ),
-            )
-            return
-        self.pause(Pause.COMMIT)
-        replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
-
-    def _forward(
-        self,
-        cmd: str,
-        topic_name: str,
-        worker: int,
-        bodies: list[bytes],
-        defer_ms: int,
-        identity: Identity | None,
-    ) -> None:
-        """--workers: a topic another worker keeps the log of: the publish is made there
-        (``server/forward.py``), and answered here with its answer; later commands wait
-        behind it."""
-        workers = self.nsqd.workers
-        assert workers is not None
-        ident = None if identity is None else (identity.producer.decode(), identity.sequence)
-        if cmd == "PUB":
-            data = encode.pub(topic_name, bodies[0], ident)
-        elif cmd == "DPUB":
-            data = encode.dpub(topic_name, defer_ms, bodies[0], ident)
-        else:
-            data = encode.mpub(topic_name, bodies, ident)
-        count = len(bodies)
-
-        def done(err: bytes | None) -> None:
-            if self.closed:
-                return
-            if err is not None:
-                code, _, desc = err.decode(errors="replace").partition(" ")
-                self.fatal(FatalClientError(code, desc))
-                return
-            self._count(topic_name, count)
-            self.send_frame(OK_FRAME)
-            self.resume()
-
-        self.pause(Pause.FORWARD)
-        workers.forward(worker, data, done)
-
-    def _writable(
-        self,
-        cmd: str,
-        topic_name: str,
-        bodies: list[bytes],
-        defer_ms: int,
-        identity: Identity | None,
-        why: str | None,
-    ) -> None:
-        """A publish that waited for its partition (``Pause.WRITABLE``): decided again now (it
-        may wait again, for its commit or the partition), or failed with the reason."""
-        if self.closed:
-            return
-        if why is not None:
-            err = self._refused(cmd, not_committed(why))
-            if err.fatal:
-                self.fatal(err)
-                return
-            self.send_frame(encode_error(err.wire))  # a link goes on (``_publish``)
-            self.resume()
-            return
-        self.paused = None
-        try:
-            self._publish(cmd, topic_name, bodies, defer_ms, identity)
-        except ProtocolError as err:
-            if err.fatal:
-                self.fatal(err)
-                return
-            self.send_frame(encode_error(err.wire))
-        if self.paused is None:  # answered: the commands behind it go on
-            self.paused = Pause.WRITABLE
-            self.resume()
-
-    def _committed(self, cmd: str, why: str | None) -> None:
-        if self.closed:
-            return
-        if why is None:
-            self.send_frame(OK_FRAME)
-            self.resume()
-        else:
-            self.fatal(self._refused(cmd, not_committed(why)))
-
     def PUB(self, cmd: Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
             return
-        self._publish("PUB", cmd.topic, [cmd.body], 0, cmd.identity)
+        self.publishing.publish("PUB", cmd.topic, [cmd.body], 0, cmd.identity)
 
     def MPUB(self, cmd: Mpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("MPUB", cmd.topic, "", cmd):
             return
-        self._publish("MPUB", cmd.topic, cmd.bodies, 0, cmd.identity)
+        self.publishing.publish("MPUB", cmd.topic, cmd.bodies, 0, cmd.identity)
 
     def DPUB(self, cmd: Dpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("DPUB", cmd.topic, "", cmd):
             return
-        self._publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms, cmd.identity)
+        self.publishing.publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms, cmd.identity)
 
     # -- AUTH (auth_session.py) --------------------------------------------------------
 
@@ -742,8 +573,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self._auth_session().start(cmd.secret)
 
     def _authorized(self, name: str, topic: str, channel: str, cmd: Event) -> bool:
-        if self.is_link:
-            return True  # another worker of this node, over its private socket
         return self._auth_session().authorized(name, topic, channel, cmd)
 
     def _auth_session(self) -> AuthSession:

@@ -1,0 +1,219 @@
+"""A connection's PUB, MPUB and DPUB: the outcome of ``core/publish.decide`` carried out.
+
+nsqd's ``protocol_v2.go`` PUB/MPUB/DPUB handlers, as a helper the connection holds (as it holds
+``Upgrade`` and ``AuthSession``). The decision is ``core/publish.py``'s; this shell pauses the
+connection while an outcome waits, so that later commands wait behind it and the answers stay
+in order:
+
+- ``Done``: OK (counted in the client's ``pub_counts``).
+- ``WaitCommit``: ``Pause.COMMIT`` until ``Replicator.wait`` answers: OK, or the failure.
+- ``Forward``: ``Pause.FORWARD`` until the keeping worker answers (``server/forward.py``).
+- ``WaitWritable``: ``Pause.WRITABLE`` until ``PublishGate.when_writable``; decided again.
+- ``Refused``: the error from ``core/publish.REFUSALS``; fatal, as nsqd's are.
+
+``LinkPublishing`` is a worker link's (``--workers``; ``server/link.py``): a link carries many
+clients' publishes, so it never stops. A refusal is not fatal (the client's worker closes the
+client), and a publish waiting for its commit does not pause the link: its answer has a slot in
+``in_order``, and the answers behind an empty slot wait for it, so the forwarding worker can
+match them in order (``server/forward.py``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..core.publish import (
+    Done,
+    Forward,
+    Refusal,
+    Refused,
+    WaitCommit,
+    WaitWritable,
+    decide,
+    not_committed,
+    tcp_error,
+)
+from ..protocol import encode
+from ..protocol.commands import Identity
+from ..protocol.errors import ClientError, FatalClientError, ProtocolError
+from ..protocol.frames import OK_FRAME, encode_error
+from .client_v2 import Pause
+
+if TYPE_CHECKING:
+    from ..cluster.replicator import Replicator
+    from .protocol_v2 import ClientV2
+
+
+class Publishing:
+    """The publishes of one client connection."""
+
+    #: A publish that came over a worker link is made here, never forwarded again.
+    forwarded = False
+
+    def __init__(self, conn: ClientV2) -> None:
+        self.conn = conn
+
+    def publish(
+        self,
+        cmd: str,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int = 0,
+        identity: Identity | None = None,
+    ) -> None:
+        """PUB, MPUB, DPUB: decided, then carried out. Raises the refusal's ProtocolError."""
+        conn = self.conn
+        nsqd = conn.nsqd
+        topic = nsqd.get_topic(topic_name)
+        replication = nsqd.replication
+        ident = None if identity is None else (identity.producer, identity.sequence)
+        outcome = decide(
+            topic, bodies, defer_ms, ident, replication=replication, forwarded=self.forwarded
+        )
+        if isinstance(outcome, Done):
+            conn.published(topic_name, outcome.written)
+            conn.send_frame(OK_FRAME)
+        elif isinstance(outcome, WaitCommit):
+            assert replication is not None
+            conn.published(topic_name, outcome.written)
+            self.wait_commit(cmd, topic_name, outcome.end, replication)
+        elif isinstance(outcome, Forward):
+            self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
+        elif isinstance(outcome, WaitWritable):
+            # The node is taking its partition back: the publish waits (later commands wait
+            # behind it), then is decided again.
+            assert replication is not None
+            conn.pause(Pause.WRITABLE)
+            replication.publishing.when_writable(
+                topic_name,
+                lambda why: self._writable(cmd, topic_name, bodies, defer_ms, identity, why),
+            )
+        else:
+            raise self.refused(cmd, outcome)
+
+    def refused(self, cmd: str, refused: Refused) -> ProtocolError:
+        """The refusal's error (a failed disk also turns the node's health red)."""
+        if refused.why is Refusal.DISK and isinstance(refused.error, OSError):
+            self.conn.nsqd.set_health_error(refused.error)
+        return tcp_error(cmd, refused)
+
+    def wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
+        """OK once the records are on enough replicas: later commands wait behind it."""
+        self.conn.pause(Pause.COMMIT)
+        replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
+
+    def _committed(self, cmd: str, why: str | None) -> None:
+        conn = self.conn
+        if why is None:
+            conn.answer_ok()
+        elif not conn.closed:
+            conn.fatal(self.refused(cmd, not_committed(why)))
+
+    def _forward(
+        self,
+        cmd: str,
+        topic_name: str,
+        worker: int,
+        bodies: list[bytes],
+        defer_ms: int,
+        identity: Identity | None,
+    ) -> None:
+        """--workers: a topic another worker keeps the log of: the publish is made there
+        (``server/forward.py``), and answered here with its answer; later commands wait
+        behind it."""
+        conn = self.conn
+        workers = conn.nsqd.workers
+        assert workers is not None
+        ident = None if identity is None else (identity.producer.decode(), identity.sequence)
+        if cmd == "PUB":
+            data = encode.pub(topic_name, bodies[0], ident)
+        elif cmd == "DPUB":
+            data = encode.dpub(topic_name, defer_ms, bodies[0], ident)
+        else:
+            data = encode.mpub(topic_name, bodies, ident)
+        count = len(bodies)
+
+        def done(err: bytes | None) -> None:
+            if conn.closed:
+                return
+            if err is not None:
+                code, _, desc = err.decode(errors="replace").partition(" ")
+                conn.fatal(FatalClientError(code, desc))
+                return
+            conn.published(topic_name, count)
+            conn.answer_ok()
+
+        conn.pause(Pause.FORWARD)
+        workers.forward(worker, data, done)
+
+    def _writable(
+        self,
+        cmd: str,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int,
+        identity: Identity | None,
+        why: str | None,
+    ) -> None:
+        """A publish that waited for its partition (``Pause.WRITABLE``): decided again now (it
+        may wait again, for its commit or the partition), or failed with the reason."""
+        conn = self.conn
+        if conn.closed:
+            return
+        try:
+            if why is not None:
+                raise self.refused(cmd, not_committed(why))
+            conn.paused = None
+            self.publish(cmd, topic_name, bodies, defer_ms, identity)
+        except ProtocolError as err:
+            if err.fatal:
+                conn.fatal(err)
+                return
+            conn.send_frame(encode_error(err.wire))  # a link goes on
+            conn.paused = None
+        if conn.paused is None:  # answered: the commands behind it go on
+            conn.paused = Pause.WRITABLE
+            conn.resume()
+
+
+class LinkPublishing(Publishing):
+    """The publishes another worker forwards over its link (this module's docstring)."""
+
+    forwarded = True
+
+    def __init__(self, conn: ClientV2) -> None:
+        super().__init__(conn)
+        #: Answers while a publish waits for its commit: a slot each (None until known),
+        #: written oldest first (``ClientV2.send_frame`` queues behind them).
+        self.in_order: deque[list[bytes | None]] = deque()
+
+    def refused(self, cmd: str, refused: Refused) -> ProtocolError:
+        err = super().refused(cmd, refused)
+        return ClientError(err.code, err.desc)
+
+    def wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
+        slot: list[bytes | None] = [None]
+        self.in_order.append(slot)
+
+        def committed(why: str | None) -> None:
+            frame = OK_FRAME
+            if why is not None:
+                frame = encode_error(self.refused(cmd, not_committed(why)).wire)
+            self._answer(slot, frame)
+
+        replication.wait(topic_name, end, committed)
+
+    def _answer(self, slot: list[bytes | None], frame: bytes) -> None:
+        """A publish committed (or failed): its answer, then every known one behind it, are
+        written."""
+        conn = self.conn
+        if conn.closed:
+            return
+        slot[0] = frame
+        in_order = self.in_order
+        while in_order and in_order[0][0] is not None:
+            answer = in_order.popleft()[0]
+            assert answer is not None
+            conn.out.append(answer)
+        conn.flush()
