@@ -10,7 +10,7 @@ import pytest
 from pynsqd.core.backend import DummyBackend
 from pynsqd.core.channel import Channel
 from pynsqd.core.errors import NotInFlight, NotOwner, TooManyConsumers
-from pynsqd.core.message import Message, decode_message
+from pynsqd.core.message import ConsumerCounts, Message, decode_message
 from pynsqd.core.topic import Topic
 from pynsqd.protocol.errors import ClientError, FatalClientError
 from pynsqd.server.protocol_v2 import channel_error
@@ -57,25 +57,24 @@ class ListBackend:
         self.records.clear()
 
 
-class Consumer:
+class Consumer(ConsumerCounts):
     _ids = 0
 
     def __init__(self, rdy: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0) -> None:
+        super().__init__()
         Consumer._ids += 1
         self.id = Consumer._ids
         self.rdy = rdy
-        self.in_flight_count = 0
         self.msg_timeout = msg_timeout
         self.sample_rate = sample_rate
         self.write_paused = False
-        self.finish_count = 0
-        self.requeue_count = 0
         self.got: list[Message] = []
         self.buffer_limit = 1 << 60  # body bytes it accepts before it is back-pressured
         self.buffered = 0  # body bytes "in its socket" (the tests drain it by hand)
         self.closed = False
 
     def send_messages(self, msgs: list[Message]) -> None:
+        self.sending(len(msgs))
         self.got.extend(msgs)
         self.buffered += sum(len(m.body) for m in msgs)
 

@@ -416,7 +416,6 @@ class Channel:
             msg.delivery_ts = now
             sent.append(msg)
         self.tq.push_many(sent, now + client.msg_timeout)
-        client.in_flight_count += len(sent)
         client.send_messages(sent)
 
     def _screen(self, batch: list[Message]) -> list[Message]:
@@ -517,7 +516,6 @@ class Channel:
             if not batch:
                 return 0
         self.tq.push_many(batch, now + client.msg_timeout)
-        client.in_flight_count += len(batch)
         client.send_messages(batch)
         return len(batch)
 
@@ -560,8 +558,7 @@ class Channel:
             if sink is not None:
                 sink(now_ns - msg.timestamp)
         self.tq.removed(done)
-        client.in_flight_count -= done
-        client.finish_count += done
+        client.finished(done)
         if self.windows is not None and done:
             self.windows.mark_done(ids[:done])
         if self._behind:
@@ -584,8 +581,7 @@ class Channel:
         del self.in_flight[msg_id]
         self.tq.remove(msg)
         msg.client = None
-        client.in_flight_count -= 1
-        client.requeue_count += 1
+        client.requeued()
         if self.lending is not None and self.lending.give_back(msg, int(timeout * 1000)):
             self.schedule_pump()  # counted by the channel that lent it
             return
@@ -643,7 +639,7 @@ class Channel:
                 del self.deferred[msg.id]  # a REQ with a timeout
             ready.append(msg)
         for cid, n in timed_out.items():
-            owners[cid].in_flight_count -= n
+            owners[cid].released(n)
             self.timeout_count += n
         if timed_out and self.windows is not None:
             self.windows.note_attempts(ready)
@@ -689,7 +685,7 @@ class Channel:
             del self.in_flight[m.id]
             self.tq.remove(m)
             m.client = None
-        client.in_flight_count -= len(mine)
+        client.released(len(mine))
         if self.lending is not None:
             give_back = self.lending.give_back
             mine = [m for m in mine if not give_back(m)]
@@ -731,7 +727,7 @@ class Channel:
         self._behind.clear()
         self._dl_pass.clear()
         for c in self.clients.values():
-            c.in_flight_count = 0
+            c.emptied()
         self.queue.empty()
         if self.lending is not None:
             self.lending.forget()

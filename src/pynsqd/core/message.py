@@ -15,19 +15,57 @@ MAX_ATTEMPTS = 0xFFFF
 MAX_DEFER_NS = 10 * 365 * 86400 * 1_000_000_000
 
 
+class ConsumerCounts:
+    """A consumer's counters, moved only by what happened to its messages (nsqd's clientV2
+    ``SendingMessage``, ``FinishedMessage``, ``RequeuedMessage``, ``TimedOutMessage``,
+    ``Empty``): the channel calls these, the connection's ``send_messages`` counts a send."""
+
+    def __init__(self) -> None:
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+
+    def sending(self, n: int) -> None:
+        self.in_flight_count += n
+        self.message_count += n
+
+    def finished(self, n: int) -> None:
+        self.in_flight_count -= n
+        self.finish_count += n
+
+    def requeued(self) -> None:
+        self.in_flight_count -= 1
+        self.requeue_count += 1
+
+    def released(self, n: int) -> None:
+        """``n`` in-flight messages left it without a FIN or REQ: timed out, or taken back
+        when it left the channel."""
+        self.in_flight_count -= n
+
+    def emptied(self) -> None:
+        """The channel was emptied: nothing of it is in flight any more."""
+        self.in_flight_count = 0
+
+
 class ConsumerLike(Protocol):
     """What a channel needs of a subscribed client connection."""
 
     id: int
     rdy: int
-    in_flight_count: int
     msg_timeout: float
     sample_rate: int
     write_paused: bool
-    finish_count: int
-    requeue_count: int
 
-    def send_messages(self, msgs: list[Message]) -> None: ...
+    @property
+    def in_flight_count(self) -> int: ...
+    def send_messages(self, msgs: list[Message]) -> None:
+        """Hand ``msgs`` to the consumer (its ``in_flight_count`` grows by them)."""
+
+    def finished(self, n: int) -> None: ...
+    def requeued(self) -> None: ...
+    def released(self, n: int) -> None: ...
+    def emptied(self) -> None: ...
     def output_room(self) -> int:
         """Body bytes the consumer may still be handed before its connection is back-pressured
         (0 or less: none now; the connection schedules a pump when room frees up)."""

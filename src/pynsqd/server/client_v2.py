@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import time
 
+from ..core.message import ConsumerCounts
 from ..protocol.commands import IdentifyData
 from ..protocol.identify import ProtocolConfig
 from .auth import AuthState
@@ -28,7 +29,7 @@ class Pause(enum.Enum):
     FORWARD = "forward"  # ... or for the worker that keeps its topic's log (--workers)
 
 
-class ClientV2State:
+class ClientV2State(ConsumerCounts):
     """The fields of one client: its identity, negotiated settings and counters."""
 
     def __init__(self, client_id: int, config: ProtocolConfig, msg_timeout: float, obt: float):
@@ -47,12 +48,9 @@ class ClientV2State:
         self.output_buffer_size = config.output_buffer_size
         self.output_buffer_timeout = obt
         self.sample_rate = 0
-        # -- RDY and counters --------------------------------------------------------------
+        # -- RDY and counters (ConsumerCounts' are moved by the channel's calls) ------------
+        ConsumerCounts.__init__(self)
         self.rdy = 0
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
         # -- the byte stream (set by the upgrade) ------------------------------------------
         self.tls = False

@@ -372,7 +372,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             append(body)
             size += n
         self._out_bytes += size + 34 * len(msgs)
-        self.message_count += len(msgs)
+        self.sending(len(msgs))
         if (
             self._out_bytes >= self.output_buffer_size
             or self.in_flight_count >= self.rdy
