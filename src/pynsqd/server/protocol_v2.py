@@ -92,6 +92,50 @@ FLUSH_DELAY = 0.0002
 _LOW_WATER = 1024 * 1024
 
 
+#: The commands a connection runs, each by the handler named after it on the wire.
+COMMANDS = (Fin, Pub, Mpub, Dpub, Rdy, Req, Touch, Sub, Cls, Nop, Identify, Auth)
+
+
+class Heartbeat:
+    """nsqd's heartbeat for one connection: a heartbeat frame every ``heartbeat_interval``,
+    and its read deadline: no command for two intervals closes the connection."""
+
+    def __init__(self, conn: ClientV2) -> None:
+        self.conn = conn
+        self.timer: asyncio.TimerHandle | None = None
+        #: When the last command came (the parser's ``receive`` found one).
+        self.last_read = 0.0
+
+    def arm(self) -> None:
+        """Start over (a connection made, an IDENTIFY that set the interval)."""
+        conn = self.conn
+        self.last_read = conn.loop.time()
+        self.cancel()
+        if conn.heartbeat_interval > 0:
+            self.timer = conn.loop.call_later(conn.heartbeat_interval, self._beat)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _beat(self) -> None:
+        conn = self.conn
+        self.timer = None
+        interval = conn.heartbeat_interval
+        now = conn.loop.time()
+        if now - self.last_read >= 2 * interval:
+            log.error(
+                "PROTOCOL(V2): [%s] failed to read command - i/o timeout", conn.remote_address
+            )
+            conn.close_for_exit()
+            return
+        conn.out.append(HEARTBEAT_FRAME)
+        conn.flush()
+        wake = min(interval, self.last_read + 2 * interval - now)
+        self.timer = conn.loop.call_later(max(wake, 0.001), self._beat)
+
+
 class ClientV2(ClientV2State, asyncio.Protocol):
     """A V2 client connection: the I/O shell over its state (``client_v2.py``) and the command
     handlers; the upgrade (``upgrade.py``) and the AUTH session (``auth_session.py``) are its
@@ -127,33 +171,19 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self._held = bytearray()
         self._upgrade: Upgrade | None = None  # made by the first IDENTIFY that negotiates
         self._auth: AuthSession | None = None  # made by AUTH or the first checked command
-        self._last_read = 0.0
+        #: nsqd's heartbeat ticker and read deadline (``Heartbeat``).
+        self.heartbeat = Heartbeat(self)
         # -- output ------------------------------------------------------------------------
         self.out: list[bytes] = []
         self._out_bytes = 0
         #: A response or error is queued: written when the current input has been run.
         self._respond = False
         self._flush_pending = False
-        self.publishing = self._publishing()
-        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self.publishing = Publishing(self)
         self._buffer_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
-            Fin: self.FIN,
-            Pub: self.PUB,
-            Mpub: self.MPUB,
-            Dpub: self.DPUB,
-            Rdy: self.RDY,
-            Req: self.REQ,
-            Touch: self.TOUCH,
-            Sub: self.SUB,
-            Cls: self.CLS,
-            Nop: self.NOP,
-            Identify: self.IDENTIFY,
-            Auth: self.AUTH,
+            command: getattr(self, command.__name__.upper()) for command in COMMANDS
         }
-
-    def _publishing(self) -> Publishing:
-        return Publishing(self)
 
     # -- connection lifecycle -------------------------------------------------------------
 
@@ -169,16 +199,15 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             self.client_id = self.hostname = host
         else:
             self.remote_address = str(peer or "") or self.unnamed_peer
-        self._last_read = self.loop.time()
-        self._arm_heartbeat()
+        self.heartbeat.arm()
         self.nsqd.add_client(self)
         log.info("TCP: new client(%s)", self.remote_address)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        for timer in (self._heartbeat_timer, self._buffer_timer):
-            if timer is not None:
-                timer.cancel()
+        self.heartbeat.cancel()
+        if self._buffer_timer is not None:
+            self._buffer_timer.cancel()
         if self._upgrade is not None:
             self._upgrade.cancel()
         if self._auth is not None:
@@ -210,9 +239,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self.flush()
         if self.transport is not None:
             self.transport.close()
-
-    def eof_received(self) -> bool | None:
-        return None  # close our side too
 
     # -- input ----------------------------------------------------------------------------
 
@@ -266,7 +292,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         if events:
             # nsqd's read deadline restarts with each command: bytes trickling into a
             # half-sent command do not keep a connection alive.
-            self._last_read = self.loop.time()
+            self.heartbeat.last_read = self.loop.time()
             self.queue.extend(events)
 
     def _drain(self) -> None:
@@ -427,31 +453,6 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         out.clear()
         self._out_bytes = 0
 
-    # -- heartbeats -----------------------------------------------------------------------
-
-    def _arm_heartbeat(self) -> None:
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
-            self._heartbeat_timer = None
-        if self.heartbeat_interval > 0:
-            self._heartbeat_timer = self.loop.call_later(self.heartbeat_interval, self._heartbeat)
-
-    def _heartbeat(self) -> None:
-        self._heartbeat_timer = None
-        interval = self.heartbeat_interval
-        now = self.loop.time()
-        if now - self._last_read >= 2 * interval:
-            # nsqd's read deadline: no command for two intervals closes the connection.
-            log.error(
-                "PROTOCOL(V2): [%s] failed to read command - i/o timeout", self.remote_address
-            )
-            self._close()
-            return
-        self.out.append(HEARTBEAT_FRAME)
-        self.flush()
-        wake = min(interval, self._last_read + 2 * interval - now)
-        self._heartbeat_timer = self.loop.call_later(max(wake, 0.001), self._heartbeat)
-
     # -- commands, named as on the wire ---------------------------------------------------
 
     def IDENTIFY(self, cmd: Identify) -> None:
@@ -460,7 +461,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self.parser.idempotent = d.idempotent_publish
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PROTOCOL(V2): [%s] IDENTIFY %s", self.remote_address, dict(d._asdict()))
-        self._arm_heartbeat()
+        self.heartbeat.arm()
         if not d.feature_negotiation:
             self.send_frame(OK_FRAME)
             return

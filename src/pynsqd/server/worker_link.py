@@ -28,13 +28,10 @@ class WorkerLink(ClientV2):
 
     def __init__(self, nsqd: ConnectionContext) -> None:
         super().__init__(nsqd, dataclasses.replace(nsqd.protocol_config, tls_required=False))
-
-    def _publishing(self) -> LinkPublishing:
-        self._link_publishing = LinkPublishing(self)
-        return self._link_publishing
+        self.publishing = self.link_publishing = LinkPublishing(self)
 
     def send_frame(self, frame: bytes) -> None:
-        in_order = self._link_publishing.in_order
+        in_order = self.link_publishing.in_order
         if in_order:  # behind an answer not known yet
             in_order.append([frame])
             return
