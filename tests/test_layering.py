@@ -233,7 +233,7 @@ def test_positions_and_a_topics_replication_move_only_through_their_owners() -> 
 
 def test_replication_changes_a_channel_only_through_its_methods() -> None:
     """``cluster/`` reads a channel's windows but changes them, and its queues, only through
-    the channel's own methods (``track_partition``, ``adopted_below``, ...)."""
+    ``core/windows.py``'s functions (``track_partition``, ``adopted_below``, ...)."""
     import re
 
     reach_in = re.compile(r"\b(ch|channel)\.(queue|tq|deferred|in_flight)\b|\.windows(\[.*\])? =")

@@ -441,22 +441,29 @@ def test_a_replicated_channels_windows_change_only_through_its_methods() -> None
     or merged window, give up what another node adopted, and drop its offset-ID messages for
     a rebuild (the log puts them back)."""
     from pynsqd.core.offsets import DoneWindow, offset_id
+    from pynsqd.core.windows import (
+        adopted_below,
+        drop_offset_messages,
+        merge_window,
+        set_window,
+        track_partition,
+    )
 
     loop = FakeLoop()
     topic, _ = _topic(loop)
     ch = topic.get_channel("c")
     assert ch.windows is None
-    ch.track_partition(1, 10)
-    ch.track_partition(1, 99)  # kept: already responsible
+    track_partition(ch, 1, 10)
+    track_partition(ch, 1, 99)  # kept: already responsible
     assert ch.windows is not None and ch.windows[1].low == 10
-    ch.merge_window(2, DoneWindow(5, 20))
-    ch.merge_window(2, DoneWindow(15, 30))
+    merge_window(ch, 2, DoneWindow(5, 20))
+    merge_window(ch, 2, DoneWindow(15, 30))
     assert (ch.windows[2].low, ch.windows[2].end) == (5, 30)
-    ch.adopted_below(2, 30, own=False)  # another partition: closed
+    adopted_below(ch, 2, 30, own=False)  # another partition: closed
     assert ch.windows[2].pending(None) == []
-    ch.adopted_below(1, 50, own=True)  # its own partition: its from 50 on
+    adopted_below(ch, 1, 50, own=True)  # its own partition: its from 50 on
     assert ch.windows[1].pending(None) == [(50, None)]
-    ch.set_window(1, DoneWindow(7))
+    set_window(ch, 1, DoneWindow(7))
     assert ch.windows[1].low == 7
     plain = [Message(b"%016x" % i, b"p", 1) for i in range(3)]
     coded = [Message(offset_id(1, i), b"o", 1) for i in range(5)]
@@ -465,7 +472,7 @@ def test_a_replicated_channels_windows_change_only_through_its_methods() -> None
     for m in deferred:
         m.defer_until_ns = time.time_ns() + 10**12
     ch.put_deferred(deferred)
-    steps = list(ch.drop_offset_messages(batch=3))
+    steps = list(drop_offset_messages(ch, batch=3))
     assert steps == [3, 3, 2, 0]  # eight queued, read three at a time, then done
     assert sorted(m.id for m in ch.queue.take(100)) == sorted(m.id for m in plain)
     assert list(ch.deferred) == [b"%016x" % 9]  # only the offset-ID one left

@@ -152,6 +152,7 @@ def test_a_replicated_channel_marks_notes_and_screens_by_offset_id(
     from pynsqd.core.backend import DummyBackend
     from pynsqd.core.message import Message
     from pynsqd.core.topic import Topic
+    from pynsqd.core.windows import set_window
 
     from .fakeloop import FakeLoop
     from .test_channel import Consumer, Owner
@@ -159,8 +160,8 @@ def test_a_replicated_channel_marks_notes_and_screens_by_offset_id(
     loop = FakeLoop()
     topic = Topic("t", Owner(loop), loop, node_id=1, mem_queue_size=100, backend=DummyBackend())
     ch = topic.get_channel("c")
-    ch.set_window(1, DoneWindow(0))
-    ch.set_window(2, DoneWindow(0, 10))
+    set_window(ch, 1, DoneWindow(0))
+    set_window(ch, 2, DoneWindow(0, 10))
     msgs = [Message(i, b"x", 0) for i in offset_ids(1, 0, 5)] + [
         Message(i, b"y", 0) for i in offset_ids(2, 0, 3)
     ]

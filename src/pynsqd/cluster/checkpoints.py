@@ -42,6 +42,13 @@ from typing import Any, Protocol
 from ..core.channel import Channel
 from ..core.offsets import DoneWindow
 from ..core.topic import Topic
+from ..core.windows import (
+    adopted_below,
+    drop_offset_messages,
+    merge_window,
+    set_window,
+    track_partition,
+)
 from ..log import LOGGER_NAME
 from ..storage.topiclog import TopicLog
 from .etcd import Compare, EtcdError, KeyValue, put_op, range_op
@@ -165,7 +172,7 @@ class Checkpoints:
         handed = topic.log.handed
         for ch in topic.channels.values():
             if not ch.ephemeral:
-                ch.track_partition(self.me, handed)
+                track_partition(ch, self.me, handed)
 
     def _windows(self) -> dict[PartKey, dict[str, DoneWindow]]:
         out: dict[PartKey, dict[str, DoneWindow]] = {}
@@ -253,7 +260,7 @@ class Checkpoints:
             for ch in topic.channels.values():
                 if ch.windows is None:
                     continue
-                ch.adopted_below(part[1], end, own=part[1] == self.me)
+                adopted_below(ch, part[1], end, own=part[1] == self.me)
                 closed += 1
             if part[1] == self.me:
                 topic.hold_hand_off()  # until this node leads its partition again
@@ -318,18 +325,18 @@ class Checkpoints:
             window = doc.channels.get(ch.name)
             if window is not None:
                 try:
-                    ch.set_window(origin, DoneWindow.decode(window))
+                    set_window(ch, origin, DoneWindow.decode(window))
                 except ValueError as err:
                     log.error("CLUSTER: %s:%s: %s", ch.topic.name, ch.name, err)
             elif origin == self.me and doc.handed is not None:
                 # Created after that checkpoint: it had nothing before its hand-off.
                 now = windows.get(origin)
                 low = doc.handed if now is None else min(doc.handed, now.low)
-                ch.set_window(origin, DoneWindow(low))
+                set_window(ch, origin, DoneWindow(low))
         if resume is not None:
             # Adopted below ``resume``; from there on it is this node's (what it was handed
             # after a take-back, before the crash, included).
-            ch.set_window(self.me, DoneWindow(resume))
+            set_window(ch, self.me, DoneWindow(resume))
 
     def hold_adopted(self) -> None:
         """Own partitions adopted by another node: their hand-off waits until this node leads
@@ -360,7 +367,7 @@ class Checkpoints:
                 missing,
             )
             return
-        for taken in ch.drop_offset_messages(REBUILD_BATCH):
+        for taken in drop_offset_messages(ch, REBUILD_BATCH):
             if taken:
                 await asyncio.sleep(0)
         count = 0
@@ -485,7 +492,7 @@ class Checkpoints:
         self.revs[part] = result.revision
         self.written.pop(part, None)
         for name, w in theirs.items():
-            channels[name].merge_window(p.origin, w)
+            merge_window(channels[name], p.origin, w)
         # The replay runs beside the plan's ticks (a large backlog takes a while); a crash
         # before it ends is a crash of a node whose checkpoint already holds these windows.
         task = asyncio.create_task(self._replay(p, holder, topic, channels, theirs, end))
@@ -536,7 +543,7 @@ class Checkpoints:
         if resume is not None:
             for ch in topic.channels.values():
                 if ch.windows is not None:
-                    ch.track_partition(self.me, resume)
+                    track_partition(ch, self.me, resume)
             if topic.log.handed < resume:
                 topic.restart_hand_off(min(resume, topic.log.latest))
             log.info(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from .backend import BackendQueue
@@ -38,17 +38,11 @@ from .errors import (
     TooManyConsumers,
 )
 from .lending import Lending
+from .lifecycle import Bounds, Screen
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
-from .offsets import DoneWindow, is_offset_id
 from .queue import MessageQueue
 from .timed_queue import TICK, Scheduler, TimedQueue
 from .windows import PartitionWindows
-
-#: Dead-lettering failed: the messages wait this long (doubling to the cap) and are tried again.
-DEAD_LETTER_RETRY_MIN = 1.0
-DEAD_LETTER_RETRY_MAX = 60.0
-#: At most one "failed to dead-letter" line per channel this often (with a count).
-DEAD_LETTER_LOG_EVERY = 10.0
 
 log = logging.getLogger("pynsqd")
 
@@ -73,39 +67,26 @@ class ChannelOwner(Protocol):
 class Channel:
     __slots__ = (
         "_behind",
-        "_dl_backoff",
-        "_dl_logged_at",
-        "_dl_pass",
-        "_dl_unlogged",
         "_pump_pending",
         "_rr",
-        "bound_policy",
+        "bounds",
         "clients",
-        "dead_letter_count",
-        "dead_letter_failed_count",
         "deferred",
-        "dropped_count",
         "e2e_sink",
         "ephemeral",
         "exiting",
-        "expired_count",
         "held",
         "in_flight",
         "lending",
         "loop",
-        "max_attempts",
-        "max_bytes",
         "max_consumers",
-        "max_depth",
         "max_msg_timeout",
         "message_count",
-        "msg_ttl_ns",
         "name",
-        "over_bound_count",
         "paused",
         "queue",
         "requeue_count",
-        "screening",
+        "screen",
         "stale_count",
         "timeout_count",
         "topic",
@@ -149,23 +130,9 @@ class Channel:
         self._rr = 0
         #: Called with (now_ns - msg.timestamp) for each FIN when e2e latency is tracked.
         self.e2e_sink: Callable[[int], None] | None = None
-        # pynsqd's message lifecycle (README, "Beyond nsqd"); all off by default.
-        self.max_attempts = 0  # deliveries before a message is dead-lettered; 0: unlimited
-        self.msg_ttl_ns = 0  # age from publish after which a message is not delivered
-        self.max_depth = 0  # queued + deferred messages; 0: unbounded
-        self.max_bytes = 0  # their body bytes (about: disk counts record headers); 0: unbounded
-        self.bound_policy = "reject"  # or "drop-oldest"
-        self.screening = False  # max_attempts or msg_ttl_ns set: _deliver looks at each message
-        self.dead_letter_count = 0
-        self.dead_letter_failed_count = 0
-        #: Messages the server had to take back (REQ, timeout, disconnect) past the bound.
-        self.over_bound_count = 0
-        self._dl_backoff = 0.0  # the next retry delay after a dead-letter failure; 0: none
-        self._dl_logged_at = float("-inf")
-        self._dl_unlogged = 0
-        self._dl_pass: set[bytes] = set()  # deferred after a failure: delivered once when due
-        self.expired_count = 0
-        self.dropped_count = 0
+        # pynsqd's message lifecycle (``core/lifecycle.py``); all off by default.
+        self.screen = Screen(self, lambda msgs: topic.dead_letter(self, msgs))
+        self.bounds = Bounds(self)
         #: A replicated topic's channel: per partition (origin node), what it is responsible
         #: for and done with (``core/offsets.py``; checkpointed by ``cluster/checkpoints.py``).
         #: None: not replicated (no cost).
@@ -182,71 +149,10 @@ class Channel:
         self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str, max_bytes: int = 0
     ) -> None:
         """New settings; they apply from the next delivery (nothing in flight changes)."""
-        self.max_attempts = max_attempts
-        self.msg_ttl_ns = msg_ttl_ns
-        self.max_depth = max_depth
-        self.max_bytes = max_bytes
-        if bool(max_bytes) != self.queue.track_bytes:
-            self.queue.count_bytes(bool(max_bytes))
-        self.bound_policy = policy
-        self.screening = bool(max_attempts or msg_ttl_ns)
+        self.screen.set(max_attempts, msg_ttl_ns)
+        self.bounds.set(max_depth, policy, max_bytes)
         if self.clients:
             self.schedule_pump()
-
-    @property
-    def bounded_depth(self) -> int:
-        """What a bound counts: queued (memory and disk) and deferred, as /stats's depth."""
-        return self.depth + len(self.deferred)
-
-    @property
-    def bounded_bytes(self) -> int:
-        """Their body bytes (the queue counts while a bytes bound applies)."""
-        return self.queue.byte_size() + sum(len(m.body) for m in self.deferred.values())
-
-    def over_bound(self, n: int, size: int) -> str | None:
-        """Why ``n`` more messages of ``size`` body bytes would not fit, or None."""
-        if self.max_depth and self.bounded_depth + n > self.max_depth:
-            return f"{self.bounded_depth} of {self.max_depth} messages"
-        if self.max_bytes:
-            held = self.bounded_bytes
-            if held + size > self.max_bytes:
-                return f"{held} of {self.max_bytes} bytes"
-        return None
-
-    def fitting(self, msgs: list[Message]) -> int:
-        """How many of ``msgs``, from the first, fit under the bounds now."""
-        n = len(msgs)
-        if self.max_depth:
-            n = min(n, max(0, self.max_depth - self.bounded_depth))
-        if self.max_bytes:
-            room = self.max_bytes - self.bounded_bytes
-            for i in range(n):
-                room -= len(msgs[i].body)
-                if room < 0:
-                    return i
-        return n
-
-    def _count_over(self, n: int) -> None:
-        """Requeued messages are kept even past the bound (their publisher was told OK)."""
-        if self.max_depth:
-            over = min(n, self.bounded_depth - self.max_depth)
-            if over > 0:
-                self.over_bound_count += over
-
-    def trim(self) -> int:
-        """Policy drop-oldest: drop the messages next in line past the bounds."""
-        dropped = 0
-        while len(self.queue) and (
-            (self.max_depth and self.bounded_depth > self.max_depth)
-            or (self.max_bytes and self.bounded_bytes > self.max_bytes)
-        ):
-            excess = max(1, self.bounded_depth - self.max_depth) if self.max_depth else 1
-            taken = self.queue.drop_oldest(excess)
-            if not taken:
-                break
-            dropped += taken
-        self.dropped_count += dropped
-        return dropped
 
     def __repr__(self) -> str:
         return f"Channel({self.topic.name}:{self.name})"
@@ -418,67 +324,6 @@ class Channel:
         self.tq.push_many(sent, now + client.msg_timeout)
         client.send_messages(sent)
 
-    def _screen(self, batch: list[Message]) -> list[Message]:
-        """Expired messages are dropped; those that used up their attempts go to the
-        dead-letter topic. If that fails they are delivered after all (never lost)."""
-        ttl = self.msg_ttl_ns
-        limit = self.max_attempts
-        now_ns = time.time_ns() if ttl else 0
-        keep: list[Message] = []
-        dead: list[Message] = []
-        expired = 0
-        windows = self.windows
-        for m in batch:
-            if ttl and now_ns - m.timestamp >= ttl:
-                expired += 1
-                if windows is not None:
-                    windows.mark_done((m.id,))
-            elif limit and m.attempts >= limit:
-                if m.id in self._dl_pass:  # back from its delay: delivered, as a REQ would be
-                    self._dl_pass.discard(m.id)
-                    keep.append(m)
-                else:
-                    dead.append(m)
-            else:
-                keep.append(m)
-        self.expired_count += expired
-        if dead:
-            err = self.topic.dead_letter(self, dead)
-            if err is None:
-                self.dead_letter_count += len(dead)
-                self._dl_backoff = 0.0
-                if windows is not None:
-                    windows.mark_done([m.id for m in dead])
-            else:
-                self._dead_letter_failed(dead, err)
-        return keep
-
-    def _dead_letter_failed(self, dead: list[Message], err: OSError | QueueFull) -> None:
-        """Deferred, as a REQ with a delay (doubling per failure, capped), then tried again:
-        never lost, never a hot loop. The log line is rate-limited, with a count."""
-        self.dead_letter_failed_count += len(dead)
-        delay = self._dl_backoff or DEAD_LETTER_RETRY_MIN
-        self._dl_backoff = min(delay * 2, DEAD_LETTER_RETRY_MAX)
-        now = self.loop.time()
-        for m in dead:
-            self.deferred[m.id] = m
-            self._dl_pass.add(m.id)
-        self.tq.push_many(dead, now + delay)
-        self._dl_unlogged += len(dead)
-        if now - self._dl_logged_at >= DEAD_LETTER_LOG_EVERY:
-            log.error(
-                "CHANNEL(%s:%s): failed to dead-letter %d message(s) (%d failures in all), "
-                "retrying in %gs - %s",
-                self.topic.name,
-                self.name,
-                self._dl_unlogged,
-                self.dead_letter_failed_count,
-                delay,
-                err,
-            )
-            self._dl_logged_at = now
-            self._dl_unlogged = 0
-
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
         if self.windows is not None:
@@ -486,8 +331,8 @@ class Channel:
             self.stale_count += stale
             if not batch:
                 return 0
-        if self.screening:
-            batch = self._screen(batch)
+        if self.screen.on:
+            batch = self.screen.batch(batch)
             if not batch:
                 return 0
         if client.sample_rate:
@@ -596,7 +441,7 @@ class Channel:
             err = self.queue.keep_many([msg])
             if err is not None:
                 self._kept_in_memory(1, err)
-            self._count_over(1)
+            self.bounds.count_over(1)
         if self._behind:
             self._release([msg_id])
         self.schedule_pump()
@@ -647,7 +492,7 @@ class Channel:
         if err is not None:
             self._kept_in_memory(len(ready), err)
         if timed_out:
-            self._count_over(sum(timed_out.values()))
+            self.bounds.count_over(sum(timed_out.values()))
         if self._behind and timed_out:
             self._release([m.id for m in ready if m.id in self._behind])
         self.schedule_pump()
@@ -698,7 +543,7 @@ class Channel:
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)
-        self._count_over(len(mine))
+        self.bounds.count_over(len(mine))
         if self._behind:
             self._release([m.id for m in mine])
         self.schedule_pump()
@@ -725,7 +570,7 @@ class Channel:
         self.in_flight.clear()
         self.deferred.clear()
         self._behind.clear()
-        self._dl_pass.clear()
+        self.screen.passing.clear()
         for c in self.clients.values():
             c.emptied()
         self.queue.empty()
@@ -733,55 +578,6 @@ class Channel:
             self.lending.forget()
         if self.windows is not None:
             self.windows.emptied(self.topic.log_handed())
-
-    # -- a replicated topic's channel: its windows, changed only through these ------------
-    # (``cluster/checkpoints.py`` and the topic call them: tracking, adoption, restore,
-    # take-back; ``core/windows.py`` keeps them)
-
-    def _windows(self) -> PartitionWindows:
-        if self.windows is None:
-            self.windows = PartitionWindows()
-        return self.windows
-
-    def track_partition(self, origin: int, low: int) -> None:
-        """Responsible for ``origin``'s partition from ``low`` on (kept if it already is)."""
-        self._windows().track(origin, low)
-
-    def set_window(self, origin: int, window: DoneWindow) -> None:
-        """``origin``'s window as a checkpoint or a take-back says it is."""
-        self._windows().set(origin, window)
-
-    def merge_window(self, origin: int, window: DoneWindow) -> None:
-        """Adopted: what another holder was responsible for joins this channel's window."""
-        self._windows().merge(origin, window)
-
-    def adopted_below(self, origin: int, end: int, *, own: bool) -> None:
-        """Another node took over this channel's part of ``origin``'s partition below
-        ``end`` (``PartitionWindows.adopted_below``). Its messages below ``end`` are dropped at
-        delivery."""
-        if self.windows is None:
-            return
-        self.windows.adopted_below(origin, end, own=own)
-        self.schedule_pump()
-
-    def drop_offset_messages(self, batch: int) -> Iterator[int]:
-        """Rebuilding after a crash: every message with an offset ID leaves the queue and the
-        deferred set (the log puts them back); the others stay. Yields after each ``batch``
-        read from the queue (the caller lets the loop run), then once more when done."""
-        kept: list[Message] = []
-        n = len(self.queue)
-        while n > 0:
-            taken = self.queue.take(min(n, batch))
-            if not taken:
-                break
-            n -= len(taken)
-            kept.extend(m for m in taken if not is_offset_id(m.id))
-            yield len(taken)
-        for msg_id in [i for i in self.deferred if is_offset_id(i)]:
-            self.tq.remove(self.deferred.pop(msg_id))
-        if kept:
-            self.queue.keep_many(kept)
-        yield 0
 
     def close(self, *, delete: bool) -> None:
         """Stop the channel. On delete its messages go; otherwise they are kept in the backend."""

@@ -25,6 +25,7 @@ from .message import Message
 from .offsets import offset_ids
 from .queue import MessageQueue
 from .timed_queue import Scheduler
+from .windows import track_partition
 
 log = logging.getLogger("pynsqd")
 
@@ -351,10 +352,8 @@ class Topic:
     def refresh_bounds(self) -> None:
         """Recompute ``bounded`` (a bound was set, or a channel came or went): publishing
         pays one attribute check while nothing is bounded."""
-        self.bounded = bool(self.max_depth) or any(
-            ch.max_depth or ch.max_bytes for ch in self.channels.values()
-        )
-        in_bytes = any(ch.max_bytes for ch in self.channels.values())
+        self.bounded = bool(self.max_depth) or any(ch.bounds.on for ch in self.channels.values())
+        in_bytes = any(ch.bounds.max_bytes for ch in self.channels.values())
         if in_bytes != self.queue.track_bytes:  # the topic's backlog counts for those bounds
             self.queue.count_bytes(in_bytes)
         if self.on_bounds is not None:
@@ -364,13 +363,14 @@ class Topic:
         """Policy reject: refuse the whole publish if any bounded queue it goes to is full."""
         if self.channels:
             for ch in self.channels.values():
-                if (ch.max_depth or ch.max_bytes) and ch.bound_policy == "reject":
+                bounds = ch.bounds
+                if bounds.on and bounds.policy == "reject":
                     # What waits in the topic (paused, or not yet handed over) goes to every
                     # channel: it counts (its bytes only as far as they are in memory).
-                    why = ch.over_bound(n + self.depth, size + self.queue.mem_bytes)
+                    why = bounds.over(n + self.depth, size + self.queue.mem_bytes)
                     if why is not None:
                         raise QueueFull(
-                            f"{self.name}:{ch.name}", ch.bounded_depth, ch.max_depth, why
+                            f"{self.name}:{ch.name}", bounds.depth, bounds.max_depth, why
                         )
         elif self.max_depth and self.bound_policy == "reject" and self.depth + n > self.max_depth:
             raise QueueFull(self.name, self.depth, self.max_depth)
@@ -379,8 +379,8 @@ class Topic:
         """Policy drop-oldest: queues past their bound drop the messages next in line."""
         if self.channels:
             for ch in self.channels.values():
-                if (ch.max_depth or ch.max_bytes) and ch.bound_policy == "drop-oldest":
-                    ch.trim()
+                if ch.bounds.on and ch.bounds.policy == "drop-oldest":
+                    ch.bounds.trim()
             return
         excess = self.depth - self.max_depth
         if not self.max_depth or self.bound_policy != "drop-oldest" or excess <= 0:
@@ -556,7 +556,7 @@ class Topic:
             ch = self._owner.make_channel(self, name)
             if self.origin is not None and not ch.ephemeral and self.log is not None:
                 # It gets the partition from the hand-off position on.
-                ch.track_partition(self.origin, self.log.handed)
+                track_partition(ch, self.origin, self.log.handed)
             self.channels[name] = ch
             self.refresh_bounds()
             if self.on_channel_added is not None:

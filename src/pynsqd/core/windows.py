@@ -7,8 +7,9 @@ responsible for and done with (``offsets.DoneWindow``), and is the one object th
 for it: FIN, expiry and dead-lettering mark offsets done (``mark_done``), a REQ or a timeout notes
 attempts (``note_attempts``), delivery drops what another node took over (``screen``), and an
 empty closes or advances every window (``emptied``). Replication (``cluster/checkpoints.py``)
-changes the windows only through the channel, which creates this object on first use
-(``track``, ``set``, ``merge``, ``adopted_below``) and otherwise reads it as a mapping.
+changes a channel's windows only through this module's functions (``track_partition``,
+``set_window``, ``merge_window``, ``adopted_below``, ``drop_offset_messages``), which create this
+object on first use; otherwise it reads it as a mapping.
 
 A channel of a topic that is not replicated has none (``Channel.windows`` is None: no cost).
 No I/O, no clock: tested in ``tests/unit/test_windows.py``.
@@ -17,9 +18,12 @@ No I/O, no clock: tested in ``tests/unit/test_windows.py``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
 from .message import Message
-from .offsets import DoneWindow, decode_offset_id
+from .offsets import DoneWindow, decode_offset_id, is_offset_id
+from .queue import MessageQueue
+from .timed_queue import TimedQueue
 
 
 class PartitionWindows(Mapping[int, DoneWindow]):
@@ -114,3 +118,72 @@ class PartitionWindows(Mapping[int, DoneWindow]):
             w.done_below(end)
         elif w is not None:
             w.close()
+
+
+# -- what replication changes of a channel (``cluster/checkpoints.py``, the topic) ----------
+
+
+class Replicated(Protocol):
+    """What these functions read and change of a channel (``core/channel.Channel``)."""
+
+    windows: PartitionWindows | None
+
+    @property
+    def queue(self) -> MessageQueue: ...
+    @property
+    def tq(self) -> TimedQueue: ...
+    @property
+    def deferred(self) -> dict[bytes, Message]: ...
+    def schedule_pump(self) -> None: ...
+
+
+def _windows(channel: Replicated) -> PartitionWindows:
+    if channel.windows is None:
+        channel.windows = PartitionWindows()
+    return channel.windows
+
+
+def track_partition(channel: Replicated, origin: int, low: int) -> None:
+    """Responsible for ``origin``'s partition from ``low`` on (kept if it already is)."""
+    _windows(channel).track(origin, low)
+
+
+def set_window(channel: Replicated, origin: int, window: DoneWindow) -> None:
+    """``origin``'s window as a checkpoint or a take-back says it is."""
+    _windows(channel).set(origin, window)
+
+
+def merge_window(channel: Replicated, origin: int, window: DoneWindow) -> None:
+    """Adopted: what another holder was responsible for joins the channel's window."""
+    _windows(channel).merge(origin, window)
+
+
+def adopted_below(channel: Replicated, origin: int, end: int, *, own: bool) -> None:
+    """Another node took over the channel's part of ``origin``'s partition below ``end``
+    (``PartitionWindows.adopted_below``): its messages below ``end`` are dropped at delivery."""
+    if channel.windows is None:
+        return
+    channel.windows.adopted_below(origin, end, own=own)
+    channel.schedule_pump()
+
+
+def drop_offset_messages(channel: Replicated, batch: int) -> Iterator[int]:
+    """Rebuilding after a crash: every message with an offset ID leaves the channel's queue and
+    deferred set (the log puts them back); the others stay. Yields after each ``batch`` read
+    from the queue (the caller lets the loop run), then once more when done."""
+    queue = channel.queue
+    kept: list[Message] = []
+    n = len(queue)
+    while n > 0:
+        taken = queue.take(min(n, batch))
+        if not taken:
+            break
+        n -= len(taken)
+        kept.extend(m for m in taken if not is_offset_id(m.id))
+        yield len(taken)
+    deferred = channel.deferred
+    for msg_id in [i for i in deferred if is_offset_id(i)]:
+        channel.tq.remove(deferred.pop(msg_id))
+    if kept:
+        queue.keep_many(kept)
+    yield 0

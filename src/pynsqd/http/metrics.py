@@ -118,20 +118,20 @@ LIFECYCLE_FAMILIES: tuple[Family, ...] = (
         "nsq_channel_dead_lettered",
         "Messages moved to the dead-letter topic after --max-attempts",
         C,
-        lambda c: c.dead_letter_count,
+        lambda c: c.screen.dead_letter_count,
     ),
-    ("nsq_channel_expired", "Messages dropped past their TTL", C, lambda c: c.expired_count),
+    ("nsq_channel_expired", "Messages dropped past their TTL", C, lambda c: c.screen.expired_count),
     (
         "nsq_channel_dropped",
         "Messages dropped by a drop-oldest bound",
         C,
-        lambda c: c.dropped_count,
+        lambda c: c.bounds.dropped_count,
     ),
     (
         "nsq_channel_over_bound",
         "Messages taken back from consumers (REQ, timeout, disconnect) past a bound",
         C,
-        lambda c: c.over_bound_count,
+        lambda c: c.bounds.over_bound_count,
     ),
 )
 
@@ -204,7 +204,7 @@ class NSQCollector:
                 cl = [topic.name, ch.name]
                 for fam, value in channel_fams:
                     fam.add_metric(cl, value(ch))
-                if ch.screening or ch.max_depth or ch.max_bytes:
+                if ch.screen.on or ch.bounds.on:
                     for fam, value in lifecycle_fams:
                         fam.add_metric(cl, value(ch))
                 if ch.windows is not None:

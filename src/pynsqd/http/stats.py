@@ -126,26 +126,26 @@ def channel_stats(
             },
             "superseded_count": channel.stale_count,
         }
+    screen, bounds = channel.screen, channel.bounds
     if (
-        channel.screening
-        or channel.max_depth
-        or channel.max_bytes
-        or channel.dead_letter_count
-        or channel.expired_count
-        or channel.dropped_count
-        or channel.over_bound_count
+        screen.on
+        or bounds.on
+        or screen.dead_letter_count
+        or screen.expired_count
+        or bounds.dropped_count
+        or bounds.over_bound_count
     ):  # pynsqd's message lifecycle, shown once it is in use
         stats["lifecycle"] = {
-            "max_attempts": channel.max_attempts,
-            "msg_ttl": format_duration(channel.msg_ttl_ns / 1e9),
-            "max_depth": channel.max_depth,
-            "max_bytes": channel.max_bytes,
-            "bound_policy": channel.bound_policy,
-            "dead_letter_count": channel.dead_letter_count,
-            "dead_letter_failed_count": channel.dead_letter_failed_count,
-            "expired_count": channel.expired_count,
-            "dropped_count": channel.dropped_count,
-            "over_bound_count": channel.over_bound_count,
+            "max_attempts": screen.max_attempts,
+            "msg_ttl": format_duration(screen.msg_ttl_ns / 1e9),
+            "max_depth": bounds.max_depth,
+            "max_bytes": bounds.max_bytes,
+            "bound_policy": bounds.policy,
+            "dead_letter_count": screen.dead_letter_count,
+            "dead_letter_failed_count": screen.dead_letter_failed_count,
+            "expired_count": screen.expired_count,
+            "dropped_count": bounds.dropped_count,
+            "over_bound_count": bounds.over_bound_count,
         }
     return stats
 

@@ -21,7 +21,8 @@ match them in order (``server/forward.py``).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from ..core.publish import (
     Done,
@@ -42,7 +43,42 @@ from .client_v2 import Pause
 
 if TYPE_CHECKING:
     from ..cluster.replicator import Replicator
-    from .protocol_v2 import ClientV2
+    from ..core.topic import Topic
+
+
+class Forwarding(Protocol):
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
+        """Send a publish command to worker ``peer`` (``server/forward.py``)."""
+
+
+class PublishHost(Protocol):
+    """What a publish needs of nsqd."""
+
+    @property
+    def replication(self) -> Replicator | None: ...
+    @property
+    def workers(self) -> Forwarding | None: ...
+    def get_topic(self, name: str) -> Topic: ...
+    def set_health_error(self, err: BaseException | None) -> None: ...
+
+
+class Publisher(Protocol):
+    """What ``Publishing`` needs of its connection (``protocol_v2.ClientV2``)."""
+
+    paused: Pause | None
+    out: list[bytes]
+
+    @property
+    def nsqd(self) -> PublishHost: ...
+    @property
+    def closed(self) -> bool: ...
+    def published(self, topic: str, n: int) -> None: ...
+    def send_frame(self, frame: bytes) -> None: ...
+    def answer_ok(self) -> None: ...
+    def pause(self, why: Pause) -> None: ...
+    def resume(self) -> None: ...
+    def fatal(self, err: ProtocolError) -> None: ...
+    def flush(self) -> None: ...
 
 
 class Publishing:
@@ -51,7 +87,7 @@ class Publishing:
     #: A publish that came over a worker link is made here, never forwarded again.
     forwarded = False
 
-    def __init__(self, conn: ClientV2) -> None:
+    def __init__(self, conn: Publisher) -> None:
         self.conn = conn
 
     def publish(
@@ -182,7 +218,7 @@ class LinkPublishing(Publishing):
 
     forwarded = True
 
-    def __init__(self, conn: ClientV2) -> None:
+    def __init__(self, conn: Publisher) -> None:
         super().__init__(conn)
         #: Answers while a publish waits for its commit: a slot each (None until known),
         #: written oldest first (``ClientV2.send_frame`` queues behind them).

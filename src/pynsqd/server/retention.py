@@ -291,7 +291,7 @@ class Retention:
         gets ``[start, latest)`` and then what follows, each message once."""
         tlog = topic.log
         assert isinstance(tlog, TopicLog)
-        bounded = channel.max_depth or channel.max_bytes
+        bounded = channel.bounds.on
         if len(topic.channels) == 1 and not len(topic.queue) and not bounded:
             _reopen(topic, channel, start, tlog.handed)
             topic.restart_hand_off(start)  # the backlog is its alone: no replay needed
@@ -415,7 +415,7 @@ class Retention:
         total = sum(stop - start for start, stop in ranges)
         said = time.monotonic()
         stopped: str | None = None
-        bounded = bool(channel.max_depth or channel.max_bytes)
+        bounded = channel.bounds.on
         for start, stop in ranges:
             offset = start
             if offset < tlog.earliest:
@@ -449,8 +449,8 @@ class Retention:
                 if not msgs or nxt <= offset:
                     offset = max(offset, min(nxt, stop))
                     break
-                if as_publisher and bounded and channel.bound_policy == "reject":
-                    fit = channel.fitting(msgs)
+                if as_publisher and bounded and channel.bounds.policy == "reject":
+                    fit = channel.bounds.fitting(msgs)
                     if fit < len(msgs):  # what a publisher could not add, this cannot either
                         msgs, stopped = msgs[:fit], "CHANNEL_FULL"
                         nxt = offsets[fit] if fit < len(offsets) else nxt
@@ -466,8 +466,8 @@ class Retention:
                         log.error(
                             "CHANNEL(%s:%s): failed to store - %s", topic.name, channel.name, kept
                         )
-                    if bounded and channel.bound_policy == "drop-oldest":
-                        channel.trim()
+                    if bounded and channel.bounds.policy == "drop-oldest":
+                        channel.bounds.trim()
                     count += len(msgs)
                 offset = nxt
                 if stopped is not None:
