@@ -59,6 +59,7 @@ class ListBackend:
 
 class Consumer(ConsumerCounts):
     _ids = 0
+    is_link = False
 
     def __init__(self, rdy: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0) -> None:
         super().__init__()

@@ -109,7 +109,7 @@ def test_lent_messages_go_to_this_workers_consumers_never_on_to_another_link() -
     messages redelivered 11 times, others never finished)."""
     loop, _topic, ch, _demand, consumer = setup(rdy=1)
     other = Consumer(rdy=5)  # a link from another worker: RDY as its worker's consumers want
-    other.is_link = True  # type: ignore[attr-defined]
+    other.is_link = True
     ch.add_client(other)
     link = Link()
     ch.lending.add(lent(3), link)  # type: ignore[union-attr]

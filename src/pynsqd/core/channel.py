@@ -255,7 +255,7 @@ class Channel:
         if len(self.queue):
             self._pump_queue()
         if self.lending is not None:
-            self._pump_lent(self.lending)
+            self.lending.pump(self)
 
     def _pump_queue(self) -> None:
         queue = self.queue
@@ -284,45 +284,6 @@ class Channel:
             if not len(queue):
                 return
             ready = still_ready
-
-    def _pump_lent(self, lending: Lending) -> None:
-        """Lent messages to consumers with room left after this channel's own, then the
-        relay is told how much room is left (it asks the other workers for that much). Only
-        this worker's own consumers: a lent message is never lent on to another worker's
-        link (a chain of lenders could bring it back here by a second link, and the FIN of
-        one copy would go to the other's lender)."""
-        if lending.queue:
-            for client in list(self.clients.values()):
-                if getattr(client, "is_link", False):
-                    continue
-                window = client.rdy - client.in_flight_count
-                if window <= 0 or client.write_paused:
-                    continue
-                room = client.output_room()
-                if room <= 0:
-                    continue
-                batch = lending.take(window, room)
-                if not batch:
-                    break
-                self._deliver_lent(client, batch)
-                if not lending.queue:
-                    break
-        lending.demand.demand_changed()
-
-    def _deliver_lent(self, client: ConsumerLike, batch: list[Message]) -> None:
-        # Screened, counted and attempted by the channel that lent them.
-        now = self.loop.time()
-        fly = self.in_flight.setdefault
-        sent = []
-        for msg in batch:
-            if fly(msg.id, msg) is not msg:  # not expected (ids carry the worker's node id)
-                self.lending.give_back(msg)  # type: ignore[union-attr]
-                continue
-            msg.client = client
-            msg.delivery_ts = now
-            sent.append(msg)
-        self.tq.push_many(sent, now + client.msg_timeout)
-        client.send_messages(sent)
 
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from .message import Message
+from .message import ConsumerLike, Message
+from .timed_queue import Scheduler, TimedQueue
 
 
 class Lender(Protocol):
@@ -52,6 +53,19 @@ class _Gone:
 GONE = _Gone()
 
 
+class Borrower(Protocol):
+    """What lent messages need of the channel they are delivered by (``core/channel.py``)."""
+
+    @property
+    def loop(self) -> Scheduler: ...
+    @property
+    def clients(self) -> dict[int, ConsumerLike]: ...
+    @property
+    def in_flight(self) -> dict[bytes, Message]: ...
+    @property
+    def tq(self) -> TimedQueue: ...
+
+
 class Lending:
     __slots__ = ("demand", "lent", "queue")
 
@@ -61,6 +75,45 @@ class Lending:
         self.lent: dict[bytes, Lender] = {}
         #: Lent messages not yet delivered to a consumer.
         self.queue: deque[Message] = deque()
+
+    def pump(self, channel: Borrower) -> None:
+        """Lent messages to the channel's consumers with room left after its own, then the
+        relay is told how much room is left (it asks the other workers for that much). Only
+        this worker's own consumers: a lent message is never lent on to another worker's
+        link (a chain of lenders could bring it back here by a second link, and the FIN of
+        one copy would go to the other's lender)."""
+        if self.queue:
+            for client in list(channel.clients.values()):
+                if client.is_link:
+                    continue
+                window = client.rdy - client.in_flight_count
+                if window <= 0 or client.write_paused:
+                    continue
+                room = client.output_room()
+                if room <= 0:
+                    continue
+                batch = self.take(window, room)
+                if not batch:
+                    break
+                self._deliver(channel, client, batch)
+                if not self.queue:
+                    break
+        self.demand.demand_changed()
+
+    def _deliver(self, channel: Borrower, client: ConsumerLike, batch: list[Message]) -> None:
+        # Screened, counted and attempted by the channel that lent them.
+        now = channel.loop.time()
+        fly = channel.in_flight.setdefault
+        sent = []
+        for msg in batch:
+            if fly(msg.id, msg) is not msg:  # not expected (ids carry the worker's node id)
+                self.give_back(msg)
+                continue
+            msg.client = client
+            msg.delivery_ts = now
+            sent.append(msg)
+        channel.tq.push_many(sent, now + client.msg_timeout)
+        client.send_messages(sent)
 
     def add(self, msgs: list[Message], lender: Lender) -> None:
         lent = self.lent

@@ -53,6 +53,8 @@ class ConsumerLike(Protocol):
 
     id: int
     rdy: int
+    #: Another worker of this node (``--workers``): lent messages are never lent on to it.
+    is_link: bool
     msg_timeout: float
     sample_rate: int
     write_paused: bool

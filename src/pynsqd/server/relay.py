@@ -186,7 +186,7 @@ class Relay:
         return (
             not self.closed
             and not ch.exiting
-            and any(not getattr(c, "is_link", False) for c in ch.clients.values())
+            and any(not c.is_link for c in ch.clients.values())
         )
 
     def consumers_changed(self) -> None:
@@ -255,7 +255,7 @@ class Relay:
         if not (ch.paused or ch.exiting or ch.held or len(ch.queue)):
             room = 0
             for c in ch.clients.values():
-                if not getattr(c, "is_link", False):
+                if not c.is_link:
                     room += c.rdy - c.in_flight_count
             lending = ch.lending
             free = room - (len(lending.queue) if lending is not None else 0)
