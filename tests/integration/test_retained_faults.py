@@ -306,13 +306,13 @@ class Rewind(threading.Thread):
 
 def slow_rewinds(monkeypatch: Any) -> None:
     """One message per loop turn: a rewind runs long enough to race against."""
-    import pynsqd.server.retention as retention
+    import pynsqd.server.rewind as rewind
 
-    monkeypatch.setattr(retention, "REWIND_BATCH", 1)
+    monkeypatch.setattr(rewind, "REWIND_BATCH", 1)
 
 
 def rewinding(server: ServerThread) -> bool:
-    return bool(server.call(lambda: server.nsqd.retention._rewinds))
+    return bool(server.call(lambda: server.nsqd.retention.rewinds.running))
 
 
 @pytest.mark.parametrize("race", ["retention-off", "channel-delete", "topic-delete"])

@@ -98,6 +98,13 @@ class RetainedLogs(Protocol):
     def open_replica(self, topic: str, origin: int) -> TopicLog:
         """This node's copy of node ``origin``'s partition of ``topic``."""
 
+    @property
+    def rewinds(self) -> Replays: ...
+
+
+class Replays(Protocol):
+    """Messages of a log put back into a channel (``server/rewind.py``)."""
+
     async def replay_ranges(
         self,
         topic: Topic,
@@ -377,7 +384,7 @@ class Checkpoints:
                 continue
             upto = topic.log.handed if origin == self.me and topic.log is not None else src.latest
             ranges = [(s, upto if e is None else e) for s, e in w.pending(upto)]
-            count += await self.host.retention.replay_ranges(
+            count += await self.host.retention.rewinds.replay_ranges(
                 topic, ch, src, ranges, w.attempts, w.due
             )
         log.warning(
@@ -511,7 +518,7 @@ class Checkpoints:
         total = 0
         for name, w in theirs.items():
             ranges = [(s, e) for s, e in w.pending(end) if e is not None]
-            total += await self.host.retention.replay_ranges(
+            total += await self.host.retention.rewinds.replay_ranges(
                 topic, channels[name], p.log, ranges, w.attempts, w.due
             )
         log.warning(

@@ -400,7 +400,9 @@ class API:
         channel = topic.get_channel(channel_name)
         if start is None or existed:
             return None
-        return self.replay.answer(await self.nsqd.retention.create_at(topic, channel, start))
+        return self.replay.answer(
+            await self.nsqd.retention.rewinds.create_at(topic, channel, start)
+        )
 
     async def channel_delete(self, request: BaseRequest, params: Params) -> Any:
         topic, channel_name = self._existing_topic(params)

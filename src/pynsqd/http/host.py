@@ -72,6 +72,13 @@ class LogOwner(Protocol):
     def change(self, topic: Topic, seconds: float, size: int) -> None:
         """``POST /topic/retention``; raises OSError, or ``Conflict`` while a rewind runs."""
 
+    @property
+    def rewinds(self) -> Rewinder: ...
+
+
+class Rewinder(Protocol):
+    """The rewinds of the retained logs' channels (``server/rewind.py``)."""
+
     async def rewind(
         self, topic: Topic, channel: Channel, start: int, stop: int | None = None
     ) -> Replayed:

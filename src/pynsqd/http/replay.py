@@ -308,7 +308,7 @@ class ReplayAPI:
         if topic is None or channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
-            result = await self.nsqd.retention.rewind(topic, channel, start)
+            result = await self.nsqd.retention.rewinds.rewind(topic, channel, start)
         except Conflict as err:
             raise HTTPError(409, err.token) from err
         except OSError as err:  # its progress file could not be made: nothing was put back

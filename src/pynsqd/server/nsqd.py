@@ -538,7 +538,7 @@ class NSQD:
             self._load_settings()
             self.load_metadata()
             self.persist_metadata()
-            self.retention.resume_rewinds(self.topics)
+            self.retention.rewinds.resume(self.retention.logs, self.topics)
             # A replicated node binds its sockets (their addresses go into its cluster record)
             # but takes no connection until it has joined: a publish can never be answered
             # before the node knows whether its partition is still its own.

@@ -184,9 +184,7 @@ class Relay:
     def _wanted(self) -> bool:
         ch = self.channel
         return (
-            not self.closed
-            and not ch.exiting
-            and any(not c.is_link for c in ch.clients.values())
+            not self.closed and not ch.exiting and any(not c.is_link for c in ch.clients.values())
         )
 
     def consumers_changed(self) -> None:
