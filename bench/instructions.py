@@ -40,7 +40,7 @@ from pynsqd.core.topic import Topic  # noqa: E402
 from pynsqd.protocol import encode  # noqa: E402
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE, encode_message_frame  # noqa: E402
 from pynsqd.server.protocol_v2 import ClientV2  # noqa: E402
-from pynsqd.server.worker_link import WorkerLink  # noqa: E402
+from pynsqd.server.workers.link import WorkerLink  # noqa: E402
 
 _FRAME = struct.Struct(">ll")
 
@@ -181,11 +181,11 @@ class Pipe(Transport):
 class CrossPubsub(Pubsub):
     """``--cross``: the MPUB lands on worker B; both consumers are on worker A, so every
     message crosses: B delivers it to A's link, A lends it to its consumers, their FINs go back
-    over the link (``server/relay.py``, ``core/lending.py``). Two fake loops, no sockets."""
+    over the link (``server/workers/relay.py``, ``core/lending.py``). Two fake loops, no sockets."""
 
     def __init__(self, size: int, batch: int) -> None:
         from pynsqd.core.lending import Lending
-        from pynsqd.server.relay import Link, Relay
+        from pynsqd.server.workers.relay import Link, Relay
 
         super().__init__(size, batch)  # worker A: its two consumers, subscribed
         a_ctx, a_loop = self.ctx, self.loop
@@ -250,11 +250,11 @@ class _Forwarding:
 
 class ForwardPubsub(Pubsub):
     """``--forward``: the MPUB lands on worker A, which does not keep the retained topic's log:
-    A passes it to worker B over a forward link (``server/forward.py``) and answers with B's
+    A passes it to worker B over a forward link (``server/workers/forward.py``) and answers with B's
     answer; both consumers are on B. What it adds to ``Pubsub`` is the hop. Two fake loops."""
 
     def __init__(self, size: int, batch: int) -> None:
-        from pynsqd.server.forward import ForwardLink
+        from pynsqd.server.workers.forward import ForwardLink
 
         super().__init__(size, batch)  # worker B: the topic, its two consumers
         b_ctx, b_loop = self.ctx, self.loop

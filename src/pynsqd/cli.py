@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsqd: {e.message}", file=sys.stderr)
         return e.exit_code
     # Imported here so that parsing never pays for (or depends on) the server.
-    from pynsqd.server.workers import WorkerSpec, worker_options
+    from pynsqd.server.workers.spec import WorkerSpec, worker_options
 
     worker = WorkerSpec.from_env()
     if worker is not None:  # one worker of --workers N, started by its supervisor
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("%s", warning)
     count = checks.workers_count(opts.workers)
     if worker is None and count > 1:
-        from pynsqd.server.supervisor import run_supervisor
+        from pynsqd.server.workers.supervisor import run_supervisor
 
         return run_supervisor(opts, args, count)
     from pynsqd.server.nsqd import run

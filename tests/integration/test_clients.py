@@ -97,7 +97,7 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
     if request.param.startswith("4 workers"):  # nsqd --workers 4: one node over four processes
         (tmp_path / "data").mkdir()
         # ", retained": every topic keeps a log, which one worker keeps; the clients'
-        # publishes landing on the other three are passed to it (server/forward.py).
+        # publishes landing on the other three are passed to it (server/workers/forward.py).
         retained = ["--retention-time=1h"] if request.param.endswith("retained") else []
         proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4", *retained)
         try:

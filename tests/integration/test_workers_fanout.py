@@ -1,4 +1,4 @@
-"""An admin call fanned out to a worker killed while it held the call (``Workers.fan_out``):
+"""An admin call fanned out to a worker killed while it held the call (``AdminLinks.fan_out``):
 asked again, over real unix sockets, of a stand-in for the worker that takes its place."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 from aiohttp import web
 
 from pynsqd.options import Options
-from pynsqd.server.workers import FAN_OUT_ATTEMPTS, Workers, WorkerSpec
+from pynsqd.server.workers.admin import FAN_OUT_ATTEMPTS
+from pynsqd.server.workers.peers import Workers
+from pynsqd.server.workers.spec import WorkerSpec
 
 
 class Node:
@@ -55,7 +57,7 @@ def test_a_call_dropped_by_a_killed_worker_is_asked_again(
         )
         workers = Workers(Node(asyncio.get_running_loop()), spec)  # type: ignore[arg-type]
         try:
-            await workers.fan_out("POST", "/topic/delete?topic=gone", b"")
+            await workers.admin.fan_out("POST", "/topic/delete?topic=gone", b"")
         finally:
             await workers.stop()
             await runner.cleanup()

@@ -33,7 +33,7 @@ from pynsqd.protocol.frames import (
 from pynsqd.server.busypoll import BusyPoll
 from pynsqd.server.nsqd import protocol_config
 from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
-from pynsqd.server.worker_link import WorkerLink
+from pynsqd.server.workers.link import WorkerLink
 
 from .fakeloop import FakeLoop
 
@@ -425,7 +425,7 @@ class Commits:
 
 def test_a_link_answers_in_order_while_its_publishes_wait_for_their_commits() -> None:
     """Worker 0 of a replicated node takes the other workers' publishes over one link each,
-    answered in the order they came (``server/forward.py`` matches them so). A publish that
+    answered in the order they came (``server/workers/forward.py`` matches them so). A publish that
     waits for its commit holds back the answers behind it, not the publishes: they go on,
     and a commit that comes out of order answers nothing before its turn."""
     loop = FakeLoop()

@@ -220,7 +220,7 @@ def test_a_worker_with_more_than_its_share_lets_the_others_accept(tmp_path: obje
     worker; one that is down counts as full."""
     import os
 
-    from pynsqd.server.workers import ConnectionCounts
+    from pynsqd.server.workers.spec import ConnectionCounts
 
     path = os.path.join(str(tmp_path), "counts")
     counts = ConnectionCounts.create(path, 3)

@@ -3,7 +3,7 @@
 Theory of operation. With several worker processes behind one address, each worker keeps its
 own topics and channels (its own disk and ids); a message stays in the worker its producer's
 connection landed on. When a worker's channel has consumers and nothing of its own left to give
-them, its relay (``server/relay.py``) pulls from the same channel of the other workers: each
+them, its relay (``server/workers/relay.py``) pulls from the same channel of the other workers: each
 link is an ordinary V2 consumer there, so that worker's channel keeps the message's one copy,
 its attempts, timeout, TTL, dead-lettering and its FIN. Here the message is *lent*: it waits in
 ``queue`` until a consumer has room, is delivered and tracked in flight like any other, and

@@ -8,8 +8,9 @@ the cluster's state. The outcomes, in the order they are decided:
 
 - ``Refused(EXITING)``: the topic is closing.
 - ``Forward(worker)``: ``--workers``: another worker keeps the topic's log (a retained or bounded
-  topic); the publish is made there (``server/forward.py`` for TCP, ``Workers.proxy`` for HTTP)
-  and answered with its answer. A publish that came over a link is never forwarded again.
+  topic); the publish is made there (``server/workers/forward.py`` for TCP,
+  ``AdminLinks.proxy`` for HTTP) and answered with its answer. A publish that came over a
+  link is never forwarded again.
 - ``WaitWritable``: a replicated node taking its partition back; the shell waits for
   ``when_writable`` and decides again (the whole decision: the topic may have moved meanwhile).
 - ``Refused(...)``: the gate, the dedup index, a bound or the disk refused it; nothing of it is

@@ -116,7 +116,7 @@ class Topic:
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
         #: ``--workers``: the worker of this node that keeps this topic's queue, when it is
-        #: another one (``server/workers.py``): a retained topic's log, or a bounded topic's
+        #: another one (``server/workers/peers.py``): a retained topic's log, or a bounded topic's
         #: queues (so that its bound is the node's). Publishes go there. None: this one.
         self.kept_by: int | None = None
         #: Told when ``bounded`` was recomputed (``--workers``: where the topic is kept).

@@ -155,7 +155,7 @@ class API:
         identity: tuple[bytes, int] | None = None,
     ) -> Any:
         """/pub and /mpub, validated: decided by ``core/publish.decide``, carried out here.
-        ``raw``: the request's body, for a worker that keeps the topic (``Workers.proxy``)."""
+        ``raw``: the request's body, for a worker that keeps the topic (``AdminLinks.proxy``)."""
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
@@ -175,7 +175,7 @@ class API:
         if isinstance(outcome, Forward):
             workers = nsqd.workers
             assert workers is not None
-            return await workers.proxy(outcome.worker, request, raw)
+            return await workers.admin.proxy(outcome.worker, request, raw)
         if isinstance(outcome, WaitCommit):
             # A replicated topic: OK once committed (``cluster/replicator.py``), 503
             # PUB_FAILED with the reason after --replication-timeout (it may still commit).
@@ -214,7 +214,7 @@ class API:
             raise HTTPError(500, text)
         workers = self.nsqd.workers
         if workers is not None:  # --workers: the node is healthy when every worker is
-            for peer, line in await workers.unhealthy_peers(request):
+            for peer, line in await workers.admin.unhealthy_peers(request):
                 raise HTTPError(500, f"{line} (worker {peer})")
         return text
 
@@ -325,7 +325,7 @@ class API:
             nsqd, params.get("topic") or "", params.get("channel") or "", include_clients
         )
         if nsqd.workers is not None:  # --workers: the node's figures, every worker's summed
-            topics, producers = await nsqd.workers.combine_stats(request, topics, producers)
+            topics, producers = await nsqd.workers.admin.combine_stats(request, topics, producers)
         memory = mem_stats() if include_mem else None
         if params.get("format") != "json":
             return print_stats(

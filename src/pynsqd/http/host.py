@@ -89,7 +89,7 @@ class Rewinder(Protocol):
 
 
 class WorkersHost(Protocol):
-    """``--workers``: this worker's part in a node of several (``server/workers.py``)."""
+    """``--workers``: this worker's part in a node of several (``server/workers/peers.py``)."""
 
     def listener(
         self,
@@ -98,6 +98,13 @@ class WorkersHost(Protocol):
         ssl_context: ssl.SSLContext | None = None,
     ) -> SharedListener | None:
         """The node's shared socket ``name`` (http, https) or this worker's (admin)."""
+
+    @property
+    def admin(self) -> AdminCalls: ...
+
+
+class AdminCalls(Protocol):
+    """HTTP between the workers (``server/workers/admin.py``)."""
 
     async def peer_answers(self, request: BaseRequest, path_qs: str) -> list[bytes] | None:
         """Every other worker's answer to ``GET path_qs`` (None: ``request`` came from a

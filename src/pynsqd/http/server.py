@@ -210,7 +210,7 @@ class HTTPService(Router):
 
     def gate(self, request: BaseRequest) -> StreamResponse | None:
         workers = self.nsqd.workers
-        if workers is not None and workers.on_admin_socket(request):
+        if workers is not None and workers.admin.on_admin_socket(request):
             return None  # another worker, or a client's call it passed on (checked there)
         if self.nsqd.opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.
@@ -231,14 +231,14 @@ class HTTPService(Router):
         if methods is not None and workers is not None and (config or path in FANNED):
             # --workers: an admin call is made on every worker, answered once.
             methods = {
-                m: (kind, workers.fanned(h) if m in ("POST", "PUT") else h)
+                m: (kind, workers.admin.fanned(h) if m in ("POST", "PUT") else h)
                 for m, (kind, h) in methods.items()
             }
         if methods is not None and workers is not None and path in ROUTED:
             # ... and one about a topic's log by the worker that keeps it (then fanned).
-            methods = {m: (kind, workers.routed(h)) for m, (kind, h) in methods.items()}
+            methods = {m: (kind, workers.admin.routed(h)) for m, (kind, h) in methods.items()}
         if methods is not None and workers is not None and path in ON_MEMBER:
-            methods = {m: (kind, workers.on_member(h)) for m, (kind, h) in methods.items()}
+            methods = {m: (kind, workers.admin.on_member(h)) for m, (kind, h) in methods.items()}
         return methods
 
     def _config_handler(self, opt: str) -> Handler:
@@ -256,7 +256,7 @@ class HTTPService(Router):
         body = metrics.render(self.registry)
         workers = self.nsqd.workers
         if workers is not None:  # --workers: the node's figures, every worker's summed
-            others = await workers.peer_answers(request, "/metrics")
+            others = await workers.admin.peer_answers(request, "/metrics")
             if others is not None:
                 body = metrics.merge_metrics([body, *others])
         resp = Response(status=200, body=body)

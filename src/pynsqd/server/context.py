@@ -31,7 +31,7 @@ class ChannelsEverywhere(Protocol):
 
     def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
         """Send a publish command to worker ``peer``; ``done(None)`` on its OK, else
-        ``done(error line)`` (``server/forward.py``)."""
+        ``done(error line)`` (``server/workers/forward.py``)."""
 
 
 class ConnectionContext(Protocol):

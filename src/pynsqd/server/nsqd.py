@@ -47,7 +47,8 @@ from .busypoll import BusyPoll
 from .lookup import Lookup
 from .retention import Retention
 from .tls import server_context
-from .workers import Workers, WorkerSpec
+from .workers.peers import Workers
+from .workers.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
@@ -126,7 +127,7 @@ class NSQD:
         self.lookup = Lookup(self)
         #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
         self.replication: Replicator | None = None
-        #: One worker of ``--workers N`` (``server/workers.py``): None in a single process.
+        #: One worker of ``--workers N`` (``server/workers/peers.py``): None in a single process.
         self.workers: Workers | None = Workers(self, worker) if worker is not None else None
         #: This process is the node's member of the cluster (``--etcd-endpoints``): a single
         #: process, or worker 0 of ``--workers N``, which keeps every retained topic's log
@@ -519,7 +520,7 @@ class NSQD:
 
     async def start(self) -> None:
         from .protocol_v2 import ClientV2
-        from .worker_link import WorkerLink
+        from .workers.link import WorkerLink
 
         log.info("nsqd v%s (built w/pynsqd-%s)", NSQD_VERSION, __version__)
         self.tls_context = server_context(self.opts)  # raises TLSConfigError

@@ -141,7 +141,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     handlers; the upgrade (``upgrade.py``) and the AUTH session (``auth_session.py``) are its
     helpers."""
 
-    #: Another worker of this node (``--workers``): ``server/worker_link.WorkerLink``.
+    #: Another worker of this node (``--workers``): ``server/workers/link.WorkerLink``.
     is_link = False
     #: The peer's name when the socket has no address (a unix socket).
     unnamed_peer = ""

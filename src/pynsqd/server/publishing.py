@@ -7,7 +7,7 @@ in order:
 
 - ``Done``: OK (counted in the client's ``pub_counts``).
 - ``WaitCommit``: ``Pause.COMMIT`` until ``Replicator.wait`` answers: OK, or the failure.
-- ``Forward``: ``Pause.FORWARD`` until the keeping worker answers (``server/forward.py``).
+- ``Forward``: ``Pause.FORWARD`` until the keeping worker answers (``server/workers/forward.py``).
 - ``WaitWritable``: ``Pause.WRITABLE`` until ``PublishGate.when_writable``; decided again.
 - ``Refused``: the error from ``core/publish.REFUSALS``; fatal, as nsqd's are.
 
@@ -15,7 +15,7 @@ in order:
 clients' publishes, so it never stops. A refusal is not fatal (the client's worker closes the
 client), and a publish waiting for its commit does not pause the link: its answer has a slot in
 ``in_order``, and the answers behind an empty slot wait for it, so the forwarding worker can
-match them in order (``server/forward.py``).
+match them in order (``server/workers/forward.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 class Forwarding(Protocol):
     def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
-        """Send a publish command to worker ``peer`` (``server/forward.py``)."""
+        """Send a publish command to worker ``peer`` (``server/workers/forward.py``)."""
 
 
 class PublishHost(Protocol):
@@ -156,7 +156,7 @@ class Publishing:
         identity: Identity | None,
     ) -> None:
         """--workers: a topic another worker keeps the log of: the publish is made there
-        (``server/forward.py``), and answered here with its answer; later commands wait
+        (``server/workers/forward.py``), and answered here with its answer; later commands wait
         behind it."""
         conn = self.conn
         workers = conn.nsqd.workers

@@ -22,10 +22,10 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Protocol, cast
 
-from .. import __version__
-from ..core.message import Message
-from ..protocol import encode
-from ..protocol.frames import (
+from ... import __version__
+from ...core.message import Message
+from ...protocol import encode
+from ...protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     MESSAGE_FIXED,
@@ -35,8 +35,8 @@ from ..protocol.frames import (
 _FRAME_HEADER = struct.Struct(">ll")
 
 if TYPE_CHECKING:
-    from ..core.channel import Channel
-    from ..options import Options
+    from ...core.channel import Channel
+    from ...options import Options
 
 
 class RelayHost(Protocol):

@@ -1,8 +1,8 @@
 """The serving side of a link from another worker of this node (``--workers``).
 
-A worker link is a V2 connection over the node's private unix socket (``server/relay.py``
-consumes over it, ``server/forward.py`` publishes over it). It is served as a client is, with
-what differs in one place: no TLS and no AUTH is asked of it (the socket is private), a publish
+A worker link is a V2 connection over the node's private unix socket (``relay.py`` consumes
+over it, ``forward.py`` publishes over it). It is served as a client is, with what differs in
+one place: no TLS and no AUTH is asked of it (the socket is private), a publish
 it carries is made here and never forwarded again, a refusal does not close it (it carries other
 clients' publishes), and its answers stay in the order of its publishes while one waits for its
 commit (``publishing.LinkPublishing``). The core asks ``is_link`` only to keep what it lends to
@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..protocol.parser import Event
-from .protocol_v2 import ClientV2
-from .publishing import LinkPublishing
+from ...protocol.parser import Event
+from ..protocol_v2 import ClientV2
+from ..publishing import LinkPublishing
 
 if TYPE_CHECKING:
-    from .context import ConnectionContext
+    from ..context import ConnectionContext
 
 
 class WorkerLink(ClientV2):

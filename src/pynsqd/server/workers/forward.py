@@ -12,7 +12,7 @@ the keeper's own error. The keeper answers a link's refusal without closing it (
 bad publish does not fail another's). If the connection drops (the keeper was killed), what was
 waiting fails with ``E_PUB_FAILED`` (it may or may not be in the log: as for a client whose
 connection to nsqd drops); the next publish opens it again. HTTP publishes go to the keeper's
-admin socket instead (``Workers.proxy``).
+admin socket instead (``AdminLinks.proxy``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from ..protocol import encode
-from ..protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
+from ...protocol import encode
+from ...protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
 from .relay import LINK_AGENT
 
 log = logging.getLogger("pynsqd")

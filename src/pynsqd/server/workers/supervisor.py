@@ -5,7 +5,7 @@ Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` 
 ``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
 (mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
 ``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
-arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``server/workers.py``).
+arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``peers.py``).
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
@@ -33,16 +33,16 @@ import sys
 import tempfile
 import time
 
-from ..internal.listener import (
+from ...internal.listener import (
     is_unix_address,
     listen_backlog,
     listen_failed,
     split_host_port,
 )
-from ..internal.waits import wait_set
-from ..options import Options
-from ..storage.identity import storage_id
-from .workers import ConnectionCounts, WorkerSpec
+from ...internal.waits import wait_set
+from ...options import Options
+from ...storage.identity import storage_id
+from .spec import ConnectionCounts, WorkerSpec
 
 log = logging.getLogger("pynsqd")
 

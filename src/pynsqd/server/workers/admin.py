@@ -1,68 +1,35 @@
-"""One worker of ``nsqd --workers N``: its share of the host's sockets and its peers.
+"""HTTP between the workers of a node (``--workers``), over each worker's private admin socket.
 
-Theory of operation. The supervisor (``server/supervisor.py``) binds the node's addresses once
-(``--tcp-address``, ``--http-address``, ``--https-address``) and each worker's two private unix
-sockets (``<data-path>/worker-<i>/link.sock`` for links, ``admin.sock`` for HTTP between
-workers), then starts the workers with those descriptors and a ``WorkerSpec`` in the
-environment. Every worker accepts on the shared sockets, one connection per wake-up, so
-connections spread over the workers that are free to take them, and a worker that dies leaves
-the listening socket open: what arrives while it restarts waits in the kernel's queue.
-
-A worker is an nsqd of its own (its data directory, node id, topics, channels) with three
-additions, all here or in ``server/relay.py``: a channel with consumers pulls what the other
-workers' copies hold (relay), an admin call made to one worker is made to every worker and
-answered once (``fanned``), and ``/stats`` answers for the node (``combine_stats``). A topic
-made by a publish on one worker is made on the others too (so nsqlookupd, which only worker 0
-registers with, and ``/stats`` list it); a channel made by a SUB is made on the others before
-the SUB is answered (``channel_created``).
+Theory of operation. An admin call made to one worker is made here, then on every other worker,
+and answered once with this worker's answer (``fanned``; a worker killed while it held the call
+is asked again: admin calls are idempotent). A call about a topic's log is answered by the
+worker that keeps it (``routed``), a call about the cluster by worker 0, the node's member of it
+(``on_member``; a follower's fetch stream is a websocket, passed on both ways); the client's
+request is passed on and its answer streamed back (``proxy``). ``/stats``, ``/metrics`` and
+``/ping`` answer for the node: every worker's, summed (``combine_stats``, ``peer_answers``,
+``unhealthy_peers``). A request another worker made carries ``WORKER_HEADER`` and is made here
+alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
 import logging
-import mmap
-import os
-import signal
-import socket
-import ssl
-import struct
 import urllib.parse
-import zlib
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from ..core.lending import Lending
-from ..http.api import BODY_READ, read_body
-from ..http.stats import merge_stats
-from ..internal.httpapi import HTTPError
-from ..internal.listener import SharedListener
-from ..internal.names import is_ephemeral
-from .forward import Done, Forwarder
-from .relay import Relay
+from ...http.api import BODY_READ, read_body
+from ...http.stats import merge_stats
+from ...internal.httpapi import HTTPError
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
     from aiohttp.web import StreamResponse
     from aiohttp.web_request import BaseRequest
 
-    from ..core.channel import Channel
-    from ..core.topic import Topic
-    from ..options import Options
-
-
-class WorkerNode(Protocol):
-    """What a worker's part needs of its nsqd (``server/nsqd.NSQD``)."""
-
-    opts: Options
-    loop: asyncio.AbstractEventLoop
-
-    @property
-    def topics(self) -> dict[str, Topic]: ...
-
+    from ...options import Options
 
 log = logging.getLogger("pynsqd")
 
@@ -81,265 +48,36 @@ FAN_OUT_ATTEMPTS = 3
 _WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade", WORKER_HEADER.lower()}
 
 
-@dataclasses.dataclass
-class WorkerSpec:
-    """What the supervisor tells a worker (in ``PYNSQD_WORKER``, JSON)."""
+class AdminLinks:
+    """This worker's HTTP calls to the others (``Workers.admin``)."""
 
-    index: int
-    count: int
-    #: Inherited descriptors: tcp, http, https (shared); link, admin (this worker's unix
-    #: sockets); alive (read end of a pipe the supervisor holds open); ready (write end).
-    fds: dict[str, int]
-    #: Every worker's link and admin socket paths, by index.
-    links: list[str]
-    admins: list[str]
-    #: A file of ``count`` int64: each worker's client connections (``ConnectionCounts``).
-    counts: str = ""
-    #: The supervisor's start (unix seconds): the node's ``start_time`` in /info and /stats.
-    started: int = 0
-    #: The node's storage id (``<data-path>/cluster.id``), in /info; each worker's own data
-    #: directory has its own, which its logs' answers carry (``/topic/offsets``).
-    storage: str = ""
-
-    ENV = "PYNSQD_WORKER"
-
-    def to_env(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_env(cls) -> WorkerSpec | None:
-        raw = os.environ.get(cls.ENV)
-        if not raw:
-            return None
-        return cls(**json.loads(raw))
-
-
-def worker_options(opts: Options, spec: WorkerSpec) -> None:
-    """A worker's own options: its data directory, node id and log prefix."""
-    base = opts.data_path or os.getcwd()
-    opts.data_path = os.path.join(base, f"worker-{spec.index}")
-    opts.node_id = (opts.node_id + spec.index) % 1024
-    prefix = opts.log_prefix
-    bare = prefix.rstrip()
-    if bare.endswith("]"):  # "[nsqd] " -> "[nsqd w1] "
-        opts.log_prefix = f"{bare[:-1]} w{spec.index}]{prefix[len(bare) :]}"
-    else:
-        opts.log_prefix = f"{prefix}w{spec.index} "
-
-
-class ConnectionCounts:
-    """Each worker's client connections, in a small file every worker maps: the supervisor
-    makes it (every slot ``DOWN``), a worker writes its own slot, reads the others' to decide
-    whether to accept (``Workers.admit``), and the supervisor writes ``DOWN`` when one exits."""
-
-    DOWN = (1 << 62) - 1
-    _SLOT = struct.Struct("<q")
-
-    def __init__(self, path: str, count: int) -> None:
-        self.count = count
-        with open(path, "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), count * 8)
-
-    @classmethod
-    def create(cls, path: str, count: int) -> ConnectionCounts:
-        with open(path, "wb") as f:
-            f.write(cls._SLOT.pack(cls.DOWN) * count)
-        return cls(path, count)
-
-    def set(self, index: int, value: int) -> None:
-        self._SLOT.pack_into(self._map, index * 8, value)
-
-    def least_but(self, index: int) -> int:
-        """The fewest connections of the other workers (``DOWN`` when none is up)."""
-        unpack = self._SLOT.unpack_from
-        return min(
-            (unpack(self._map, i * 8)[0] for i in range(self.count) if i != index),
-            default=self.DOWN,
-        )
-
-    def close(self) -> None:
-        self._map.close()
-
-
-def inherited_socket(fd: int) -> socket.socket:
-    return socket.socket(fileno=fd)
-
-
-class Workers:
-    """This worker's view of the others (``nsqd.workers``; None without ``--workers``)."""
-
-    def __init__(self, nsqd: WorkerNode, spec: WorkerSpec) -> None:
-        self.nsqd = nsqd
-        self.spec = spec
-        self.index = spec.index
-        self.opts = nsqd.opts
-        self.loop = nsqd.loop
+    def __init__(
+        self,
+        opts: Options,
+        index: int,
+        admins: list[str],
+        *,
+        clustered: bool,
+        elsewhere: Callable[[str], int | None],
+    ) -> None:
+        self._opts = opts
+        self.index = index
+        #: Every worker's admin socket path, by index.
+        self._admins = admins
+        #: A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster.
+        self.clustered = clustered
+        #: The worker that keeps a topic's log when it is another one (``Workers.elsewhere``).
+        self.elsewhere = elsewhere
         #: Topics a peer's fan-out is making here: not announced back.
-        self._quiet: set[str] = set()
-        #: Channels made here being made on the other workers (``channel_created``).
-        self._made: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self.quiet: set[str] = set()
         self._sessions: dict[int, ClientSession] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._alive_fd = spec.fds.get("alive", -1)
-        self._clients = 0
-        self._counts = ConnectionCounts(spec.counts, spec.count) if spec.counts else None
-        if self._counts is not None:
-            self._counts.set(self.index, 0)
-        self.forwarder = Forwarder(self)
-        #: The sockets this worker accepts on (its copies of the supervisor's).
-        self._listeners: list[SharedListener] = []
 
     @property
     def is_lead(self) -> bool:
-        """Worker 0 registers the node with nsqlookupd."""
         return self.index == 0
 
     def peers(self) -> list[int]:
-        return [i for i in range(self.spec.count) if i != self.index]
-
-    def link_path(self, peer: int) -> str:
-        return self.spec.links[peer]
-
-    # -- retained topics: one worker keeps a topic's log ----------------------------------
-
-    @property
-    def clustered(self) -> bool:
-        """A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster."""
-        return bool(self.opts.etcd_endpoints)
-
-    def log_worker(self, topic: str) -> int:
-        """The worker that keeps ``topic``'s log when it retains one: its offsets, rewinds,
-        dedup index and retention are one log's, as with one process. On a replicated node
-        worker 0, the cluster's member, keeps them all: any retained topic may be replicated
-        (its settings are in etcd, which only worker 0 reads), and its partition is the
-        node's one log of it."""
-        if self.clustered:
-            return 0
-        return zlib.crc32(topic.encode()) % self.spec.count
-
-    def elsewhere(self, topic: str) -> int | None:
-        """``log_worker`` when it is another worker (None: this one)."""
-        keeper = self.log_worker(topic)
-        return None if keeper == self.index else keeper
-
-    def forward(self, peer: int, command: bytes, done: Done) -> None:
-        self.forwarder.send(peer, command, done)
-
-    # -- sockets --------------------------------------------------------------------------
-
-    def listener(
-        self,
-        name: str,
-        factory: Callable[[], asyncio.BaseProtocol],
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> SharedListener | None:
-        fd = self.spec.fds.get(name)
-        if fd is None:
-            return None
-        # The node's TCP port: a worker with more than its share of clients lets the others
-        # take the next one (HTTP's connections are short-lived: taken as they come).
-        admit = self.admit if name == "tcp" and self._counts is not None else None
-        listener = SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
-        self._listeners.append(listener)
-        return listener
-
-    # -- clients spread over the workers --------------------------------------------------
-
-    def client_count(self, delta: int) -> None:
-        """A client connection of this worker opened (+1) or closed (-1)."""
-        self._clients += delta
-        if self._counts is not None:
-            self._counts.set(self.index, self._clients)
-
-    def admit(self) -> bool:
-        """Whether this worker takes the next connection: it holds no more than one more than
-        the least loaded live worker (a worker that is down counts as full)."""
-        assert self._counts is not None
-        return self._clients <= self._counts.least_but(self.index) + 1
-
-    def started(self) -> None:
-        """Serving: tell the supervisor, and stop when it goes (its end of a pipe closes)."""
-        ready = self.spec.fds.get("ready")
-        if ready is not None:
-            with contextlib.suppress(OSError):
-                os.write(ready, b"%d\n" % self.index)
-        if self._alive_fd >= 0:
-            self.loop.add_reader(self._alive_fd, self._supervisor_gone)
-
-    def _supervisor_gone(self) -> None:
-        try:
-            data = os.read(self._alive_fd, 64)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            return
-        self.loop.remove_reader(self._alive_fd)
-        log.error("WORKERS: the supervisor is gone; stopping")
-        # The node's ports go first, so that an nsqd started in its place can bind them while
-        # this one flushes (as a killed nsqd's ports are free at once).
-        for listener in self._listeners:
-            listener.close()
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    # -- channels -------------------------------------------------------------------------
-
-    def attach(self, channel: Channel) -> None:
-        """A new channel pulls from the other workers while it has consumers."""
-        channel.lending = Lending(Relay(self, channel))
-
-    @staticmethod
-    def detach(channel: Channel) -> None:
-        lending = channel.lending
-        if lending is not None and isinstance(lending.demand, Relay):
-            lending.demand.close()
-
-    # -- topics and channels made here are made on every worker ---------------------------
-
-    def topic_created(self, name: str) -> None:
-        if name in self._quiet:
-            return
-        self._spawn(self.fan_out("POST", "/topic/create?topic=" + urllib.parse.quote(name), b""))
-
-    def channel_created(self, topic: str, channel: str) -> None:
-        """A channel made here (a SUB, a link's SUB) is made on every other worker, so that
-        what is published through any of them after the SUB's OK is the channel's; the SUB
-        waits for it (``channel_everywhere``). An #ephemeral channel reaches the others
-        through the links alone (made everywhere, it would outlive its consumers there)."""
-        if topic in self._quiet or is_ephemeral(channel):
-            return
-        key = (topic, channel)
-        done: asyncio.Future[None] = self.loop.create_future()
-        self._made[key] = done
-        query = urllib.parse.urlencode({"topic": topic, "channel": channel})
-
-        async def announce() -> None:
-            try:
-                await asyncio.wait_for(self.fan_out("POST", f"/channel/create?{query}", b""), 5.0)
-            except TimeoutError:
-                log.warning(
-                    "WORKERS: channel %s:%s not made on every worker in 5s; going on",
-                    topic,
-                    channel,
-                )
-            finally:
-                if self._made.get(key) is done:
-                    del self._made[key]
-                if not done.done():
-                    done.set_result(None)
-
-        self._spawn(announce())
-
-    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
-        return self._made.get((topic, channel))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = self.loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- HTTP between workers -------------------------------------------------------------
+        return [i for i in range(len(self._admins)) if i != self.index]
 
     def _session(self, peer: int) -> ClientSession:
         session = self._sessions.get(peer)
@@ -347,7 +85,7 @@ class Workers:
             import aiohttp
 
             session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=self.spec.admins[peer]),
+                connector=aiohttp.UnixConnector(path=self._admins[peer]),
                 timeout=aiohttp.ClientTimeout(total=FAN_OUT_TIMEOUT),
             )
             self._sessions[peer] = session
@@ -418,7 +156,7 @@ class Workers:
         passed on for a client: ``proxy``)."""
         transport = request.transport
         sockname = transport.get_extra_info("sockname") if transport is not None else None
-        return isinstance(sockname, str) and sockname == self.spec.admins[self.index]
+        return isinstance(sockname, str) and sockname == self._admins[self.index]
 
     async def proxy(self, peer: int, request: BaseRequest, body: bytes | None) -> StreamResponse:
         """The client's request made of worker ``peer`` (the keeper of its topic's log), its
@@ -430,7 +168,7 @@ class Workers:
         if body is None:
             body = b""
             if request.can_read_body:
-                read = await read_body(request, self.opts.max_body_size)
+                read = await read_body(request, self._opts.max_body_size)
                 if read is None:
                     raise HTTPError(413, "BODY_TOO_BIG")
                 body = read
@@ -514,7 +252,7 @@ class Workers:
         }
         # A session of its own: the fan-out's (``_session``) bounds a whole call to 30 s.
         session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=self.spec.admins[peer]),
+            connector=aiohttp.UnixConnector(path=self._admins[peer]),
             timeout=aiohttp.ClientTimeout(total=None, connect=FAN_OUT_TIMEOUT),
         )
         try:
@@ -575,14 +313,14 @@ class Workers:
         async def handler_on_every_worker(request: BaseRequest, params: Any) -> Any:
             if self.from_worker(request):
                 topic = request.query.get("topic", "")
-                self._quiet.add(topic)
+                self.quiet.add(topic)
                 try:
                     return await handler(request, params)
                 finally:
-                    self._quiet.discard(topic)
+                    self.quiet.discard(topic)
             body = b""
             if request.can_read_body:
-                read = await read_body(request, self.opts.max_msg_size)
+                read = await read_body(request, self._opts.max_msg_size)
                 if read is None:
                     raise HTTPError(413, "INVALID_VALUE")
                 body = request[BODY_READ] = read  # the handler reads it from there
@@ -652,18 +390,7 @@ class Workers:
             parts.append((data.get("topics"), data.get("producers")))
         return merge_stats(parts)
 
-    # -- stop -----------------------------------------------------------------------------
-
-    async def stop(self) -> None:
-        if self._alive_fd >= 0:
-            with contextlib.suppress(ValueError, OSError):
-                self.loop.remove_reader(self._alive_fd)
-        for topic in list(self.nsqd.topics.values()):
-            for ch in list(topic.channels.values()):
-                self.detach(ch)
-        for task in list(self._tasks):
-            task.cancel()
-        self.forwarder.close()
+    async def close(self) -> None:
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()

@@ -1,0 +1,17 @@
+"""Every core of a host: ``nsqd --workers N``, N processes behind one address.
+
+The package, by concept (uvicorn's ``supervisors/`` is the model):
+
+- ``spec.py``: what the supervisor tells a worker (``WorkerSpec``), a worker's own options, the
+  file of each worker's client connections (``ConnectionCounts``).
+- ``supervisor.py``: binds the node's sockets once, keeps N workers running.
+- ``peers.py``: one worker's view of the others (``Workers``): its share of the sockets, where a
+  topic's log lives, topics and channels made on every worker.
+- ``admin.py``: HTTP between workers: an admin call made on every worker, a call answered by the
+  worker that keeps a topic's log or by worker 0, ``/stats`` and ``/ping`` for the node.
+- ``relay.py``: a channel's links to the other workers' copies (lent messages,
+  ``core/lending.py``); ``forward.py``: publishes to a topic another worker keeps.
+- ``link.py``: the serving side of a link from another worker (``WorkerLink``).
+
+Nothing is imported here: ``cli`` and the supervisor load ``spec.py`` alone.
+"""

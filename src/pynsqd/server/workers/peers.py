@@ -1,0 +1,260 @@
+"""One worker of ``nsqd --workers N``: its share of the host's sockets and its peers.
+
+Theory of operation. The supervisor (``supervisor.py``) binds the node's addresses once
+(``--tcp-address``, ``--http-address``, ``--https-address``) and each worker's two private unix
+sockets (``<data-path>/worker-<i>/link.sock`` for links, ``admin.sock`` for HTTP between
+workers), then starts the workers with those descriptors and a ``WorkerSpec`` in the
+environment. Every worker accepts on the shared sockets, one connection per wake-up, so
+connections spread over the workers that are free to take them, and a worker that dies leaves
+the listening socket open: what arrives while it restarts waits in the kernel's queue.
+
+A worker is an nsqd of its own (its data directory, node id, topics, channels) with three
+additions, here and in ``relay.py`` and ``admin.py``: a channel with consumers pulls what the
+other workers' copies hold (relay), an admin call made to one worker is made to every worker and
+answered once (``fanned``), and ``/stats`` answers for the node (``combine_stats``). A topic
+made by a publish on one worker is made on the others too (so nsqlookupd, which only worker 0
+registers with, and ``/stats`` list it); a channel made by a SUB is made on the others before
+the SUB is answered (``channel_created``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+import urllib.parse
+import zlib
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...core.lending import Lending
+from ...internal.listener import SharedListener
+from ...internal.names import is_ephemeral
+from .admin import AdminLinks
+from .forward import Done, Forwarder
+from .relay import Relay
+from .spec import ConnectionCounts, WorkerSpec
+
+if TYPE_CHECKING:
+    from ...core.channel import Channel
+    from ...core.topic import Topic
+    from ...options import Options
+
+
+class WorkerNode(Protocol):
+    """What a worker's part needs of its nsqd (``server/nsqd.NSQD``)."""
+
+    opts: Options
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+
+log = logging.getLogger("pynsqd")
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    return socket.socket(fileno=fd)
+
+
+class Workers:
+    """This worker's view of the others (``nsqd.workers``; None without ``--workers``)."""
+
+    def __init__(self, nsqd: WorkerNode, spec: WorkerSpec) -> None:
+        self.nsqd = nsqd
+        self.spec = spec
+        self.index = spec.index
+        self.opts = nsqd.opts
+        self.loop = nsqd.loop
+        #: Channels made here being made on the other workers (``channel_created``).
+        self._made: dict[tuple[str, str], asyncio.Future[None]] = {}
+        #: HTTP between the workers (``admin.py``).
+        self.admin = AdminLinks(
+            self.opts,
+            self.index,
+            spec.admins,
+            clustered=self.clustered,
+            elsewhere=self.elsewhere,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._alive_fd = spec.fds.get("alive", -1)
+        self._clients = 0
+        self._counts = ConnectionCounts(spec.counts, spec.count) if spec.counts else None
+        if self._counts is not None:
+            self._counts.set(self.index, 0)
+        self.forwarder = Forwarder(self)
+        #: The sockets this worker accepts on (its copies of the supervisor's).
+        self._listeners: list[SharedListener] = []
+
+    @property
+    def is_lead(self) -> bool:
+        """Worker 0 registers the node with nsqlookupd."""
+        return self.index == 0
+
+    def peers(self) -> list[int]:
+        return [i for i in range(self.spec.count) if i != self.index]
+
+    def link_path(self, peer: int) -> str:
+        return self.spec.links[peer]
+
+    # -- retained topics: one worker keeps a topic's log ----------------------------------
+
+    @property
+    def clustered(self) -> bool:
+        """A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster."""
+        return bool(self.opts.etcd_endpoints)
+
+    def log_worker(self, topic: str) -> int:
+        """The worker that keeps ``topic``'s log when it retains one: its offsets, rewinds,
+        dedup index and retention are one log's, as with one process. On a replicated node
+        worker 0, the cluster's member, keeps them all: any retained topic may be replicated
+        (its settings are in etcd, which only worker 0 reads), and its partition is the
+        node's one log of it."""
+        if self.clustered:
+            return 0
+        return zlib.crc32(topic.encode()) % self.spec.count
+
+    def elsewhere(self, topic: str) -> int | None:
+        """``log_worker`` when it is another worker (None: this one)."""
+        keeper = self.log_worker(topic)
+        return None if keeper == self.index else keeper
+
+    def forward(self, peer: int, command: bytes, done: Done) -> None:
+        self.forwarder.send(peer, command, done)
+
+    # -- sockets --------------------------------------------------------------------------
+
+    def listener(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> SharedListener | None:
+        fd = self.spec.fds.get(name)
+        if fd is None:
+            return None
+        # The node's TCP port: a worker with more than its share of clients lets the others
+        # take the next one (HTTP's connections are short-lived: taken as they come).
+        admit = self.admit if name == "tcp" and self._counts is not None else None
+        listener = SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
+        self._listeners.append(listener)
+        return listener
+
+    # -- clients spread over the workers --------------------------------------------------
+
+    def client_count(self, delta: int) -> None:
+        """A client connection of this worker opened (+1) or closed (-1)."""
+        self._clients += delta
+        if self._counts is not None:
+            self._counts.set(self.index, self._clients)
+
+    def admit(self) -> bool:
+        """Whether this worker takes the next connection: it holds no more than one more than
+        the least loaded live worker (a worker that is down counts as full)."""
+        assert self._counts is not None
+        return self._clients <= self._counts.least_but(self.index) + 1
+
+    def started(self) -> None:
+        """Serving: tell the supervisor, and stop when it goes (its end of a pipe closes)."""
+        ready = self.spec.fds.get("ready")
+        if ready is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready, b"%d\n" % self.index)
+        if self._alive_fd >= 0:
+            self.loop.add_reader(self._alive_fd, self._supervisor_gone)
+
+    def _supervisor_gone(self) -> None:
+        try:
+            data = os.read(self._alive_fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return
+        self.loop.remove_reader(self._alive_fd)
+        log.error("WORKERS: the supervisor is gone; stopping")
+        # The node's ports go first, so that an nsqd started in its place can bind them while
+        # this one flushes (as a killed nsqd's ports are free at once).
+        for listener in self._listeners:
+            listener.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # -- channels -------------------------------------------------------------------------
+
+    def attach(self, channel: Channel) -> None:
+        """A new channel pulls from the other workers while it has consumers."""
+        channel.lending = Lending(Relay(self, channel))
+
+    @staticmethod
+    def detach(channel: Channel) -> None:
+        lending = channel.lending
+        if lending is not None and isinstance(lending.demand, Relay):
+            lending.demand.close()
+
+    # -- topics and channels made here are made on every worker ---------------------------
+
+    def topic_created(self, name: str) -> None:
+        if name in self.admin.quiet:
+            return
+        self._spawn(
+            self.admin.fan_out("POST", "/topic/create?topic=" + urllib.parse.quote(name), b"")
+        )
+
+    def channel_created(self, topic: str, channel: str) -> None:
+        """A channel made here (a SUB, a link's SUB) is made on every other worker, so that
+        what is published through any of them after the SUB's OK is the channel's; the SUB
+        waits for it (``channel_everywhere``). An #ephemeral channel reaches the others
+        through the links alone (made everywhere, it would outlive its consumers there)."""
+        if topic in self.admin.quiet or is_ephemeral(channel):
+            return
+        key = (topic, channel)
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._made[key] = done
+        query = urllib.parse.urlencode({"topic": topic, "channel": channel})
+
+        async def announce() -> None:
+            try:
+                await asyncio.wait_for(
+                    self.admin.fan_out("POST", f"/channel/create?{query}", b""), 5.0
+                )
+            except TimeoutError:
+                log.warning(
+                    "WORKERS: channel %s:%s not made on every worker in 5s; going on",
+                    topic,
+                    channel,
+                )
+            finally:
+                if self._made.get(key) is done:
+                    del self._made[key]
+                if not done.done():
+                    done.set_result(None)
+
+        self._spawn(announce())
+
+    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
+        return self._made.get((topic, channel))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        if self._alive_fd >= 0:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(self._alive_fd)
+        for topic in list(self.nsqd.topics.values()):
+            for ch in list(topic.channels.values()):
+                self.detach(ch)
+        for task in list(self._tasks):
+            task.cancel()
+        self.forwarder.close()
+        await self.admin.close()
