@@ -627,7 +627,7 @@ def test_ping_answers_for_the_node_whichever_worker_it_reaches(data: Path) -> No
 
 
 def keeper(topic: str, workers: int) -> int:
-    """The worker that keeps a retained topic's log (``Workers.log_worker``)."""
+    """The worker that keeps a retained topic's log (``Placement.keeper``)."""
 
     return zlib.crc32(topic.encode()) % workers
 

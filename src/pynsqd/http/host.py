@@ -134,6 +134,20 @@ class AdminCalls(Protocol):
         """This worker's /stats with the others': the node's."""
 
 
+class LifecycleSettings(Protocol):
+    """Topics' and channels' lifecycle settings (``server/lifecycle.py``)."""
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        """A topic's lifecycle settings (effective values, and ``own``: those set for it)."""
+
+    def channel_config(self, topic: str, channel: str) -> dict[str, Any]: ...
+    def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
+        """Raises OSError."""
+
+    def set_channel_config(self, topic: str, channel: str, values: dict[str, Any]) -> None:
+        """Raises OSError."""
+
+
 class NSQDHost(Protocol):
     """The nsqd the HTTP side serves."""
 
@@ -179,15 +193,8 @@ class NSQDHost(Protocol):
     ) -> str | None:
         """None if this reader may read the topic's log, else nsqd-style error token."""
 
-    def topic_config(self, name: str) -> dict[str, Any]:
-        """A topic's lifecycle settings (effective values, and ``own``: those set for it)."""
-
-    def channel_config(self, topic: str, channel: str) -> dict[str, Any]: ...
-    def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
-        """Raises OSError."""
-
-    def set_channel_config(self, topic: str, channel: str, values: dict[str, Any]) -> None:
-        """Raises OSError."""
+    @property
+    def lifecycle(self) -> LifecycleSettings: ...
 
     def lookupd_addresses_changed(self) -> None:
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""

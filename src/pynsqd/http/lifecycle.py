@@ -127,14 +127,14 @@ class LifecycleAPI:
         topic, _ = self._names(params, channel=False)
         if self.nsqd.get_existing_topic(topic) is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return {"topic": topic, **_shown(self.nsqd.topic_config(topic))}
+        return {"topic": topic, **_shown(self.nsqd.lifecycle.topic_config(topic))}
 
     async def set_topic(self, request: BaseRequest, params: Params) -> Any:
         topic, _ = self._names(params, channel=False)
         values = _values(params, _TOPIC_PARAMS)
-        self._apply(lambda: self.nsqd.set_topic_config(topic, values), topic)
+        self._apply(lambda: self.nsqd.lifecycle.set_topic_config(topic, values), topic)
         log.info("TOPIC(%s): settings %s", topic, values)
-        return {"topic": topic, **_shown(self.nsqd.topic_config(topic))}
+        return {"topic": topic, **_shown(self.nsqd.lifecycle.topic_config(topic))}
 
     async def get_channel(self, request: BaseRequest, params: Params) -> Any:
         topic, channel = self._names(params, channel=True)
@@ -146,7 +146,7 @@ class LifecycleAPI:
         return {
             "topic": topic,
             "channel": channel,
-            **_shown(self.nsqd.channel_config(topic, channel)),
+            **_shown(self.nsqd.lifecycle.channel_config(topic, channel)),
         }
 
     async def set_channel(self, request: BaseRequest, params: Params) -> Any:
@@ -154,12 +154,12 @@ class LifecycleAPI:
         values = _values(params, _CHANNEL_PARAMS)
         if values.get("dead_letter") == topic:
             raise HTTPError(400, "INVALID_ARG_DEAD_LETTER")
-        self._apply(lambda: self.nsqd.set_channel_config(topic, channel, values), topic)
+        self._apply(lambda: self.nsqd.lifecycle.set_channel_config(topic, channel, values), topic)
         log.info("CHANNEL(%s:%s): settings %s", topic, channel, values)
         return {
             "topic": topic,
             "channel": channel,
-            **_shown(self.nsqd.channel_config(topic, channel)),
+            **_shown(self.nsqd.lifecycle.channel_config(topic, channel)),
         }
 
     def _apply(self, change: Callable[[], None], topic: str) -> None:

@@ -24,7 +24,7 @@ from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import process
 from ..internal.listener import SharedListener, format_address, listen
-from ..internal.names import is_ephemeral, is_valid_name
+from ..internal.names import is_ephemeral
 from ..options import Options, node_id_for_storage
 from ..protocol.identify import ProtocolConfig
 from ..storage.atomic import remove_leftovers
@@ -32,19 +32,15 @@ from ..storage.diskqueue import DiskQueue
 from ..storage.identity import storage_id
 from ..storage.message_backend import DiskBackend
 from ..storage.metadata import (
-    METADATA_FILE,
-    ChannelMeta,
     DirLock,
-    MetadataWriter,
-    TopicMeta,
     check_writable,
-    read_metadata,
-    recover_metadata,
 )
 from ..storage.settings import SettingsStore
 from .auth import AuthClient, LogReadAuth
 from .busypoll import BusyPoll
+from .lifecycle import Lifecycles
 from .lookup import Lookup
+from .metadata import NodeMetadata
 from .retention import Retention
 from .tls import server_context
 from .workers.peers import Workers
@@ -54,10 +50,6 @@ if TYPE_CHECKING:
     from .protocol_v2 import ClientV2
 
 log = logging.getLogger("pynsqd")
-
-#: How long a new topic or channel waits for others before nsqd.dat is written (one write for a
-#: burst of creations; nsqd persists them asynchronously too).
-METADATA_DELAY = 0.1
 
 
 def protocol_config(opts: Options) -> ProtocolConfig:
@@ -106,15 +98,20 @@ class NSQD:
         self.storage_id = ""
         self.instance = secrets.token_hex(8)
         self._disk_backends: dict[str, DiskBackend] = {}
+        #: One worker of ``--workers N`` (``server/workers/peers.py``): None in a single process.
+        self.workers: Workers | None = Workers(self, worker) if worker is not None else None
         self.retention = Retention(
             opts,
             self.data_path,
             on_write=self._backend_written,
             on_error=self.set_health_error,
             exiting=lambda: self.exiting,
+            placement=self.workers.placement if self.workers is not None else None,
         )
         #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
         self.settings = SettingsStore(self.data_path, opts)
+        #: Topics' and channels' lifecycle settings applied, and dead-lettering.
+        self.lifecycle = Lifecycles(self.settings, self.get_topic, lambda: self.exiting)
         self._sync_timer: asyncio.TimerHandle | None = None
         self._dir_lock = DirLock(self.data_path)
         self.tls_context: ssl.SSLContext | None = None  # set by start(): --tls-cert/--tls-key
@@ -122,27 +119,22 @@ class NSQD:
         self.https_address = ""
         self.auth = AuthClient(opts) if opts.auth_http_addresses else None
         self.log_auth = LogReadAuth(self.auth) if self.auth is not None else None
-        self._loading_metadata = False
-        self._metadata = MetadataWriter(self.data_path, log)
+        #: nsqd.dat: the topics and channels, and their paused flags.
+        self.metadata = NodeMetadata(self.data_path, self.topics, lambda: self.exiting, self.loop)
         self.lookup = Lookup(self)
         #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
         self.replication: Replicator | None = None
-        #: One worker of ``--workers N`` (``server/workers/peers.py``): None in a single process.
-        self.workers: Workers | None = Workers(self, worker) if worker is not None else None
         #: This process is the node's member of the cluster (``--etcd-endpoints``): a single
         #: process, or worker 0 of ``--workers N``, which keeps every retained topic's log
-        #: then; the other workers pass their publishes to it (``Workers.log_worker``).
+        #: then; the other workers pass their publishes to it (``Placement.keeper``).
         self.cluster_member = bool(opts.etcd_endpoints) and (
             self.workers is None or self.workers.is_lead
         )
         #: Until the cluster's state is read, channels do not deliver and logs do not hand off
         #: (a replicated channel is restored from its checkpoint first).
         self._joining = self.cluster_member
-        if self.workers is not None:  # a retained topic's log is one worker's
-            self.retention.elsewhere = self.workers.elsewhere
-            self.retention.placed = self.place
-            if worker is not None and worker.started:
-                self.start_time = worker.started  # the node's, not this worker's (restarts)
+        if worker is not None and worker.started:
+            self.start_time = worker.started  # the node's, not this worker's (restarts)
 
     # -- topics and channels --------------------------------------------------------------
 
@@ -166,34 +158,21 @@ class NSQD:
             )
             self.topics[name] = topic
             if self.workers is not None and not topic.ephemeral:
-                topic.on_bounds = self.place
+                topic.on_bounds = self.retention.bounds_changed
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
                 self.retention.attach(topic)
-            self._apply_topic_settings(topic)
+            self.lifecycle.apply_topic(topic)
             if self._joining and topic.log is not None:
                 topic.hold_hand_off()
             self.lookup.topic_created(topic)
-            if not self._loading_metadata:
+            if not self.metadata.loading:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
                 if self.workers is not None:
                     self.workers.topic_created(name)
             if not topic.ephemeral:
-                self._persist_metadata_soon()
+                self.metadata.persist_soon()
         return topic
-
-    def place(self, topic: Topic) -> None:
-        """``--workers``: a bounded topic (``max_depth`` on it, a bound on a channel) is kept
-        by one worker, as a retained one is (``Workers.log_worker``), so that its bounds are
-        the node's, as with one process; the other workers pass its publishes on. A retained
-        topic's keeper is its log's (``Retention.attach``). Messages a worker held before
-        the bound was set stay there, delivered as before."""
-        if self.workers is None or (topic.kept_by is None and not topic.bounded):
-            return  # (the common case, without reading the topic's retention from disk)
-        seconds, size = self.retention.setting(topic.name)
-        if seconds or size:
-            return
-        topic.kept_by = self.workers.elsewhere(topic.name) if topic.bounded else None
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
@@ -213,7 +192,7 @@ class NSQD:
         if self.replication is not None:
             self.replication.topic_deleted(name)
         if not topic.ephemeral:
-            self.persist_metadata()
+            self.metadata.persist()
         return True
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
@@ -234,14 +213,14 @@ class NSQD:
                 self.opts.e2e_processing_latency_percentiles,
                 self.opts.e2e_processing_latency_window_time,
             )
-        self._apply_channel_settings(topic.name, ch)
+        self.lifecycle.apply_channel(topic.name, ch)
         ch.held = self._joining
         if self.workers is not None:
             self.workers.attach(ch)
-            if not self._loading_metadata:
+            if not self.metadata.loading:
                 self.workers.channel_created(topic.name, name)
         if not ch.ephemeral:
-            self._persist_metadata_soon()  # once the topic has added it
+            self.metadata.persist_soon()  # once the topic has added it
         return ch
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
@@ -251,7 +230,7 @@ class NSQD:
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
         self.lookup.channel_deleted(topic, channel.name)
         if not channel.ephemeral and not topic.exiting:
-            self.persist_metadata()
+            self.metadata.persist()
 
     def topic_emptied_of_channels(self, topic: Topic) -> None:
         # An #ephemeral topic goes with its last channel.
@@ -284,78 +263,13 @@ class NSQD:
         if err is not None or self.health_error is not None:
             self.set_health_error(err)
 
-    # -- message lifecycle: max attempts, dead-letter, TTL, bounds -----------------------
-
-    def _load_settings(self) -> None:
-        try:
-            self.settings.load()
-        except ValueError as err:
-            log.error("NSQ: %s; the flags apply", err)
-
-    def topic_config(self, name: str) -> dict[str, Any]:
-        """A topic's effective settings and which of them are its own."""
-        return self.settings.topic_config(name)
-
-    def channel_config(self, topic: str, channel: str) -> dict[str, Any]:
-        return self.settings.channel_config(topic, channel)
-
-    def _apply_topic_settings(self, topic: Topic) -> None:
-        cfg = self.topic_config(topic.name)
-        topic.max_depth, topic.bound_policy = cfg["max_depth"], cfg["bound_policy"]
-        topic.dedup_window = (cfg["dedup_records"], round(cfg["dedup_window"] * 1e9))
-        for ch in topic.channels.values():
-            self._apply_channel_settings(topic.name, ch)
-        topic.refresh_bounds()
-
-    def _apply_channel_settings(self, topic: str, ch: Channel) -> None:
-        cfg = self.channel_config(topic, ch.name)
-        ch.set_lifecycle(
-            cfg["max_attempts"],
-            round(cfg["msg_ttl"] * 1e9),
-            cfg["max_depth"],
-            cfg["bound_policy"],
-            cfg["max_bytes"],
-        )
-
-    def set_topic_config(self, name: str, values: dict[str, Any]) -> None:
-        """``POST /topic/config`` (values already checked); persisted, then applied. Raises
-        OSError (then nothing changes)."""
-        self.settings.set_topic(name, values)
-        self._apply_topic_settings(self.get_topic(name))
-
-    def set_channel_config(self, topic_name: str, channel: str, values: dict[str, Any]) -> None:
-        self.settings.set_channel(topic_name, channel, values)
-        topic = self.get_topic(topic_name)
-        self._apply_channel_settings(topic_name, topic.get_channel(channel))
-        topic.refresh_bounds()
+    # -- message lifecycle (server/lifecycle.py) ------------------------------------------
 
     def dead_letter(
         self, topic: Topic, channel: Channel, msgs: list[Message]
     ) -> OSError | QueueFull | None:
-        """Messages that used up their attempts: to the channel's dead-letter topic, with
-        their IDs and bodies (``none``: dropped, still counted)."""
-        target = self.channel_config(topic.name, channel.name)["dead_letter"]
-        if target == "none":
-            return None
-        if not is_valid_name(target):
-            return OSError(f"dead-letter topic {target!r} is not a valid topic name")
-        if self.exiting:
-            return OSError("exiting")
-        dl = self.get_topic(target)
-        if dl.exiting:
-            return OSError(f"dead-letter topic {target} is being deleted")
-        try:
-            dl.publish_existing([Message(m.id, m.body, m.timestamp) for m in msgs])
-        except (OSError, QueueFull) as err:
-            return err
-        log.info(
-            "CHANNEL(%s:%s): %d message(s) used up their attempts; moved to topic %s",
-            topic.name,
-            channel.name,
-            len(msgs),
-            target,
-        )
-        return None
+        """The topic's hook for a channel's messages that used up their attempts."""
+        return self.lifecycle.dead_letter(topic, channel, msgs)
 
     # -- replayable topics: the retained log (server/retention.py) ------------------------
 
@@ -408,80 +322,11 @@ class NSQD:
         for path in (p for d in dirs for p in remove_leftovers(d)):
             log.info("NSQ: removed %s, left by a write a crash cut short", path)
 
-    # -- metadata (nsqd.dat) --------------------------------------------------------------
+    # -- metadata (nsqd.dat: server/metadata.py) -------------------------------------------
 
     def metadata_changed(self) -> None:
         """A topic or channel was paused or unpaused (also the hook for the HTTP API)."""
-        self.persist_metadata()
-
-    def persist_metadata(self) -> None:
-        """Write nsqd.dat now: every non-ephemeral topic and channel with its paused flag."""
-        if not self._loading_metadata:
-            self._metadata.write_now(self._metadata_snapshot())
-
-    def _metadata_snapshot(self) -> list[TopicMeta]:
-        return [
-            TopicMeta(
-                t.name,
-                t.paused,
-                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
-            )
-            for t in self.topics.values()
-            if not t.ephemeral
-        ]
-
-    def _persist_metadata_soon(self) -> None:
-        # New topics and channels: a burst of creations shares one write, off the loop.
-        if not self._loading_metadata and not self.exiting:
-            self._metadata.write_soon(
-                lambda: None if self.exiting else self._metadata_snapshot(),
-                self.loop.call_later,
-                METADATA_DELAY,
-            )
-
-    def load_metadata(self) -> None:
-        """Create the topics and channels of nsqd.dat, paused as they were."""
-        try:
-            topics = read_metadata(self.data_path)
-        except ValueError as err:
-            log.error("NSQ: %s", err)
-            path = os.path.join(self.data_path, METADATA_FILE)
-            with contextlib.suppress(OSError):
-                os.replace(path, path + ".bad")
-            topics = recover_metadata(self.data_path)
-            log.warning(
-                "NSQ: kept the unreadable metadata as %s.bad; recovered %d topic(s) from their "
-                "disk queue files (paused flags are lost)",
-                path,
-                len(topics),
-            )
-        topics = topics or []
-        # A retained topic whose log exists is served even if a crash came before nsqd.dat
-        # listed it (nsqd.dat is written just after a topic is created, not before its first OK).
-        known = {t.name for t in topics}
-        for name in self.retention.found(known, lambda n: is_valid_name(n) and not is_ephemeral(n)):
-            log.info("TOPIC(%s): found its log; serving it", name)
-            topics.append(TopicMeta(name, False, []))
-        if not topics:
-            return
-        self._loading_metadata = True
-        try:
-            for t in topics:
-                if not is_valid_name(t.name):
-                    log.warning("skipping creation of invalid topic %s", t.name)
-                    continue
-                topic = self.get_topic(t.name)
-                if t.paused:
-                    topic.paused = True  # before its channels exist: nothing flows yet
-                for c in t.channels:
-                    if not is_valid_name(c.name):
-                        log.warning("skipping creation of invalid channel %s", c.name)
-                        continue
-                    channel = topic.get_channel(c.name)
-                    if c.paused:
-                        channel.paused = True
-        finally:
-            self._loading_metadata = False
+        self.metadata.persist()
 
     # -- clients --------------------------------------------------------------------------
 
@@ -536,9 +381,9 @@ class NSQD:
             else:
                 log.info("ID: %d", self.opts.node_id)
             self._remove_leftovers()
-            self._load_settings()
-            self.load_metadata()
-            self.persist_metadata()
+            self.lifecycle.load()
+            self.metadata.load(self.get_topic, self.retention.found)
+            self.metadata.persist()
             self.retention.rewinds.resume(self.retention.logs, self.topics)
             # A replicated node binds its sockets (their addresses go into its cluster record)
             # but takes no connection until it has joined: a publish can never be answered
@@ -652,8 +497,8 @@ class NSQD:
             await asyncio.sleep(0.01)
         if self._sync_timer is not None:
             self._sync_timer.cancel()
-        self._metadata.close()
-        self.persist_metadata()
+        self.metadata.close()
+        self.metadata.persist()
         for topic in list(self.topics.values()):
             # A failure is logged by the topic; the other topics must still be flushed.
             with contextlib.suppress(Exception):

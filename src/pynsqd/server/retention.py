@@ -39,6 +39,7 @@ from ..storage.topiclog import (
     write_retention,
 )
 from .rewind import Rewinds
+from .workers.placement import Placement
 
 log = logging.getLogger("pynsqd")
 
@@ -69,6 +70,7 @@ class Retention:
         on_write: Callable[[OSError | None], None],
         on_error: Callable[[BaseException | None], None],
         exiting: Callable[[], bool] = lambda: False,
+        placement: Placement | None = None,
     ) -> None:
         self.opts = opts
         self.data_path = data_path
@@ -76,12 +78,9 @@ class Retention:
         self._on_error = on_error
         self._exiting = exiting
         self.logs: dict[str, TopicLog] = {}
-        #: ``--workers``: the worker that keeps a topic's log when it is another one (None:
-        #: this one). Set by the worker (``Workers.elsewhere``); one process keeps every log.
-        self.elsewhere: Callable[[str], int | None] = lambda name: None
-        #: Told when a topic's retention went off here: where its queue is kept may change
-        #: (``NSQD.place``: a bounded topic stays with one worker).
-        self.placed: Callable[[Topic], None] = lambda topic: None
+        #: ``--workers``: which worker keeps a topic (``workers/placement.py``); one process
+        #: keeps every topic.
+        self.placement = placement or Placement()
         #: Copies of other nodes' partitions (replicated topics), by "topic/origin".
         self.replicas: dict[str, TopicLog] = {}
         #: The rewinds of these logs' channels (``server/rewind.py``).
@@ -147,9 +146,8 @@ class Retention:
         """A topic was created: give it its log if it retains; if it does not but its log
         still holds a backlog, move that to its queue."""
         seconds, size = self.setting(topic.name)
-        keeper = self.elsewhere(topic.name) if seconds or size else None
-        topic.kept_by = keeper
-        if not (seconds or size) or keeper is not None:
+        self.placement.place(topic, retained=bool(seconds or size))
+        if not (seconds or size) or topic.kept_by is not None:
             # No log here: none wanted, or another worker of this node keeps it (a log left
             # here by a run with another --workers count gives its backlog to the queue).
             if _has_segments(self.directory(topic.name)):
@@ -233,6 +231,15 @@ class Retention:
             moved += len(msgs)
         return moved
 
+    def bounds_changed(self, topic: Topic) -> None:
+        """``--workers``: a topic's bounds changed (``Topic.on_bounds``): one that keeps no
+        log is kept where its bound says (``Placement.place``)."""
+        if topic.kept_by is None and not topic.bounded:
+            return  # the common case, without reading the topic's retention from disk
+        seconds, size = self.setting(topic.name)
+        if not (seconds or size):
+            self.placement.place(topic, retained=False)
+
     def change(self, topic: Topic, seconds: float, size: int) -> None:
         """``POST /topic/retention``: the topic's own setting, kept across restarts; 0 and 0
         stop its log (its backlog moved to the topic's queue first) and remove it. Raises
@@ -249,8 +256,7 @@ class Retention:
             return
         if current is None:
             write_retention(self.directory(name), 0.0, 0)
-            topic.kept_by = None
-            self.placed(topic)
+            self.placement.place(topic, retained=False)
             return
         if self.rewinds.running_on(name):
             raise Conflict("REWIND_IN_PROGRESS")

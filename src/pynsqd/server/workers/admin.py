@@ -207,7 +207,7 @@ class AdminLinks:
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
     ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
         """A call about a topic's log (offsets, reads, rewinds, retention, a channel made at
-        an offset) answered by the worker that keeps it (``log_worker``)."""
+        an offset) answered by the worker that keeps it (``Placement.keeper``)."""
 
         async def handler_on_the_keeper(request: BaseRequest, params: Any) -> Any:
             query = request.query

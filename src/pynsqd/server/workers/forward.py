@@ -1,6 +1,6 @@
 """Publishes to a retained topic that another worker keeps (``--workers``): the forward links.
 
-Theory of operation. A retained topic's log is one worker's (``Workers.log_worker``: a hash of
+Theory of operation. A retained topic's log is one worker's (``Placement.keeper``: a hash of
 the name), so that its offsets, rewinds, dedup index and retention are those of one log, as
 with one process. A publish that lands on another worker is sent there before it is answered:
 one V2 producer connection per pair of workers, over the keeper's private unix socket (as the

@@ -27,7 +27,6 @@ import signal
 import socket
 import ssl
 import urllib.parse
-import zlib
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +35,7 @@ from ...internal.listener import SharedListener
 from ...internal.names import is_ephemeral
 from .admin import AdminLinks
 from .forward import Done, Forwarder
+from .placement import Placement
 from .relay import Relay
 from .spec import ConnectionCounts, WorkerSpec
 
@@ -73,13 +73,15 @@ class Workers:
         self.loop = nsqd.loop
         #: Channels made here being made on the other workers (``channel_created``).
         self._made: dict[tuple[str, str], asyncio.Future[None]] = {}
+        #: Where a topic is kept (``placement.py``).
+        self.placement = Placement(spec.index, spec.count, clustered=bool(self.opts.etcd_endpoints))
         #: HTTP between the workers (``admin.py``).
         self.admin = AdminLinks(
             self.opts,
             self.index,
             spec.admins,
-            clustered=self.clustered,
-            elsewhere=self.elsewhere,
+            clustered=self.placement.clustered,
+            elsewhere=self.placement.elsewhere,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._alive_fd = spec.fds.get("alive", -1)
@@ -101,28 +103,6 @@ class Workers:
 
     def link_path(self, peer: int) -> str:
         return self.spec.links[peer]
-
-    # -- retained topics: one worker keeps a topic's log ----------------------------------
-
-    @property
-    def clustered(self) -> bool:
-        """A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster."""
-        return bool(self.opts.etcd_endpoints)
-
-    def log_worker(self, topic: str) -> int:
-        """The worker that keeps ``topic``'s log when it retains one: its offsets, rewinds,
-        dedup index and retention are one log's, as with one process. On a replicated node
-        worker 0, the cluster's member, keeps them all: any retained topic may be replicated
-        (its settings are in etcd, which only worker 0 reads), and its partition is the
-        node's one log of it."""
-        if self.clustered:
-            return 0
-        return zlib.crc32(topic.encode()) % self.spec.count
-
-    def elsewhere(self, topic: str) -> int | None:
-        """``log_worker`` when it is another worker (None: this one)."""
-        keeper = self.log_worker(topic)
-        return None if keeper == self.index else keeper
 
     def forward(self, peer: int, command: bytes, done: Done) -> None:
         self.forwarder.send(peer, command, done)
