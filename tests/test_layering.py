@@ -219,7 +219,7 @@ def test_positions_and_a_topics_replication_move_only_through_their_owners() -> 
     owners = {
         re.compile(r"\.handed\s*(\+|-)?=[^=]"): "storage/topiclog.py",
         re.compile(r"\.origin\s*=[^=]"): "core/topic.py",
-        re.compile(r"\.hand_off_held\s*=[^=]"): "core/topic.py",
+        re.compile(r"\bhand_off\.held\s*=[^=]"): "core/handoff.py",
     }
     found = [
         f"{path.relative_to(PKG)}:{n}: {line.strip()}"

@@ -270,7 +270,7 @@ class Checkpoints:
                 adopted_below(ch, part[1], end, own=part[1] == self.me)
                 closed += 1
             if part[1] == self.me:
-                topic.hold_hand_off()  # until this node leads its partition again
+                topic.hand_off.hold()  # until this node leads its partition again
                 self._resume_at[part] = end
         (log.warning if closed else log.info)(
             "CLUSTER: partition %s/%d: node %s took over this node's channels of it (%d "
@@ -351,7 +351,7 @@ class Checkpoints:
         for name, _ in self._resume_at:
             topic = self.host.topics.get(name)
             if topic is not None:
-                topic.hold_hand_off()
+                topic.hand_off.hold()
 
     def _source(self, topic: Topic, origin: int) -> TopicLog | None:
         if origin == self.me:
@@ -552,11 +552,11 @@ class Checkpoints:
                 if ch.windows is not None:
                     track_partition(ch, self.me, resume)
             if topic.log.handed < resume:
-                topic.restart_hand_off(min(resume, topic.log.latest))
+                topic.hand_off.restart(min(resume, topic.log.latest))
             log.info(
                 "CLUSTER: partition %s: its channels here go on from offset %d", p.name, resume
             )
-        topic.release_hand_off()
+        topic.hand_off.release()
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -282,7 +282,7 @@ class Replicator:
                 caught_up=p.leader_latest == p.log.latest,
                 ready=self.ready,
                 checkpoints=bool(state.checkpoints.get(part)),
-                hand_off_held=own is not None and own.hand_off_held,
+                hand_off_held=own is not None and own.hand_off.held,
             )
             for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
                 if not await self._carry_out(p, action):

@@ -21,6 +21,7 @@ from .channel import Channel
 from .dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS
 from .errors import NotRetained, QueueFull
 from .guid import GUIDFactory
+from .handoff import HandOff
 from .idempotent import check_everywhere, same_bodies
 from .message import Message
 from .offsets import offset_ids
@@ -53,10 +54,7 @@ class TopicOwner(Protocol):
 class Topic:
     __slots__ = (
         "_drain_pending",
-        "_handed_hold",
-        "_log_starts",
         "_owner",
-        "_save_pending",
         "bound_policy",
         "bounded",
         "channels",
@@ -66,7 +64,7 @@ class Topic:
         "ephemeral",
         "exiting",
         "guid",
-        "hand_off_held",
+        "hand_off",
         "kept_by",
         "log",
         "loop",
@@ -106,13 +104,6 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self._drain_pending = False
-        self._save_pending = False
-        #: The first offset some channel holds only in memory because its disk write failed:
-        #: the saved hand-off position must not pass it (None: every channel stored all).
-        self._handed_hold: int | None = None
-        #: Channels created at an offset past the hand-off position (they had the messages
-        #: before it replayed): the drain gives them nothing before it. Usually empty.
-        self._log_starts: dict[str, int] = {}
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
@@ -139,9 +130,8 @@ class Topic:
         #: offset IDs (``core/offsets.py``) and its channels keep done-windows. None: not
         #: replicated (no cost).
         self.origin: int | None = None
-        #: The log's hand-off to channels waits (the partition is served by another node, or
-        #: this node is still joining its cluster).
-        self.hand_off_held = False
+        #: A retained topic's hand-off from its log to its channels (``core/handoff.py``).
+        self.hand_off = HandOff(self)
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -152,17 +142,6 @@ class Topic:
     def replicate_as(self, origin: int) -> None:
         """Replicated, as node ``origin``'s partition: its publishes get offset IDs."""
         self.origin = origin
-
-    def hold_hand_off(self) -> None:
-        """The log's backlog waits in the log (another node serves this partition's channels,
-        or this node is still joining its cluster)."""
-        self.hand_off_held = True
-
-    def release_hand_off(self) -> None:
-        """The backlog goes to the channels again (a no-op when it was not held)."""
-        if self.hand_off_held:
-            self.hand_off_held = False
-            self.schedule_drain()
 
     @property
     def depth(self) -> int:
@@ -262,7 +241,7 @@ class Topic:
         write them keep them in memory (another channel may have stored them already), but
         the publisher is told: its OK means stored as ``--mem-queue-size`` says."""
         if self.channels and not self.paused and not len(self.queue):
-            err = self._fan_out(msgs)
+            err = self.fan_out(msgs)
             if err is not None:
                 raise err
         else:
@@ -326,7 +305,7 @@ class Topic:
         if self.log is not None and self.log.handed < self.log.visible:
             step = min(excess, self.log.visible - self.log.handed)
             self.log.hand_to(self.log.handed + step)
-            self.save_handed()
+            self.hand_off.save()
             dropped += step
         while dropped < excess and len(self.queue):
             dropped += self.queue.drop_oldest(excess - dropped)
@@ -346,54 +325,18 @@ class Topic:
             and log.visible > first
             and self.channels
             and not self.paused
-            and not self.hand_off_held
+            and not self.hand_off.held
             and not len(self.queue)
         ):
-            err = self._fan_out(msgs)
-            self._handed_to(log.latest, first if err is not None else None)
+            err = self.fan_out(msgs)
+            self.hand_off.handed_to(log.latest, first if err is not None else None)
             if err is not None:
                 raise err
             return end
         self.schedule_drain()
         return end
 
-    def _handed_to(self, offset: int, failed_from: int | None = None) -> None:
-        """Every channel has stored the messages before ``offset`` (those from ``failed_from``
-        on only in memory: a disk write failed). The position is saved at the end of the loop
-        turn, once for all the batches handed in it: a crash before then hands them again (at
-        least once), and the saved position never passes what the channels stored."""
-        log = self.log
-        assert log is not None
-        log.hand_to(offset)
-        if failed_from is not None and (
-            self._handed_hold is None or failed_from < self._handed_hold
-        ):
-            self._handed_hold = failed_from
-        if not self._save_pending:
-            self._save_pending = True
-            self.loop.call_soon(self._save_handed_now)
-
-    def _save_handed_now(self) -> None:
-        self._save_pending = False
-        try:
-            self.save_handed()
-        except OSError as err:  # the backlog would be handed over again: no loss
-            log.error("TOPIC(%s): failed to save its log position - %s", self.name, err)
-
-    def save_handed(self) -> None:
-        """Persist the hand-off position, never past a message some channel holds only in
-        memory after a failed write (``_handed_hold``). Raises OSError."""
-        tlog = self.log
-        if tlog is None:
-            return
-        hold = self._handed_hold
-        if hold is not None and all(
-            ch.queue.mem_depth <= ch.queue.mem_size for ch in self.channels.values()
-        ):
-            hold = self._handed_hold = None  # what was kept in memory has been delivered
-        tlog.save_handed(tlog.handed if hold is None else min(hold, tlog.handed))
-
-    def _fan_out(self, msgs: list[Message], *, mixed: bool = False) -> OSError | None:
+    def fan_out(self, msgs: list[Message], *, mixed: bool = False) -> OSError | None:
         """Every channel gets the messages; returns the first backend error (none are lost)."""
         channels = iter(self.channels.values())
         first = next(channels)
@@ -402,50 +345,12 @@ class Topic:
             err = ch.put_many([m.copy() for m in msgs], mixed=mixed) or err
         return first.put_many(msgs, mixed=mixed) or err
 
-    def _hand_over(self, batch: list[Message], first: int) -> OSError | None:
-        """A batch of the log's backlog (offsets from ``first``) to the channels; a channel
-        created at a later offset gets only what it asked for."""
-        starts = self._log_starts
-        if starts:
-            for name, start in list(starts.items()):
-                if start <= first or name not in self.channels:
-                    del starts[name]
-        if not starts:
-            return self._fan_out(batch, mixed=True)
-        err = None
-        for i, ch in enumerate(self.channels.values()):
-            skip = starts.get(ch.name, first) - first
-            mine = batch[skip:] if skip else batch
-            if i:
-                mine = [m.copy() for m in mine]
-            if mine:
-                err = ch.put_many(mine, mixed=True) or err
-        return err
-
-    def restart_hand_off(self, offset: int) -> None:
-        """The topic's only channel was created at ``offset`` of the log: the backlog is
-        ``[offset, latest)`` from now on, handed over (and saved) as any backlog."""
-        tlog = self.log
-        assert tlog is not None
-        self._log_starts.clear()
-        self._handed_hold = None
-        tlog.hand_to(offset)
-        self.save_handed()
-        self.schedule_drain()
-
-    def skip_log_before(self, channel: Channel, offset: int) -> None:
-        """``channel`` was given the log up to ``offset`` by a replay: the drain skips it
-        until the hand-off passes that offset."""
-        tlog = self.log
-        if tlog is not None and offset > tlog.handed:
-            self._log_starts[channel.name] = offset
-
     def schedule_drain(self) -> None:
         if (
             not self._drain_pending
             and self.channels
             and not self.paused
-            and not self.hand_off_held
+            and not self.hand_off.held
             and (len(self.queue) or (self.log is not None and self.log.handed < self.log.visible))
         ):
             self._drain_pending = True
@@ -453,7 +358,7 @@ class Topic:
 
     def _drain(self) -> None:
         self._drain_pending = False
-        if self.paused or self.exiting or not self.channels or self.hand_off_held:
+        if self.paused or self.exiting or not self.channels or self.hand_off.held:
             return
         queue = self.queue
         tlog = self.log
@@ -462,11 +367,11 @@ class Topic:
             # after (saved at the end of the turn), so a crash repeats a batch, never skips one.
             batch, nxt = tlog.read_messages(tlog.handed, DRAIN_BATCH)
             first = tlog.handed
-            err = self._hand_over(batch, first) if batch else None
-            self._handed_to(nxt, first if err is not None else None)
+            err = self.hand_off.hand_over(batch, first) if batch else None
+            self.hand_off.handed_to(nxt, first if err is not None else None)
         elif queue.mem_depth:
             # DPUBs waiting here may be mixed with plain messages.
-            self._fan_out(queue.take_memory(DRAIN_BATCH), mixed=True)
+            self.fan_out(queue.take_memory(DRAIN_BATCH), mixed=True)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
             # room in memory. The topic's read is held until every channel has stored them, so
@@ -525,7 +430,7 @@ class Topic:
     def put_deferred(self, msgs: list[Message]) -> None:
         """Deferred messages read back from the backend: straight to the channels."""
         if self.channels:
-            self._fan_out(msgs)
+            self.fan_out(msgs)
         else:
             self.queue.put_many(msgs)
 
@@ -547,9 +452,7 @@ class Topic:
         replayable topic, its backlog (the messages stay in the log, readable by offset)."""
         self.queue.empty()
         if self.log is not None:
-            self.log.hand_to(self.log.latest)
-            self._handed_hold = None
-            self.save_handed()
+            self.hand_off.restart(self.log.latest)
 
     def close(self, *, delete: bool) -> None:
         """Close every channel, then the topic; one channel's failure never stops the others

@@ -164,7 +164,7 @@ class NSQD:
                 self.retention.attach(topic)
             self.lifecycle.apply_topic(topic)
             if self._joining and topic.log is not None:
-                topic.hold_hand_off()
+                topic.hand_off.hold()
             self.lookup.topic_created(topic)
             if not self.metadata.loading:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
@@ -293,7 +293,7 @@ class NSQD:
                 if ch.held:
                     ch.held = False
                     ch.schedule_pump()
-            topic.release_hand_off()
+            topic.hand_off.release()
 
     def _sync_disk_queues(self) -> None:
         # go-diskqueue's syncTicker: every --sync-timeout, sync the queues that changed.

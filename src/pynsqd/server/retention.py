@@ -277,7 +277,7 @@ class Retention:
             topic = topics.get(name)
             try:
                 if topic is not None:
-                    topic.save_handed()
+                    topic.hand_off.save()
                 topic_log.sync_if_due()
                 topic_log.prune()
             except OSError as err:

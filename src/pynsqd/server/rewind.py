@@ -9,7 +9,7 @@ knows of. A rewind ends early, with what it put back so far, if its channel or t
 when nsqd stops, it answers so too and goes on at the next start. Turning retention off is
 refused while one runs (``running_on``). A channel created at an offset is the same replay,
 except when it is the topic's only channel: then the topic's own hand-off simply restarts at
-that offset (``Topic.restart_hand_off``). A replicated channel taking over a partition's pending
+that offset (``HandOff.restart``). A replicated channel taking over a partition's pending
 messages is put back the same way (``replay_ranges``, ``cluster/checkpoints.py``), with their
 attempts and due times, and no bound refuses them (they were acknowledged).
 """
@@ -60,9 +60,9 @@ class Rewinds:
         bounded = channel.bounds.on
         if len(topic.channels) == 1 and not len(topic.queue) and not bounded:
             _reopen(topic, channel, start, tlog.handed)
-            topic.restart_hand_off(start)  # the backlog is its alone: no replay needed
+            topic.hand_off.restart(start)  # the backlog is its alone: no replay needed
             return Replayed(start, tlog.latest, tlog.latest - start)
-        topic.skip_log_before(channel, tlog.latest)  # the replay gives it all before that
+        topic.hand_off.skip_before(channel, tlog.latest)  # the replay gives it all before that
         return await self.rewind(topic, channel, start)
 
     async def rewind(
