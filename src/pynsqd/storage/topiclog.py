@@ -60,8 +60,9 @@ from ..protocol.log_record import (
     Follow,
     body_start,
 )
-from . import durable
+from . import durable, log_reader
 from .atomic import write_atomic
+from .log_reader import OffsetOutOfRange
 from .position import PositionFile
 from .segment import INDEX_INTERVAL, LogRange, Segment, segment_bases
 from .syncer import SYNCER, SyncSlot
@@ -89,14 +90,6 @@ class SyncJob(NamedTuple):
     start: int
     end: int
     generation: int
-
-
-class OffsetOutOfRange(Exception):
-    def __init__(self, offset: int, earliest: int, latest: int) -> None:
-        super().__init__(f"offset {offset} is outside [{earliest}, {latest}]")
-        self.offset = offset
-        self.earliest = earliest
-        self.latest = latest
 
 
 class TopicLog:
@@ -453,52 +446,10 @@ class TopicLog:
         time (after a start, a truncation), then kept by every append."""
         if self._dedup is None:
             dedup = Dedup(self.dedup_records, self.dedup_window_ns)
-            start = time.monotonic()
-            offset = max(self.earliest, self.latest - self.dedup_records)
-            follow: Follow | None = None
-            while offset < self.latest:
-                rng = self.read_range(offset, 10_000, 8 << 20)
-                if rng is None:
-                    break
-                with open(rng.path, "rb") as f:
-                    f.seek(rng.start)
-                    data = f.read(rng.end - rng.start)
-                records, damaged = log_record.scan_records(data, follow=follow)
-                for r in records:
-                    if r.sequence >= 0:
-                        dedup.record(r.producer, r.sequence, 1, r.offset, r.timestamp)
-                follow = log_record.follow_after(records[-1]) if records else None
-                # Past a damaged record (logged at open) to the next range.
-                offset = records[-1].offset + 1 if damaged and records else rng.next
-                if damaged:
-                    follow = None
-            dedup.expire(time.time_ns() if now_ns is None else now_ns, self.latest)
+            now = time.time_ns() if now_ns is None else now_ns
+            self._follow = log_reader.read_identities(self, dedup, now)
             self._dedup = dedup
-            self._follow = follow
-            if dedup.held:
-                self.log.info(
-                    "TOPICLOG(%s): %d publishes of %d producers remembered for idempotent "
-                    "publishing (read in %.0f ms)",
-                    self.name,
-                    dedup.held,
-                    len(dedup.producers),
-                    (time.monotonic() - start) * 1000,
-                )
         return self._dedup
-
-    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
-        """The bodies of the records at ``offsets`` (ascending; an idempotent publish's
-        duplicates, read back to compare), committed or not; None where one is gone."""
-        found: dict[int, bytes] = {}
-        offset, end = offsets[0], offsets[-1] + 1
-        while offset < end:
-            at: list[int] = []
-            msgs, nxt = self.read_messages(offset, end - offset, upto=end, out=at)
-            found.update((o, m.body) for o, m in zip(at, msgs, strict=True))
-            if nxt <= offset:
-                break
-            offset = nxt
-        return [found.get(o) for o in offsets]
 
     def set_dedup(self, records: int, window_ns: int) -> None:
         """The idempotent publishing window (``POST /topic/config``)."""
@@ -634,51 +585,16 @@ class TopicLog:
 
     # -- reading --------------------------------------------------------------------------
 
+    # (``storage/log_reader.py``: the reads, each over this log)
+
     def check_offset(self, offset: int) -> None:
-        if not self.earliest <= offset <= self.latest:
-            raise OffsetOutOfRange(offset, self.earliest, self.latest)
+        log_reader.check_offset(self, offset)
 
     def offset_for_time(self, ts_ns: int) -> int:
-        """The first offset published at or after ``ts_ns`` (``latest`` if none)."""
-        for seg in self.segments:
-            if seg.next == seg.base or seg.last_ts < ts_ns:
-                continue
-            i = max(bisect.bisect_left(seg.idx_ts, ts_ns) - 1, 0)
-            if not seg.idx_pos:
-                return seg.base
-            for rec_offset, rec_ts, _, _ in seg.walk(seg.idx_pos[i], seg.size):
-                if rec_ts >= ts_ns:
-                    return rec_offset
-        return self.latest
+        return log_reader.offset_for_time(self, ts_ns)
 
     def read_range(self, offset: int, max_messages: int, max_bytes: int) -> LogRange | None:
-        """Whole records from ``offset`` (or the first retained after it, past a gap), within
-        one segment, at most ``max_messages`` and ``max_bytes`` (at least one record). None at
-        ``latest``. Raises ``OffsetOutOfRange``."""
-        self.check_offset(offset)
-        for seg in self.segments:
-            if offset >= seg.next:
-                continue
-            start, first = seg.position(max(offset, seg.base))
-            if start >= seg.size:
-                continue  # a gap after a damaged record: the next segment
-            if seg.next - first <= max_messages and seg.size - start <= max_bytes:
-                # The rest of the segment fits (a follower or reader near the end): no walk.
-                return LogRange(seg.path, start, seg.size, first, seg.next, seg.next - first)
-            # The end: from the index entry at or before start + max_bytes, walk forward.
-            limit = start + max_bytes
-            end, nxt, count = start, first, 0
-            j = bisect.bisect_right(seg.idx_pos, limit) - 1
-            if j >= 0 and seg.idx_pos[j] > start and seg.idx_off[j] - first <= max_messages:
-                end, nxt, count = seg.idx_pos[j], seg.idx_off[j], seg.idx_off[j] - first
-            for rec_offset, _, _, rec_end in seg.walk(end, seg.size):
-                if count >= max_messages or (count and rec_end - start > max_bytes):
-                    break
-                end, nxt, count = rec_end, rec_offset + 1, count + 1
-            if count == 0:
-                continue
-            return LogRange(seg.path, start, end, first, nxt, count)
-        return None
+        return log_reader.read_range(self, offset, max_messages, max_bytes)
 
     def read_ranges(
         self,
@@ -688,75 +604,15 @@ class TopicLog:
         max_bytes: int,
         max_segments: int = 1 << 30,
     ) -> list[LogRange]:
-        """The ranges of whole records from ``offset`` to below ``limit``, at most
-        ``max_messages`` records, ``max_bytes`` bytes (at least one record) and
-        ``max_segments`` ranges (one per segment): the one log-range reader of ``GET
-        /topic/log`` and the followers' fetch. Raises ``OffsetOutOfRange``."""
-        self.check_offset(offset)
-        ranges: list[LogRange] = []
-        nxt = offset
-        while max_messages > 0 and nxt < limit and len(ranges) < max_segments:
-            rng = self.read_range(nxt, min(max_messages, limit - nxt), max_bytes)
-            if rng is None or (ranges and rng.end - rng.start > max_bytes):
-                break
-            ranges.append(rng)
-            nxt = rng.next
-            max_messages -= rng.count
-            max_bytes -= rng.end - rng.start
-            if max_bytes <= 0:
-                break
-        return ranges
+        return log_reader.read_ranges(self, offset, limit, max_messages, max_bytes, max_segments)
 
     def read_messages(
-        self,
-        offset: int,
-        max_count: int,
-        upto: int | None = None,
-        out: list[int] | None = None,
+        self, offset: int, max_count: int, upto: int | None = None, out: list[int] | None = None
     ) -> tuple[list[Message], int]:
-        """The topic's backlog, as messages for its channels (checksums checked: a damaged
-        record is logged and skipped rather than delivered), and the offset after them.
-        ``upto``: read below it, though not yet visible (offsets the caller knows were
-        committed: a channel rebuilt after a crash, before the high watermark is known again).
-        ``out``: each message's offset is appended to it (a put-back that stops part-way or
-        keeps per-offset state; offsets may have gaps)."""
-        offset = max(offset, self.earliest)
-        limit = self.visible if upto is None else min(upto, self.latest)
-        if offset >= limit:
-            return [], min(offset, self.latest)
-        rng = self.read_range(offset, min(max_count, limit - offset), 16 << 20)
-        if rng is None:
-            return [], limit
-        with open(rng.path, "rb") as f:
-            f.seek(rng.start)
-            data = f.read(rng.end - rng.start)
-        msgs: list[Message] = []
-        unpack_head, unpack_tail, crc32 = _HEAD.unpack_from, _TAIL.unpack_from, zlib.crc32
-        view = memoryview(data)
-        pos, end = 0, len(data)
-        while pos + HEADER_SIZE <= end:
-            rec_offset, crc = unpack_head(data, pos)
-            length, ts, msg_id, flags, defer_ms = unpack_tail(data, pos + 12)
-            stop = pos + 16 + length
-            if stop > end or crc32(view[pos + 12 : stop]) != crc:
-                self.log.error(
-                    "TOPICLOG(%s): record at offset %d is damaged; skipped", self.name, rec_offset
-                )
-                if stop > end:
-                    break  # its length is wrong: where the next record starts is not known
-                pos = stop  # a checksum mismatch: this record only
-                continue
-            start = pos + HEADER_SIZE
-            if flags & IDENTIFIED:
-                start = body_start(data, pos, flags)[0]
-            m = Message(msg_id, data[start:stop], ts)
-            if defer_ms:
-                m.defer_until_ns = ts + defer_ms * 1_000_000
-            msgs.append(m)
-            if out is not None:
-                out.append(rec_offset)
-            pos = stop
-        return msgs, rng.next
+        return log_reader.read_messages(self, offset, max_count, upto, out)
+
+    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
+        return log_reader.bodies_at(self, offsets)
 
     def hand_to(self, offset: int) -> None:
         """The channels have been handed ``[.., offset)`` (or a replica's channels need none
