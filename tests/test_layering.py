@@ -119,7 +119,7 @@ def test_protocol_and_core_do_no_io() -> None:
 
 
 #: The replication core: decisions and formats, no I/O (the shells around them do it).
-CLUSTER_CORE = ("plan.py", "records.py", "partition.py", "settings.py")
+CLUSTER_CORE = ("plan.py", "records.py", "partition.py", "settings.py", "report.py")
 
 
 def test_the_replication_core_does_no_io() -> None:

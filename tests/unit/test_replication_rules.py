@@ -418,3 +418,19 @@ def test_a_copy_is_settled_once_caught_up_with_a_live_leader_in_its_epoch(
     assert not p.settled  # until caught up with the new leader
     p.leader_answered(latest=4, hw=4)
     assert p.settled
+
+
+def test_replicas_of_a_placed_topic_cannot_change_the_rest_can() -> None:
+    """``POST /topic/replication``'s rule (``settings.check_change``): copies are placed when a
+    partition is made, so a placed replicated topic keeps its replica count; min_insync, acks
+    and durability may change, and an unplaced topic may take any count."""
+    from pynsqd.cluster.settings import check_change
+
+    three = ReplicationSettings(replicas=3, min_insync=2)
+    check_change("t", three, ReplicationSettings(replicas=3, min_insync=3), placed=True)
+    check_change("t", three, ReplicationSettings(replicas=5), placed=False)
+    check_change("t", ReplicationSettings(), ReplicationSettings(replicas=3), placed=True)
+    with pytest.raises(SettingsError) as err:
+        check_change("t", three, ReplicationSettings(replicas=1), placed=True)
+    assert err.value.code == "REPLICAS_FIXED"
+    assert "from 3 to 1" in str(err.value)

@@ -14,6 +14,7 @@ The keys and their records are declared in ``cluster/records.py``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import secrets
@@ -117,6 +118,12 @@ class Membership:
             f"{other.data_path if other else '?'}); "
             "every node needs its own --node-id"
         )
+
+    def is_replica(self, secret: str) -> bool:
+        """Whether a fetch stream's ``REPLICA_SECRET_HEADER`` is the cluster's secret (one of
+        its nodes is fetching: no client auth applies)."""
+        mine = self.secret
+        return bool(mine) and hmac.compare_digest(secret.encode(), mine.encode())
 
     async def load_secret(self) -> None:
         """The cluster's secret: made by the first node that joins (a create-only txn: two

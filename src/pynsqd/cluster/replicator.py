@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -60,8 +59,9 @@ from .plan import (
     StopFetch,
     TakeBack,
 )
-from .records import ClusterState, InSync, PartKey, PartRecords, Tombstone
-from .settings import ReplicationSettings, SettingsError
+from .records import ClusterState, InSync, PartKey, PartRecords
+from .report import describe
+from .settings import ReplicationSettings, check_change
 
 __all__ = ["ReplicaHost", "Replicator"]
 
@@ -509,12 +509,6 @@ class Replicator:
 
     # -- what the server and the HTTP API ask -----------------------------------------------
 
-    def is_replica(self, secret: str) -> bool:
-        """Whether a fetch stream's ``REPLICA_SECRET_HEADER`` is the cluster's secret (one of
-        its nodes is fetching: no client auth applies)."""
-        mine = self.member.secret
-        return bool(mine) and hmac.compare_digest(secret.encode(), mine.encode())
-
     def committed(self, topic: str, end: int) -> bool:
         """Whether a publish ending at ``end`` may be answered now."""
         return self.leading.committed(topic, end)
@@ -541,15 +535,7 @@ class Replicator:
         base = self.state.settings.get(topic, self.defaults)
         settings = ReplicationSettings.parse(get, base)
         placed = any(name == topic for name, _ in self.state.parts)
-        if placed and base.replicated and settings.replicas != base.replicas:
-            # Copies are placed when a partition is made; adding, moving or dropping them
-            # (turning replication off) is not built: refused rather than half-done.
-            raise SettingsError(
-                "REPLICAS_FIXED",
-                f"topic {topic}'s partitions are placed with {base.replicas} copies: replicas "
-                f"cannot change from {base.replicas} to {settings.replicas} (min_insync, acks "
-                f"and durability can)",
-            )
+        check_change(topic, base, settings, placed=placed)
         await self.member.etcd.put(self.member.keys.topic(topic), settings.encode())
         await self._refresh()
         return settings
@@ -569,53 +555,6 @@ class Replicator:
         return {str(n): info.http for n, info in sorted(self.state.nodes.items()) if info.http}
 
     def describe(self, topic: str) -> list[dict[str, Any]]:
-        """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds."""
-        out = []
-        for (name, origin), p in sorted(self.partitions.items()):
-            if name != topic:
-                continue
-            lags = {
-                str(m[0]): max(p.log.latest - a, 0)
-                for m, a in p.acks.items()
-                if p.role is Role.LEADER
-            }
-            out.append(
-                {
-                    "partition": origin,
-                    "role": p.role.value,
-                    "leader": p.leader,
-                    "epoch": p.epoch,
-                    "isr": [m[0] for m in p.isr],
-                    "replicas": p.replicas,
-                    "committed": p.hw,
-                    "earliest": p.log.earliest,
-                    "latest": p.log.latest,
-                    "follower_lag": lags,
-                    "checkpoints": self._checkpoints(name, origin),
-                }
-            )
-        return out
-
-    def _checkpoints(self, topic: str, origin: int) -> dict[str, Any]:
-        """The channel checkpoints of a partition as etcd held them at the last tick, by holder:
-        each channel's first pending offset, its end (None: open) and its out-of-order ranges;
-        or whom an adopted one went to."""
-        out: dict[str, Any] = {}
-        for holder, stored in sorted(self.state.checkpoints.get((topic, origin), {}).items()):
-            doc = stored.value
-            if isinstance(doc, Tombstone):
-                out[str(holder)] = {"adopted_by": doc.adopted_by, "end": doc.end}
-                continue
-            out[str(holder)] = {
-                name: {
-                    "low": w.get("low"),
-                    "end": w.get("end"),
-                    "done_ranges": len(w["done"]),
-                    "attempts_kept": len(w.get("attempts", {})),
-                    "attempts_max": max(w.get("attempts", {}).values(), default=0),
-                    "deferred_kept": len(w.get("due", {})),
-                }
-                for name, w in doc.channels.items()
-                if isinstance(w, dict) and isinstance(w.get("done"), list)
-            }
-        return out
+        """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
+        (``report.describe``)."""
+        return describe(topic, self.partitions, self.state)

@@ -85,3 +85,18 @@ class ReplicationSettings:
                 "INVALID_ARG_MIN_INSYNC", f"min_insync ({min_insync}) exceeds replicas ({r})"
             )
         return cls(r, min_insync, acks or base.acks, durability or base.durability)
+
+
+def check_change(
+    topic: str, base: ReplicationSettings, settings: ReplicationSettings, *, placed: bool
+) -> None:
+    """``POST /topic/replication``: copies are placed when a partition is made; adding, moving
+    or dropping them (turning replication off) is not built: refused rather than half-done.
+    Raises SettingsError (``REPLICAS_FIXED``)."""
+    if placed and base.replicated and settings.replicas != base.replicas:
+        raise SettingsError(
+            "REPLICAS_FIXED",
+            f"topic {topic}'s partitions are placed with {base.replicas} copies: replicas "
+            f"cannot change from {base.replicas} to {settings.replicas} (min_insync, acks "
+            f"and durability can)",
+        )

@@ -117,7 +117,7 @@ class ReplicationAPI:
         origin = partition_id(params)
         if origin is None:
             raise HTTPError(400, "INVALID_ARG_PARTITION")
-        if not replication.is_replica(request.headers.get(REPLICA_SECRET_HEADER, "")):
+        if not replication.member.is_replica(request.headers.get(REPLICA_SECRET_HEADER, "")):
             await authorize_log_read(self.nsqd, request, params, name)
         # No compression (the records go as stored); a close waits a second at most for the
         # follower's answer (a paused follower must not hold up a stopping nsqd).
