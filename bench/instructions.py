@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
+from tests.unit.doubles import Context, Transport  # noqa: E402
 from tests.unit.fakeloop import FakeLoop  # noqa: E402
-from tests.unit.test_connection import Context, Transport  # noqa: E402
 
 from pynsqd.core.backend import DummyBackend  # noqa: E402
 from pynsqd.core.channel import Channel  # noqa: E402

@@ -10,6 +10,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -121,6 +122,13 @@ class NsqdProcess(ServerProcess):
         assert status == 200
         result: dict[str, Any] = json.loads(body)
         return result
+
+
+def free_port() -> int:
+    """A port nobody listens on now (bound, then closed): for a server told its port up front."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def free_offset(ports: Iterable[int], low: int = 10_000) -> int:

@@ -244,3 +244,35 @@ def test_replication_changes_a_channel_only_through_its_methods() -> None:
         if reach_in.search(line)
     ]
     assert not found, found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test parts have a home of their own (``tests/processes.py``, ``waiting.py``,
+    ``tests/unit/doubles.py``, ``tests/integration/servers.py``, ``replication_harness.py``,
+    ``tests/spark/helpers.py``, ...): a test module (``test_*.py``) is never imported, by a test
+    or by the benchmarks, so that each can move or go without breaking another."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in [*(root / "tests").rglob("*.py"), *(root / "bench").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            bad = [n for n in names if n.rsplit(".", 1)[-1].startswith("test_")]
+            if bad:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {bad}")
+    assert not found, found
+
+
+def test_the_checker_sees_an_import_of_a_test_module() -> None:
+    tree = ast.parse("from .test_http import request\nimport tests.unit.test_channel")
+    hits = [
+        n
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for n in ([a.name for a in node.names] + [getattr(node, "module", "") or ""])
+        if n.rsplit(".", 1)[-1].startswith("test_")
+    ]
+    assert sorted(hits) == ["test_http", "tests.unit.test_channel"]

@@ -20,7 +20,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import urllib.parse
@@ -36,20 +35,15 @@ from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 from pynsqd.protocol.log_record import decode_records
 
-from ..processes import NSQD
+from ..processes import NSQD, free_port
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
+from .lookupd_helpers import http
 
 #: Debian's etcd-server: installed (as root), or unpacked into .venv/opt/etcd by scripts/bootstrap.
 ETCD = shutil.which("etcd") or str(
     Path(__file__).resolve().parents[2] / ".venv" / "opt" / "etcd" / "usr" / "bin" / "etcd"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: Every node run with ``--workers=N``: a local attack on replicated nodes with workers
@@ -719,3 +713,13 @@ def producing(cluster: Cluster, history: History, tag: str = "p") -> Iterator[No
             p.stopping.set()
         for p in producers:
             p.join(30)
+
+
+def checkpoint(node: Node, holder: int) -> dict[str, Any]:
+    """``holder``'s checkpoint of its channels of partition ``node`` (as etcd holds it)."""
+    doc = node.json("GET", f"/topic/replication?topic={TOPIC}")
+    for p in doc["partitions"]:
+        if p["partition"] == node.node_id:
+            found: dict[str, Any] = p["checkpoints"].get(str(holder), {})
+            return found
+    return {}

@@ -4,7 +4,6 @@ the ssl module's own sockets, python-snappy's stream (de)compressor, and zlib.""
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import struct
 import threading
@@ -229,12 +228,6 @@ class AuthServer:
         self.delay.set()
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gnsq_consume(port: int, topic: str, n: int, **options: Any) -> list[bytes]:

@@ -14,7 +14,8 @@ import pytest
 
 from pynsqd.protocol import encode
 from tests.conftest import ServerThread
-from tests.integration.secure_client import AuthServer, Certs, client_id, free_port, secure_connect
+from tests.integration.secure_client import AuthServer, Certs, client_id, secure_connect
+from tests.processes import free_port
 from tests.wire import Conn
 
 MakeNSQD = Callable[..., ServerThread]

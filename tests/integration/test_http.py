@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import socket
@@ -15,70 +14,7 @@ import pytest
 from tests.conftest import ServerThread
 
 from ..waiting import wait_for
-
-V1 = "nsq; version=1.0"
-
-
-class Reply:
-    def __init__(self, resp: http.client.HTTPResponse) -> None:
-        self.status = resp.status
-        self.headers = {k.lower(): v for k, v in resp.getheaders()}
-        self.body = resp.read()
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def message(self) -> str:
-        assert self.headers["content-type"] == "application/json; charset=utf-8"
-        return str(self.json["message"])
-
-    @property
-    def v1(self) -> bool:
-        return self.headers.get("x-nsq-content-type") == V1
-
-
-def request(
-    server: ServerThread,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    *,
-    chunked: bool = False,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-    try:
-        if chunked:
-            conn.putrequest(method, path)
-            conn.putheader("Transfer-Encoding", "chunked")
-            conn.endheaders()
-            data = body or b""
-            for i in range(0, len(data), 4096):
-                chunk = data[i : i + 4096]
-                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            conn.send(b"0\r\n\r\n")
-        else:
-            conn.request(method, path, body=body, headers=headers or {})
-        return Reply(conn.getresponse())
-    finally:
-        conn.close()
-
-
-def stats(server: ServerThread, query: str = "") -> Any:
-    reply = request(server, "GET", "/stats?format=json" + query)
-    assert reply.status == 200
-    return reply.json
-
-
-def channel_stats(server: ServerThread, topic: str, channel: str) -> Any:
-    for t in stats(server)["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return c
-    raise AssertionError(f"no channel {topic}:{channel}")
+from .servers import Reply, channel_stats, request, stats
 
 
 def binary_mpub(bodies: list[bytes]) -> bytes:

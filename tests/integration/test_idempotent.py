@@ -22,8 +22,7 @@ from ..conftest import ServerThread, http_request
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
 from ..wire import Conn
-from .test_replay import read_everything
-from .test_tools import BIN, tool
+from .servers import BIN, read_everything, tool
 
 HOUR = 3600.0
 

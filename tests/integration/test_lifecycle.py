@@ -12,6 +12,7 @@ import pytest
 
 from ..conftest import ServerThread, http_request
 from ..waiting import wait_for
+from .servers import channel_stats
 
 HOUR = 3600.0
 
@@ -24,16 +25,6 @@ def post(server: ServerThread, path: str) -> tuple[int, Any]:
 def get(server: ServerThread, path: str) -> tuple[int, Any]:
     status, body = http_request(server, "GET", path)
     return status, json.loads(body) if body else None
-
-
-def channel_stats(server: ServerThread, topic: str, channel: str) -> dict[str, Any]:
-    _, stats = get(server, "/stats?format=json")
-    for t in stats["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    raise AssertionError(f"no channel {topic}:{channel}")
 
 
 # -- max attempts and dead-lettering -----------------------------------------------------------

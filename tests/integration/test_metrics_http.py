@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import ServerThread
 
 from ..waiting import wait_for
-from .test_http import channel_stats, request
+from .servers import channel_stats, request
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -3,7 +3,6 @@ its JSON API, the actions on the real nodes, the ACL, the base path and the page
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import time
@@ -15,46 +14,11 @@ from typing import Any
 import pytest
 
 from pynsqd.client import lookup_topics
-from pynsqd.nsqadmin.options import AdminOptions
-from pynsqd.nsqadmin.server import AdminService
 
-from ..conftest import LoopThread, ServerThread
+from ..conftest import ServerThread
 from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
-
-
-class AdminThread(LoopThread):
-    def __init__(self, **overrides: Any) -> None:
-        super().__init__()
-        self.opts = AdminOptions(http_address="127.0.0.1:0")
-        for key, value in overrides.items():
-            setattr(self.opts, key, value)
-        self.service: AdminService = self.call_async(self._start)
-
-    async def _start(self) -> AdminService:
-        service = AdminService(self.opts)
-        await service.start()
-        return service
-
-    @property
-    def port(self) -> int:
-        return int(self.service.address.rsplit(":", 1)[1])
-
-    def request(self, method: str, path: str, body: Any = None, **headers: str) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers=headers)
-            r = conn.getresponse()
-            raw = r.read()
-        finally:
-            conn.close()
-        if r.getheader("Content-Type", "").startswith("application/json"):
-            return r.status, json.loads(raw)
-        return r.status, raw
-
-    def stop(self) -> None:
-        self.stop_loop(self.service.stop)
+from .servers import AdminThread
 
 
 @pytest.fixture

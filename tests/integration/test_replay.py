@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -15,14 +14,13 @@ from typing import Any
 
 import pytest
 
-from pynsqd.protocol.log_record import Follow, LogRecord, decode_records, follow_after
-
 from ..conftest import ServerThread, http_request
 from ..disks import fill
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
 from ..wire import Conn
 from .secure_client import AuthServer
+from .servers import drain, read_everything, read_log
 
 HOUR = 3600.0
 
@@ -30,34 +28,6 @@ HOUR = 3600.0
 def get_json(server: ServerThread, path: str, method: str = "GET") -> tuple[int, Any]:
     status, body = http_request(server, method, path)
     return status, json.loads(body) if body else None
-
-
-def read_log(
-    server: ServerThread | Proc, query: str, follow: Follow | None = None
-) -> tuple[dict[str, str], list[LogRecord]]:
-    port = server.http_port
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/topic/log?" + query)
-        r = conn.getresponse()
-        body = r.read()
-        assert r.status == 200, body
-        headers = {k.lower(): v for k, v in r.getheaders()}
-    finally:
-        conn.close()
-    assert int(headers["content-length"]) == len(body)
-    return headers, list(decode_records(body, follow=follow))
-
-
-def read_everything(server: ServerThread | Proc, topic: str, offset: int = 0) -> list[LogRecord]:
-    out: list[LogRecord] = []
-    while True:
-        follow = follow_after(out[-1]) if out else None  # an MPUB's run may go on
-        headers, records = read_log(server, f"topic={topic}&offset={offset}", follow)
-        out += records
-        if not records:
-            return out
-        offset = int(headers["x-nsq-next-offset"])
 
 
 def test_every_publish_path_is_logged_with_dense_offsets(
@@ -392,20 +362,6 @@ def test_with_an_auth_server_reading_needs_subscribe_on_the_topic(
 
 
 # -- the log is the topic's queue --------------------------------------------------------------
-
-
-def drain(server: ServerThread, topic: str, channel: str, n: int) -> list[bytes]:
-    """Subscribe, take ``n`` messages, FINning each as it comes (a read times out, failing, if
-    one is missing), and check that nothing more comes: the bodies in order of arrival."""
-    with server.connect() as c:
-        c.sub(topic, channel, rdy=1000)
-        got = []
-        for _ in range(n):
-            m = c.read_message()
-            got.append(m.body)
-            c.fin(m.id)
-        c.expect_nothing()
-    return got
 
 
 def test_a_backlog_waits_in_the_log_across_a_restart_and_nowhere_else(

@@ -41,6 +41,7 @@ from .replication_harness import (
     History,
     Network,
     Node,
+    checkpoint,
     led_elsewhere,
     power_loss,
     producing,
@@ -148,16 +149,6 @@ def prepare(cluster: Cluster) -> None:
         assert status == 200, body
     for n in cluster.nodes:
         wait_for(lambda n=n: CHANNEL in checkpoint(n, n.node_id), "a checkpoint of the channel")
-
-
-def checkpoint(node: Node, holder: int) -> dict[str, Any]:
-    """``holder``'s checkpoint of its channels of partition ``node`` (as etcd holds it)."""
-    doc = node.json("GET", f"/topic/replication?topic={TOPIC}")
-    for p in doc["partitions"]:
-        if p["partition"] == node.node_id:
-            found: dict[str, Any] = p["checkpoints"].get(str(holder), {})
-            return found
-    return {}
 
 
 #: ``scripts/replication-faults`` runs these with more cycles.

@@ -220,7 +220,7 @@ def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
 
 
 def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster) -> None:
-    from .test_nsqadmin import AdminThread
+    from .servers import AdminThread
 
     replicate(cluster)
     assert cluster.node(2).http("POST", f"/pub?topic={TOPIC}", b"x") == (200, b"OK")

@@ -8,7 +8,7 @@ from typing import Any
 from tests.conftest import ServerThread
 
 from ..waiting import wait_for
-from .test_http import request, stats
+from .servers import request, stats
 
 TOPIC_KEYS = [
     "topic_name",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tests.conftest import ServerThread
 
 from ..waiting import wait_for
-from .test_http import request
+from .servers import request
 
 
 def receive_until(sock: socket.socket, done: Callable[[list[str]], bool]) -> list[bytes]:

@@ -24,20 +24,11 @@ from pynsqd.client import Connection, lookup_topics
 
 from ..conftest import ServerThread
 from ..processes import NsqdProcess as Proc
+from ..processes import free_port
 from ..waiting import wait_for
 from .lookupd_helpers import LookupdThread
-from .replication_harness import free_port
 from .secure_client import Certs
-
-BIN = Path(sys.executable).parent
-
-
-def tool(name: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    path = BIN / name
-    command = [str(path)] if path.exists() else [sys.executable, "-m", f"pynsqd.tools.{name}"]
-    return subprocess.run(
-        [*command, *args], input=stdin, capture_output=True, timeout=60, check=False
-    )
+from .servers import BIN, tool
 
 
 def test_to_nsq_then_nsq_tail(nsqd: ServerThread) -> None:

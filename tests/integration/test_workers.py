@@ -644,7 +644,7 @@ def test_a_retained_topic_is_one_log_whichever_worker_takes_the_publish(data: Pa
     """With --retention-time, what is published through every worker (TCP PUB, MPUB, DPUB and
     HTTP) is one log with dense offsets, kept by one worker: offsets, reads, a rewind and a
     channel made at an offset answer the same through every worker, as one process."""
-    from .test_replay import read_everything
+    from .servers import read_everything
 
     flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
@@ -799,7 +799,7 @@ def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledg
         wait_for(lambda: len(acked) > count + 200, "publishes after the restart")
         pubs.stop()
         assert all(f.startswith(b"E_PUB_FAILED ") for f in pubs.refused), pubs.refused
-        from .test_replay import read_everything
+        from .servers import read_everything
 
         logged = {r.body for r in read_everything(node, "guarded")}
         assert acked <= logged, sorted(acked - logged)[:10]
@@ -844,7 +844,7 @@ def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its
         assert "Traceback" not in node.output()
         os.unlink(filler)
         assert call_on_worker(node, other, "POST", "/pub?topic=full", b"after")[0] == 200
-        from .test_replay import read_everything
+        from .servers import read_everything
 
         assert [r.body for r in read_everything(node, "full")] == [b"before", b"after"]
 

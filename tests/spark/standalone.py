@@ -24,8 +24,8 @@ from typing import Any
 
 import pyspark
 
+from ..processes import free_port
 from ..waiting import wait_for
-from .test_client import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"

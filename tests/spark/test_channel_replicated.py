@@ -13,12 +13,17 @@ from typing import Any
 
 import pytest
 
-from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_sync, wait_leader
-from ..integration.test_replicated_channels import checkpoint
+from ..integration.replication_harness import (
+    Cluster,
+    Etcd,
+    checkpoint,
+    replicate,
+    wait_in_sync,
+    wait_leader,
+)
 from ..waiting import wait_for
 from .conftest import LookupdProcess
-from .test_log_replicated import TOPIC, publish
-from .test_spark import Collector, read_stream
+from .helpers import TOPIC, Collector, publish, read_stream
 
 pytestmark = pytest.mark.timeout(400)
 

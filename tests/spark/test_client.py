@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,32 +26,9 @@ from pynsqd_spark.consumer import ConsumerPool, NsqSourceError
 from pynsqd_spark.options import LogOptions, NsqOptionError, SinkOptions, SourceOptions
 from pynsqd_spark.sink import Publisher, chunk_bodies
 
+from ..processes import free_port
 from ..waiting import wait_for
 from .conftest import NsqdProcess
-
-
-def free_port() -> int:
-    """A port nobody listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def consume_all(nsqd: NsqdProcess, topic: str, n: int) -> list[bytes]:
-    got: list[bytes] = []
-    lock = threading.Lock()
-
-    def on_messages(
-        c: Connection, ts: Any, att: Any, ids: list[bytes], bodies: list[bytes]
-    ) -> None:
-        with lock:
-            got.extend(bodies)
-        c.fin_many(ids)
-
-    with Connection(nsqd.tcp_address).connect() as conn:
-        conn.subscribe(topic, "check", on_messages, rdy=2500)
-        wait_for(lambda: len(got) >= n, f"{n} messages on {topic}", 30)
-    return got
 
 
 def test_parse_address() -> None:

@@ -15,7 +15,7 @@ from pynsqd_spark.sink import Publisher
 
 from ..waiting import wait_for
 from .conftest import NsqdProcess
-from .test_client import consume_all
+from .helpers import consume_all
 
 
 class DroppingProxy:

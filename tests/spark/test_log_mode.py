@@ -18,17 +18,9 @@ import pytest
 
 from pynsqd_spark import source_metrics
 
+from ..processes import free_port
 from .conftest import NsqdProcess
-from .test_client import free_port
-
-
-def storage_id(node: NsqdProcess) -> str:
-    with urllib.request.urlopen(f"http://{node.http_address}/info", timeout=5) as r:
-        return str(json.loads(r.read())["storage_id"])
-
-
-def retained(start_nsqd: Callable[..., NsqdProcess], *args: str) -> NsqdProcess:
-    return start_nsqd("--retention-time=1h", *args)
+from .helpers import log_stream, retained, storage_id, to_parquet
 
 
 def log_reader(spark: Any, node: NsqdProcess, topic: str = "t", stream: bool = False) -> Any:
@@ -39,31 +31,6 @@ def log_reader(spark: Any, node: NsqdProcess, topic: str = "t", stream: bool = F
         .option("topic", topic)
         .option("nsqdHttpAddresses", node.http_address)
     )
-
-
-def to_parquet(df: Any, out: Path, checkpoint: Path) -> Any:
-    """A log-mode stream's offsets and bodies into Parquet at ``out`` (the exactly-once file
-    sink the tests read back), started."""
-    return (
-        df.select("offset", "body")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
-
-
-def log_stream(spark: Any, addresses: str, topic: str = "t", **options: str) -> Any:
-    """``readStream`` in log mode over ``addresses`` (nsqd HTTP), loaded."""
-    reader = (
-        spark.readStream.format("nsq")
-        .option("mode", "log")
-        .option("topic", topic)
-        .option("nsqdHttpAddresses", addresses)
-    )
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    return reader.load()
 
 
 def test_batch_read_of_an_offset_range(spark: Any, start_nsqd: Callable[..., NsqdProcess]) -> None:

@@ -17,10 +17,10 @@ from pynsqd_spark.log_source import NsqReadError, fetch
 from pynsqd_spark.options import LogOptions
 from tests.integration.secure_client import AuthServer
 
+from ..processes import free_port
 from ..waiting import wait_for
 from .conftest import TEST_SECRET_ENV, LookupdProcess, NsqdProcess
-from .test_client import free_port
-from .test_log_mode import log_stream, storage_id, to_parquet
+from .helpers import log_stream, storage_id, to_parquet
 
 
 def read(spark: Any, **options: str) -> Any:

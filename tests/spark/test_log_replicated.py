@@ -16,18 +16,15 @@ from typing import Any
 
 import pytest
 
-from pynsqd.client.connection import Connection
 from pynsqd_spark.log_source import fetch
 from pynsqd_spark.options import LogOptions
 
 from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_sync, wait_leader
 from ..waiting import wait_for
-from .test_log_mode import log_stream, to_parquet
+from .helpers import TOPIC, log_stream, publish, to_parquet
 
 #: Queries across kills of leaders and the driver, on a loaded machine: minutes, not seconds.
 pytestmark = pytest.mark.timeout(300)
-
-TOPIC = "orders"
 
 
 @pytest.fixture
@@ -42,20 +39,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             c.stop()
     finally:
         etcd.stop()
-
-
-def publish(cluster: Cluster, prefix: str, count: int) -> list[bytes]:
-    """``count`` bodies to each live node (its own partition), each MPUB acknowledged (acks=all:
-    on every in-sync copy)."""
-    out = []
-    for n in cluster.live():
-        assert n.proc is not None
-        bodies = [b"%s-%d-%05d" % (prefix.encode(), n.node_id, i) for i in range(count)]
-        with Connection(f"127.0.0.1:{n.proc.port}").connect() as c:
-            for i in range(0, count, 500):
-                c.mpub(TOPIC, bodies[i : i + 500])
-        out += bodies
-    return out
 
 
 def http_addresses(cluster: Cluster) -> str:

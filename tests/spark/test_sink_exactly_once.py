@@ -16,8 +16,7 @@ from pynsqd_spark.options import SinkOptions
 from pynsqd_spark.sink import Publisher, plain_command
 
 from .conftest import NsqdProcess
-from .test_log_mode import log_stream, retained
-from .test_standalone import urlopen_post
+from .helpers import log_stream, retained, urlopen_post
 
 
 def relay(spark: Any, node: NsqdProcess, checkpoint: Path, **sink: str) -> None:

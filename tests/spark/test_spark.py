@@ -5,7 +5,6 @@ Kept few and small: every streaming query costs seconds of Spark start-up.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,46 +17,14 @@ from pynsqd_spark import source_metrics
 from pynsqd_spark.options import SinkOptions
 from pynsqd_spark.sink import Publisher
 
+from ..processes import free_port
 from ..waiting import wait_for
 from .conftest import HAVE_LOOKUPD, NsqdProcess
-from .test_client import consume_all, free_port
+from .helpers import Collector, consume_all, read_stream
 
 pytestmark = pytest.mark.timeout(240)
 
 QUERY_TIMEOUT = 150
-
-
-class Collector:
-    """A foreachBatch sink: keeps the rows of every batch that returned normally."""
-
-    def __init__(self, fail_on_batch: int | None = None) -> None:
-        self.rows: list[Any] = []
-        #: (batch id, rows, partitions, distinct nsqd nodes)
-        self.batches: list[tuple[int, int, int, int]] = []
-        self.fail_on_batch = fail_on_batch
-        self.lock = threading.Lock()
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        rows = df.collect()
-        parts = df.rdd.getNumPartitions()
-        data_batches = sum(1 for b in self.batches if b[1])
-        if rows and self.fail_on_batch is not None and data_batches + 1 == self.fail_on_batch:
-            raise RuntimeError("injected failure in the middle of a batch")
-        with self.lock:
-            self.rows.extend(rows)
-            nodes = len({r.nsqd_address for r in rows})
-            self.batches.append((batch_id, len(rows), parts, nodes))
-
-    def ids(self) -> set[tuple[str, str]]:
-        with self.lock:
-            return {(r.nsqd_address, r.message_id) for r in self.rows}
-
-
-def read_stream(spark: Any, **options: str) -> Any:
-    reader = spark.readStream.format("nsq")
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    return reader.load()
 
 
 def run_available_now(df: Any, sink: Callable[[Any, int], None], checkpoint: Path) -> Any:

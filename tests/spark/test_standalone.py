@@ -8,123 +8,26 @@ channel mode at-least-once with nothing lost; the sink spreads its tasks and los
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ..waiting import until, wait_for
-from .conftest import LookupdProcess, NsqdProcess, java_missing
+from .conftest import LookupdProcess
+from .helpers import (
+    Driver,
+    Node,
+    _numbered,
+    _published,
+    storage_id,
+    urlopen_post,
+)
 from .standalone import StandaloneCluster
-from .test_client import free_port
-from .test_log_mode import storage_id
 
 pytestmark = pytest.mark.timeout(600)
-
-DRIVER = Path(__file__).with_name("cluster_query.py")
-
-
-class Node:
-    """An nsqd on fixed ports (so that it comes back where Spark planned to read it)."""
-
-    def __init__(self, data: Path, lookupd: LookupdProcess) -> None:
-        self.data = data
-        self.args = (
-            "--retention-time=1h",
-            f"--tcp-address=127.0.0.1:{free_port()}",
-            f"--http-address=127.0.0.1:{free_port()}",
-            f"--lookupd-tcp-address={lookupd.tcp_address}",
-            "--broadcast-address=127.0.0.1",
-        )
-        self.proc = NsqdProcess(data, *self.args)
-
-    def kill(self) -> None:
-        self.proc.proc.kill()
-        self.proc.proc.wait()
-        self.proc.stop()
-
-    def start(self) -> None:
-        self.proc = NsqdProcess(self.data, *self.args)
-
-
-class Driver:
-    """``cluster_query.py`` against the cluster, in its own process group (kill -9 takes its
-    JVM too)."""
-
-    def __init__(self, cluster: StandaloneCluster, log: Path, job: str, *args: str) -> None:
-        self.log = log
-        env = {**cluster.env}
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(DRIVER), cluster.master_url, job, *args],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
-
-    def running(self) -> bool:
-        if self.proc.poll() is None:
-            return True
-        raise AssertionError(f"the driver exited {self.proc.returncode}:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def finish(self, timeout: float = 300) -> None:
-        assert self.proc.wait(timeout) == 0, self.tail()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    reason = java_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    c = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start()
-    yield c
-    assert c.stop() == []
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LookupdProcess, Node, Node]]:
-    base = tmp_path_factory.mktemp("nsq")
-    lookupd = LookupdProcess(base / "nsqlookupd.log")
-    a = b = None
-    try:
-        a, b = Node(base / "a", lookupd), Node(base / "b", lookupd)
-        yield lookupd, a, b
-    finally:
-        for n in (a, b):
-            if n is not None:
-                n.proc.stop()
-        lookupd.stop()
-
-
-def _published(a: Node, b: Node, topic: str, count: int) -> list[bytes]:
-    bodies = []
-    for name, node in (("a", a), ("b", b)):
-        mine = [b"%s-%s-%06d" % (topic.encode(), name.encode(), i) for i in range(count)]
-        node.proc.publish(topic, mine)
-        bodies += mine
-    return sorted(bodies)
-
-
-def _numbered(directory: Path) -> set[int]:
-    return (
-        {int(p.name) for p in directory.glob("*") if p.name.isdigit()}
-        if directory.is_dir()
-        else set()
-    )
 
 
 def test_a_batch_read_on_a_cluster_is_exact(
@@ -243,11 +146,3 @@ def test_the_sink_spreads_its_tasks_over_the_nodes_and_loses_nothing(
     Driver(cluster, tmp_path / "driver.log", "sink", lookupd.http_address, "sunk", "40000").finish()
     counts = [(n.proc.topic_stats("sunk") or {}).get("message_count", 0) for n in (a, b)]
     assert counts == [20_000, 20_000]
-
-
-def urlopen_post(http: str, path: str) -> None:
-    import urllib.request
-
-    req = urllib.request.Request(f"http://{http}{path}", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=5):
-        pass

@@ -14,8 +14,8 @@ import pytest
 
 from ..waiting import wait_for
 from .conftest import LookupdProcess
+from .helpers import Driver, Node, _numbered, _published, cluster, nodes
 from .standalone import StandaloneCluster
-from .test_standalone import Driver, Node, _numbered, _published, cluster, nodes
 
 pytestmark = pytest.mark.timeout(600)
 

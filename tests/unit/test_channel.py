@@ -3,142 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import pytest
 
 from pynsqd.core.backend import DummyBackend
-from pynsqd.core.channel import Channel
 from pynsqd.core.errors import NotInFlight, NotOwner, TooManyConsumers
-from pynsqd.core.message import ConsumerCounts, Message, decode_message
-from pynsqd.core.topic import Topic
+from pynsqd.core.message import Message
 from pynsqd.protocol.errors import ClientError, FatalClientError
 from pynsqd.server.protocol_v2 import channel_error
 
+from .doubles import Consumer, _publish, _topic
 from .fakeloop import FakeLoop
-
-
-class ListBackend:
-    """A backend that keeps encoded records in memory, like a disk queue would on disk."""
-
-    def __init__(self) -> None:
-        self.records: deque[bytes] = deque()
-
-    def put_many(self, msgs: list[Message]) -> None:
-        self.records.extend(m.encode() for m in msgs)
-
-    def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
-        return [decode_message(r) for r in self.read_raw(max_count, max_bytes)]
-
-    def put_raw(self, records: list[bytes]) -> None:
-        self.records.extend(records)
-
-    def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
-        out: list[bytes] = []
-        size = 0
-        while self.records and len(out) < max_count and not (max_bytes and size >= max_bytes):
-            out.append(self.records.popleft())
-            size += len(out[-1])
-        return out
-
-    def commit_reads(self) -> None:
-        pass
-
-    def depth(self) -> int:
-        return len(self.records)
-
-    def empty(self) -> None:
-        self.records.clear()
-
-    def close(self) -> None:
-        pass
-
-    def delete(self) -> None:
-        self.records.clear()
-
-
-class Consumer(ConsumerCounts):
-    _ids = 0
-    is_link = False
-
-    def __init__(self, rdy: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0) -> None:
-        super().__init__()
-        Consumer._ids += 1
-        self.id = Consumer._ids
-        self.rdy = rdy
-        self.msg_timeout = msg_timeout
-        self.sample_rate = sample_rate
-        self.write_paused = False
-        self.got: list[Message] = []
-        self.buffer_limit = 1 << 60  # body bytes it accepts before it is back-pressured
-        self.buffered = 0  # body bytes "in its socket" (the tests drain it by hand)
-        self.closed = False
-
-    def send_messages(self, msgs: list[Message]) -> None:
-        self.sending(len(msgs))
-        self.got.extend(msgs)
-        self.buffered += sum(len(m.body) for m in msgs)
-
-    def output_room(self) -> int:
-        return self.buffer_limit - self.buffered
-
-    def close_for_exit(self) -> None:
-        self.closed = True
-
-    def take(self) -> list[Message]:
-        got, self.got = self.got, []
-        return got
-
-
-class Owner:
-    """The nsqd side of a topic: makes channels, records deletions."""
-
-    def __init__(self, loop: FakeLoop, mem_queue_size: int = 100) -> None:
-        self.loop = loop
-        self.mem_queue_size = mem_queue_size
-        self.deleted_topics: list[str] = []
-        self.metadata_changes = 0
-
-    def make_channel(self, topic: Topic, name: str) -> Channel:
-        eph = name.endswith("#ephemeral")
-        return Channel(
-            topic,
-            name,
-            self.loop,
-            mem_queue_size=self.mem_queue_size,
-            backend=DummyBackend() if eph else ListBackend(),
-            max_msg_timeout=900.0,
-            ephemeral=eph,
-        )
-
-    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
-        pass
-
-    def topic_emptied_of_channels(self, topic: Topic) -> None:
-        self.deleted_topics.append(topic.name)
-
-    def metadata_changed(self) -> None:
-        self.metadata_changes += 1
-
-
-def _topic(loop: FakeLoop, name: str = "t", mem: int = 100) -> tuple[Topic, Owner]:
-    owner = Owner(loop, mem)
-    eph = name.endswith("#ephemeral")
-    topic = Topic(
-        name,
-        owner,
-        loop,
-        node_id=1,
-        mem_queue_size=mem,
-        backend=DummyBackend() if eph else ListBackend(),
-        ephemeral=eph,
-    )
-    return topic, owner
-
-
-def _publish(loop: FakeLoop, topic: Topic, n: int, prefix: bytes = b"m") -> None:
-    topic.put_bodies([prefix + b"%d" % i for i in range(n)])
-    loop.run_ready()
 
 
 def test_rdy_is_a_window_never_decremented() -> None:
@@ -382,7 +257,6 @@ def test_the_queue_counts_its_bytes_only_when_asked_and_exactly() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pynsqd.core.backend import DummyBackend
     from pynsqd.core.message import Message
     from pynsqd.core.queue import MessageQueue
 

@@ -7,136 +7,31 @@ here they take none.
 
 from __future__ import annotations
 
-import ssl
 import zlib
 from typing import Any
 
 import snappy
 
-from pynsqd.core.backend import DummyBackend
-from pynsqd.core.channel import Channel
 from pynsqd.core.message import Message as CoreMessage
-from pynsqd.core.topic import Topic
-from pynsqd.options import Options
 from pynsqd.protocol import encode
 from pynsqd.protocol.frames import (
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     MESSAGE_FRAME_STARTS,
     Frame,
-    FrameReader,
     Message,
     decode_message,
     encode_message_frame,
     message_frame_start,
 )
-from pynsqd.server.busypoll import BusyPoll
-from pynsqd.server.nsqd import protocol_config
 from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
 from pynsqd.server.workers.link import WorkerLink
 
+from .doubles import Context, Transport
 from .fakeloop import FakeLoop
 
 HEARTBEAT = Frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
 OK = Frame(FRAME_TYPE_RESPONSE, b"OK")
-
-
-class Transport:
-    """Records writes; closing is observable."""
-
-    def __init__(self) -> None:
-        self.reader = FrameReader()
-        self.closed = False
-        self.reading = True
-
-    def write(self, data: bytes) -> None:
-        self.reader.feed(data)
-
-    def frames(self) -> list[Frame]:
-        return self.reader.frames()
-
-    def close(self) -> None:
-        self.closed = True
-
-    abort = close
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-
-class Context:
-    """What a connection needs of nsqd (``ConnectionContext``), with real core topics."""
-
-    def __init__(self, loop: FakeLoop, **overrides: Any) -> None:
-        self.loop = loop
-        self.opts = Options(**overrides)
-        self.protocol_config = protocol_config(self.opts)
-        self.auth = None
-        self.tls_context: ssl.SSLContext | None = None
-        # Off: on the fake loop a spinning callback would keep run_ready going forever.
-        self.busy_poll = BusyPoll(loop, 0)  # type: ignore[arg-type]
-        self.replication = None
-        self.workers = None  # one process
-        self.topics: dict[str, Topic] = {}
-        self.clients: dict[int, ClientV2] = {}
-        self._ids = 0
-
-    def next_client_id(self) -> int:
-        self._ids += 1
-        return self._ids
-
-    def add_client(self, client: ClientV2) -> None:
-        self.clients[client.id] = client
-
-    def remove_client(self, client: ClientV2) -> None:
-        self.clients.pop(client.id, None)
-
-    def get_topic(self, name: str) -> Topic:
-        topic = self.topics.get(name)
-        if topic is None:
-            topic = Topic(
-                name, self, self.loop, node_id=1, mem_queue_size=100, backend=DummyBackend()
-            )  # type: ignore[arg-type]
-            self.topics[name] = topic
-        return topic
-
-    def set_health_error(self, err: BaseException | None) -> None:
-        pass
-
-    # what a topic needs of its owner
-    def make_channel(self, topic: Topic, name: str) -> Channel:
-        return Channel(
-            topic,
-            name,
-            self.loop,  # type: ignore[arg-type]
-            mem_queue_size=100,
-            backend=DummyBackend(),
-            max_msg_timeout=self.opts.max_msg_timeout,
-        )
-
-    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
-        pass
-
-    def topic_emptied_of_channels(self, topic: Topic) -> None:
-        pass
-
-    def metadata_changed(self) -> None:
-        pass
 
 
 def connect(ctx: Context) -> tuple[ClientV2, Transport]:
