@@ -331,3 +331,16 @@ def test_strings_are_always_encodable() -> None:
     for text in (data.client_id, data.hostname, data.user_agent):
         text.encode("utf-8")
         assert "\ufffd" in text
+
+
+@pytest.mark.parametrize("value", ["yes", "true", 1, 0, None, [], {}])
+def test_idempotent_publish_of_another_type_is_refused_not_ignored(value: Any) -> None:
+    """pynsqd's own key: a client that asks for idempotent publishing in any form but a JSON
+    boolean is told so (nsqd's E_BAD_BODY, as for its own boolean keys) rather than left
+    without it, which would write its retries twice (issue 56)."""
+    assert rejected({"idempotent_publish": value}) == DECODE_FAILED
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_idempotent_publish_as_a_boolean_is_taken(value: bool) -> None:
+    assert identify({"idempotent_publish": value}).idempotent_publish is value

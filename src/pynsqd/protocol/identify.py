@@ -54,7 +54,8 @@ _FIELDS: dict[str, str] = {
     "msg_timeout": "int",
     "topology_region": "str",
     "topology_zone": "str",
-    # pynsqd (core/dedup.py); not nsqd's, so any other value is ignored as nsqd ignores it
+    # pynsqd (core/dedup.py): a JSON boolean, nothing else, not even null (a client asking in
+    # another form would otherwise be left without it and its retries written twice)
     "idempotent_publish": "flag",
 }
 
@@ -124,10 +125,10 @@ def _decode(body: bytes) -> dict[str, Any]:
     for key, value in doc:
         name = go_key(key)
         kind = _FIELDS.get(name)
-        if kind is None or value is None:
-            continue
         if kind == "flag":
-            ok, value = True, value is True
+            ok = isinstance(value, bool)
+        elif kind is None or value is None:
+            continue
         elif kind == "str":
             ok = isinstance(value, str)
             if ok:
