@@ -246,3 +246,19 @@ def test_every_refusal_has_a_row_or_its_own_codes() -> None:
     assert set(REFUSALS) == set(Refusal) - {Refusal.IDENTITY}
     for row in REFUSALS.values():
         assert row.tcp.startswith("E_") and 400 <= row.status < 600
+
+
+def test_an_identified_publish_past_the_last_sequence_number_is_refused(retained: Topic) -> None:
+    """An MPUB numbered from 2^63-1 would store 2^63, which PUB and HTTP refuse and 64-bit
+    readers overflow on (issue 56): refused whole, nothing written; the last number itself
+    is taken."""
+    last = (1 << 63) - 1
+    out = decide(retained, [b"a", b"b"], identity=(b"p", last))
+    assert isinstance(out, Refused) and out.code == "E_BAD_SEQUENCE"
+    assert retained.message_count == 0
+    assert str(tcp_error("MPUB", out)) == (
+        f"E_BAD_SEQUENCE MPUB failed producer p sequences {last}-{last + 1} pass the last "
+        f"sequence number, {last}"
+    )
+    assert http_error(out)[:2] == (400, "BAD_SEQUENCE")
+    assert decide(retained, [b"a"], identity=(b"p", last)) == Done(1, 0, 1)

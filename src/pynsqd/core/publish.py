@@ -6,7 +6,8 @@ deferral, a producer identity) and answers with one ``Outcome``, doing no I/O of
 only effects are the topic's own (the append, the hand-off to channels) and the gate's read of
 the cluster's state. The outcomes, in the order they are decided:
 
-- ``Refused(EXITING)``: the topic is closing.
+- ``Refused(EXITING)``: the topic is closing; ``Refused(IDENTITY)`` an identified publish whose
+  last number would pass ``MAX_SEQUENCE`` (nothing of it is written).
 - ``Forward(worker)``: ``--workers``: another worker keeps the topic's log (a retained or bounded
   topic); the publish is made there (``server/workers/forward.py`` for TCP,
   ``AdminLinks.proxy`` for HTTP) and answered with its answer. A publish that came over a
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol.errors import FatalClientError
-from .dedup import DedupError
+from .dedup import MAX_SEQUENCE, DedupError
 from .errors import NotRetained, NotYetWritable, PublishRefused, QueueFull
 
 if TYPE_CHECKING:
@@ -143,6 +144,14 @@ def decide(
         return Forward(topic.kept_by)
     if not bodies:
         return Done()
+    if identity is not None and identity[1] + len(bodies) - 1 > MAX_SEQUENCE:
+        producer, first = identity
+        return Refused(
+            Refusal.IDENTITY,
+            f"producer {producer.decode()} sequences {first}-{first + len(bodies) - 1} pass "
+            f"the last sequence number, {MAX_SEQUENCE}",
+            "E_BAD_SEQUENCE",
+        )
     waits = False
     dups = 0
     try:
