@@ -20,19 +20,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
+from ..core import publish
 from ..core.dedup import MAX_SEQUENCE
 from ..core.e2e import go_float
-from ..core.publish import (
-    Done,
-    Forward,
-    Refusal,
-    Refused,
-    WaitCommit,
-    WaitWritable,
-    decide,
-    http_error,
-    not_committed,
-)
 from ..internal import jsonbound
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
@@ -161,33 +151,35 @@ class API:
             raise HTTPError(503, "EXITING")
         topic = nsqd.get_topic(topic_name)
         replication = nsqd.replication
-        outcome = decide(topic, bodies, defer_ms, identity, replication=replication)
-        while isinstance(outcome, WaitWritable):
+        outcome = publish.decide(topic, bodies, defer_ms, identity, replication=replication)
+        while isinstance(outcome, publish.WaitWritable):
             # A partition this node is taking back: the publish waits for it (at most
             # --replication-timeout), then is decided again.
             assert replication is not None
             gate = replication.publishing
             why = await self._until(partial(gate.when_writable, topic_name))
             if why is not None:
-                outcome = not_committed(why)
+                outcome = publish.not_committed(why)
                 break
-            outcome = decide(topic, bodies, defer_ms, identity, replication=replication)
-        if isinstance(outcome, Forward):
+            outcome = publish.decide(topic, bodies, defer_ms, identity, replication=replication)
+        if isinstance(outcome, publish.Forward):
             workers = nsqd.workers
             assert workers is not None
             return await workers.admin.proxy(outcome.worker, request, raw)
-        if isinstance(outcome, WaitCommit):
+        if isinstance(outcome, publish.WaitCommit):
             # A replicated topic: OK once committed (``cluster/replicator.py``), 503
             # PUB_FAILED with the reason after --replication-timeout (it may still commit).
             assert replication is not None
             end = outcome.end
             why = await self._until(partial(replication.wait, topic_name, end))
-            outcome = Done(end, outcome.duplicates) if why is None else not_committed(why)
-        if isinstance(outcome, Refused):
-            if outcome.why is Refusal.DISK and isinstance(outcome.error, OSError):
+            outcome = (
+                publish.Done(end, outcome.duplicates) if why is None else publish.not_committed(why)
+            )
+        if isinstance(outcome, publish.Refused):
+            if outcome.why is publish.Refusal.DISK and isinstance(outcome.error, OSError):
                 nsqd.set_health_error(outcome.error)
                 log.error("TOPIC(%s): failed to put messages - %s", topic_name, outcome.reason)
-            raise HTTPError(*http_error(outcome))
+            raise HTTPError(*publish.http_error(outcome))
         if outcome.duplicates:
             # What was already published is answered OK, and counted in a header.
             resp = respond_plain(200, "OK")

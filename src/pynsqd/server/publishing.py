@@ -24,17 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from ..core.publish import (
-    Done,
-    Forward,
-    Refusal,
-    Refused,
-    WaitCommit,
-    WaitWritable,
-    decide,
-    not_committed,
-    tcp_error,
-)
+from ..core import publish as decision
 from ..protocol import encode
 from ..protocol.commands import Identity
 from ..protocol.errors import ClientError, FatalClientError, ProtocolError
@@ -104,19 +94,19 @@ class Publishing:
         topic = nsqd.get_topic(topic_name)
         replication = nsqd.replication
         ident = None if identity is None else (identity.producer, identity.sequence)
-        outcome = decide(
+        outcome = decision.decide(
             topic, bodies, defer_ms, ident, replication=replication, forwarded=self.forwarded
         )
-        if isinstance(outcome, Done):
+        if isinstance(outcome, decision.Done):
             conn.published(topic_name, outcome.written)
             conn.send_frame(OK_FRAME)
-        elif isinstance(outcome, WaitCommit):
+        elif isinstance(outcome, decision.WaitCommit):
             assert replication is not None
             conn.published(topic_name, outcome.written)
             self.wait_commit(cmd, topic_name, outcome.end, replication)
-        elif isinstance(outcome, Forward):
+        elif isinstance(outcome, decision.Forward):
             self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
-        elif isinstance(outcome, WaitWritable):
+        elif isinstance(outcome, decision.WaitWritable):
             # The node is taking its partition back: the publish waits (later commands wait
             # behind it), then is decided again.
             assert replication is not None
@@ -128,11 +118,11 @@ class Publishing:
         else:
             raise self.refused(cmd, outcome)
 
-    def refused(self, cmd: str, refused: Refused) -> ProtocolError:
+    def refused(self, cmd: str, refused: decision.Refused) -> ProtocolError:
         """The refusal's error (a failed disk also turns the node's health red)."""
-        if refused.why is Refusal.DISK and isinstance(refused.error, OSError):
+        if refused.why is decision.Refusal.DISK and isinstance(refused.error, OSError):
             self.conn.nsqd.set_health_error(refused.error)
-        return tcp_error(cmd, refused)
+        return decision.tcp_error(cmd, refused)
 
     def wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
         """OK once the records are on enough replicas: later commands wait behind it."""
@@ -144,7 +134,7 @@ class Publishing:
         if why is None:
             conn.answer_ok()
         elif not conn.closed:
-            conn.fatal(self.refused(cmd, not_committed(why)))
+            conn.fatal(self.refused(cmd, decision.not_committed(why)))
 
     def _forward(
         self,
@@ -199,7 +189,7 @@ class Publishing:
             return
         try:
             if why is not None:
-                raise self.refused(cmd, not_committed(why))
+                raise self.refused(cmd, decision.not_committed(why))
             conn.paused = None
             self.publish(cmd, topic_name, bodies, defer_ms, identity)
         except ProtocolError as err:
@@ -224,7 +214,7 @@ class LinkPublishing(Publishing):
         #: written oldest first (``ClientV2.send_frame`` queues behind them).
         self.in_order: deque[list[bytes | None]] = deque()
 
-    def refused(self, cmd: str, refused: Refused) -> ProtocolError:
+    def refused(self, cmd: str, refused: decision.Refused) -> ProtocolError:
         err = super().refused(cmd, refused)
         return ClientError(err.code, err.desc)
 
@@ -235,7 +225,7 @@ class LinkPublishing(Publishing):
         def committed(why: str | None) -> None:
             frame = OK_FRAME
             if why is not None:
-                frame = encode_error(self.refused(cmd, not_committed(why)).wire)
+                frame = encode_error(self.refused(cmd, decision.not_committed(why)).wire)
             self._answer(slot, frame)
 
         replication.wait(topic_name, end, committed)
