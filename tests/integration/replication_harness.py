@@ -38,7 +38,6 @@ from pynsqd.protocol.log_record import decode_records
 from ..processes import NSQD, free_port
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
-from .lookupd_helpers import http
 
 #: Debian's etcd-server: installed (as root), or unpacked into .venv/opt/etcd by scripts/bootstrap.
 ETCD = shutil.which("etcd") or str(
