@@ -22,12 +22,16 @@ from .helpers import (
     Node,
     _numbered,
     _published,
+    cluster,
+    nodes,
     storage_id,
     urlopen_post,
 )
 from .standalone import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(600)
+
+__all__ = ["cluster", "nodes"]  # the fixtures, one cluster for this module
 
 
 def test_a_batch_read_on_a_cluster_is_exact(
