@@ -24,9 +24,8 @@ from typing import Protocol
 
 from .errors import QueueFull
 from .message import Message
-from .queue import MessageQueue
-from .timed_queue import Scheduler, TimedQueue
-from .windows import PartitionWindows
+from .timed_queue import Scheduler
+from .windows import Replicated
 
 #: Dead-lettering failed: the messages wait this long (doubling to the cap) and are tried again.
 DEAD_LETTER_RETRY_MIN = 1.0
@@ -42,8 +41,9 @@ class Named(Protocol):
     def name(self) -> str: ...
 
 
-class Held(Protocol):
-    """What the lifecycle reads and changes of its channel (``core/channel.Channel``)."""
+class Held(Replicated, Protocol):
+    """What the lifecycle reads and changes of its channel (``core/channel.Channel``): what
+    replication does (its queue, timed queue, deferred set and windows), and its names."""
 
     @property
     def name(self) -> str: ...
@@ -51,14 +51,6 @@ class Held(Protocol):
     def topic(self) -> Named: ...
     @property
     def loop(self) -> Scheduler: ...
-    @property
-    def queue(self) -> MessageQueue: ...
-    @property
-    def tq(self) -> TimedQueue: ...
-    @property
-    def deferred(self) -> dict[bytes, Message]: ...
-    @property
-    def windows(self) -> PartitionWindows | None: ...
     @property
     def depth(self) -> int: ...
 
