@@ -222,9 +222,17 @@ def lane_of(path: Path) -> str | None:
     return None
 
 
+#: A Spark test's timeout unless it names its own: the first test of a worker also starts the
+#: session's JVM, which takes a minute on a busy 2-core machine.
+SPARK_TIMEOUT = 240
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier_of(Path(str(item.path))))
+        path = Path(str(item.path))
+        item.add_marker(tier_of(path))
+        if "spark" in path.parts and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

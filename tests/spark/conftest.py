@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,13 @@ from pynsqd.client import ClientOptions, LogRecord, read_log
 from pynsqd.client.connection import Connection
 
 BIN = Path(sys.executable).parent
+
+#: Every Spark JVM the tests start (the local-mode session, the drivers of ``log_query.py`` and
+#: ``cluster_query.py``, which inherit this environment, and the standalone executors) compiles
+#: with C1 only and collects with one thread: a third less CPU for the same tests, which on a
+#: busy 2-core machine is what keeps Python workers inside Spark's fixed 10 s to connect back.
+JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTS)
 #: Set in the environment the test's Spark starts with (its executors inherit it), for
 #: ``authSecretEnv``: the secret the tests' auth server grants.
 TEST_SECRET_ENV = "PYNSQD_SPARK_TEST_SECRET"
@@ -240,3 +248,44 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+#: When a test started (its setup, where pytest-timeout's clock starts too).
+STARTED = pytest.StashKey[float]()
+#: The watchdog acts this long before pytest-timeout would.
+WATCHDOG_MARGIN = 20.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[STARTED] = time.monotonic()
+    yield
+
+
+def _cancel_everything(spark: Any, test: str) -> None:
+    print(f"watchdog: {test} near its timeout: cancelling its Spark work", file=sys.stderr)
+    spark.sparkContext.cancelAllJobs()
+    for query in spark.streams.active:
+        query.stop()
+
+
+@pytest.fixture(autouse=True)
+def spark_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the shared session that runs long has its Spark jobs cancelled (and its
+    streaming queries stopped) shortly before pytest-timeout would interrupt it: the test then
+    fails with Spark's own error. Interrupted inside a py4j call instead, the session's
+    connection to the JVM falls out of step (each later call reads the answer to the one
+    before) and every later Spark test of the worker fails with it."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    spark = request.getfixturevalue("spark")
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0] if marker and marker.args else request.config.getini("timeout"))
+    started = request.node.stash.get(STARTED, time.monotonic())
+    left = started + limit - WATCHDOG_MARGIN - time.monotonic()
+    timer = threading.Timer(max(left, 1.0), _cancel_everything, (spark, request.node.nodeid))
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
