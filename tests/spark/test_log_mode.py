@@ -267,28 +267,30 @@ def test_a_node_killed_and_restarted_mid_query_loses_and_duplicates_nothing(
     data = tmp_path / "nsqd"
     node = NsqdProcess(data, "--retention-time=1h", *fixed)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "100").load()
-    query = (
-        df.select("offset", "body")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
     try:
-        node.publish("t", [b"x%03d" % i for i in range(300)])
-        query.processAllAvailable()
-        node.proc.kill()  # kill -9: the query must ride it out
-        node.proc.wait()
-        node.stop()
-        query.processAllAvailable()  # planning goes on without the node
-        assert query.exception() is None
-        node = NsqdProcess(data, "--retention-time=1h", *fixed)
-        node.publish("t", [b"y%03d" % i for i in range(200)])
-        query.processAllAvailable()
+        df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "100").load()
+        query = (
+            df.select("offset", "body")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            node.publish("t", [b"x%03d" % i for i in range(300)])
+            query.processAllAvailable()
+            node.proc.kill()  # kill -9: the query must ride it out
+            node.proc.wait()
+            node.stop()
+            query.processAllAvailable()  # planning goes on without the node
+            assert query.exception() is None
+            node = NsqdProcess(data, "--retention-time=1h", *fixed)
+            node.publish("t", [b"y%03d" % i for i in range(200)])
+            query.processAllAvailable()
+        finally:
+            query.stop()
     finally:
-        query.stop()
-        node.stop()
+        node.stop()  # started here, not by the fixture: stopped here whatever failed
     offsets = sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
     assert offsets == list(range(500))
 
