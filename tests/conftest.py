@@ -163,6 +163,7 @@ FAULT_FILES = {
     "test_crash_safety.py",
     "test_persistence_process.py",
     "test_workers.py",
+    "test_damaged_copies.py",
 }
 SYSTEM_FILES = {
     "test_clients.py",
@@ -207,6 +208,7 @@ LANES = {
     # load makes etcd leases lapse in the replication tests.
     "test_cluster_script.py": "fault-2",
     "test_workers.py": "fault-1",
+    "test_damaged_copies.py": "fault-1",
 }
 
 

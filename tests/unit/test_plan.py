@@ -183,6 +183,25 @@ def test_no_unclean_election_and_offline_is_said_once_per_outage() -> None:
     assert plan.decide(facts(M3, isr=(M1, M2)), None, 62.0, everyone) == [StopFetch(), Leaderless()]
 
 
+def test_a_copy_that_lost_records_never_campaigns_and_says_so_when_it_is_alone() -> None:
+    """Found by the damaged-file attack (issue 56): node 2, in sync, came back with its newest
+    segment cut short while the leader was down, was elected with fewer records than were
+    committed, and the other copies cut theirs to its end."""
+    damaged = facts(M2, lost="300-599")
+    plan = Plan(2)
+    for t in range(50):  # other members live: it waits for their campaign, not offline
+        assert plan.decide(damaged, None, float(t), everyone) == [StopFetch(), Leaderless()]
+    alone = Plan(2).decide(damaged, None, 0.0, lambda m: m == M2)
+    assert alone == [StopFetch(), Leaderless(), Offline((1, 2, 3), "300-599")]
+    # The origin too, at rank 0; once it holds what it lost, it campaigns at once.
+    assert Campaign() not in Plan(1).decide(facts(M1, lost="5-9"), None, 10.0, everyone)
+    assert Campaign() in Plan(1).decide(facts(M1), None, 10.0, everyone)
+    # It follows whoever leads, and takes nothing back before it holds what it lost.
+    by3 = leader(3, 9)
+    following = facts(M1, role="follower", epoch=9, caught_up=True, lost="5-9")
+    assert Plan(1).decide(following, by3, 0.0, everyone) == [StartFetch()]
+
+
 def test_the_leader_adopts_and_resumes_only_once_it_has_joined() -> None:
     plan = Plan(1)
     here = leader(1, 5)

@@ -111,6 +111,28 @@ def test_the_in_sync_set_drops_laggards_and_dead_nodes_and_takes_back_the_caught
     assert p.isr_change(now=8.0, lag_max=5.0, live=lambda m: True) == [ME]
 
 
+def test_an_in_sync_follower_asking_below_the_hw_is_not_counted_until_it_caught_up(
+    tmp_path: Path,
+) -> None:
+    """It acknowledged the HW, so asking below it means its log lost records (damaged while
+    its node was down): it leaves the in-sync set at once, and the others commit without it."""
+    p = make(tmp_path)
+    append(p, 10)
+    p.fetched(F2, 10, now=1.0)
+    p.fetched(F3, 10, now=1.0)
+    p.advance()
+    assert p.hw == 10
+    p.fetched(F2, 4, now=2.0)
+    assert p.isr_change(now=2.0, lag_max=5.0, live=lambda m: True) == [ME, F3]
+    p.isr = [ME, F3]
+    append(p, 2)
+    p.fetched(F3, 12, now=3.0)
+    p.advance()
+    assert p.hw == 12
+    p.fetched(F2, 12, now=3.0)  # it fetched everything again: back in
+    assert p.isr_change(now=3.0, lag_max=5.0, live=lambda m: True) == [ME, F3, F2]
+
+
 def test_the_epoch_history_says_where_a_follower_must_cut(tmp_path: Path) -> None:
     """KIP-101's case: epoch 1 wrote 0..99; a takeover at 2 ended at 90; the origin came back
     at 3 from 90. A replica still holding epoch 1's 90..99 must cut at 90."""

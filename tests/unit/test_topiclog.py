@@ -177,6 +177,59 @@ def test_a_flipped_byte_in_the_last_segment_cuts_the_log_there(tmp_path: Path) -
     assert read_all(tl) == list(range(5))
 
 
+def test_a_log_cut_short_after_its_fsync_says_what_it_lost_until_it_holds_it_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A log that opens with fewer records than its last completed fsync covered was damaged
+    (a crash alone never takes back what was fsynced): the replication plan must know."""
+    tl = open_log(tmp_path / "t.log")
+    fill(tl, 50)
+    tl.sync()
+    tl.close()
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    with seg.open("r+b") as f:
+        f.truncate(seg.stat().st_size // 2)  # mid-record: the scan cuts the torn tail
+    tl = open_log(tmp_path / "t.log")
+    assert 0 < tl.latest < 50
+    assert tl.lost() == (tl.latest, 49)
+    assert f"lost offsets {tl.latest}-49" in caplog.text
+    tl.close()
+    tl = open_log(tmp_path / "t.log")
+    assert tl.lost() == (tl.latest, 49)  # a restart does not forget it
+    fill(tl, 50 - tl.latest)  # a copy fetching them again
+    assert tl.lost() is None
+
+
+def test_what_no_fsync_covered_is_not_lost_and_a_truncation_lowers_the_mark_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tl = open_log(tmp_path / "t.log", sync_every=1000)
+    fill(tl, 20)
+    tl.sync()
+    seg = tmp_path / "t.log" / f"{0:020d}.log"
+    synced_size = seg.stat().st_size
+    fill(tl, 10)  # written, not fsynced: a power loss may take these back
+    with seg.open("r+b") as f:
+        f.truncate(synced_size)
+    tl = open_log(tmp_path / "t.log")  # (the first instance is dropped as by a crash)
+    assert tl.latest == 20
+    assert tl.lost() is None
+    assert tl.truncate(8) == 12  # a replica's uncommitted tail, cut on purpose
+    assert tl.lost() is None
+    tl.close()
+    assert open_log(tmp_path / "t.log").lost() is None
+    # A flipped bit in the mark: one line, and what the last fsync covered is unknown.
+    mark = tmp_path / "t.log" / "synced"
+    data = bytearray(mark.read_bytes())
+    data[12] ^= 0x01
+    data[512 + 12 :] = bytes(len(data) - 512 - 12) if len(data) > 512 else b""
+    mark.write_bytes(bytes(data))
+    caplog.clear()
+    tl = open_log(tmp_path / "t.log")
+    assert "unreadable" in caplog.text and "synced" in caplog.text
+    assert tl.lost() is None
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated", "garbage", "wrong positions"])
 def test_a_damaged_index_is_rebuilt(tmp_path: Path, damage: str) -> None:
     tl = open_log(tmp_path / "t.log", segment_bytes=16384)

@@ -26,6 +26,7 @@ leader answers a follower's last epoch with where that epoch ended in its own hi
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -150,7 +151,14 @@ class Partition:
         self.fail_waiters(why)
 
     def fetched(self, member: Member, offset: int, now: float) -> None:
-        """A follower in this epoch asked for ``offset``: it holds everything before it."""
+        """A follower in this epoch asked for ``offset``: it holds everything before it. An
+        in-sync follower asking below the high watermark lost what it had acknowledged (its
+        log was damaged while its node was down): it is no longer counted, and leaves the
+        in-sync set at the next tick (``isr_change``) until it has caught up again."""
+        if offset < self.hw and member in self.isr and member != self.me:
+            self.acks[member] = offset
+            self.caught_up_at.pop(member, None)
+            return
         if offset > self.acks.get(member, -1):
             self.acks[member] = offset
         if offset >= self.log.latest:
@@ -212,7 +220,9 @@ class Partition:
             for m in self.isr
             if m == self.me
             or (
-                m[0] in self.replicas and live(m) and now - self.caught_up_at.get(m, 0.0) <= lag_max
+                m[0] in self.replicas
+                and live(m)
+                and now - self.caught_up_at.get(m, -math.inf) <= lag_max
             )
         ]
         for m, at in self.caught_up_at.items():

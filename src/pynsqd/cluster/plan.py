@@ -11,8 +11,12 @@ fetch tasks, channel adoption); nothing here touches a socket, a file or a clock
   fetching stops. A member of the in-sync set campaigns once the partition has been leaderless
   for ``rank * RANK_DELAY`` seconds: the origin at once (rank 0), the others in in-sync order,
   so the origin wins when it is alive. A copy outside the in-sync set never campaigns (no unclean
-  election: it may lack what was acknowledged); when no in-sync member is alive the partition is
-  offline, said once per outage.
+  election: it may lack what was acknowledged), nor does a member whose log **lost** records
+  after an fsync covered them (``Facts.lost``: a file damaged or cut short while the node was
+  down): it may hold less than was committed, and whoever follows the leader it would be cuts
+  its log to that leader's end. It fetches what it lost from whoever leads, and campaigns again
+  once it holds it. When no in-sync member that may lead is alive the partition is offline,
+  said once per outage.
 - **Led by this node at its epoch**: the leader's tick (in-sync set, fsync, HW); once the node
   has joined, it adopts the channel checkpoints of holders that left, and an origin that took
   its partition back lets its channels go on.
@@ -32,7 +36,9 @@ Past defects the kill -9 soaks found, each a case in ``tests/unit/test_plan.py``
 took back a partition and failed must follow again on the next tick; a fetch stopped by a failed
 take-back must start again; a leadership of a previous registration must be released, not led;
 an out-of-sync copy must not campaign even when every in-sync member is dead; adoption waits
-until the node has restored its own channels.
+until the node has restored its own channels; an in-sync copy whose newest segment was cut
+short while its node was down must not campaign (it led with fewer records than were
+committed, and the others cut theirs to its end: issue 56).
 """
 
 from __future__ import annotations
@@ -103,9 +109,11 @@ class Campaign:
 
 @dataclass(frozen=True)
 class Offline:
-    """Say once: no member of the in-sync set is alive, this copy may not lead."""
+    """Say once: no member of the in-sync set that may lead is alive; this copy may not lead
+    (outside the set, or ``lost``: the offsets its log lost, ``first-last``)."""
 
     isr: tuple[int, ...]
+    lost: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,9 @@ class Facts:
     checkpoints: bool = False
     #: The origin's topic holds its hand-off (its channels were adopted, or it is taking back).
     hand_off_held: bool = False
+    #: The offsets this copy's log lost after an fsync covered them (``TopicLog.lost``:
+    #: ``first-last``), until it has fetched them again; "" when it lost nothing.
+    lost: str = ""
 
     @property
     def is_origin(self) -> bool:
@@ -365,13 +376,15 @@ class Plan:
                 out.append(StepDown("its leadership key is gone (lease lapsed)"))
             out += [StopFetch(), Leaderless()]
             since = self.leaderless_since.setdefault(key, now)
-            if me in facts.isr:
+            if me in facts.isr and not facts.lost:
                 rank = 0 if facts.is_origin else 1 + facts.isr.index(me)
                 if now - since >= rank * RANK_DELAY:
                     out.append(Campaign())
-            elif key not in self.offline and not any(live(m) for m in facts.isr):
+            elif key not in self.offline and not any(
+                live(m) for m in facts.isr if m != me or not facts.lost
+            ):
                 self.offline.add(key)
-                out.append(Offline(tuple(m[0] for m in facts.isr)))
+                out.append(Offline(tuple(m[0] for m in facts.isr), facts.lost))
             return out
         self.leaderless_since.pop(key, None)
         self.offline.discard(key)
@@ -391,7 +404,7 @@ class Plan:
         if facts.role != "follower" or facts.epoch != leader.mod_revision:
             out.append(Follow(leader.value.node, leader.value.http, leader.mod_revision))
         out.append(StartFetch())
-        if facts.is_origin and me in facts.isr and facts.caught_up:
+        if facts.is_origin and me in facts.isr and facts.caught_up and not facts.lost:
             out += [StopFetch(), TakeBack(leader)]
         return out
 

@@ -283,6 +283,7 @@ class Replicator:
                 ready=self.ready,
                 checkpoints=bool(state.checkpoints.get(part)),
                 hand_off_held=own is not None and own.hand_off.held,
+                lost="" if (lost := p.log.lost()) is None else f"{lost[0]}-{lost[1]}",
             )
             for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
                 if not await self._carry_out(p, action):
@@ -469,15 +470,18 @@ class Replicator:
                 p.role, p.leader = Role.NONE, -1
             case Campaign():
                 await self.leading.campaign(p)
-            case Offline(isr):
-                # No unclean election: a copy outside the in-sync set may lack what was
-                # acknowledged. The partition waits for one of them to come back.
+            case Offline(isr, lost):
+                # No unclean election: a copy outside the in-sync set, or one that lost
+                # records, may lack what was acknowledged. The partition waits for a member
+                # of the set that may lead to come back.
                 log.warning(
-                    "CLUSTER: partition %s: offline - no member of its in-sync set %s is "
-                    "alive; it waits for one (this copy, not in it, may lack acknowledged "
-                    "records)",
+                    "CLUSTER: partition %s: offline - no member of its in-sync set %s that may "
+                    "lead is alive; it waits for one (%s)",
                     p.name,
                     list(isr),
+                    f"this copy lost offsets {lost} and fetches them from the next leader"
+                    if lost
+                    else "this copy, not in it, may lack acknowledged records",
                 )
             case Lead():
                 await self.leading.lead(p)

@@ -65,6 +65,7 @@ from .atomic import write_atomic
 from .log_reader import OffsetOutOfRange
 from .position import PositionFile
 from .segment import INDEX_INTERVAL, LogRange, Segment, segment_bases
+from .synced_mark import SyncedMark
 from .syncer import SYNCER, SyncSlot
 
 __all__ = [
@@ -149,6 +150,16 @@ class TopicLog:
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
+        #: Where the last completed fsync ended: a log that opens shorter lost data (``lost``).
+        self.mark = SyncedMark(directory, self.name, logger)
+        if (lost := self.lost()) is not None:
+            self.log.error(
+                "TOPICLOG(%s): lost offsets %d-%d: the log ends before its last fsync did (a "
+                "file damaged or cut short); a replicated copy fetches them again",
+                self.name,
+                *lost,
+            )
+        self.mark.advance(self.latest)
         self._handed_file: PositionFile | None = None
         self._load_handed()
 
@@ -157,6 +168,11 @@ class TopicLog:
     @property
     def earliest(self) -> int:
         return self.segments[0].base
+
+    def lost(self) -> tuple[int, int] | None:
+        """The offsets (first, last) this log lost after an fsync covered them (a damaged
+        file), until it holds that many again; None when it lost nothing."""
+        return self.mark.lost(self.latest)
 
     @property
     def latest(self) -> int:
@@ -375,6 +391,7 @@ class TopicLog:
                 self.unsafe_from = None
             return 0
         dropped = self.latest - max(offset, self.earliest)
+        self.mark.lower(offset)  # on disk before the records go
         SYNCER.cancel(self._slot)
         while len(self.segments) > 1 and self.segments[-1].base >= offset:
             seg = self.segments.pop()
@@ -432,6 +449,7 @@ class TopicLog:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         durable.fsync(self._fd)
         self.handed = self.synced = offset
+        self.mark.advance(offset)
         self._generation += 1
         self.unsafe_from = None
         if self._committed is not None:
@@ -484,6 +502,7 @@ class TopicLog:
         end = job.end if self.unsafe_from is None else min(job.end, self.unsafe_from)
         if end > self.synced:
             self.synced = end
+            self.mark.advance(end)
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
@@ -524,6 +543,7 @@ class TopicLog:
             durable.fsync(self._fd)
             self._unsynced = 0
         self.synced = self.latest
+        self.mark.advance(self.latest)
         if self._handed_file is not None:
             self._handed_file.sync()
         self._slot.failed = False
@@ -707,6 +727,7 @@ class TopicLog:
                 self._fd = -1
             if self._handed_file is not None:
                 self._handed_file.close()
+            self.mark.close()
 
     def delete(self, keep: tuple[str, ...] = ()) -> None:
         """Close and remove the log's files (its topic is deleted or stops retaining), but

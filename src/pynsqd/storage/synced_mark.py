@@ -1,0 +1,84 @@
+"""How far a retained log was fsynced, kept beside it: a log that opens shorter lost data.
+
+Theory of operation. A record below the end of a completed fsync is on disk; nothing a crash or
+a power loss does takes it back. A log that opens with fewer records than that end was damaged
+(a file cut short, a segment gone): those offsets are **lost**, and a replicated copy that lost
+them must not be trusted with the commit point (``cluster/plan.py``: it does not campaign; its
+leader takes it out of the in-sync set) until it has fetched them again. Without this mark, a
+log cut at a record boundary looks like any log after a crash.
+
+The mark lives in ``synced`` (``storage/position.py``'s two-slot file, a CRC on each slot) in
+the log's directory. It moves up after each completed fsync (``advance``: written in place, not
+fsynced, so it costs one ``pwrite`` per fsync and never runs ahead of the records: after a
+power loss it is at worst older, which only hides a loss, never invents one), and down, fsynced
+first, before the log itself is cut (``lower``: a replica's truncation). An unreadable mark
+(a flipped bit) is logged once and taken as unknown: it can hide a loss, never stop a node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .position import PositionFile
+
+__all__ = ["SYNCED_FILE", "SyncedMark"]
+
+SYNCED_FILE = "synced"
+
+
+class SyncedMark:
+    """The end of the last completed fsync of one log, as its file says."""
+
+    def __init__(self, directory: str, name: str, logger: logging.Logger) -> None:
+        self.path = os.path.join(directory, SYNCED_FILE)
+        self.name = name
+        self.log = logger
+        self.value = 0
+        self._file: PositionFile | None = None
+        self._failing = False
+        try:
+            self._file = PositionFile(self.path)
+            self.value = self._file.load() or 0
+        except (OSError, ValueError) as err:
+            self.log.error(
+                "TOPICLOG(%s): unreadable %s (%s); what its last fsync covered is unknown",
+                name,
+                self.path,
+                err,
+            )
+
+    def lost(self, latest: int) -> tuple[int, int] | None:
+        """The offsets (first, last) a log ending at ``latest`` lost, or None."""
+        return (latest, self.value - 1) if self.value > latest else None
+
+    def advance(self, end: int) -> None:
+        """An fsync covering everything below ``end`` completed."""
+        if end <= self.value:
+            return
+        self.value = end
+        self._save(end, sync=False)
+
+    def lower(self, end: int) -> None:
+        """The log is about to be cut to ``end``: the mark first, on disk. Raises OSError."""
+        if end >= self.value:
+            return
+        self.value = end
+        if self._file is not None:
+            self._file.save(end, sync=True)
+
+    def _save(self, end: int, *, sync: bool) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.save(end, sync=sync)
+            self._failing = False
+        except OSError as err:  # a full disk: the log goes on; the mark is a safety net
+            if not self._failing:
+                self._failing = True
+                self.log.warning("TOPICLOG(%s): failed to write %s - %s", self.name, self.path, err)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

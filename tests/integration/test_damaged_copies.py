@@ -1,0 +1,86 @@
+"""A copy that lost data is never trusted with the commit point (issue 56, item 4).
+
+Real etcd, three real pynsqd processes, kill -9 and a file damaged between a stop and a start,
+as Jepsen's NATS analysis did (one truncated file on one node lost acknowledged messages from
+every copy). Synchronisation is on observable state: the node's log, ``/topic/replication``.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pynsqd.client.connection import Connection
+
+from ..waiting import wait_for
+from .replication_harness import Cluster, Etcd, Node, replicate, wait_in_sync, wait_leader
+
+TOPIC = "orders"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, etcd, 3)
+    yield c
+    c.stop()
+
+
+def since_start(node: Node) -> str:
+    """The node's log since its last start."""
+    return node.log.read_text(errors="replace").rpartition("INFO: nsqd v")[2]
+
+
+def cut_newest_segment(directory: Path) -> int:
+    """Cut the newest segment of a log directory to half its size (mid-record: what a lost
+    tail looks like); returns the bytes taken away."""
+    newest = max(directory.glob("*.log"), key=lambda p: int(p.stem))
+    size = newest.stat().st_size
+    with newest.open("r+b") as f:
+        f.truncate(size // 2)
+    return size - size // 2
+
+
+def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
+    cluster: Cluster,
+) -> None:
+    """Node 2, in sync, loses the tail of its copy of partition 1 while every node is down
+    (killed within milliseconds: the in-sync set in etcd still names all three). It comes back
+    first and alone: it must not lead with fewer records than were committed (the others
+    would then truncate theirs to its end: acknowledged messages gone from every copy). It
+    says the partition is offline and why; node 3 comes back and leads; node 2 fetches what
+    it lost; node 1 comes back and takes its partition back; every copy holds every
+    acknowledged message."""
+    replicate(cluster)
+    one, two, three = cluster.nodes
+    assert one.proc is not None
+    acked = [b"m%04d" % i for i in range(600)]
+    with Connection(f"127.0.0.1:{one.proc.port}").connect() as conn:
+        for i in range(0, len(acked), 100):
+            conn.mpub(TOPIC, acked[i : i + 100])  # acks=all: on all three when answered
+    for n in (two, one, three):
+        n.send_signal(signal.SIGKILL)
+    for n in (two, one, three):
+        assert n.proc is not None
+        n.proc.p.wait(timeout=20)
+        n.proc.log_file.close()
+    assert cut_newest_segment(two.store / "replicas" / "1" / TOPIC) > 0
+    two.start()
+    wait_for(lambda: "partition orders/1: offline" in since_start(two), "node 2 says so", 30)
+    text = since_start(two)
+    assert "lost offsets" in text, text
+    assert cluster.partition(TOPIC, 1) is None  # nobody leads it
+    three.start()
+    assert wait_leader(cluster, TOPIC, 1, timeout=30)["node"] == 3
+    one.start()
+    wait_in_sync(cluster, TOPIC, 1)
+    for n in cluster.nodes:
+        wait_for(
+            lambda n=n: [r[2] for r in cluster.read_partition(TOPIC, 1, n)] == acked,
+            f"node {n.node_id}'s copy of partition 1 to hold every acknowledged message",
+            30,
+        )
+    for n in cluster.nodes:
+        assert "truncated to offset" not in since_start(n), f"node {n.node_id} cut its log"
