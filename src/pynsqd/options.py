@@ -152,12 +152,12 @@ class Options:
     )
     dedup_records: int = opt(
         100_000,
-        "pynsqd: idempotent publishing remembers the producer and sequence of a retained topic's newest N records (per topic: POST /topic/config)",
+        "pynsqd: idempotent publishing keeps the bodies of a retained topic's newest N identified records for its conflict check (per topic: POST /topic/config)",
         positive=True,
     )
     dedup_window: float = opt(
         86400.0,
-        "pynsqd: ... and of those younger than this: a retry later than the window may be written twice (per topic: POST /topic/config)",
+        "pynsqd: idempotent publishing remembers a producer this long after its last publish (or the topic's retention, if shorter): a retry later than that may be written twice (per topic: POST /topic/config)",
         kind="duration",
         positive=True,
     )

@@ -195,6 +195,39 @@ def test_retries_across_kill_9_write_each_message_once(tmp_path: Path) -> None:
         proc.stop()
 
 
+def test_a_retry_after_a_million_other_records_and_a_kill_9_is_written_once(
+    tmp_path: Path,
+) -> None:
+    """Issue 56: a retry later than the count window (100,000 records by default) was written
+    again: Spark ran a failed task's retry after other tasks' rows. A producer is kept by time
+    (``--dedup-window``, 24 h), whatever is written meanwhile, and across a kill -9 (each
+    segment roll writes the producers down: small segments here, so many rolls)."""
+    flags = ("--retention-time=1h", "--max-bytes-per-file=4194304")
+    data, log = tmp_path / "data", tmp_path / "nsqd.log"
+    data.mkdir()
+    proc = Proc(data, log, *flags)
+    try:
+        spark = [b"row%d" % i for i in range(10)]
+        with Connection(f"127.0.0.1:{proc.port}").connect() as c:
+            c.mpub("t", spark, identity=("spark-task-7", 0))
+            others = [b"x" * 20] * 5000
+            for n in range(0, 1_000_000, 5000):
+                c.mpub("t", others, identity=("other", n))
+        proc.p.send_signal(signal.SIGKILL)
+        proc.stop()
+        proc = Proc(data, log, *flags)
+        with Connection(f"127.0.0.1:{proc.port}").connect() as c:
+            c.mpub("t", spark, identity=("spark-task-7", 0))  # the retry: OK
+            with pytest.raises(NsqError, match="E_BAD_SEQUENCE"):
+                c.mpub("t", [b"skipped"], identity=("spark-task-7", 11))
+        status, body = proc.http("GET", "/topic/offsets?topic=t")
+        assert status == 200, body
+        assert json.loads(body)["latest"] == 1_000_010  # written once
+        assert "producers remembered for idempotent publishing" in log.read_text()
+    finally:
+        proc.stop()
+
+
 @pytest.mark.parametrize("records", [5])
 def test_the_window_forgets_by_count(make_nsqd: Callable[..., ServerThread], records: int) -> None:
     server = make_nsqd(retention_time=HOUR)

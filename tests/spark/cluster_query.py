@@ -18,17 +18,39 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from pynsqd_spark import register
 
 #: Records per micro-batch of the streams: many batches, so the faults land mid-query.
 PER_TRIGGER = "4000"
+
+
+#: Spark gives a Python process it starts for a streaming source a fixed 10 s to connect back
+#: (``PythonWorkerFactory.createSimpleWorker``); on a saturated 2-core machine that start can
+#: take longer, and the query fails before its first batch.
+WORKER_TIMEOUT = "Python worker failed to connect back"
+
+
+def run_to_the_end(start: Callable[[], Any]) -> None:
+    """Start the query and wait for it; a query that Spark's slow Python start failed is
+    started again from its checkpoint (what a driver's supervisor does), at most 3 times."""
+    for attempt in range(3):
+        try:
+            start().awaitTermination()
+            return
+        except StreamingQueryException as err:
+            if WORKER_TIMEOUT not in str(err) or attempt == 2:
+                raise
+            print(f"cluster_query: {WORKER_TIMEOUT}: starting the query again", file=sys.stderr)
 
 
 def main() -> int:
@@ -80,16 +102,17 @@ def main() -> int:
                 .option("channel", "spark")
                 .option("maxMessagesPerBatch", PER_TRIGGER)
             )
-        query = (
-            reader.load()
-            .select("body")
-            .writeStream.format("parquet")
-            .option("path", args[2])
-            .option("checkpointLocation", args[3])
-            .trigger(availableNow=True)
-            .start()
+        run_to_the_end(
+            lambda: (
+                reader.load()
+                .select("body")
+                .writeStream.format("parquet")
+                .option("path", args[2])
+                .option("checkpointLocation", args[3])
+                .trigger(availableNow=True)
+                .start()
+            )
         )
-        query.awaitTermination()
     elif job == "relay":
         from pyspark import TaskContext
         from pyspark.sql.functions import udf
@@ -107,22 +130,23 @@ def main() -> int:
                 return None
             return body
 
-        query = (
-            spark.readStream.format("nsq")
-            .option("mode", "log")
-            .option("topic", topic)
-            .option("nsqlookupdHttpAddresses", lookupd)
-            .option("maxOffsetsPerTrigger", PER_TRIGGER)
-            .load()
-            .select(udf(fail_once, BinaryType())("body").alias("body"))
-            .writeStream.format("nsq")
-            .option("topic", out_topic)
-            .option("nsqlookupdHttpAddresses", lookupd)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
+        run_to_the_end(
+            lambda: (
+                spark.readStream.format("nsq")
+                .option("mode", "log")
+                .option("topic", topic)
+                .option("nsqlookupdHttpAddresses", lookupd)
+                .option("maxOffsetsPerTrigger", PER_TRIGGER)
+                .load()
+                .select(udf(fail_once, BinaryType())("body").alias("body"))
+                .writeStream.format("nsq")
+                .option("topic", out_topic)
+                .option("nsqlookupdHttpAddresses", lookupd)
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
         )
-        query.awaitTermination()
     elif job == "sink":
         (
             spark.range(int(args[2]), numPartitions=4)

@@ -59,9 +59,35 @@ def test_the_window_forgets_by_count_from_the_oldest() -> None:
     # p's sequence 0 is below the window but p is known: still a duplicate (no body check)
     assert d.check(b"p", 0, 1, 0, 4)[:2] == (1, -1)
     assert d.check(b"p", 1, 1, 0, 4)[:2] == (1, 1)
-    d.record(b"r", 0, 3, 4, 0)  # p and q leave entirely
-    assert set(d.producers) == {b"r"} and len(d) == 3
-    assert d.check(b"p", 0, 1, 0, 7)[:2] == (0, -1)  # forgotten: taken as new
+    d.record(b"r", 0, 3, 4, 0)  # p's and q's records leave the count window entirely
+    assert set(d.idle) == {b"p", b"q"} and len(d) == 3
+    # Their bodies are gone, not the producers (kept by time): a retry is still a duplicate,
+    # a new number goes on, a gap is still refused.
+    assert d.check(b"p", 0, 3, 0, 7)[:2] == (3, -1)
+    assert d.check(b"p", 3, 1, 0, 7)[:2] == (0, -1)
+    with pytest.raises(DedupError):
+        d.check(b"q", 5, 1, 0, 7)
+    d.record(b"p", 3, 1, 7, 0)  # p back in the window
+    assert set(d.idle) == {b"q"} and d.check(b"p", 2, 2, 0, 8)[:2] == (2, 7)
+
+
+def test_a_retry_after_a_million_other_records_is_a_duplicate_until_the_producer_expires() -> None:
+    """Issue 56: a retry after more than the count window of other records was written again
+    (Spark ran a failed task's retry last). The producer is kept by time (``window_ns``),
+    whatever is written meanwhile, in a few dozen bytes once its records left the window."""
+    d = Dedup(100_000, 3600 * S)
+    d.record(b"spark-7", 0, 45_000, 0, 0)
+    offset = 45_000
+    for _ in range(1000):
+        d.record(b"other", offset - 45_000, 1000, offset, 10 * S)
+        offset += 1000
+    assert len(d) == 100_000 and b"spark-7" in d.idle
+    assert d.check(b"spark-7", 0, 45_000, 60 * S, offset)[:2] == (45_000, -1)
+    with pytest.raises(DedupError):
+        d.check(b"spark-7", 45_001, 1, 60 * S, offset)
+    # An hour after its last publish, it is forgotten: a new run from any number.
+    assert d.check(b"spark-7", 0, 1, 3601 * S, offset)[:2] == (0, -1)
+    assert b"spark-7" not in d.producers
 
 
 def test_the_window_forgets_by_time_on_a_fake_clock() -> None:
@@ -181,6 +207,45 @@ def test_the_log_rebuilds_the_index_after_a_reopen_and_a_truncation(tmp_path: Pa
     log.close()
 
 
+def _copy(leader: TopicLog, follower: TopicLog) -> None:
+    """What a replica's fetches do: the leader's records, appended as they are."""
+    while follower.latest < leader.latest:
+        rng = leader.read_range(follower.latest, 7, 1 << 20)
+        assert rng is not None
+        with open(rng.path, "rb") as f:
+            f.seek(rng.start)
+            follower.append_raw(f.read(rng.end - rng.start))
+
+
+def test_a_producer_older_than_the_count_window_survives_a_restart_and_a_failover(
+    tmp_path: Path,
+) -> None:
+    """Issue 56: after a start the index is read back from the count window, which no longer
+    names a producer whose records all precede it: its retry was written twice after a
+    kill -9. Each roll writes the producers down (``storage/producers.py``), on a replica's
+    copy too, which never used its index before it leads."""
+    leader = _log(tmp_path / "a", segment_bytes=2000)
+    leader.set_dedup(50, 3600 * S)
+    leader.append(_msgs(*[b"s%d" % i for i in range(10)]), (b"spark", 0))
+    for i in range(0, 300, 3):
+        leader.append(_msgs(b"o%d" % i, b"o%d" % (i + 1), b"o%d" % (i + 2)), (b"other", i))
+    assert leader.segment_count > 3 and b"spark" in leader.identities().idle
+    follower = _log(tmp_path / "b", segment_bytes=2000)
+    follower.set_dedup(50, 3600 * S)
+    _copy(leader, follower)
+    for log in (leader, follower):
+        path = log.directory
+        log.close()  # (a kill -9 leaves the same files: the snapshots are written at rolls)
+        log = _log(Path(path))
+        log.set_dedup(50, 3600 * S)
+        d = log.identities()
+        assert d.check(b"spark", 0, 10, NOW, log.latest)[:2] == (10, -1), path
+        assert d.check(b"other", 297, 3, NOW, log.latest)[:2] == (3, log.latest - 1), path
+        log.truncate(5)  # a cut below every snapshot: only what the records say is left
+        assert log.identities().high(b"spark") == 4
+        log.close()
+
+
 def test_an_mpubs_other_records_continue_its_first_s_identity() -> None:
     """Only an identified MPUB's first record carries the identity; the others follow it."""
     head, body = encode_record(7, 10, b"0" * 16, 0, 0, b"a", (b"prod", 42))
@@ -247,17 +312,18 @@ def test_against_a_reference_the_count_window_is_exact(
         if interleave:
             latest += 1  # a record without an identity
         floor = latest - window
+        known = [s for p, s, _ in entries if p == producer]  # kept by time: never forgotten
         mine = [(s, o) for p, s, o in entries if p == producer and o >= floor]
         first = max(nxt.get(producer, 0) - back, 0)
         v = d.check(producer, first, n, 0, latest, gaps=True)
-        if not mine or first > max(s for s, _ in mine) + 1:
+        if not known or first > max(known) + 1:
             assert v == Verdict(0, -1)
             dups = 0
-            if mine:
+            if known:
                 continue  # a gap: nothing written
         else:
-            high = max(s for s, _ in mine)
-            base = min(s for s, _ in mine)
+            high = max(known)
+            base = min(s for s, _ in mine) if mine else high + 1
             dups = min(n, high - first + 1)
             where = dict(mine)
             want = tuple(where[s] for s in range(max(first, base), first + dups))

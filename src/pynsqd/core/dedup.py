@@ -26,13 +26,18 @@ append plus one small object per producer rather than a key per message, and a g
 detected instead of silently accepted. A sequence below ``base`` (older than the window) of a
 producer still known counts as a duplicate: numbers are consecutive, so it was written.
 
-The window: an identity is remembered while its record is among the newest ``max_records``
-records of the partition and younger than ``window_ns``. A producer with nothing left in the
-window is forgotten; its next publish is taken as new whatever its number (documented: a
-retry later than the window may be written twice). Memory is bounded by ``max_records`` and
-``MAX_PRODUCERS`` (the least recently seen producer is forgotten first): a segment of offsets
-and a window entry per append, about 500 bytes a producer (``docs/exactly-once.md`` has the
-figures).
+The window: a producer is remembered for ``window_ns`` after its last publish, whatever is
+written meanwhile (Kafka's ``producer.id.expiration.ms``); the offsets of its numbers (for the
+body check) only while their records are among the newest ``max_records`` of the partition.
+A producer with none left there is **idle** (``go_idle``: its ``high`` and last publish time,
+a few hundred bytes): a retry of any number up to ``high`` is still a duplicate, without the
+body check. A producer silent for the window is forgotten; its next publish is taken as new
+whatever its number (documented: a retry later than that may be written twice). Memory is
+bounded by ``max_records`` and ``MAX_PRODUCERS`` (the least recently seen producer is
+forgotten first): a segment of offsets and a window entry per append, about 500 bytes an
+active producer, about 420 an idle one (``docs/exactly-once.md`` has the figures).
+``storage/producers.py`` writes the producers down at each segment roll, so a log read back
+after a start still knows those whose records all precede the count window (``remember``).
 
 No I/O here: ``storage/topiclog.py`` owns an index, feeds it what it appends (and what a
 replica copies), and rebuilds it by reading its records back; ``core/topic.py`` asks it.
@@ -102,12 +107,14 @@ class _Producer:
     log: as segments of consecutive offsets (an MPUB is one; so are PUBs that nothing came
     between), each its first number and first offset. Offsets only grow."""
 
-    __slots__ = ("base", "high", "last_run", "name", "next_offset", "offs", "seqs", "start")
+    __slots__ = ("base", "high", "last_run", "name", "next_offset", "offs", "seqs", "start", "ts")
 
-    def __init__(self, name: bytes, base: int) -> None:
+    def __init__(self, name: bytes, base: int, ts: int = 0) -> None:
         self.name = name
         self.base = base
         self.high = base - 1
+        #: When it last published (ns): it is remembered until then + the window's time.
+        self.ts = ts
         #: The segments, from ``start`` on: first sequence number, first offset.
         self.seqs = array("q")
         self.offs = array("q")
@@ -154,6 +161,14 @@ class _Producer:
             seq = end
         return n
 
+    def go_idle(self) -> None:
+        """None of its numbers is in the count window any more: keep ``high`` (and ``ts``)
+        only, a few dozen bytes, so a retry of any number up to it is still a duplicate."""
+        self.base = self.high + 1
+        self.seqs, self.offs, self.start = array("q"), array("q"), 0
+        self.last_run = None
+        self.next_offset = -1
+
     def drop(self, n: int) -> None:
         """Forget the ``n`` oldest."""
         self.base += min(n, self.held)
@@ -188,6 +203,9 @@ class Dedup:
         self.window_ns = window_ns
         self.max_producers = max_producers
         self.producers: dict[bytes, _Producer] = {}
+        #: Producers none of whose numbers is in the count window (``_Producer.go_idle``),
+        #: in the order they left it (their last publishes' order): forgotten by time.
+        self.idle: dict[bytes, _Producer] = {}
         #: Runs of appends, oldest first.
         self._runs: deque[_Run] = deque()
         self.held = 0
@@ -248,9 +266,13 @@ class Dedup:
             self.held -= p.held
             p.drop(p.held)
             p.last_run = None
+            self.idle.pop(producer, None)
             p = None
         if p is None:
             p = self.producers[producer] = _Producer(producer, first)
+        elif not p.held:
+            self.idle.pop(producer, None)  # back in the count window
+        p.ts = max(p.ts, ts_ns)
         p.add(first, n, first_offset)
         self.held += n
         runs = self._runs
@@ -263,12 +285,35 @@ class Dedup:
             runs.append(p.last_run)
         self.expire(ts_ns, first_offset + n)
 
+    def remember(self, producer: bytes, high: int, ts: int) -> None:
+        """A producer known from a snapshot (``storage/producers.py``) and not from the
+        records read back: idle, its numbers up to ``high`` published."""
+        if producer not in self.producers:
+            p = self.producers[producer] = _Producer(producer, high + 1, ts)
+            self.idle[producer] = p
+
+    def states(self) -> list[tuple[bytes, int, int]]:
+        """Every producer remembered: (name, highest number, last publish ns)."""
+        return [(p.name, p.high, p.ts) for p in self.producers.values()]
+
+    def _expire_idle(self, oldest_ts: int) -> None:
+        idle = self.idle
+        while idle:
+            p = next(iter(idle.values()))
+            if p.ts >= oldest_ts and len(self.producers) <= self.max_producers:
+                return
+            del idle[p.name]
+            del self.producers[p.name]
+
     def expire(self, now_ns: int, latest: int) -> None:
-        """Forget what left the window: older than ``window_ns``, or more than
-        ``max_records`` records before ``latest``."""
+        """Forget what left the window: bodies more than ``max_records`` records before
+        ``latest`` (the producer itself stays, idle), producers whose last publish is older
+        than ``window_ns``, and the least recently seen beyond ``max_producers``."""
         runs = self._runs
         floor = latest - self.max_records
         oldest_ts = now_ns - self.window_ns
+        if self.idle:
+            self._expire_idle(oldest_ts)
         if not runs:
             return
         front = runs[0]
@@ -286,6 +331,7 @@ class Dedup:
             if p.held == 0 or self.producers.get(p.name) is not p:
                 runs.popleft()  # its producer started again or went
                 continue
+            idle = False
             if ts < oldest_ts or (len(self.producers) > self.max_producers and p.last_run is run):
                 # Aged out; or too many producers and this one's newest run is the oldest
                 # (the least recently seen producer goes whole).
@@ -294,10 +340,11 @@ class Dedup:
                 n = min(count, p.held)  # older runs of a producer seen since: their entries
             else:
                 # Entries below the count floor, from the front of this run (a producer's
-                # offsets only grow).
+                # offsets only grow): their bodies go, the producer stays (by time).
                 n = p.below(floor, min(count, p.held))
                 if not n:
                     break
+                idle = True
             p.drop(n)
             self.held -= n
             if n >= count:
@@ -305,7 +352,11 @@ class Dedup:
             else:
                 run.count = count - n
             if not p.held:
-                del self.producers[p.name]
-                p.last_run = None  # no cycle left for the garbage collector
+                if idle and p.ts >= oldest_ts:
+                    p.go_idle()
+                    self.idle[p.name] = p
+                else:
+                    del self.producers[p.name]
+                    p.last_run = None  # no cycle left for the garbage collector
             if n < count:
                 break

@@ -22,6 +22,7 @@ from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol import log_record
 from ..protocol.log_record import HEADER_SIZE, IDENTIFIED, Follow, body_start
+from . import producers
 from .segment import LogRange, Segment
 
 _HEAD, _TAIL = log_record.HEAD, log_record.TAIL
@@ -40,6 +41,8 @@ class Readable(Protocol):
 
     @property
     def name(self) -> str: ...
+    @property
+    def directory(self) -> str: ...
     @property
     def log(self) -> logging.Logger: ...
     @property
@@ -205,6 +208,12 @@ def read_identities(tlog: Readable, dedup: Dedup, now_ns: int) -> Follow | None:
     a truncation): what an IDENTIFIED_NEXT record at the log's end continues is returned."""
     start = time.monotonic()
     offset = max(tlog.earliest, tlog.latest - dedup.max_records)
+    # Producers whose records all precede the count window are in the newest snapshot
+    # (``storage/producers.py``): read from there, if that is earlier, so that every
+    # producer's last number since is counted.
+    snapshot = producers.load(tlog.directory, tlog.latest, tlog.name, tlog.log)
+    if snapshot is not None:
+        offset = max(tlog.earliest, min(offset, snapshot[0]))
     follow: Follow | None = None
     while offset < tlog.latest:
         rng = read_range(tlog, offset, 10_000, 8 << 20)
@@ -219,14 +228,17 @@ def read_identities(tlog: Readable, dedup: Dedup, now_ns: int) -> Follow | None:
         offset = records[-1].offset + 1 if damaged and records else rng.next
         if damaged:
             follow = None
+    if snapshot is not None:
+        for name, high, ts in snapshot[1]:
+            dedup.remember(name, high, ts)
     dedup.expire(now_ns, tlog.latest)
-    if dedup.held:
+    if dedup.producers:
         tlog.log.info(
-            "TOPICLOG(%s): %d publishes of %d producers remembered for idempotent "
-            "publishing (read in %.0f ms)",
+            "TOPICLOG(%s): %d producers remembered for idempotent publishing, %d of their "
+            "publishes in the count window (read in %.0f ms)",
             tlog.name,
-            dedup.held,
             len(dedup.producers),
+            dedup.held,
             (time.monotonic() - start) * 1000,
         )
     return follow

@@ -60,7 +60,7 @@ from ..protocol.log_record import (
     Follow,
     body_start,
 )
-from . import durable, log_reader
+from . import durable, log_reader, producers
 from .atomic import write_atomic
 from .log_reader import OffsetOutOfRange
 from .position import PositionFile
@@ -78,6 +78,7 @@ __all__ = [
 
 _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
+_IDENTIFIED_ANY = (IDENTIFIED | IDENTIFIED_NEXT) >> 8
 #: The first offset not yet handed to the topic's channels (``storage/position.py``).
 HANDED_FILE = "handed"
 
@@ -162,6 +163,8 @@ class TopicLog:
         self.mark.advance(self.latest)
         self._handed_file: PositionFile | None = None
         self._load_handed()
+        #: Producer snapshots exist here (``storage/producers.py``): a roll writes one.
+        self._snapshots = producers.exists(directory)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -274,6 +277,8 @@ class TopicLog:
                 self._follow = (identity[0], identity[1] + len(msgs), offset)
             else:
                 self._follow = None
+        elif identity is not None:
+            self.identities()  # read back once (with this append); kept from here on
         self._unsynced += len(msgs)
         if self._unsynced >= self.sync_every:
             try:
@@ -310,6 +315,7 @@ class TopicLog:
         pos = ts = 0
         dedup = self._dedup
         follow = self._follow
+        identified = False
         # Runs of identified records: [producer, first sequence, count, first offset, ts].
         runs: list[list[Any]] = []
         while pos < end:
@@ -324,7 +330,10 @@ class TopicLog:
                 raise ValueError(str(log_record.Damaged(pos, offset, "a checksum mismatch")))
             if offset != expect:
                 raise ValueError(f"record offset {offset} where {expect} was expected")
-            if dedup is not None:
+            if dedup is None:
+                if not identified and data[pos + FLAGS_AT] & _IDENTIFIED_ANY:
+                    identified = True  # a copy of identified publishes: the index is kept
+            else:
                 flags = data[pos + FLAGS_AT]
                 if flags & (IDENTIFIED >> 8):
                     start, producer, seq = body_start(data, pos, IDENTIFIED)
@@ -361,6 +370,8 @@ class TopicLog:
             for producer, seq, n, first, rec_ts in runs:
                 dedup.record(producer, seq, n, first, rec_ts)
             self._follow = follow
+        elif identified:
+            self.identities()  # read back once; kept by every append from here on
         return count
 
     def _write(self, seg: Segment, data: bytes) -> None:
@@ -392,6 +403,7 @@ class TopicLog:
             return 0
         dropped = self.latest - max(offset, self.earliest)
         self.mark.lower(offset)  # on disk before the records go
+        producers.remove_after(self.directory, offset)
         SYNCER.cancel(self._slot)
         while len(self.segments) > 1 and self.segments[-1].base >= offset:
             seg = self.segments.pop()
@@ -444,6 +456,7 @@ class TopicLog:
             for path in (seg.path, seg.index_path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+        producers.remove_after(self.directory, -1)  # of records this log no longer holds
         seg = Segment(self.directory, offset)
         self.segments = [seg]
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -463,11 +476,36 @@ class TopicLog:
         """The identities of the records in the window: built by reading them back the first
         time (after a start, a truncation), then kept by every append."""
         if self._dedup is None:
-            dedup = Dedup(self.dedup_records, self.dedup_window_ns)
+            dedup = Dedup(self.dedup_records, self._producer_expiry())
             now = time.time_ns() if now_ns is None else now_ns
             self._follow = log_reader.read_identities(self, dedup, now)
             self._dedup = dedup
         return self._dedup
+
+    def _producer_expiry(self) -> int:
+        """How long a producer is remembered after its last publish (ns): the window's time,
+        or the log's retention time when that is shorter."""
+        if self.retention_time:
+            return min(self.dedup_window_ns, int(self.retention_time * 1e9))
+        return self.dedup_window_ns
+
+    def _snapshot_producers(self, offset: int) -> None:
+        """At a roll: what the index knows of every producer, as of ``offset``
+        (``storage/producers.py``). Built first if a snapshot says this log has producers."""
+        if self._dedup is None and not self._snapshots:
+            return
+        dedup = self.identities()
+        dedup.expire(time.time_ns(), offset)
+        try:
+            producers.write(self.directory, offset, dedup.states())
+            self._snapshots = True
+        except OSError as err:  # a restart reads more of the log back; nothing is lost
+            self.log.warning(
+                "TOPICLOG(%s): failed to write its producers at offset %d - %s",
+                self.name,
+                offset,
+                err,
+            )
 
     def set_dedup(self, records: int, window_ns: int) -> None:
         """The idempotent publishing window (``POST /topic/config``)."""
@@ -479,7 +517,8 @@ class TopicLog:
             if grew:
                 self._dedup = None  # read again: what was forgotten may be back in the window
             else:
-                self._dedup.max_records, self._dedup.window_ns = records, window_ns
+                self._dedup.max_records = records
+                self._dedup.window_ns = self._producer_expiry()
                 self._dedup.expire(time.time_ns(), self.latest)
 
     def fsync_job(self) -> SyncJob | None:
@@ -569,6 +608,7 @@ class TopicLog:
         self.segments.append(seg)
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
+        self._snapshot_producers(seg.base)
         self.prune()
         return seg
 
