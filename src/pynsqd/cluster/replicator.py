@@ -60,7 +60,7 @@ from .plan import (
     TakeBack,
 )
 from .records import ClusterState, InSync, PartKey, PartRecords
-from .report import describe
+from .report import describe, offline
 from .settings import ReplicationSettings, check_change
 
 __all__ = ["ReplicaHost", "Replicator"]
@@ -472,17 +472,8 @@ class Replicator:
                 await self.leading.campaign(p)
             case Offline(isr, lost):
                 # No unclean election: a copy outside the in-sync set, or one that lost
-                # records, may lack what was acknowledged. The partition waits for a member
-                # of the set that may lead to come back.
-                log.warning(
-                    "CLUSTER: partition %s: offline - no member of its in-sync set %s that may "
-                    "lead is alive; it waits for one (%s)",
-                    p.name,
-                    list(isr),
-                    f"this copy lost offsets {lost} and fetches them from the next leader"
-                    if lost
-                    else "this copy, not in it, may lack acknowledged records",
-                )
+                # records, may lack what was acknowledged (``report.offline``).
+                log.warning("CLUSTER: partition %s: offline - %s", p.name, offline(isr, lost))
             case Lead():
                 await self.leading.lead(p)
             case Adopt():

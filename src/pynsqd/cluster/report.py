@@ -64,3 +64,15 @@ def checkpoints(state: ClusterState, topic: str, origin: int) -> dict[str, Any]:
             if isinstance(w, dict) and isinstance(w.get("done"), list)
         }
     return out
+
+
+def offline(isr: tuple[int, ...], lost: str) -> str:
+    """Why a leaderless partition waits: no member of its in-sync set that may lead is alive
+    (this copy is outside the set, or lost the offsets ``lost``)."""
+    why = (
+        f"this copy lost offsets {lost} and fetches them from the next leader"
+        if lost
+        else "this copy, not in it, may lack acknowledged records"
+    )
+    members = list(isr)
+    return f"no member of its in-sync set {members} that may lead is alive; it waits ({why})"

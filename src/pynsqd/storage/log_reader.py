@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 import zlib
 from typing import Protocol
 
@@ -22,7 +21,6 @@ from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol import log_record
 from ..protocol.log_record import HEADER_SIZE, IDENTIFIED, Follow, body_start
-from . import producers
 from .segment import LogRange, Segment
 
 _HEAD, _TAIL = log_record.HEAD, log_record.TAIL
@@ -41,8 +39,6 @@ class Readable(Protocol):
 
     @property
     def name(self) -> str: ...
-    @property
-    def directory(self) -> str: ...
     @property
     def log(self) -> logging.Logger: ...
     @property
@@ -203,18 +199,12 @@ def bodies_at(tlog: Readable, offsets: list[int]) -> list[bytes | None]:
     return [found.get(o) for o in offsets]
 
 
-def read_identities(tlog: Readable, dedup: Dedup, now_ns: int) -> Follow | None:
-    """The identities of the records in ``dedup``'s window, read back into it (after a start,
-    a truncation): what an IDENTIFIED_NEXT record at the log's end continues is returned."""
-    start = time.monotonic()
-    offset = max(tlog.earliest, tlog.latest - dedup.max_records)
-    # Producers whose records all precede the count window are in the newest snapshot
-    # (``storage/producers.py``): read from there, if that is earlier, so that every
-    # producer's last number since is counted.
-    snapshot = producers.load(tlog.directory, tlog.latest, tlog.name, tlog.log)
-    if snapshot is not None:
-        offset = max(tlog.earliest, min(offset, snapshot[0]))
+def read_identities(tlog: Readable, dedup: Dedup, offset: int) -> Follow | None:
+    """The identities of the records from ``offset`` on, read back into ``dedup`` (after a
+    start, a truncation): what an IDENTIFIED_NEXT record at the log's end continues is
+    returned."""
     follow: Follow | None = None
+    offset = max(offset, tlog.earliest)
     while offset < tlog.latest:
         rng = read_range(tlog, offset, 10_000, 8 << 20)
         if rng is None:
@@ -228,17 +218,4 @@ def read_identities(tlog: Readable, dedup: Dedup, now_ns: int) -> Follow | None:
         offset = records[-1].offset + 1 if damaged and records else rng.next
         if damaged:
             follow = None
-    if snapshot is not None:
-        for name, high, ts in snapshot[1]:
-            dedup.remember(name, high, ts)
-    dedup.expire(now_ns, tlog.latest)
-    if dedup.producers:
-        tlog.log.info(
-            "TOPICLOG(%s): %d producers remembered for idempotent publishing, %d of their "
-            "publishes in the count window (read in %.0f ms)",
-            tlog.name,
-            len(dedup.producers),
-            dedup.held,
-            (time.monotonic() - start) * 1000,
-        )
     return follow

@@ -25,12 +25,17 @@ import json
 import logging
 import os
 import re
+import time
 import zlib
 from collections.abc import Iterable
+from typing import Protocol
 
+from ..core.dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Dedup
+from ..protocol.log_record import Follow
+from . import log_reader
 from .atomic import write_atomic
 
-__all__ = ["Snapshot", "exists", "load", "remove_after", "write"]
+__all__ = ["ProducerIndex", "Snapshot", "exists", "load", "remove_after", "write"]
 
 _NAME = re.compile(r"^(\d{20})\.producers$")
 #: Snapshots kept: the newest and the one before it.
@@ -102,3 +107,100 @@ def remove_after(directory: str, end: int) -> None:
         if offset > end:
             with contextlib.suppress(OSError):
                 os.unlink(_path(directory, offset))
+
+
+class IndexedLog(log_reader.Readable, Protocol):
+    """What the index needs of its log (``TopicLog``)."""
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def retention_time(self) -> float: ...
+
+
+class ProducerIndex:
+    """One log's idempotent-publishing index (``core/dedup.Dedup``): its window, built by
+    reading the log back the first time it is asked for (after a start, a truncation), kept by
+    every append (``dedup``, ``follow``: the log's appends feed them), written down at each
+    roll."""
+
+    def __init__(self, tlog: IndexedLog) -> None:
+        self.tlog = tlog
+        self.records = DEFAULT_RECORDS
+        self.window_ns = DEFAULT_WINDOW_NS
+        self.dedup: Dedup | None = None
+        #: While the index is kept: what an IDENTIFIED_NEXT record at the log's end continues.
+        self.follow: Follow | None = None
+        #: Snapshots exist here: a roll writes one even before the index is asked for.
+        self.snapshots = exists(tlog.directory)
+
+    def forget(self) -> None:
+        """Records were taken back: read again when next asked."""
+        self.dedup = self.follow = None
+
+    def expiry(self) -> int:
+        """How long a producer is remembered after its last publish (ns): the window's time,
+        or the log's retention time when that is shorter."""
+        if self.tlog.retention_time:
+            return min(self.window_ns, int(self.tlog.retention_time * 1e9))
+        return self.window_ns
+
+    def get(self, now_ns: int | None = None) -> Dedup:
+        if self.dedup is not None:
+            return self.dedup
+        tlog, started = self.tlog, time.monotonic()
+        dedup = Dedup(self.records, self.expiry())
+        offset = tlog.latest - dedup.max_records
+        # Producers whose records all precede the count window are in the newest snapshot:
+        # read from there, if that is earlier, so that every producer's last number since is
+        # counted; then add those the records did not name.
+        snapshot = load(tlog.directory, tlog.latest, tlog.name, tlog.log)
+        if snapshot is not None:
+            offset = min(offset, snapshot[0])
+        self.follow = log_reader.read_identities(tlog, dedup, offset)
+        for name, high, ts in snapshot[1] if snapshot is not None else ():
+            dedup.remember(name, high, ts)
+        dedup.expire(time.time_ns() if now_ns is None else now_ns, tlog.latest)
+        if dedup.producers:
+            tlog.log.info(
+                "TOPICLOG(%s): %d producers remembered for idempotent publishing, %d of their "
+                "publishes in the count window (read in %.0f ms)",
+                tlog.name,
+                len(dedup.producers),
+                dedup.held,
+                (time.monotonic() - started) * 1000,
+            )
+        self.dedup = dedup
+        return dedup
+
+    def set_window(self, records: int, window_ns: int) -> None:
+        """``POST /topic/config``'s ``dedup_records`` and ``dedup_window``."""
+        if (records, window_ns) == (self.records, self.window_ns):
+            return
+        grew = records > self.records or window_ns > self.window_ns
+        self.records, self.window_ns = records, window_ns
+        if self.dedup is not None:
+            if grew:
+                self.forget()  # read again: what was forgotten may be back in the window
+            else:
+                self.dedup.max_records = records
+                self.dedup.window_ns = self.expiry()
+                self.dedup.expire(time.time_ns(), self.tlog.latest)
+
+    def at_roll(self, offset: int) -> None:
+        """A segment closed at ``offset``: every producer the index knows, written down (built
+        first if a snapshot says this log has producers)."""
+        if self.dedup is None and not self.snapshots:
+            return
+        dedup = self.get()
+        dedup.expire(time.time_ns(), offset)
+        try:
+            write(self.tlog.directory, offset, dedup.states())
+            self.snapshots = True
+        except OSError as err:  # a restart reads more of the log back; nothing is lost
+            self.tlog.log.warning(
+                "TOPICLOG(%s): failed to write its producers at offset %d - %s",
+                self.tlog.name,
+                offset,
+                err,
+            )

@@ -48,6 +48,19 @@ class SyncedMark:
                 err,
             )
 
+    def opened(self, latest: int) -> None:
+        """The log opened ending at ``latest``: say what it lost, if anything; the mark then
+        covers what the open fsynced (never lowered here: the loss stays known until the log
+        holds those offsets again)."""
+        if (lost := self.lost(latest)) is not None:
+            self.log.error(
+                "TOPICLOG(%s): lost offsets %d-%d: the log ends before its last fsync did (a "
+                "file damaged or cut short); a replicated copy fetches them again",
+                self.name,
+                *lost,
+            )
+        self.advance(latest)
+
     def lost(self, latest: int) -> tuple[int, int] | None:
         """The offsets (first, last) a log ending at ``latest`` lost, or None."""
         return (latest, self.value - 1) if self.value > latest else None

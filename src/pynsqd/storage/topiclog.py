@@ -49,7 +49,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..core.dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS, Dedup
+from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol import log_record
 from ..protocol.log_record import (
@@ -57,7 +57,6 @@ from ..protocol.log_record import (
     HEADER_SIZE,
     IDENTIFIED,
     IDENTIFIED_NEXT,
-    Follow,
     body_start,
 )
 from . import durable, log_reader, producers
@@ -140,31 +139,18 @@ class TopicLog:
         #: fsync the kernel may have dropped the dirty pages and calls the next fsync clean,
         #: so nothing at or after it counts as synced again until it is cut (``truncate``).
         self.unsafe_from: int | None = None
-        #: Idempotent publishing's window (``core/dedup.py``) and its index, built from the
-        #: records on first use and kept up to date by every append after that.
-        self.dedup_records = DEFAULT_RECORDS
-        self.dedup_window_ns = DEFAULT_WINDOW_NS
-        self._dedup: Dedup | None = None
-        #: While the index is kept: what an IDENTIFIED_NEXT record at the log's end continues.
-        self._follow: Follow | None = None
         os.makedirs(directory, exist_ok=True)
+        #: Idempotent publishing's index (``core/dedup.py``), built from the records on first
+        #: use and kept up to date by every append after that (``storage/producers.py``).
+        self.ids = producers.ProducerIndex(self)
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
         #: Where the last completed fsync ended: a log that opens shorter lost data (``lost``).
         self.mark = SyncedMark(directory, self.name, logger)
-        if (lost := self.lost()) is not None:
-            self.log.error(
-                "TOPICLOG(%s): lost offsets %d-%d: the log ends before its last fsync did (a "
-                "file damaged or cut short); a replicated copy fetches them again",
-                self.name,
-                *lost,
-            )
-        self.mark.advance(self.latest)
+        self.mark.opened(self.latest)
         self._handed_file: PositionFile | None = None
         self._load_handed()
-        #: Producer snapshots exist here (``storage/producers.py``): a roll writes one.
-        self._snapshots = producers.exists(directory)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -271,12 +257,13 @@ class TopicLog:
         seg.next = offset
         if ts > seg.last_ts:
             seg.last_ts = ts
-        if self._dedup is not None:
+        ids = self.ids
+        if ids.dedup is not None:
             if identity is not None:
-                self._dedup.record(identity[0], identity[1], len(msgs), first, ts)
-                self._follow = (identity[0], identity[1] + len(msgs), offset)
+                ids.dedup.record(identity[0], identity[1], len(msgs), first, ts)
+                ids.follow = (identity[0], identity[1] + len(msgs), offset)
             else:
-                self._follow = None
+                ids.follow = None
         elif identity is not None:
             self.identities()  # read back once (with this append); kept from here on
         self._unsynced += len(msgs)
@@ -313,8 +300,8 @@ class TopicLog:
         unpack_head, unpack_lts, crc32 = _HEAD.unpack_from, _HEAD_TS.unpack_from, zlib.crc32
         view = memoryview(data)
         pos = ts = 0
-        dedup = self._dedup
-        follow = self._follow
+        dedup = self.ids.dedup
+        follow = self.ids.follow
         identified = False
         # Runs of identified records: [producer, first sequence, count, first offset, ts].
         runs: list[list[Any]] = []
@@ -369,7 +356,7 @@ class TopicLog:
         if dedup is not None:
             for producer, seq, n, first, rec_ts in runs:
                 dedup.record(producer, seq, n, first, rec_ts)
-            self._follow = follow
+            self.ids.follow = follow
         elif identified:
             self.identities()  # read back once; kept by every append from here on
         return count
@@ -395,7 +382,7 @@ class TopicLog:
         fsync'd before it returns. Returns how many records went. Raises OSError."""
         self._generation += 1  # an fsync job from before says nothing of what follows
         if offset < self.latest:
-            self._dedup = self._follow = None  # rebuilt from what is left, when next asked
+            self.ids.forget()  # rebuilt from what is left, when next asked
         if offset >= self.latest:
             if self.unsafe_from is not None and offset <= self.unsafe_from and self._fd >= 0:
                 durable.fsync(self._fd)  # a cut whose own fsync failed: done now
@@ -447,7 +434,7 @@ class TopicLog:
         """A replica too far behind its leader (retention there removed what it needs next):
         drop every record and begin again, empty, at ``offset``. A crash mid-way leaves an
         empty log (the replica is told again). Raises OSError."""
-        self._dedup = self._follow = None
+        self.ids.forget()
         SYNCER.cancel(self._slot)
         if self._fd >= 0:
             os.close(self._fd)
@@ -473,53 +460,12 @@ class TopicLog:
     # -- idempotent publishing (core/dedup.py) ----------------------------------------------
 
     def identities(self, now_ns: int | None = None) -> Dedup:
-        """The identities of the records in the window: built by reading them back the first
-        time (after a start, a truncation), then kept by every append."""
-        if self._dedup is None:
-            dedup = Dedup(self.dedup_records, self._producer_expiry())
-            now = time.time_ns() if now_ns is None else now_ns
-            self._follow = log_reader.read_identities(self, dedup, now)
-            self._dedup = dedup
-        return self._dedup
-
-    def _producer_expiry(self) -> int:
-        """How long a producer is remembered after its last publish (ns): the window's time,
-        or the log's retention time when that is shorter."""
-        if self.retention_time:
-            return min(self.dedup_window_ns, int(self.retention_time * 1e9))
-        return self.dedup_window_ns
-
-    def _snapshot_producers(self, offset: int) -> None:
-        """At a roll: what the index knows of every producer, as of ``offset``
-        (``storage/producers.py``). Built first if a snapshot says this log has producers."""
-        if self._dedup is None and not self._snapshots:
-            return
-        dedup = self.identities()
-        dedup.expire(time.time_ns(), offset)
-        try:
-            producers.write(self.directory, offset, dedup.states())
-            self._snapshots = True
-        except OSError as err:  # a restart reads more of the log back; nothing is lost
-            self.log.warning(
-                "TOPICLOG(%s): failed to write its producers at offset %d - %s",
-                self.name,
-                offset,
-                err,
-            )
+        """The identities of the records in the window (``storage/producers.py``)."""
+        return self.ids.get(now_ns)
 
     def set_dedup(self, records: int, window_ns: int) -> None:
         """The idempotent publishing window (``POST /topic/config``)."""
-        if (records, window_ns) == (self.dedup_records, self.dedup_window_ns):
-            return
-        grew = records > self.dedup_records or window_ns > self.dedup_window_ns
-        self.dedup_records, self.dedup_window_ns = records, window_ns
-        if self._dedup is not None:
-            if grew:
-                self._dedup = None  # read again: what was forgotten may be back in the window
-            else:
-                self._dedup.max_records = records
-                self._dedup.window_ns = self._producer_expiry()
-                self._dedup.expire(time.time_ns(), self.latest)
+        self.ids.set_window(records, window_ns)
 
     def fsync_job(self) -> SyncJob | None:
         """For an fsync off the event loop: a duplicate descriptor of the active segment and
@@ -608,7 +554,7 @@ class TopicLog:
         self.segments.append(seg)
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
-        self._snapshot_producers(seg.base)
+        self.ids.at_roll(seg.base)
         self.prune()
         return seg
 
