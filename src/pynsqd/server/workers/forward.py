@@ -9,10 +9,12 @@ came, and the keeper's answers come back in that order (``_waiting``). The clien
 waits for its answer (``Pause.FORWARD``), so what it is told OK is in the keeper's log, synced
 as its flags say; a refusal there (a bad sequence, a full disk) is answered to the client with
 the keeper's own error. The keeper answers a link's refusal without closing it (one client's
-bad publish does not fail another's). If the connection drops (the keeper was killed), what was
-waiting fails with ``E_PUB_FAILED`` (it may or may not be in the log: as for a client whose
-connection to nsqd drops); the next publish opens it again. HTTP publishes go to the keeper's
-admin socket instead (``AdminLinks.proxy``).
+bad publish does not fail another's). If the connection drops (the keeper was killed, or
+stopped), what was sent and waiting fails with ``E_PUB_FAILED`` saying it may have been
+written (the keeper may have appended it and died before its OK: a publisher that simply
+publishes again may write it twice; an idempotent one may retry); what was never sent (the
+link could not be opened) says it was not written. The next publish opens the link again.
+HTTP publishes go to the keeper's admin socket instead (``AdminLinks.proxy``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ log = logging.getLogger("pynsqd")
 
 #: ``done(None)``: the keeper answered OK; ``done(line)``: its error line, or why no answer came.
 Done = Callable[[bytes | None], None]
+
+#: The answer to a publish sent to the keeper whose link dropped before its answer came.
+SENT_LOST = (
+    b"E_PUB_FAILED the worker that keeps the topic's log went away before it answered; "
+    b"the message may have been written"
+)
+#: The answer to a publish that was never sent (no link to the keeper).
+NOT_SENT = (
+    b"E_PUB_FAILED the worker that keeps the topic's log is not serving (restarting); "
+    b"not written, publish again"
+)
 
 
 class ForwardHost(Protocol):
@@ -78,7 +91,7 @@ class ForwardLink(asyncio.Protocol):
 
     def send(self, command: bytes, done: Done) -> None:
         if self.closed:
-            done(b"E_PUB_FAILED the link to the worker that keeps the topic's log closed")
+            done(NOT_SENT)
             return
         self._waiting.append(done)
         if self.transport is None:
@@ -104,7 +117,7 @@ class ForwardLink(asyncio.Protocol):
             done(frame.data if frame.frame_type == FRAME_TYPE_ERROR else None)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.fail(b"E_PUB_FAILED the worker that keeps the topic's log went away; publish again")
+        self.fail(SENT_LOST)
 
     def fail(self, why: bytes) -> None:
         self.closed = True
@@ -145,10 +158,7 @@ class Forwarder:
                 await self.host.loop.create_unix_connection(lambda: link, path)
             except OSError as err:
                 log.warning("WORKERS: forward link to worker %d failed - %s", link.peer, err)
-                link.fail(
-                    b"E_PUB_FAILED the worker that keeps the topic's log is not serving "
-                    b"(restarting); publish again"
-                )
+                link.fail(NOT_SENT)  # nothing was written to it
 
         task = self.host.loop.create_task(connect())
         self._tasks.add(task)
