@@ -21,6 +21,8 @@ import pytest
 from pynsqd.client import ClientOptions, LogRecord, read_log
 from pynsqd.client.connection import Connection
 
+from ..conftest import SPARK_WORKER_TIMEOUT
+
 BIN = Path(sys.executable).parent
 
 #: Every Spark JVM the tests start (the local-mode session, the drivers of ``log_query.py`` and
@@ -259,6 +261,32 @@ WATCHDOG_MARGIN = 20.0
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     item.stash[STARTED] = time.monotonic()
+    yield
+
+
+#: What Spark's JVM logs when a Python process it started did not connect back in its fixed
+#: 10 s (the cause of ``SPARK_WORKER_TIMEOUT``, tests/conftest.py).
+SPARK_LOGGED_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
+
+
+class SparkPythonStartTimedOut(Exception):
+    """A test failed while Spark logged that a Python process it started timed out."""
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed in another way (a wait that timed out: the query it waited on had
+    died) while Spark logged its Python start timeout has that named as the cause, so that the
+    rerun rule (tests/conftest.py) sees it; the test's own failure stays in the report."""
+    if call.when == "call" and call.excinfo is not None:
+        logged = "".join(text for when, _, text in item._report_sections if when == "call")
+        if SPARK_LOGGED_TIMEOUT in logged and SPARK_WORKER_TIMEOUT not in str(call.excinfo.value):
+            try:
+                raise SparkPythonStartTimedOut(
+                    f"{SPARK_WORKER_TIMEOUT}: Spark logged '{SPARK_LOGGED_TIMEOUT}' during it"
+                ) from call.excinfo.value
+            except SparkPythonStartTimedOut as err:
+                call.excinfo = pytest.ExceptionInfo.from_exception(err)
     yield
 
 

@@ -29,7 +29,7 @@ def test_log_to_nsq_is_exactly_once_across_a_worker_a_failed_task_and_the_driver
     executor killed mid-stream, a task failing once after the sink published part of its rows,
     the driver killed and restarted from its checkpoint. The output holds each row once."""
     lookupd, a, b = nodes
-    want = _published(a, b, "relayin", 10_000)
+    want = _published(a, b, "relayin", 20_000)
     wait_for(lambda: len(lookupd.producers("relayin")) == 2, "both nodes registered", 20)
     checkpoint, marker = tmp_path / "checkpoint", tmp_path / "failed-once"
     fail_on = "relayin-b-005555"  # in the middle of node b's second batch
@@ -47,7 +47,9 @@ def test_log_to_nsq_is_exactly_once_across_a_worker_a_failed_task_and_the_driver
     wait_for(lambda: driver.running() and marker.exists(), "the task that fails once", 240)
     wait_for(committed_past(len(_numbered(commits))), "a batch after the failed task", 120)
     driver.kill()
-    assert len(_numbered(commits)) < 5  # mid-query: 20,000 records are 5 batches
+    # Mid-query: 40,000 records are 10 batches (with 5, a loaded machine's last poll came
+    # after the query had finished).
+    assert len(_numbered(commits)) < 10
     Driver(cluster, tmp_path / "second.log", "relay", *args).finish()
     got: list[bytes] = []
     dropped = 0
