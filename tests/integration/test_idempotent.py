@@ -111,6 +111,12 @@ def test_a_gap_a_conflict_and_a_topic_without_a_log_are_errors_that_say_so(
         err = c.read_error()
         assert err.startswith(b"E_NOT_RETAINED PUB failed topic plain keeps no log")
         assert b"/topic/retention?topic=plain" in err
+    # HTTP's JSON escapes '&' as nsqd's Go encoder does: the suggested command must paste as
+    # it reads there too (issue 54: it said ...?topic=plain\u0026time=24h).
+    status, body = http_request(server, "POST", "/pub?topic=plain&producer=p&seq=0", b"a")
+    assert status == 400 and b"\\u0026" not in body, body
+    reason = json.loads(body)["reason"]
+    assert "/topic/retention" in reason and "time=24h" in reason and "--retention-time" in reason
     status, body = http_request(server, "POST", "/pub?topic=t&producer=p&seq=5", b"other")
     assert status == 409 and json.loads(body)["message"] == "CONFLICT"
     status, body = http_request(server, "POST", "/pub?topic=t&producer=p&seq=9", b"a")

@@ -55,7 +55,7 @@ class NotRetained(Exception):
     def __init__(self, topic: str) -> None:
         super().__init__(
             f"topic {topic} keeps no log, so a retried publish cannot be recognised: give it "
-            f"retention (POST /topic/retention?topic={topic}&time=24h, or --retention-time)"
+            f"retention (POST /topic/retention?topic={topic} with time=24h, or --retention-time)"
         )
         self.topic = topic
 
