@@ -84,3 +84,46 @@ def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
         )
     for n in cluster.nodes:
         assert "truncated to offset" not in since_start(n), f"node {n.node_id} cut its log"
+
+
+def test_a_copy_with_a_gap_in_a_closed_segment_fetches_it_again_from_its_leader(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    """Node 2's copy loses the second half of a closed segment while it is down: at open the
+    log says "offsets A-B are lost (damaged records); reads skip them". It used to stay in sync
+    and could lead with the gap (readers skipped acknowledged records). Now it cuts its copy at
+    the gap, fetches everything from there again from the leader, and serves every
+    acknowledged message."""
+    cluster = Cluster(tmp_path, etcd, 3, "--max-bytes-per-file=65536")
+    try:
+        replicate(cluster)
+        one, two, _ = cluster.nodes
+        assert one.proc is not None
+        acked = [b"m%05d" % i for i in range(6000)]
+        with Connection(f"127.0.0.1:{one.proc.port}").connect() as conn:
+            for i in range(0, len(acked), 100):
+                conn.mpub(TOPIC, acked[i : i + 100])
+        wait_for(
+            lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
+            "node 2's copy to hold everything",
+            30,
+        )
+        two.kill()
+        copy = two.store / "replicas" / "1" / TOPIC
+        segments = sorted(copy.glob("*.log"), key=lambda p: int(p.stem))
+        assert len(segments) >= 3, segments
+        middle = segments[len(segments) // 2]
+        with middle.open("r+b") as f:
+            f.truncate(middle.stat().st_size // 2)
+        middle.with_suffix(".index").unlink(missing_ok=True)
+        two.start()
+        wait_for(lambda: "are damaged; fetching everything" in since_start(two), "the repair", 30)
+        assert "are lost (damaged records)" in since_start(two)
+        wait_in_sync(cluster, TOPIC, 1)
+        wait_for(
+            lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
+            "node 2's copy to hold every acknowledged message again",
+            30,
+        )
+    finally:
+        cluster.stop()

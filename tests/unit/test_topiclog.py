@@ -271,6 +271,13 @@ def test_a_damaged_closed_segment_serves_what_is_readable_and_reads_skip_the_gap
     assert f"offsets 10-{bases[1] - 1} are lost" in caplog.text
     assert read_all(tl) == list(range(10)) + list(range(bases[1], 300))
     assert read(tl.read_range(12, 3, 1 << 20)) == [bases[1], bases[1] + 1, bases[1] + 2]
+    # The gap is lost data (a replicated copy never leads with it); a copy cut there to fetch
+    # the rest again owes everything it held, until it holds it again (issue 56).
+    assert tl.lost() == (10, bases[1] - 1)
+    tl.truncate(10, damaged=True)
+    assert tl.lost() == (10, 299)
+    fill(tl, 290, size=30)
+    assert tl.lost() is None and tl.latest == 300
 
 
 def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path: Path) -> None:

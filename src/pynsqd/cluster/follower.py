@@ -217,6 +217,19 @@ class Following:
         loop = asyncio.get_running_loop()
         #: Appends failed in a row (a full disk): one line when it starts, one when it ends.
         failed = 0
+        if tlog.holes and (hole := tlog.lost()) is not None and hole[0] < tlog.latest:
+            # Damaged records in a closed segment: cut the copy there and fetch the rest
+            # again from the leader; the copy counts as having lost them until it holds them.
+            log.warning(
+                "CLUSTER: partition %s: offsets %d-%d of this copy are damaged; fetching "
+                "everything from %d again from %s",
+                p.name,
+                *hole,
+                hole[0],
+                p.leader_http,
+            )
+            tlog.truncate(hole[0], damaged=True)
+            p.history.truncate(hole[0])
         while self._following(p, epoch):
             if not await self._synced_before_ack(p, epoch, loop):
                 return

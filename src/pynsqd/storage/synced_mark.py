@@ -72,6 +72,15 @@ class SyncedMark:
         self.value = end
         self._save(end, sync=False)
 
+    def hold(self, end: int) -> None:
+        """The log is about to be cut below ``end`` to fetch its records again (damage): the
+        mark covers at least ``end``, on disk first, so the loss stays known. Raises OSError."""
+        if end <= self.value:
+            return
+        self.value = end
+        if self._file is not None:
+            self._file.save(end, sync=True)
+
     def lower(self, end: int) -> None:
         """The log is about to be cut to ``end``: the mark first, on disk. Raises OSError."""
         if end >= self.value:

@@ -143,6 +143,8 @@ class TopicLog:
         #: Idempotent publishing's index (``core/dedup.py``), built from the records on first
         #: use and kept up to date by every append after that (``storage/producers.py``).
         self.ids = producers.ProducerIndex(self)
+        #: Gaps of damaged records between closed segments, found at open (``lost``).
+        self.holes: list[tuple[int, int]] = []
         self._open()
         durable.fsync(self._fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
@@ -159,8 +161,12 @@ class TopicLog:
         return self.segments[0].base
 
     def lost(self) -> tuple[int, int] | None:
-        """The offsets (first, last) this log lost after an fsync covered them (a damaged
-        file), until it holds that many again; None when it lost nothing."""
+        """The first offsets (first, last) this log lost: a gap of damaged records in a closed
+        segment (``holes``), or a tail an fsync had covered (a file cut short); None when it
+        lost nothing it still retains."""
+        for first, last in self.holes:
+            if last >= self.earliest:
+                return first, last
         return self.mark.lost(self.latest)
 
     @property
@@ -376,11 +382,14 @@ class TopicLog:
                 os.ftruncate(self._fd, seg.size)
             raise
 
-    def truncate(self, offset: int) -> int:
+    def truncate(self, offset: int, *, damaged: bool = False) -> int:
         """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
         newest segments first, each step leaving a log that opens as a prefix of the old one;
-        fsync'd before it returns. Returns how many records went. Raises OSError."""
+        fsync'd before it returns. Returns how many records went. Raises OSError.
+        ``damaged``: a copy cut at its first damaged record to fetch the rest again: the synced
+        mark stays, so the copy counts as having lost those offsets until it holds them."""
         self._generation += 1  # an fsync job from before says nothing of what follows
+        self.holes = [(a, min(b, offset - 1)) for a, b in self.holes if a < offset]
         if offset < self.latest:
             self.ids.forget()  # rebuilt from what is left, when next asked
         if offset >= self.latest:
@@ -389,7 +398,10 @@ class TopicLog:
                 self.unsafe_from = None
             return 0
         dropped = self.latest - max(offset, self.earliest)
-        self.mark.lower(offset)  # on disk before the records go
+        if damaged:
+            self.mark.hold(self.latest)  # what it held is owed back, whatever was synced
+        else:
+            self.mark.lower(offset)  # on disk before the records go
         producers.remove_after(self.directory, offset)
         SYNCER.cancel(self._slot)
         while len(self.segments) > 1 and self.segments[-1].base >= offset:
@@ -435,6 +447,7 @@ class TopicLog:
         drop every record and begin again, empty, at ``offset``. A crash mid-way leaves an
         empty log (the replica is told again). Raises OSError."""
         self.ids.forget()
+        self.holes = []
         SYNCER.cancel(self._slot)
         if self._fd >= 0:
             os.close(self._fd)
@@ -687,6 +700,7 @@ class TopicLog:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         for i, s in enumerate(self.segments[:-1]):
             if s.next < self.segments[i + 1].base:
+                self.holes.append((s.next, self.segments[i + 1].base - 1))
                 self.log.warning(
                     "TOPICLOG(%s): offsets %d-%d are lost (damaged records); reads skip them",
                     self.name,
