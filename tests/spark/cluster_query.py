@@ -68,7 +68,7 @@ def main() -> int:
         .config("spark.sql.shuffle.partitions", "2")
         # The sink publishes as the rows come (a task fails mid-way with part of them sent).
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "250")
-        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         # As the tests' own JVMs (tests/spark/conftest.py JVM_OPTS, through SPARK_SUBMIT_OPTS).
         .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
         .getOrCreate()

@@ -31,6 +31,13 @@ BIN = Path(sys.executable).parent
 #: busy 2-core machine is what keeps Python workers inside Spark's fixed 10 s to connect back.
 JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTS)
+#: The Python Spark starts: as root, ``spark_python`` (the processes Spark gives a fixed 10 s
+#: to connect back start at a higher priority); otherwise this interpreter.
+SPARK_PYTHON = (
+    str(Path(__file__).with_name("spark_python")) if os.geteuid() == 0 else sys.executable
+)
+os.environ["PYNSQD_TEST_PYTHON"] = sys.executable
+os.environ["PYSPARK_PYTHON"] = SPARK_PYTHON
 #: Set in the environment the test's Spark starts with (its executors inherit it), for
 #: ``authSecretEnv``: the secret the tests' auth server grants.
 TEST_SECRET_ENV = "PYNSQD_SPARK_TEST_SECRET"
@@ -229,7 +236,7 @@ def spark() -> Iterator[Any]:
     reason = java_missing()
     if reason is not None:
         pytest.skip(reason)  # one clear reason for every Spark test, not an error each
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = SPARK_PYTHON
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ[TEST_SECRET_ENV] = "s3cret"

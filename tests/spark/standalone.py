@@ -26,6 +26,7 @@ import pyspark
 
 from ..processes import free_port
 from ..waiting import wait_for
+from .conftest import SPARK_PYTHON
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
@@ -78,7 +79,7 @@ class StandaloneCluster:
             "-XX:+UseSerialGC",
             # The executors' Python workers import this tree's packages, as the tests do.
             "PYTHONPATH": os.pathsep.join(sys.path),
-            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_PYTHON": SPARK_PYTHON,
         }
         for k in ("SPARK_MASTER_HOST", "SPARK_MASTER_PORT", "PYSPARK_SUBMIT_ARGS"):
             self.env.pop(k, None)
