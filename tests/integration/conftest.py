@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ..disks import tmpfs
-from .replication_harness import Etcd, Network
+from .replication_harness import Cluster, Etcd, Network
 
 
 @pytest.fixture
@@ -18,6 +18,14 @@ def etcd(tmp_path: Path) -> Iterator[Etcd]:
     server = Etcd(tmp_path)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def three_nodes(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
+    """Three replicating pynsqd processes on one etcd, stopped after the test."""
+    c = Cluster(tmp_path, etcd, 3)
+    yield c
+    c.stop()
 
 
 @pytest.fixture

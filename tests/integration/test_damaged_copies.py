@@ -8,7 +8,6 @@ every copy). Synchronisation is on observable state: the node's log, ``/topic/re
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,16 @@ TOPIC = "orders"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, etcd, 3)
-    yield c
-    c.stop()
+def cluster(three_nodes: Cluster) -> Cluster:
+    return three_nodes
+
+
+def publish(node: Node, bodies: list[bytes]) -> None:
+    """MPUBs of 100 to ``node``, each answered OK (acks=all: on every in-sync copy)."""
+    assert node.proc is not None
+    with Connection(f"127.0.0.1:{node.proc.port}").connect() as conn:
+        for i in range(0, len(bodies), 100):
+            conn.mpub(TOPIC, bodies[i : i + 100])
 
 
 def since_start(node: Node) -> str:
@@ -55,11 +60,8 @@ def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
     acknowledged message."""
     replicate(cluster)
     one, two, three = cluster.nodes
-    assert one.proc is not None
     acked = [b"m%04d" % i for i in range(600)]
-    with Connection(f"127.0.0.1:{one.proc.port}").connect() as conn:
-        for i in range(0, len(acked), 100):
-            conn.mpub(TOPIC, acked[i : i + 100])  # acks=all: on all three when answered
+    publish(one, acked)
     for n in (two, one, three):
         n.send_signal(signal.SIGKILL)
     for n in (two, one, three):
@@ -98,11 +100,8 @@ def test_a_copy_with_a_gap_in_a_closed_segment_fetches_it_again_from_its_leader(
     try:
         replicate(cluster)
         one, two, _ = cluster.nodes
-        assert one.proc is not None
         acked = [b"m%05d" % i for i in range(6000)]
-        with Connection(f"127.0.0.1:{one.proc.port}").connect() as conn:
-            for i in range(0, len(acked), 100):
-                conn.mpub(TOPIC, acked[i : i + 100])
+        publish(one, acked)
         wait_for(
             lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
             "node 2's copy to hold everything",

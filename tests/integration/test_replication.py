@@ -20,7 +20,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,8 @@ TOPIC = "orders"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, etcd, 3)
-    yield c
-    c.stop()
+def cluster(three_nodes: Cluster) -> Cluster:
+    return three_nodes
 
 
 # -- membership and settings --------------------------------------------------------------------
