@@ -6,6 +6,8 @@ in this process so that the test can kill it (and the test process keeps its loc
 - ``batch LOOKUPD TOPIC OUT``: a log-mode batch read through nsqlookupd into Parquet at OUT;
 - ``log LOOKUPD TOPIC OUT CHECKPOINT`` and ``channel LOOKUPD TOPIC OUT CHECKPOINT``: a stream
   (Trigger.AvailableNow, small batches) into Parquet, from the log or from channel ``spark``;
+- ``nodes HTTP_ADDRESSES TOPIC OUT CHECKPOINT``: as ``log`` but from the nsqd addresses
+  given (comma-separated), 500 records a batch (MASTER ``local[2]`` for a local driver);
 - ``sink LOOKUPD TOPIC ROWS``: ``df.write`` of ROWS bodies over 4 tasks into TOPIC.
 - ``relay LOOKUPD TOPIC OUT_TOPIC CHECKPOINT FAIL_ON MARKER``: a log-mode stream of TOPIC
   through the nsq sink into OUT_TOPIC (exactly-once); the task that meets body FAIL_ON fails
@@ -88,24 +90,32 @@ def main() -> int:
             .write.mode("overwrite")
             .parquet(args[2])
         )
-    elif job in ("log", "channel"):
-        reader = (
-            spark.readStream.format("nsq")
-            .option("topic", topic)
-            .option("nsqlookupdHttpAddresses", lookupd)
-        )
-        if job == "log":
-            reader = reader.option("mode", "log").option("maxOffsetsPerTrigger", PER_TRIGGER)
+    elif job in ("log", "channel", "nodes"):
+        reader = spark.readStream.format("nsq").option("topic", topic)
+        if job == "nodes":
+            reader = (
+                reader.option("mode", "log")
+                .option("nsqdHttpAddresses", lookupd)
+                .option("maxOffsetsPerTrigger", "500")
+            )
+        elif job == "log":
+            reader = (
+                reader.option("nsqlookupdHttpAddresses", lookupd)
+                .option("mode", "log")
+                .option("maxOffsetsPerTrigger", PER_TRIGGER)
+            )
         else:
             reader = (
-                reader.option("mode", "channel")
+                reader.option("nsqlookupdHttpAddresses", lookupd)
+                .option("mode", "channel")
                 .option("channel", "spark")
                 .option("maxMessagesPerBatch", PER_TRIGGER)
             )
+        columns = ["body"] if job == "channel" else ["offset", "body"]
         run_to_the_end(
             lambda: (
                 reader.load()
-                .select("body")
+                .select(*columns)
                 .writeStream.format("parquet")
                 .option("path", args[2])
                 .option("checkpointLocation", args[3])

@@ -25,7 +25,7 @@ from ..conftest import SPARK_WORKER_TIMEOUT
 
 BIN = Path(sys.executable).parent
 
-#: Every Spark JVM the tests start (the local-mode session, the drivers of ``log_query.py`` and
+#: Every Spark JVM the tests start (the local-mode session, the drivers of
 #: ``cluster_query.py``, which inherit this environment, and the standalone executors) compiles
 #: with C1 only and collects with one thread: a third less CPU for the same tests, which on a
 #: busy 2-core machine is what keeps Python workers inside Spark's fixed 10 s to connect back.

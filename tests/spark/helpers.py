@@ -151,15 +151,22 @@ class Node:
 
 
 class Driver:
-    """``cluster_query.py`` against the cluster, in its own process group (kill -9 takes its
-    JVM too)."""
+    """``cluster_query.py`` (a Spark driver of its own) in its own process group, so that kill -9
+    takes its JVM too: on the standalone ``cluster`` when given, else in local mode. Made through
+    the ``start_driver`` fixture, which kills it after the test whatever happened."""
 
-    def __init__(self, cluster: StandaloneCluster, log: Path, job: str, *args: str) -> None:
+    def __init__(
+        self, log: Path, job: str, *args: str, cluster: StandaloneCluster | None = None
+    ) -> None:
         self.log = log
-        env = {**cluster.env}
+        if cluster is not None:
+            master, env = cluster.master_url, {**cluster.env}
+        else:
+            master = "local[2]"
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(DRIVER), cluster.master_url, job, *args],
+                [sys.executable, str(DRIVER), master, job, *args],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -174,12 +181,44 @@ class Driver:
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def wait_committed(self, checkpoint: Path, past: int, what: str, timeout: float = 300) -> int:
+        """Wait (a guard of ``timeout`` s, generous: a driver's JVM starts slowly on a loaded
+        machine) until the query has committed more than ``past`` batches; the count."""
+        commits = checkpoint / "commits"
+        try:
+            wait_for(lambda: self.running() and len(_numbered(commits)) > past, what, timeout)
+        except BaseException:
+            # Its log in the test's output: the rerun rule (tests/spark/conftest.py) reads it.
+            print(self.tail(), file=sys.stderr)
+            raise
+        return len(_numbered(commits))
+
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def finish(self, timeout: float = 300) -> None:
-        assert self.proc.wait(timeout) == 0, self.tail()
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(self.tail(), file=sys.stderr)
+            raise
+        assert code == 0, self.tail()
+
+
+@pytest.fixture
+def start_driver() -> Iterator[Callable[..., Driver]]:
+    """Start drivers (``Driver``'s arguments); each is killed after the test if still running."""
+    started: list[Driver] = []
+
+    def start(log: Path, job: str, *args: str, cluster: StandaloneCluster | None = None) -> Driver:
+        started.append(Driver(log, job, *args, cluster=cluster))
+        return started[-1]
+
+    yield start
+    for driver in started:
+        driver.kill()
 
 
 def _published(a: Node, b: Node, topic: str, count: int) -> list[bytes]:

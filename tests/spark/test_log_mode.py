@@ -4,10 +4,6 @@ offset on the executors, batch and streaming, exactly once across a restart, dat
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -20,7 +16,9 @@ from pynsqd_spark import source_metrics
 
 from ..processes import free_port
 from .conftest import NsqdProcess
-from .helpers import log_stream, retained, storage_id, to_parquet
+from .helpers import Driver, log_stream, retained, start_driver, storage_id, to_parquet
+
+__all__ = ["start_driver"]  # the fixture
 
 
 def log_reader(spark: Any, node: NsqdProcess, topic: str = "t", stream: bool = False) -> Any:
@@ -191,35 +189,24 @@ def test_unknown_options_are_named_with_the_valid_ones(
 
 # A driver killed and started again: Spark starts twice, and the second run replays its batches
 # (it took more than 300 s on a loaded 2-core machine).
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_killing_the_driver_mid_query_loses_and_duplicates_nothing(
-    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+    spark: Any,
+    start_nsqd: Callable[..., NsqdProcess],
+    start_driver: Callable[..., Driver],
+    tmp_path: Path,
 ) -> None:
     node = retained(start_nsqd)
     n = 6000
     node.publish("t", [b"k%05d" % i for i in range(n)])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    script = Path(__file__).with_name("log_query.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [sys.executable, str(script), node.http_address, "t", str(out), str(checkpoint)]
-    log = tmp_path / "first.log"
-    with open(log, "wb") as err:
-        first = subprocess.Popen(
-            command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err
-        )
-    commits = checkpoint / "commits"
-    deadline = time.monotonic() + 120
+    args = ("nodes", node.http_address, "t", str(out), str(checkpoint))
+    first = start_driver(tmp_path / "first.log", *args)
     # Several batches in (each commits a file), then kill -9 the driver and its JVM.
-    while not (commits.is_dir() and len([p for p in commits.iterdir() if p.name.isdigit()]) >= 3):
-        assert first.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "the query made no progress"
-        time.sleep(0.1)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
-    done = len([p for p in commits.iterdir() if p.name.isdigit()])
+    done = first.wait_committed(checkpoint, 2, "three batches")
+    first.kill()
     assert done < n // 500  # killed mid-query
-    second = subprocess.run(command, env=env, capture_output=True, timeout=480, check=False)
-    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    start_driver(tmp_path / "second.log", *args).finish(480)
     rows = spark.read.parquet(str(out)).select("offset", "body").collect()
     offsets = [r.offset for r in rows]
     assert len(offsets) == n  # no duplicate

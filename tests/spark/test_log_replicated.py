@@ -5,12 +5,8 @@ mid-query changes nothing the query writes (exactly-once into a file sink)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +16,12 @@ from pynsqd_spark.log_source import fetch
 from pynsqd_spark.options import LogOptions
 
 from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_sync, wait_leader
-from ..waiting import wait_for
-from .helpers import TOPIC, log_stream, publish, to_parquet
+from .helpers import TOPIC, Driver, log_stream, publish, start_driver, to_parquet
 
 #: Queries across kills of leaders and the driver, on a loaded machine: minutes, not seconds.
 pytestmark = pytest.mark.timeout(300)
+
+__all__ = ["start_driver"]  # the fixture
 
 
 @pytest.fixture
@@ -105,50 +102,26 @@ def test_a_stream_goes_on_across_a_leader_kill_exactly_once(
     assert twice == [] and sorted(got) == sorted(want), f"{len(set(want) - set(got))} missing"
 
 
+@pytest.mark.timeout(900)
 def test_two_leaders_and_the_driver_killed_mid_query_exactly_once(
-    spark: Any, cluster: Cluster, tmp_path: Path
+    spark: Any, cluster: Cluster, start_driver: Callable[..., Driver], tmp_path: Path
 ) -> None:
     """The leader of partition 1 killed mid-query, then the driver (kill -9 of its process
     group), then the leader of partition 2 before the query is started again: every record
     once in the file sink."""
     want = publish(cluster, "k", 2000)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    script = Path(__file__).with_name("log_query.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [
-        sys.executable,
-        str(script),
-        http_addresses(cluster),
-        TOPIC,
-        str(out),
-        str(checkpoint),
-    ]
-    commits = checkpoint / "commits"
-
-    def committed() -> int:
-        return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.is_dir() else 0
-
-    log = tmp_path / "first.log"
-    with open(log, "wb") as err:
-        first = subprocess.Popen(
-            command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err
-        )
-    try:
-        wait_for(lambda: committed() >= 2 or first.poll() is not None, "batches", 120)
-        assert first.poll() is None, log.read_text(errors="replace")[-3000:]
-        cluster.node(1).kill()
-        assert wait_leader(cluster, TOPIC, 1)["node"] != 1
-        at = committed()
-        wait_for(lambda: committed() > at + 1 or first.poll() is not None, "more batches", 120)
-        assert first.poll() is None, log.read_text(errors="replace")[-3000:]
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    assert committed() < 12  # killed mid-query (6000 records, 500 a batch)
+    args = ("nodes", http_addresses(cluster), TOPIC, str(out), str(checkpoint))
+    first = start_driver(tmp_path / "first.log", *args)
+    done = first.wait_committed(checkpoint, 1, "two batches")
+    cluster.node(1).kill()
+    assert wait_leader(cluster, TOPIC, 1)["node"] != 1
+    done = first.wait_committed(checkpoint, done + 1, "two more batches")
+    first.kill()
+    assert done < 12  # killed mid-query (6000 records, 500 a batch)
     cluster.node(2).kill()
     assert wait_leader(cluster, TOPIC, 2)["node"] == 3
-    second = subprocess.run(command, env=env, capture_output=True, timeout=300, check=False)
-    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    start_driver(tmp_path / "second.log", *args).finish()
     got = Counter(r.body for r in spark.read.parquet(str(out)).select("body").collect())
     assert [b for b, k in got.items() if k > 1] == []
     assert sorted(got) == sorted(want)

@@ -24,6 +24,7 @@ from .helpers import (
     _published,
     cluster,
     nodes,
+    start_driver,
     storage_id,
     urlopen_post,
 )
@@ -31,24 +32,28 @@ from .standalone import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(600)
 
-__all__ = ["cluster", "nodes"]  # the fixtures, one cluster for this module
+__all__ = ["cluster", "nodes", "start_driver"]  # the fixtures, one cluster for this module
 
 
 def test_a_batch_read_on_a_cluster_is_exact(
-    spark: Any, cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+    spark: Any,
+    cluster: StandaloneCluster,
+    nodes: tuple[LookupdProcess, Node, Node],
+    tmp_path: Path,
+    start_driver: Callable[..., Driver],
 ) -> None:
     lookupd, a, b = nodes
     want = _published(a, b, "batch", 30_000)
     wait_for(lambda: len(lookupd.producers("batch")) == 2, "both nodes registered", 20)
     out = tmp_path / "out"
     # nsqlookupd with a scheme: it read 0 rows without an error in log mode.
-    Driver(
-        cluster,
+    start_driver(
         tmp_path / "driver.log",
         "batch",
         f"http://{lookupd.http_address}",
         "batch",
         str(out),
+        cluster=cluster,
     ).finish()
     rows = spark.read.parquet(str(out)).collect()
     assert sorted(r.body for r in rows) == want
@@ -56,7 +61,11 @@ def test_a_batch_read_on_a_cluster_is_exact(
 
 
 def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
-    spark: Any, cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+    spark: Any,
+    cluster: StandaloneCluster,
+    nodes: tuple[LookupdProcess, Node, Node],
+    tmp_path: Path,
+    start_driver: Callable[..., Driver],
 ) -> None:
     """Exactly-once into a file sink across: a worker and its executor killed mid-stream, an
     nsqd killed right after a batch with a range on it was planned (its task tries the node
@@ -66,15 +75,11 @@ def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
     wait_for(lambda: len(lookupd.producers("flow")) == 2, "both nodes registered", 20)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     args = (lookupd.http_address, "flow", str(out), str(checkpoint))
-    driver = Driver(cluster, tmp_path / "first.log", "log", *args)
+    driver = start_driver(tmp_path / "first.log", "log", *args, cluster=cluster)
     commits, offsets = checkpoint / "commits", checkpoint / "offsets"
-
-    def committed_past(n: int) -> Callable[[], bool]:
-        return lambda: driver.running() and len(_numbered(commits)) > n
-
-    wait_for(committed_past(1), "two batches", 240)
+    done = driver.wait_committed(checkpoint, 1, "two batches")
     cluster.kill_worker(0)
-    wait_for(committed_past(len(_numbered(commits))), "a batch on the other worker", 120)
+    driver.wait_committed(checkpoint, done, "a batch on the other worker")
     cluster.start_worker(0)
 
     # Kill node a as soon as a batch that reads from it is planned (offsets/N written, its
@@ -111,10 +116,10 @@ def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
             break
     assert retried, "no task was reading node a when it was killed"
 
-    wait_for(committed_past(len(_numbered(commits))), "a batch after node a came back", 120)
+    driver.wait_committed(checkpoint, len(_numbered(commits)), "a batch after node a came back")
     driver.kill()
     assert len(_numbered(commits)) < 20  # mid-query: 80,000 records are 20 batches
-    Driver(cluster, tmp_path / "second.log", "log", *args).finish()
+    start_driver(tmp_path / "second.log", "log", *args, cluster=cluster).finish()
     rows = spark.read.parquet(str(out)).collect()
     got = sorted(r.body for r in rows)
     dupes = [k for k, v in Counter(got).items() if v > 1]
@@ -122,7 +127,11 @@ def test_a_log_stream_rides_out_a_worker_a_node_and_the_driver_killed(
 
 
 def test_a_channel_stream_loses_nothing_across_a_driver_kill(
-    spark: Any, cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+    spark: Any,
+    cluster: StandaloneCluster,
+    nodes: tuple[LookupdProcess, Node, Node],
+    tmp_path: Path,
+    start_driver: Callable[..., Driver],
 ) -> None:
     lookupd, a, b = nodes
     for n in (a, b):  # the channel first, so that it gets every message
@@ -132,21 +141,24 @@ def test_a_channel_stream_loses_nothing_across_a_driver_kill(
     wait_for(lambda: len(lookupd.producers("chan")) == 2, "both nodes registered", 20)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     args = (lookupd.http_address, "chan", str(out), str(checkpoint))
-    driver = Driver(cluster, tmp_path / "first.log", "channel", *args)
-    wait_for(
-        lambda: driver.running() and len(_numbered(checkpoint / "commits")) > 1, "two batches", 240
-    )
+    driver = start_driver(tmp_path / "first.log", "channel", *args, cluster=cluster)
+    driver.wait_committed(checkpoint, 1, "two batches")
     driver.kill()
-    Driver(cluster, tmp_path / "second.log", "channel", *args).finish()
+    start_driver(tmp_path / "second.log", "channel", *args, cluster=cluster).finish()
     got = [r.body for r in spark.read.parquet(str(out)).collect()]
     assert set(want) - set(got) == set(), "acknowledged messages lost"
     assert set(got) <= set(want)
 
 
 def test_the_sink_spreads_its_tasks_over_the_nodes_and_loses_nothing(
-    cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+    cluster: StandaloneCluster,
+    nodes: tuple[LookupdProcess, Node, Node],
+    tmp_path: Path,
+    start_driver: Callable[..., Driver],
 ) -> None:
     lookupd, a, b = nodes
-    Driver(cluster, tmp_path / "driver.log", "sink", lookupd.http_address, "sunk", "40000").finish()
+    start_driver(
+        tmp_path / "driver.log", "sink", lookupd.http_address, "sunk", "40000", cluster=cluster
+    ).finish()
     counts = [(n.proc.topic_stats("sunk") or {}).get("message_count", 0) for n in (a, b)]
     assert counts == [20_000, 20_000]

@@ -14,16 +14,19 @@ import pytest
 
 from ..waiting import wait_for
 from .conftest import LookupdProcess
-from .helpers import Driver, Node, _numbered, _published, cluster, nodes
+from .helpers import Driver, Node, _numbered, _published, cluster, nodes, start_driver
 from .standalone import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(600)
 
-__all__ = ["cluster", "nodes"]  # the fixtures, one cluster for this module
+__all__ = ["cluster", "nodes", "start_driver"]  # the fixtures, one cluster for this module
 
 
 def test_log_to_nsq_is_exactly_once_across_a_worker_a_failed_task_and_the_driver_killed(
-    cluster: StandaloneCluster, nodes: tuple[LookupdProcess, Node, Node], tmp_path: Path
+    cluster: StandaloneCluster,
+    nodes: tuple[LookupdProcess, Node, Node],
+    tmp_path: Path,
+    start_driver: Callable[..., Driver],
 ) -> None:
     """A stream from one topic (log mode) into another through the nsq sink: a worker and its
     executor killed mid-stream, a task failing once after the sink published part of its rows,
@@ -34,23 +37,19 @@ def test_log_to_nsq_is_exactly_once_across_a_worker_a_failed_task_and_the_driver
     checkpoint, marker = tmp_path / "checkpoint", tmp_path / "failed-once"
     fail_on = "relayin-b-005555"  # in the middle of node b's second batch
     args = (lookupd.http_address, "relayin", "relayout", str(checkpoint), fail_on, str(marker))
-    driver = Driver(cluster, tmp_path / "first.log", "relay", *args)
+    driver = start_driver(tmp_path / "first.log", "relay", *args, cluster=cluster)
     commits = checkpoint / "commits"
-
-    def committed_past(n: int) -> Callable[[], bool]:
-        return lambda: driver.running() and len(_numbered(commits)) > n
-
-    wait_for(committed_past(0), "a batch", 240)
+    done = driver.wait_committed(checkpoint, 0, "a batch")
     cluster.kill_worker(0)
-    wait_for(committed_past(len(_numbered(commits))), "a batch on the other worker", 120)
+    driver.wait_committed(checkpoint, done, "a batch on the other worker")
     cluster.start_worker(0)
     wait_for(lambda: driver.running() and marker.exists(), "the task that fails once", 240)
-    wait_for(committed_past(len(_numbered(commits))), "a batch after the failed task", 120)
+    driver.wait_committed(checkpoint, len(_numbered(commits)), "a batch after the failed task")
     driver.kill()
     # Mid-query: 40,000 records are 10 batches (with 5, a loaded machine's last poll came
     # after the query had finished).
     assert len(_numbered(commits)) < 10
-    Driver(cluster, tmp_path / "second.log", "relay", *args).finish()
+    start_driver(tmp_path / "second.log", "relay", *args, cluster=cluster).finish()
     got: list[bytes] = []
     dropped = 0
     for n in (a, b):
