@@ -164,6 +164,7 @@ FAULT_FILES = {
     "test_persistence_process.py",
     "test_workers.py",
     "test_damaged_copies.py",
+    "test_failover.py",
 }
 SYSTEM_FILES = {
     "test_clients.py",
@@ -209,6 +210,7 @@ LANES = {
     "test_cluster_script.py": "fault-2",
     "test_workers.py": "fault-1",
     "test_damaged_copies.py": "fault-1",
+    "test_failover.py": "fault-2",
 }
 
 

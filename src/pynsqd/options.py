@@ -215,6 +215,12 @@ class Options:
         kind="duration",
         positive=True,
     )
+    replica_stall_max: float = opt(
+        1.0,
+        "pynsqd: a follower that has not asked its leader for records for this long after an answer (killed, paused, cut off) leaves the in-sync set",
+        kind="duration",
+        positive=True,
+    )
     # -- message lifecycle (pynsqd; off by default)
     max_attempts: int = opt(
         0,

@@ -126,3 +126,43 @@ def test_a_copy_with_a_gap_in_a_closed_segment_fetches_it_again_from_its_leader(
         )
     finally:
         cluster.stop()
+
+
+def test_damaged_metadata_gives_one_line_and_the_node_starts_and_catches_up(
+    cluster: Cluster,
+) -> None:
+    """A byte flipped in node 2's ``epochs`` file of partition 1 stopped it at every start;
+    one flipped in its ``cluster.id`` put a control character into its storage id (every
+    ``GET /topic/log`` answered 500, yet it could lead). Now: the id is restored from its
+    copy (the same member: no new copy of every partition), the epochs file is set aside and
+    the copy, which cannot tell which records a leader would keep, fetches its log again and
+    joins the in-sync set again; nothing acknowledged is missing anywhere."""
+    replicate(cluster)
+    one, two, three = cluster.nodes
+    acked = [b"m%04d" % i for i in range(600)]
+    publish(one, acked)
+    wait_for(
+        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
+        "node 2's copy to hold everything",
+        30,
+    )
+    storage = two.json("GET", "/info")["storage_id"]
+    two.kill()
+    epochs = two.store / "replicas" / "1" / TOPIC / "epochs"
+    for path, index in ((epochs, 5), (two.data / "cluster.id", 2)):
+        raw = bytearray(path.read_bytes())
+        raw[index] ^= 0x40
+        path.write_bytes(bytes(raw))
+    two.start()
+    wait_for(lambda: two.joined, "node 2 to join", 60)
+    text = since_start(two)
+    assert f"{epochs} is damaged" in text and "cluster.id was damaged" in text, text
+    assert two.json("GET", "/info")["storage_id"] == storage
+    wait_in_sync(cluster, TOPIC, 1)
+    wait_for(
+        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
+        "node 2's copy to hold every acknowledged message again",
+        30,
+    )
+    for n in (one, three):
+        assert "truncated to offset" not in since_start(n), f"node {n.node_id} cut its log"

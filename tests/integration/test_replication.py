@@ -115,7 +115,7 @@ def test_replicated_nodes_on_one_host_get_their_own_default_ids(tmp_path: Path, 
         ids = []
         for name, proc in zip(("a", "b"), procs, strict=True):
             assert "joined" in proc.output(), proc.output()
-            storage = (tmp_path / name / "cluster.id").read_text().strip()
+            storage = (tmp_path / name / "cluster.id").read_text().split()[0]
             assert f"ID: {node_id_for_storage(storage)} (from the data directory" in proc.output()
             status, body = proc.http("GET", "/info")
             assert status == 200, body

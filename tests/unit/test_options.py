@@ -65,6 +65,7 @@ PYNSQD_FLAGS = {
     "replication-durability",
     "replication-timeout",
     "replica-lag-max",
+    "replica-stall-max",
 }
 
 

@@ -707,3 +707,32 @@ def test_json_of_records_is_plain_json() -> None:
     """Operators read these keys with etcdctl: plain JSON objects."""
     for rec in (Assignment((1, 2)), InSync((M1,)), Leadership(1, "h:1"), Tombstone(1, 2, 3)):
         assert isinstance(json.loads(rec.encode()), dict)
+
+
+def test_copies_are_placed_only_on_nodes_whose_beat_was_seen_lately() -> None:
+    """Issue 56: a node killed counts as registered until its lease lapses (3 s); a topic
+    created meanwhile had its copies placed on it, and its publishes failed (min in-sync not
+    reached) until they were re-placed. A node's registration is re-written every beat (its
+    key's revision changes); one whose revision stood still for ``fresh_within`` is not used
+    for a new copy, by placement or re-placement."""
+    plan = Plan(1, replace_after=10.0)
+    state = _nodes(1, 2, 3, 4)
+    state.settings = {"t": ReplicationSettings(3, 2)}
+    state.beats = {1: 10, 2: 11, 3: 12, 4: 13}
+    plan.note_beats(state, now=0.0)
+    state.beats = {1: 20, 2: 21, 3: 12, 4: 23}  # node 3 stopped beating at 0.0
+    plan.note_beats(state, now=1.0)
+    assert plan.placeable(state, now=1.0) == [1, 2, 3, 4]  # not yet: within about a second
+    plan.note_beats(state, now=1.6)
+    assert plan.placeable(state, now=1.6) == [1, 2, 4]
+    (place,) = plan.to_place(state, lambda t: True, now=1.6)
+    assert sorted(place.assignment.replicas) == [1, 2, 4]
+    # A short placement grows only onto a node that beats.
+    rec = _assigned(1, 2)
+    grown = plan.to_replace(PART, rec, ReplicationSettings(3, 2), state, now=1.6)
+    assert grown is not None and grown.assignment.replicas == (1, 2, 4)
+    state.beats = {1: 30, 2: 31, 3: 32, 4: 33}  # node 3 is back: it beats again
+    plan.note_beats(state, now=2.0)
+    assert plan.placeable(state, now=2.0) == [1, 2, 3, 4]
+    # This node always counts; a node first seen counts until it has had time to beat.
+    assert Plan(9).placeable(state, now=100.0) == [1, 2, 3, 4]

@@ -133,6 +133,39 @@ def test_an_in_sync_follower_asking_below_the_hw_is_not_counted_until_it_caught_
     assert p.isr_change(now=3.0, lag_max=5.0, live=lambda m: True) == [ME, F3, F2]
 
 
+def test_a_follower_that_stops_asking_leaves_the_in_sync_set_after_the_stall_limit(
+    tmp_path: Path,
+) -> None:
+    """Answered and silent since (killed, paused, cut off): it leaves once ``stall_max`` has
+    passed, long before ``lag_max`` (the HW is the smallest acknowledgement in the set: while
+    it stays, no publish commits). Asking again clears it; a closed stream counts at once."""
+    p = make(tmp_path)
+    append(p, 4)
+    for f in (F2, F3):
+        p.fetched(f, 4, now=1.0)
+        p.answered(f, now=1.0)
+    assert p.isr_change(now=1.9, lag_max=5.0, live=lambda m: True, stall_max=1.0) is None
+    p.fetched(F3, 4, now=1.9)  # F3 asks again (a long-poll: no answer yet); F2 is silent
+    assert p.isr_change(now=2.1, lag_max=5.0, live=lambda m: True, stall_max=1.0) == [ME, F3]
+    p.isr = [ME, F3]
+    append(p, 2)
+    p.advance()
+    assert p.hw == 4  # F3 has not acknowledged 6 yet
+    p.answered(F3, now=2.2)
+    p.fetched(F3, 6, now=2.3)
+    p.advance()
+    assert p.hw == 6  # committed without the silent F2
+    # A caught-up fetch brings F2 back; its stream closing takes it out at the next tick.
+    p.fetched(F2, 6, now=3.0)
+    assert p.isr_change(now=3.0, lag_max=5.0, live=lambda m: True, stall_max=1.0) == [ME, F3, F2]
+    p.isr = [ME, F3, F2]
+    p.stream_closed(F2)
+    assert p.isr_change(now=3.1, lag_max=5.0, live=lambda m: True, stall_max=1.0) == [ME, F3]
+    # A silent follower does not join again, caught up or not.
+    p.isr = [ME, F3]
+    assert p.isr_change(now=3.2, lag_max=5.0, live=lambda m: True, stall_max=1.0) is None
+
+
 def test_the_epoch_history_says_where_a_follower_must_cut(tmp_path: Path) -> None:
     """KIP-101's case: epoch 1 wrote 0..99; a takeover at 2 ended at 90; the origin came back
     at 3 from 90. A replica still holding epoch 1's 90..99 must cut at 90."""
@@ -147,6 +180,41 @@ def test_the_epoch_history_says_where_a_follower_must_cut(tmp_path: Path) -> Non
     assert again.entries == [(1, 0), (2, 90), (3, 90)]
     again.copy_from([(1, 0), (2, 90), (3, 90)], end=50)
     assert again.entries == [(1, 0)]
+
+
+def test_a_damaged_epochs_file_is_set_aside_and_the_copy_counts_as_lost_until_refetched(
+    tmp_path: Path,
+) -> None:
+    """Issue 56: a flipped byte in ``epochs`` stopped the node at every start, with no way
+    forward named. Every bit of it flipped is caught (its CRC, or it no longer parses): the file
+    goes aside, the history starts empty, and the copy may not lead (``Partition.lost``) until
+    it has copied a leader's history (after the truncation that an empty history brings)."""
+    h = EpochHistory(str(tmp_path))
+    h.begin(5, 0)
+    h.begin(9, 40)
+    path = tmp_path / "epochs"
+    good = path.read_bytes()
+    for index in range(len(good)):
+        for bit in range(8):
+            raw = bytearray(good)
+            raw[index] ^= 1 << bit
+            path.write_bytes(bytes(raw))
+            again = EpochHistory(str(tmp_path))
+            assert again.damaged and again.entries == [] and not path.exists(), (index, bit)
+            assert (tmp_path / "epochs.damaged").read_bytes() == bytes(raw)
+    path.write_bytes(b"[[5, 0], [9, 40]]")  # written before the CRC: read as it is
+    assert EpochHistory(str(tmp_path)).entries == [(5, 0), (9, 40)]
+    path.write_bytes(b"{")
+    tlog = TopicLog(
+        str(tmp_path / "t"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    tlog.append([Message(b"%016d" % i, b"x", 1) for i in range(50)])
+    tlog.sync()
+    p = Partition("t", 2, ME, tlog, EpochHistory(str(tmp_path)), ReplicationSettings(3, 2))
+    assert p.history.damaged and p.lost() == "0-49"
+    assert p.history.last_epoch == 0  # following, it asks from epoch 0: cut to the leader's
+    p.history.copy_from([(5, 0), (9, 40)], end=50)
+    assert p.lost() == "" and EpochHistory(str(tmp_path)).entries == [(5, 0), (9, 40)]
 
 
 def test_truncate_is_a_prefix_and_appends_go_on_from_it(tmp_path: Path) -> None:

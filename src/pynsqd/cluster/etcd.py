@@ -104,8 +104,8 @@ class KeyValue:
 
 @dataclass(frozen=True)
 class Compare:
-    """One txn condition: ``target`` (CREATE, MOD, VERSION, VALUE) of ``key`` ``result``
-    (EQUAL, NOT_EQUAL, GREATER, LESS) ``value``."""
+    """One txn condition: ``target`` (CREATE, MOD, VERSION, VALUE, LEASE) of ``key``
+    ``result`` (EQUAL, NOT_EQUAL, GREATER, LESS) ``value``."""
 
     key: str
     target: str
@@ -113,7 +113,12 @@ class Compare:
     value: int | bytes
 
     def encode(self) -> dict[str, Any]:
-        field = {"CREATE": "create_revision", "MOD": "mod_revision", "VERSION": "version"}
+        field = {
+            "CREATE": "create_revision",
+            "MOD": "mod_revision",
+            "VERSION": "version",
+            "LEASE": "lease",
+        }
         out: dict[str, Any] = {"key": _b64(self.key), "target": self.target, "result": self.result}
         if self.target == "VALUE":
             assert isinstance(self.value, bytes)

@@ -144,7 +144,12 @@ class Leading:
 
     async def lead(self, p: Partition) -> None:
         """A tick of a partition this node leads: the in-sync set, the fsync, the HW."""
-        new = p.isr_change(self.member.now(), self.opts.replica_lag_max, self.live)
+        new = p.isr_change(
+            self.member.now(),
+            self.opts.replica_lag_max,
+            self.live,
+            stall_max=self.opts.replica_stall_max,
+        )
         if new is not None:
             keys = self.member.keys
             result = await self.member.etcd.txn(
@@ -268,6 +273,7 @@ class Leading:
                     await event.wait()
             if p.role is not Role.LEADER or p.epoch != req.epoch:
                 return FetchAnswer(409, "NOT_LEADER", epoch=p.epoch)
+        p.answered(member, self.member.now())  # it asks again at once, or it stopped fetching
         try:
             records = _read(p.log, req.offset, min(req.max_bytes, MAX_FETCH_BYTES))
         except (OSError, OffsetOutOfRange) as err:
@@ -282,6 +288,17 @@ class Leading:
             epochs=list(p.history.entries),
             records=records,
         )
+
+    def stream_closed(self, topic: str, origin: int, req: FetchRequest) -> None:
+        """A follower's fetch stream ended (``req`` its last request): it no longer fetches
+        until it asks again, and leaves the in-sync set at the next tick if it does not."""
+        p = self.partitions.get((topic, origin))
+        if p is None or p.role is not Role.LEADER or req.epoch != p.epoch:
+            return
+        member = (req.replica, req.storage)
+        if member in p.isr:
+            p.stream_closed(member)
+            self.kick()
 
     # -- publishing -----------------------------------------------------------------------
 

@@ -6,7 +6,10 @@ refused with one line. The previous incarnation of this node (same data director
 is replaced at once: its lease is revoked, which also drops the leaderships it held, so a restart
 fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease; when it
 cannot, the node stops committing (``lease_alive`` is judged when it is used), and once etcd says
-the lease is gone it steps down (``on_expired``), takes a new lease and registers again.
+the lease is gone it steps down (``on_expired``), takes a new lease and registers again. Every
+``BEAT`` the node re-writes its registration (a txn guarded by its lease): the key's revision
+moves, and the others place new copies only on nodes whose beat they saw lately (a killed node
+stays registered until its lease lapses).
 
 The keys and their records are declared in ``cluster/records.py``.
 """
@@ -14,6 +17,7 @@ The keys and their records are declared in ``cluster/records.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -28,9 +32,12 @@ from ..storage.identity import storage_id
 from .etcd import Compare, EtcdClient, EtcdError, put_op, range_op
 from .records import ClusterSecret, Keys, Member, NodeRecord, RecordError
 
-__all__ = ["Membership"]
+__all__ = ["BEAT", "Membership"]
 
 log = logging.getLogger(LOGGER_NAME)
+
+#: Seconds between two beats (re-writes of this node's registration).
+BEAT = 0.5
 
 
 class Membership:
@@ -164,12 +171,26 @@ class Membership:
             )
         return same_place
 
+    async def beat(self) -> None:
+        """Re-write the registration, while it is this lease's: its revision changes, and the
+        others see this node alive (``Plan.placeable``). Raises ``EtcdError``."""
+        key = self.keys.node(self.node_id)
+        await self.etcd.txn(
+            [Compare(key, "LEASE", "EQUAL", self.lease)], [put_op(key, self._info(), self.lease)]
+        )
+
     async def keepalive_loop(self, on_expired: Callable[[], None]) -> None:
-        """Refresh the lease every TTL/3; ``on_expired`` (step down) when etcd says it is gone,
-        then register again."""
+        """Beat every ``BEAT`` and refresh the lease every TTL/3; ``on_expired`` (step down)
+        when etcd says it is gone, then register again."""
+        kept = self.now()
         while True:
-            await asyncio.sleep(self.ttl / 3)
-            sent = self.now()
+            await asyncio.sleep(min(BEAT, self.ttl / 3))
+            if self.lease_alive:
+                with contextlib.suppress(EtcdError):  # the keepalive says what is wrong
+                    await self.beat()
+            if self.now() - kept < self.ttl / 3 - BEAT / 2:
+                continue
+            sent = kept = self.now()
             try:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as err:

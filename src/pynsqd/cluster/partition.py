@@ -69,6 +69,9 @@ class Partition:
     #: Leader: each follower's last acknowledged offset, and when it last was caught up.
     acks: dict[Member, int] = field(default_factory=dict)
     caught_up_at: dict[Member, float] = field(default_factory=dict)
+    #: Leader: when it answered each follower's last fetch, until the follower asks again (a
+    #: follower silent for ``--replica-stall-max`` after an answer stopped fetching).
+    answered_at: dict[Member, float] = field(default_factory=dict)
     #: Leader: publishes waiting for the HW to pass their end, in order.
     waiters: list[Waiter] = field(default_factory=list)
     #: Leader: whether its lease is known valid (a second guard: commits stop without it).
@@ -130,6 +133,17 @@ class Partition:
             return min(self.log.synced, self.log.latest)
         return self.log.latest
 
+    def lost(self) -> str:
+        """The offsets this copy cannot vouch for, "first-last" ("": none): records its log
+        lost after an fsync covered them (``TopicLog.lost``), or, its epoch history damaged,
+        every record it holds (it cannot tell which a leader would keep)."""
+        lost = self.log.lost()
+        if lost is not None:
+            return f"{lost[0]}-{lost[1]}"
+        if self.history.damaged and self.log.latest > self.log.earliest:
+            return f"{self.log.earliest}-{self.log.latest - 1}"
+        return ""
+
     # -- leader ---------------------------------------------------------------------------
 
     def become_leader(self, epoch: int, now: float) -> None:
@@ -140,6 +154,7 @@ class Partition:
         self.leader = self.me[0]
         self.acks.clear()
         self.caught_up_at = {m: now for m in self.isr if m != self.me}
+        self.answered_at.clear()
         # The first leader of a partition owns what its log held before (a topic retained
         # before it was replicated, publishes taken while it was being placed).
         self.history.begin(epoch, self.log.latest if self.history.entries else self.log.earliest)
@@ -155,6 +170,7 @@ class Partition:
         in-sync follower asking below the high watermark lost what it had acknowledged (its
         log was damaged while its node was down): it is no longer counted, and leaves the
         in-sync set at the next tick (``isr_change``) until it has caught up again."""
+        self.answered_at.pop(member, None)
         if offset < self.hw and member in self.isr and member != self.me:
             self.acks[member] = offset
             self.caught_up_at.pop(member, None)
@@ -163,6 +179,20 @@ class Partition:
             self.acks[member] = offset
         if offset >= self.log.latest:
             self.caught_up_at[member] = now
+
+    def answered(self, member: Member, now: float) -> None:
+        """The leader answered ``member``'s fetch: it is expected to ask again at once."""
+        self.answered_at[member] = now
+
+    def stream_closed(self, member: Member) -> None:
+        """``member``'s fetch stream ended (its process died, or it reconnects): it counts as
+        silent from now on until it asks again."""
+        self.answered_at[member] = -math.inf
+
+    def stalled(self, member: Member, now: float, stall_max: float) -> bool:
+        """Whether ``member`` was answered more than ``stall_max`` seconds ago and has not
+        asked again since."""
+        return now - self.answered_at.get(member, math.inf) > stall_max
 
     def compute_hw(self) -> int:
         """The new high watermark (never lower than the current one)."""
@@ -207,12 +237,17 @@ class Partition:
             w.done(why)
 
     def isr_change(
-        self, now: float, lag_max: float, live: Callable[[Member], bool]
+        self,
+        now: float,
+        lag_max: float,
+        live: Callable[[Member], bool],
+        stall_max: float = math.inf,
     ) -> list[Member] | None:
         """The in-sync set the leader should record now (None: keep it): followers caught up
-        join; followers that have not caught up within ``lag_max``, whose node is no longer
-        a live member of the cluster (``live``), or that the assignment no longer names
-        (``replicas``: re-placed), leave."""
+        join; followers that have not caught up within ``lag_max``, that stopped asking
+        (``stalled``: silent ``stall_max`` seconds after an answer, or their stream closed),
+        whose node is no longer a live member of the cluster (``live``), or that the
+        assignment no longer names (``replicas``: re-placed), leave."""
         if self.role is not Role.LEADER:
             return None
         new = [
@@ -223,6 +258,7 @@ class Partition:
                 m[0] in self.replicas
                 and live(m)
                 and now - self.caught_up_at.get(m, -math.inf) <= lag_max
+                and not self.stalled(m, now, stall_max)
             )
         ]
         for m, at in self.caught_up_at.items():
@@ -231,6 +267,7 @@ class Partition:
                 and m[0] in self.replicas
                 and live(m)
                 and now - at <= lag_max
+                and not self.stalled(m, now, stall_max)
                 and self.acks.get(m, -1) >= self.log.latest
             ):
                 new.append(m)

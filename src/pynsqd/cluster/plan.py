@@ -29,8 +29,12 @@ fetch tasks, channel adoption); nothing here touches a socket, a file or a clock
   topic by rendezvous hashing over the live nodes. Its leader re-places it: a copy on a node
   that has not been a member for ``replace_after`` seconds (it died, or never came back) moves
   to a live node that holds none, and a partition placed on fewer nodes than its settings want
-  (too few were live) grows as nodes join. The origin keeps its copy (it takes its partition
-  back when it returns); a node that leaves the assignment stops holding its copy.
+  (too few were live) grows as nodes join. A new copy goes only to a node seen alive lately:
+  each node re-writes its registration every beat (``membership.BEAT``), and one whose key
+  stood still for ``fresh_within`` seconds is passed over (a killed node stays registered
+  until its lease lapses: a topic placed meanwhile got copies that never fetched). The origin
+  keeps its copy (it takes its partition back when it returns); a node that leaves the
+  assignment stops holding its copy.
 
 Past defects the kill -9 soaks found, each a case in ``tests/unit/test_plan.py``: a node that
 took back a partition and failed must follow again on the next tick; a fetch stopped by a failed
@@ -59,6 +63,7 @@ from .records import (
 from .settings import ReplicationSettings
 
 __all__ = [
+    "FRESH_WITHIN",
     "RANK_DELAY",
     "Action",
     "Adopt",
@@ -82,6 +87,9 @@ __all__ = [
 
 #: A leaderless partition's in-sync members campaign after rank times this (the origin first).
 RANK_DELAY = 0.4
+#: A node whose registration was not re-written for this long is not given a new copy: about
+#: a second (it beats every ``membership.BEAT``, 0.5 s; this node reads every 0.25 s).
+FRESH_WITHIN = 1.5
 
 
 # -- actions: what the shell carries out, in order --------------------------------------------
@@ -283,6 +291,29 @@ class Plan:
     replace_after: float = 30.0
     #: Since when each (partition, node) of an assignment has been missing.
     missing_since: dict[tuple[PartKey, int], float] = field(default_factory=dict)
+    #: Each registered node's beat as last seen here: its key's revision, and when it changed.
+    beats: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: A node whose beat stood still this long gets no new copy (killed: its registration
+    #: lives until its lease lapses).
+    fresh_within: float = FRESH_WITHIN
+
+    def note_beats(self, state: ClusterState, now: float) -> None:
+        """Take in one read's beats (``ClusterState.beats``)."""
+        for n, revision in state.beats.items():
+            seen = self.beats.get(n)
+            if seen is None or seen[0] != revision:
+                self.beats[n] = (revision, now)
+        for n in [n for n in self.beats if n not in state.nodes]:
+            del self.beats[n]
+
+    def placeable(self, state: ClusterState, now: float) -> list[int]:
+        """The registered nodes a new copy may go to: this one, and those whose beat was
+        seen to change within ``fresh_within`` (a node not yet seen counts until then)."""
+        return sorted(
+            n
+            for n in state.nodes
+            if n == self.node_id or now - self.beats.get(n, (0, now))[1] <= self.fresh_within
+        )
 
     def replicas(self, rec: PartRecords) -> tuple[int, ...] | None:
         """The copies of a partition when this node holds one of them, else None."""
@@ -291,19 +322,17 @@ class Plan:
         return rec.assignment.value.replicas
 
     def to_place(
-        self,
-        state: ClusterState,
-        retained: Callable[[str], bool],
+        self, state: ClusterState, retained: Callable[[str], bool], now: float = 0.0
     ) -> list[Place]:
         """This node's own partitions to create: every replicated topic it retains that has
-        none yet, placed by rendezvous hashing over the live nodes."""
+        none yet, placed by rendezvous hashing over the live nodes (``placeable``)."""
         out = []
         for topic, settings in state.settings.items():
             if not settings.replicated or (topic, self.node_id) in state.parts:
                 continue
             if not retained(topic):
                 continue
-            out.append(self._place(topic, settings, state))
+            out.append(self._place(topic, settings, state, self.placeable(state, now)))
         return out
 
     def to_replace(
@@ -331,7 +360,7 @@ class Plan:
         # Live nodes holding no copy, best first for this partition: each replaces a gone
         # copy (none there: the gone copy stays, its node may come back), then the
         # partition grows to the copies its settings want.
-        spare = [n for n in sorted(state.nodes) if n not in current]
+        spare = [n for n in self.placeable(state, now) if n not in current]
         hosts = state.hosts()
         ranked = rendezvous(key[0], key[1], spare, len(spare) + 1)[1:]
         # Hosts that keep a copy are taken: a replacement goes to another host first.
@@ -351,9 +380,11 @@ class Plan:
             return None
         return Replace(Assignment(tuple(new)), tuple(moved), shares_a_host(new, hosts))
 
-    def _place(self, topic: str, settings: ReplicationSettings, state: ClusterState) -> Place:
+    def _place(
+        self, topic: str, settings: ReplicationSettings, state: ClusterState, nodes: list[int]
+    ) -> Place:
         hosts = state.hosts()
-        replicas = rendezvous(topic, self.node_id, sorted(state.nodes), settings.replicas, hosts)
+        replicas = rendezvous(topic, self.node_id, nodes, settings.replicas, hosts)
         return Place(
             topic,
             Assignment(tuple(replicas)),

@@ -335,6 +335,8 @@ class ClusterState:
     """One read of the cluster's keys, decoded."""
 
     nodes: dict[int, NodeRecord] = field(default_factory=dict)
+    #: Each node's beat: its registration key's revision (re-written every beat).
+    beats: dict[int, int] = field(default_factory=dict)
     settings: dict[str, ReplicationSettings] = field(default_factory=dict)
     parts: dict[PartKey, PartRecords] = field(default_factory=dict)
     #: Each holder's channel checkpoint (or the tombstone of its adoption), by partition.
@@ -362,6 +364,7 @@ class ClusterState:
     def _add(self, parts: list[str], kv: KeyValue) -> None:
         if parts[0] == "nodes" and len(parts) == 2:
             self.nodes[int(parts[1])] = NodeRecord.decode(kv.value)
+            self.beats[int(parts[1])] = kv.mod_revision
         elif parts[0] == "topics" and len(parts) == 2:
             self.settings[parts[1]] = decode_settings(kv.value)
         elif parts[0] == "parts" and len(parts) == 4:

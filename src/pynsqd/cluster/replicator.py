@@ -251,6 +251,7 @@ class Replicator:
                 self._unreadable[key] = rev
                 log.error("CLUSTER: ignoring unreadable key %s - %s", key, why)
         self.state = state
+        self.plan.note_beats(state, self.now())
         for topic, settings in state.settings.items():
             if settings.replicated and topic in self.host.topics:
                 self.checkpoints.track(self.host.topics[topic])
@@ -258,7 +259,7 @@ class Replicator:
             for name in self.host.topics:
                 if name not in state.settings and self._retained(name):
                     self.publishing.write_defaults(name)
-        for place in self.plan.to_place(state, self._retained):
+        for place in self.plan.to_place(state, self._retained, self.now()):
             await self._place(place)
         held: set[PartKey] = set()
         for part, rec in state.parts.items():
@@ -283,7 +284,7 @@ class Replicator:
                 ready=self.ready,
                 checkpoints=bool(state.checkpoints.get(part)),
                 hand_off_held=own is not None and own.hand_off.held,
-                lost="" if (lost := p.log.lost()) is None else f"{lost[0]}-{lost[1]}",
+                lost=p.lost(),
             )
             for action in self.plan.decide(facts, rec.leader, self.now(), state.live):
                 if not await self._carry_out(p, action):
@@ -407,7 +408,7 @@ class Replicator:
                 "CLUSTER: topic %s wants %d replicas, %d nodes are live: placing on %s",
                 place.topic,
                 self.state.settings[place.topic].replicas,
-                len(self.state.nodes),
+                len(place.assignment.replicas),
                 list(place.assignment.replicas),
             )
         if place.same_host:
@@ -517,6 +518,9 @@ class Replicator:
         """A follower's fetch (``Leading.fetch``)."""
         return await self.leading.fetch(topic, origin, req)
 
+    def stream_closed(self, topic: str, origin: int, req: FetchRequest) -> None:
+        self.leading.stream_closed(topic, origin, req)  # a follower's stream ended after req
+
     def read_log(self, topic: str, origin: int) -> TopicLog | None:
         """A partition's log for plain readers (``partition=`` on ``/topic/log``)."""
         p = self.partitions.get((topic, origin))
@@ -548,6 +552,9 @@ class Replicator:
     def node_addresses(self) -> dict[str, str]:
         """Every registered node's HTTP address, by node id (as etcd holds them)."""
         return {str(n): info.http for n, info in sorted(self.state.nodes.items()) if info.http}
+
+    def alive(self) -> list[int]:
+        return self.plan.placeable(self.state, self.now())  # for /info: seen alive lately
 
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds

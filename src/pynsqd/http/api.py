@@ -254,6 +254,8 @@ class API:
                 "storage_id": member.storage,
                 "lease_ttl": member.ttl,
                 "nodes": sorted(replication.state.nodes),
+                # Those seen alive lately (their registration re-written): new copies go there.
+                "alive": replication.alive(),
             },
         }
 

@@ -131,6 +131,7 @@ class ReplicationAPI:
         except ConnectionError:  # the follower went while its stream opened: it fetches again
             return ws
         self.streams.add(ws)
+        req: FetchRequest | None = None
         try:
             async for msg in ws:
                 if msg.type is not WSMsgType.BINARY:
@@ -147,6 +148,8 @@ class ReplicationAPI:
             pass  # the follower went: it reconnects, here or to the next leader
         finally:
             self.streams.discard(ws)
+            if req is not None:
+                replication.stream_closed(name, origin, req)
             await ws.close()
         return ws
 
