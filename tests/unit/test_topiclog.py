@@ -284,7 +284,7 @@ def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path
     tl = open_log(tmp_path / "t.log", segment_bytes=8192)
     fill(tl, 2000, size=50)
     total = tl.size
-    tl.handed = tl.latest  # every message went to the channels
+    tl.hand_to(tl.latest)  # every message went to the channels
     tl.save_handed()
     tl.retention_bytes = 20_000
     removed = tl.prune(now_ns=T0)
@@ -302,7 +302,7 @@ def test_retention_by_size_keeps_the_bound_and_never_the_active_segment(tmp_path
 def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) -> None:
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
     fill(tl, 500, size=30)  # timestamps T0 + i ms
-    tl.handed = tl.latest
+    tl.hand_to(tl.latest)
     tl.save_handed()
     tl.retention_time = 0.1  # 100 ms
     now = T0 + 300 * 1_000_000
@@ -316,7 +316,7 @@ def test_retention_by_time_removes_only_segments_wholly_older(tmp_path: Path) ->
 def test_retention_never_removes_what_the_channels_have_not_had(tmp_path: Path) -> None:
     tl = open_log(tmp_path / "t.log", segment_bytes=4096)
     fill(tl, 500, size=30)
-    tl.handed = 200
+    tl.hand_to(200)
     tl.save_handed(100)  # what every channel has stored, as saved
     tl.retention_bytes = 1
     tl.prune(now_ns=T0)
@@ -337,7 +337,7 @@ def test_a_new_log_has_no_backlog_and_an_unreadable_position_replays(tmp_path: P
     tl = open_log(tmp_path / "t.log")
     assert tl.handed == 0
     fill(tl, 10)
-    tl.handed = 10
+    tl.hand_to(10)
     tl.close()
     (tmp_path / "t.log" / "handed").write_bytes(b"garbage")
     tl = open_log(tmp_path / "t.log")
@@ -383,8 +383,8 @@ def test_a_failed_write_takes_nothing_and_reuses_no_offset(tmp_path: Path) -> No
     errors: list[OSError | None] = []
     tl.on_write = errors.append
     # The next write fails (EBADF here; ENOSPC on a full disk: tests/integration/test_replay.py).
-    os.close(tl._fd)
-    tl._fd = os.open(tl.segments[-1].path, os.O_RDONLY)
+    os.close(tl.files.fd)
+    tl.files.fd = os.open(tl.segments[-1].path, os.O_RDONLY)
     with pytest.raises(OSError):
         tl.append([msg(3)])
     assert tl.latest == 3 and isinstance(errors[-1], OSError)
@@ -406,8 +406,8 @@ def test_retention_settings_round_trip_and_bad_files_are_errors(tmp_path: Path) 
 
 def crash(tl: TopicLog) -> None:
     """The process dies: nothing is closed, synced or truncated."""
-    os.close(tl._fd)
-    tl._fd = -1
+    os.close(tl.files.fd)
+    tl.files.fd = -1
     tl._closed = True
 
 

@@ -55,9 +55,10 @@ class MessageLog(Protocol):
     @property
     def segment_count(self) -> int: ...
 
-    #: The first offset not yet handed to the topic's channels: a retained topic's backlog is
-    #: ``[handed, latest)``, kept only in the log (the log is the topic's queue).
-    handed: int
+    @property
+    def handed(self) -> int:
+        """The first offset not yet handed to the topic's channels: a retained topic's backlog
+        is ``[handed, latest)``, kept only in the log (the log is the topic's queue)."""
 
     def hand_to(self, offset: int) -> None:
         """``handed`` moves to ``offset`` (the only writer of it outside the log)."""

@@ -23,10 +23,15 @@ segment back, takes the offsets back, and raises ``OSError``: the publisher gets
 ``E_PUB_FAILED``. The hand-off position (``handed``, ``storage/position.py``) is synced with
 the records, after them.
 
-Opening. Segments (``storage/segment.py``: one file, its index, its scan) are found by name.
-The last segment is scanned record by record: a torn tail
-(short record, bad length or checksum) is truncated away and logged. A closed segment's index is
-read and checked (entries in order, inside the file, the first entry is the first record, the
+Who does what. This class decides what the log holds; three others carry it out:
+``storage/log_records.py`` encodes a batch and checks a replica's records (no I/O),
+``storage/segment_files.py`` changes the files, ``storage/handed.py`` keeps the hand-off
+position.
+
+Opening (``SegmentFiles.open``). Segments (``storage/segment.py``: one file, its index, its
+scan) are found by name. The last segment is scanned record by record: a torn tail (short
+record, bad length or checksum) is truncated away and logged. A closed segment's index is read
+and checked (entries in order, inside the file, the first entry is the first record, the
 records after the last entry reach the end of the file cleanly); if the check fails the index is
 rebuilt by scanning. A closed segment whose scan stops before its end keeps its readable prefix;
 the records after the bad one are lost (logged), and their offsets are a gap that reads skip.
@@ -38,32 +43,21 @@ The active segment is never deleted, so a record within both bounds is never los
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import errno
 import json
 import logging
 import os
 import time
-import zlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..core.dedup import Dedup
 from ..core.message import Message
-from ..protocol import log_record
-from ..protocol.log_record import (
-    FLAGS_AT,
-    HEADER_SIZE,
-    IDENTIFIED,
-    IDENTIFIED_NEXT,
-    body_start,
-)
-from . import durable, log_reader, producers
+from . import durable, log_reader, log_records, producers
 from .atomic import write_atomic
+from .handed import HandedPosition
 from .log_reader import OffsetOutOfRange
-from .position import PositionFile
-from .segment import INDEX_INTERVAL, LogRange, Segment, segment_bases
+from .segment import INDEX_INTERVAL, LogRange, Segment
+from .segment_files import SegmentFiles
 from .synced_mark import SyncedMark
 from .syncer import SYNCER, SyncSlot
 
@@ -74,12 +68,6 @@ __all__ = [
     "SyncJob",
     "TopicLog",
 ]
-
-_HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
-_HEAD_TS = log_record.LENGTH_TIMESTAMP
-_IDENTIFIED_ANY = (IDENTIFIED | IDENTIFIED_NEXT) >> 8
-#: The first offset not yet handed to the topic's channels (``storage/position.py``).
-HANDED_FILE = "handed"
 
 
 class SyncJob(NamedTuple):
@@ -112,8 +100,8 @@ class TopicLog:
         self.log = logger
         self.retention_time = 0.0  # seconds; 0: no time bound
         self.retention_bytes = 0  # 0: no size bound
-        self.segments: list[Segment] = []
-        self._fd = -1
+        #: The segment files (``storage/segment_files.py``): this class decides, they do.
+        self.files = SegmentFiles(directory, self.name, logger)
         self._unsynced = 0
         #: Its place in the background fsync engine.
         self._slot = SyncSlot(f"TOPICLOG({self.name})")
@@ -123,9 +111,8 @@ class TopicLog:
         #: Called after each successful append of a replicated partition's origin (its
         #: followers' long-polls wake, its group fsync starts).
         self.on_append: Callable[[], None] | None = None
-        self.handed = 0
-        #: The hand-off position as saved: retention never removes a segment at or after it.
-        self.saved_handed = -1
+        #: How far the channels have been handed the records (``storage/handed.py``).
+        self.hand_off = HandedPosition(directory, self.name, logger, sync_every <= 1)
         #: A replicated partition's high watermark: readers and channels see offsets below it
         #: only. None: not replicated, all is visible. Only ``cluster/partition.py`` moves it
         #: (``commit_to``; a test holds it to that).
@@ -144,17 +131,19 @@ class TopicLog:
         #: use and kept up to date by every append after that (``storage/producers.py``).
         self.ids = producers.ProducerIndex(self)
         #: Gaps of damaged records between closed segments, found at open (``lost``).
-        self.holes: list[tuple[int, int]] = []
-        self._open()
-        durable.fsync(self._fd)  # what a restart finds is what the log stands on
+        self.holes: list[tuple[int, int]] = self.files.open()
+        durable.fsync(self.files.fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
         #: Where the last completed fsync ended: a log that opens shorter lost data (``lost``).
         self.mark = SyncedMark(directory, self.name, logger)
         self.mark.opened(self.latest)
-        self._handed_file: PositionFile | None = None
-        self._load_handed()
+        self.hand_off.load(self.earliest, self.latest)
 
     # -- state ----------------------------------------------------------------------------
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self.files.segments
 
     @property
     def earliest(self) -> int:
@@ -209,65 +198,22 @@ class TopicLog:
         seg = self.segments[-1]
         if seg.size >= self.segment_bytes and seg.next > seg.base:
             seg = self._roll()
-        first = offset = seg.next
-        pos = seg.size
-        next_index = seg.idx_pos[-1] + INDEX_INTERVAL if seg.idx_pos else 0
-        parts: list[bytes] = []
-        head, tail, crc32 = _HEAD.pack, _TAIL.pack, zlib.crc32
-        ts = 0
-        entries: list[tuple[int, int, int]] = []
-        records = iter(msgs)
-        flags = 0
-        if identity is not None:
-            # An idempotent publish: its first record carries the identity after its fixed
-            # part (``log_record.identified_tail``); the others are IDENTIFIED_NEXT, with none.
-            producer, seq = identity
-            m = next(records)
-            body = m.body
-            ts = m.timestamp
-            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-            plen = len(producer)
-            t = log_record.identified_tail(plen).pack(
-                _TAIL_FIXED + 9 + plen + len(body), ts, m.id, IDENTIFIED, defer, plen, producer, seq
-            )
-            if pos >= next_index:
-                entries.append((offset, pos, ts))
-                next_index = pos + INDEX_INTERVAL
-            parts += (head(offset, crc32(body, crc32(t))), t, body)
-            pos += 12 + len(t) + len(body)
-            offset += 1
-            flags = IDENTIFIED_NEXT
-        for m in records:
-            body = m.body
-            ts = m.timestamp
-            defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-            t = tail(_TAIL_FIXED + len(body), ts, m.id, flags, defer)
-            if pos >= next_index:
-                entries.append((offset, pos, ts))
-                next_index = pos + INDEX_INTERVAL
-            parts.append(head(offset, crc32(body, crc32(t))))
-            parts.append(t)
-            parts.append(body)
-            pos += HEADER_SIZE + len(body)
-            offset += 1
-        data = b"".join(parts)
+        first = seg.next
+        enc = log_records.encode(
+            msgs, identity, first, seg.size, log_records.next_index(seg.idx_pos)
+        )
         try:
-            self._write(seg, data)
+            self.files.write(seg, enc.data)
         except OSError as err:
             if self.on_write is not None:
                 self.on_write(err)
             raise
-        for e in entries:
-            seg.add_index(*e)
-        seg.size = pos
-        seg.next = offset
-        if ts > seg.last_ts:
-            seg.last_ts = ts
+        self.files.extend(seg, enc.entries, enc.size, enc.next, enc.last_ts)
         ids = self.ids
         if ids.dedup is not None:
             if identity is not None:
-                ids.dedup.record(identity[0], identity[1], len(msgs), first, ts)
-                ids.follow = (identity[0], identity[1] + len(msgs), offset)
+                ids.dedup.record(identity[0], identity[1], len(msgs), first, enc.last_ts)
+                ids.follow = (identity[0], identity[1] + len(msgs), enc.next)
             else:
                 ids.follow = None
         elif identity is not None:
@@ -289,98 +235,37 @@ class TopicLog:
     def append_raw(self, data: bytes | memoryview) -> int:
         """A replica's append: whole records as the leader's log holds them (``GET /topic/log``
         bytes), written verbatim so offsets, IDs and timestamps are the leader's. The first
-        must be ``latest`` and the offsets dense; every checksum is checked first. Returns the
-        number of records. Raises ``ValueError`` (nothing written) or ``OSError``."""
+        must be ``latest`` and the offsets dense; every checksum is checked first
+        (``log_records.check``). Returns the number of records. Raises ``ValueError``
+        (nothing written) or ``OSError``."""
         if self._closed:
             raise OSError("the topic log is closed")
-        # One pass over the headers: checksums, dense offsets from ``latest``, and the index
-        # entries (no record objects: this runs for every fetch a follower makes).
-        end = len(data)
-        expect = self.latest
-        seg = self.segments[-1]
-        if end and seg.size >= self.segment_bytes and seg.next > seg.base:
-            seg = self._roll()
-        base = seg.size
-        next_index = seg.idx_pos[-1] + INDEX_INTERVAL if seg.idx_pos else 0
-        entries: list[tuple[int, int, int]] = []
-        unpack_head, unpack_lts, crc32 = _HEAD.unpack_from, _HEAD_TS.unpack_from, zlib.crc32
-        view = memoryview(data)
-        pos = ts = 0
-        dedup = self.ids.dedup
-        follow = self.ids.follow
-        identified = False
-        # Runs of identified records: [producer, first sequence, count, first offset, ts].
-        runs: list[list[Any]] = []
-        while pos < end:
-            if end - pos < HEADER_SIZE:
-                raise ValueError(str(log_record.Damaged(pos, None, "a short record header")))
-            offset, crc = unpack_head(data, pos)
-            length, ts = unpack_lts(data, pos + 12)
-            stop = pos + 16 + length
-            if length < _TAIL_FIXED or stop > end:
-                raise ValueError(str(log_record.Damaged(pos, offset, "a bad record length")))
-            if crc32(view[pos + 12 : stop]) != crc:
-                raise ValueError(str(log_record.Damaged(pos, offset, "a checksum mismatch")))
-            if offset != expect:
-                raise ValueError(f"record offset {offset} where {expect} was expected")
-            if dedup is None:
-                if not identified and data[pos + FLAGS_AT] & _IDENTIFIED_ANY:
-                    identified = True  # a copy of identified publishes: the index is kept
-            else:
-                flags = data[pos + FLAGS_AT]
-                if flags & (IDENTIFIED >> 8):
-                    start, producer, seq = body_start(data, pos, IDENTIFIED)
-                    if start > stop:
-                        raise ValueError(f"record offset {offset}: a bad record identity")
-                    runs.append([producer, seq, 1, offset, ts])
-                    follow = (producer, seq + 1, offset + 1)
-                elif flags & (IDENTIFIED_NEXT >> 8) and follow is not None and follow[2] == offset:
-                    if runs and runs[-1][3] + runs[-1][2] == offset:
-                        runs[-1][2] += 1
-                        runs[-1][4] = ts
-                    else:
-                        runs.append([follow[0], follow[1], 1, offset, ts])
-                    follow = (follow[0], follow[1] + 1, offset + 1)
-                else:
-                    follow = None
-            if base + pos >= next_index:
-                entries.append((offset, base + pos, ts))
-                next_index = base + pos + INDEX_INTERVAL
-            expect += 1
-            pos = stop
-        if not end:
+        if not len(data):
             return 0
-        pos = base + end
-        count = expect - self.latest
-        self._write(seg, bytes(data))
-        for e in entries:
-            seg.add_index(*e)
-        seg.size = pos
-        seg.next = expect
-        seg.last_ts = max(seg.last_ts, ts)
-        self._unsynced += count
+        seg = self.segments[-1]
+        if seg.size >= self.segment_bytes and seg.next > seg.base:
+            seg = self._roll()
+        dedup = self.ids.dedup
+        got = log_records.check(
+            data,
+            self.latest,
+            seg.size,
+            log_records.next_index(seg.idx_pos),
+            dedup is not None,
+            self.ids.follow,
+        )
+        self.files.write(seg, bytes(data))
+        self.files.extend(
+            seg, got.entries, seg.size + len(data), self.latest + got.records, got.last_ts
+        )
+        self._unsynced += got.records
         if dedup is not None:
-            for producer, seq, n, first, rec_ts in runs:
+            for producer, seq, n, first, rec_ts in got.runs:
                 dedup.record(producer, seq, n, first, rec_ts)
-            self.ids.follow = follow
-        elif identified:
+            self.ids.follow = got.follow
+        elif got.identified:
             self.identities()  # read back once; kept by every append from here on
-        return count
-
-    def _write(self, seg: Segment, data: bytes) -> None:
-        """Write ``data`` at the end of ``seg``'s records; a failed or short write is cut
-        back off. Raises OSError."""
-        try:
-            written = os.pwrite(self._fd, data, seg.size)
-            if written != len(data):
-                raise OSError(
-                    errno.ENOSPC,
-                    f"{os.strerror(errno.ENOSPC)} (short write: {written} of {len(data)} bytes)",
-                )
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, seg.size)
-            raise
+        return got.records
 
     def truncate(self, offset: int, *, damaged: bool = False) -> int:
         """Drop every record at ``offset`` and after (a replica's uncommitted tail), crash-safe:
@@ -393,8 +278,8 @@ class TopicLog:
         if offset < self.latest:
             self.ids.forget()  # rebuilt from what is left, when next asked
         if offset >= self.latest:
-            if self.unsafe_from is not None and offset <= self.unsafe_from and self._fd >= 0:
-                durable.fsync(self._fd)  # a cut whose own fsync failed: done now
+            if self.unsafe_from is not None and offset <= self.unsafe_from and self.files.fd >= 0:
+                durable.fsync(self.files.fd)  # a cut whose own fsync failed: done now
                 self.unsafe_from = None
             return 0
         dropped = self.latest - max(offset, self.earliest)
@@ -404,37 +289,13 @@ class TopicLog:
             self.mark.lower(offset)  # on disk before the records go
         producers.remove_after(self.directory, offset)
         SYNCER.cancel(self._slot)
-        while len(self.segments) > 1 and self.segments[-1].base >= offset:
-            seg = self.segments.pop()
-            os.close(self._fd)
-            self._fd = -1
-            os.unlink(seg.path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(seg.index_path)
-            last = self.segments[-1]
-            self._fd = os.open(last.path, os.O_WRONLY | os.O_CLOEXEC)
-        seg = self.segments[-1]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(seg.index_path)  # rebuilt from the records at the next close or open
-        if offset <= seg.base:
-            pos, keep = 0, seg.base
-        else:
-            pos, keep = seg.position(offset)
-        os.ftruncate(self._fd, pos)
-        seg.size = pos
-        seg.next = keep if offset > seg.base else seg.base
-        i = bisect.bisect_left(seg.idx_pos, pos)
-        del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
-        seg.last_ts = seg.idx_ts[-1] if seg.idx_ts else 0
-        if pos:
-            for _, ts, _, _ in seg.walk(seg.idx_pos[-1] if seg.idx_pos else 0, pos):
-                seg.last_ts = max(seg.last_ts, ts)
-        self.handed = min(self.handed, self.latest)
+        self.files.cut(offset)
+        self.hand_off.handed = min(self.handed, self.latest)
         if self._committed is not None:
             self._committed = min(self._committed, self.latest)
         self.synced = min(self.synced, self.latest)
         self._unsynced = 0
-        durable.fsync(self._fd)  # the state above is the file's, whether or not this fails
+        durable.fsync(self.files.fd)  # the state above is the file's, whether or not this fails
         if self.unsafe_from is not None and offset <= self.unsafe_from:
             self.unsafe_from = None
         self.log.warning(
@@ -449,19 +310,9 @@ class TopicLog:
         self.ids.forget()
         self.holes = []
         SYNCER.cancel(self._slot)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        for seg in reversed(self.segments):
-            for path in (seg.path, seg.index_path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        producers.remove_after(self.directory, -1)  # of records this log no longer holds
-        seg = Segment(self.directory, offset)
-        self.segments = [seg]
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        durable.fsync(self._fd)
-        self.handed = self.synced = offset
+        producers.remove_after(self.directory, -1)  # of records this log will no longer hold
+        self.files.empty_at(offset)
+        self.hand_off.handed = self.synced = offset
         self.mark.advance(offset)
         self._generation += 1
         self.unsafe_from = None
@@ -485,10 +336,10 @@ class TopicLog:
         the end offset it covers, or None when everything is synced. Segments before it were
         synced when they closed. The caller fsyncs and closes the descriptor, then calls
         ``synced_to`` with the job (only if the fsync succeeded)."""
-        if self._fd < 0 or self.synced >= self.latest:
+        if self.files.fd < 0 or self.synced >= self.latest:
             return None
         self._unsynced = 0
-        return SyncJob(os.dup(self._fd), self.synced, self.latest, self._generation)
+        return SyncJob(os.dup(self.files.fd), self.synced, self.latest, self._generation)
 
     def synced_to(self, job: SyncJob) -> None:
         """``job``'s fsync succeeded: what it covers is durable, unless records were taken
@@ -511,9 +362,9 @@ class TopicLog:
         if self.sync_every <= 1:
             self.sync()
             return
-        fds = [os.dup(self._fd)] if self._unsynced and self._fd >= 0 else []
+        fds = [os.dup(self.files.fd)] if self._unsynced and self.files.fd >= 0 else []
         self._unsynced = 0
-        handed = self._handed_file.dup_unsynced() if self._handed_file is not None else None
+        handed = self.hand_off.dup_unsynced()
         if handed is not None:
             fds.append(handed)
         if fds:
@@ -536,37 +387,24 @@ class TopicLog:
         """fsync now (a waiting background sync is dropped, a running one waited for).
         Raises OSError."""
         SYNCER.cancel(self._slot)
-        if self._fd >= 0 and (self._unsynced or self.synced < self.latest):
+        if self.files.fd >= 0 and (self._unsynced or self.synced < self.latest):
             # (An fsync off the loop may still be running: ``synced`` says it is not done.)
-            durable.fsync(self._fd)
+            durable.fsync(self.files.fd)
             self._unsynced = 0
         self.synced = self.latest
         self.mark.advance(self.latest)
-        if self._handed_file is not None:
-            self._handed_file.sync()
+        self.hand_off.sync()
         self._slot.failed = False
 
     def sync_if_due(self) -> None:
         """``--sync-timeout``: the records and the hand-off position saved since the last
         sync go to disk (in the background unless ``--sync-every=1``)."""
-        if self._unsynced or (self._handed_file is not None and self._handed_file.unsynced):
+        if self._unsynced or self.hand_off.unsynced:
             self._request_sync()
 
     def _roll(self) -> Segment:
-        old = self.segments[-1]
         self.sync()
-        os.close(self._fd)
-        self._fd = -1
-        try:
-            write_atomic(old.index_path, old.encode_index())
-        except OSError as err:  # the index is rebuilt by a scan at the next start
-            self.log.warning(
-                "TOPICLOG(%s): failed to write %s - %s", self.name, old.index_path, err
-            )
-        seg = Segment(self.directory, old.next)
-        self.segments.append(seg)
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.log.info("TOPICLOG(%s): new segment %d", self.name, seg.base)
+        seg = self.files.roll()
         self.ids.at_roll(seg.base)
         self.prune()
         return seg
@@ -587,19 +425,8 @@ class TopicLog:
             too_big = bool(self.retention_bytes) and total - seg.size >= self.retention_bytes
             if not (too_old or too_big):
                 break
-            self.segments.pop(0)
-            total -= seg.size
-            for path in (seg.path, seg.index_path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            total -= self.files.remove_oldest().size
             removed += 1
-            self.log.info(
-                "TOPICLOG(%s): retention removed segment %d (offsets %d-%d)",
-                self.name,
-                seg.base,
-                seg.base,
-                seg.next - 1,
-            )
         return removed
 
     # -- reading --------------------------------------------------------------------------
@@ -633,80 +460,24 @@ class TopicLog:
     def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
         return log_reader.bodies_at(self, offsets)
 
+    @property
+    def handed(self) -> int:
+        """The first offset not yet handed to the channels (``storage/handed.py``)."""
+        return self.hand_off.handed
+
+    @property
+    def saved_handed(self) -> int:
+        return self.hand_off.saved
+
     def hand_to(self, offset: int) -> None:
         """The channels have been handed ``[.., offset)`` (or a replica's channels need none
         of it): the one way ``handed`` moves from outside this file (a test holds it to that);
         saved by ``save_handed``. On the publish path: an assignment, nothing more."""
-        self.handed = offset
+        self.hand_off.handed = offset
 
     def save_handed(self, position: int | None = None) -> None:
-        """Persist the hand-off position (``handed``, or an earlier ``position`` that every
-        channel has stored) if it moved: in place, fdatasync'd at once with ``--sync-every=1``,
-        else with the next sync. Raises OSError."""
-        position = self.handed if position is None else position
-        if position != self.saved_handed:
-            if self._handed_file is None:
-                self._handed_file = PositionFile(os.path.join(self.directory, HANDED_FILE))
-            self._handed_file.save(position, sync=self.sync_every <= 1)
-            self.saved_handed = position
-
-    def _load_handed(self) -> None:
-        path = os.path.join(self.directory, HANDED_FILE)
-        try:
-            self._handed_file = PositionFile(path)
-            saved = self._handed_file.load()
-            # None: a new log, nothing is waiting.
-            self.handed = self.latest if saved is None else saved
-        except (OSError, ValueError) as err:
-            # Unknown: hand over everything still retained again (at least once).
-            self.log.error(
-                "TOPICLOG(%s): unreadable %s (%s); replaying the log", self.name, path, err
-            )
-            self.handed = self.earliest
-        self.handed = min(max(self.handed, self.earliest), self.latest)
-        self.saved_handed = -1
-        self.save_handed()
-        if self.handed < self.latest:
-            self.log.info(
-                "TOPICLOG(%s): %d messages waiting for channels (offsets %d-%d)",
-                self.name,
-                self.latest - self.handed,
-                self.handed,
-                self.latest - 1,
-            )
-
-    # -- opening --------------------------------------------------------------------------
-
-    def _open(self) -> None:
-        bases = segment_bases(self.directory)
-        for n, base in enumerate(bases):
-            seg = Segment(self.directory, base)
-            last = n == len(bases) - 1
-            if last or not seg.load_index():
-                seg.scan(truncate=last, log=self.log, name=self.name)
-            if not last and seg.next > bases[n + 1]:
-                self.log.error(
-                    "TOPICLOG(%s): segment %d overlaps segment %d; kept as .bad",
-                    self.name,
-                    base,
-                    bases[n + 1],
-                )
-                os.replace(seg.path, seg.path + ".bad")
-                continue
-            self.segments.append(seg)
-        if not self.segments:
-            self.segments.append(Segment(self.directory, 0))
-        seg = self.segments[-1]
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        for i, s in enumerate(self.segments[:-1]):
-            if s.next < self.segments[i + 1].base:
-                self.holes.append((s.next, self.segments[i + 1].base - 1))
-                self.log.warning(
-                    "TOPICLOG(%s): offsets %d-%d are lost (damaged records); reads skip them",
-                    self.name,
-                    s.next,
-                    self.segments[i + 1].base - 1,
-                )
+        """``HandedPosition.save``. Raises OSError."""
+        self.hand_off.save(position)
 
     # -- closing --------------------------------------------------------------------------
 
@@ -719,27 +490,18 @@ class TopicLog:
         except OSError as err:  # the backlog is handed over again after the restart
             self.log.error("TOPICLOG(%s): failed to save its position - %s", self.name, err)
         try:
-            if self._fd >= 0:
+            if self.files.fd >= 0:
                 self.sync()
         finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-            if self._handed_file is not None:
-                self._handed_file.close()
+            self.files.close()
+            self.hand_off.close()
             self.mark.close()
 
     def delete(self, keep: tuple[str, ...] = ()) -> None:
         """Close and remove the log's files (its topic is deleted or stops retaining), but
         those named in ``keep``; the directory goes once it is empty."""
         self.close()
-        for entry in os.listdir(self.directory):
-            if entry in keep:
-                continue
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.directory, entry))
-        with contextlib.suppress(OSError):
-            os.rmdir(self.directory)
+        self.files.remove(keep)
 
 
 # -- a topic's own retention (POST /topic/retention) ------------------------------------------
