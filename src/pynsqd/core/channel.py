@@ -8,9 +8,11 @@ the loop turn. The pump hands each ready consumer (``in_flight < RDY``, nsqd's w
 RDY is never decremented) a share of the queued messages in one call, so the per-message cost
 is a few attribute writes, a dict insert and a heap push: no task, future or timer per message.
 
-In-flight deadlines and deferred due times share one ``TimedQueue``. When a consumer
-disconnects its in-flight messages go back to the head of the queue at once (nsqd waits for
-their timeout; README, "Differences from nsqd").
+Messages in flight or deferred are kept in the channel's ``ledger`` (``core/in_flight.py``:
+their deadlines in one ``TimedQueue``, second copies of an ID in flight waiting behind it); the
+channel decides what happens to one that leaves. When a consumer disconnects its in-flight
+messages go back to the head of the queue at once (nsqd waits for their timeout; README,
+"Differences from nsqd").
 
 A replicated topic's channel (``windows`` set) also keeps, per partition, what it is
 responsible for and done with, behind one object it calls (``core/windows.py``): FIN, expiry
@@ -30,18 +32,16 @@ from typing import Protocol
 from .backend import BackendQueue
 from .errors import (
     AlreadyDeferred,
-    ChannelError,
     Exiting,
-    NotInFlight,
-    NotOwner,
     QueueFull,
     TooManyConsumers,
 )
+from .in_flight import InFlight
 from .lending import Lending
 from .lifecycle import Bounds, Screen
-from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
+from .message import ConsumerLike, Message
 from .queue import MessageQueue
-from .timed_queue import TICK, Scheduler, TimedQueue
+from .timed_queue import TICK, Scheduler
 from .windows import PartitionWindows
 
 log = logging.getLogger("pynsqd")
@@ -66,7 +66,6 @@ class ChannelOwner(Protocol):
 
 class Channel:
     __slots__ = (
-        "_behind",
         "_pump_pending",
         "_rr",
         "bounds",
@@ -77,6 +76,7 @@ class Channel:
         "exiting",
         "held",
         "in_flight",
+        "ledger",
         "lending",
         "loop",
         "max_consumers",
@@ -115,12 +115,11 @@ class Channel:
         self.max_msg_timeout = max_msg_timeout
         self.max_consumers = max_consumers
         self.clients: dict[int, ConsumerLike] = {}
-        self.in_flight: dict[bytes, Message] = {}
-        self.deferred: dict[bytes, Message] = {}
-        #: Copies whose ID was in flight when they reached the head (a rewound copy, or a
-        #: crash's second copy): they wait here, counted in depth, until that ID leaves flight.
-        self._behind: dict[bytes, list[Message]] = {}
-        self.tq = TimedQueue(loop, self._on_due)
+        #: Messages in flight and deferred (``core/in_flight.py``); its books, by their names.
+        self.ledger = InFlight(loop, self._on_due)
+        self.in_flight = self.ledger.flying
+        self.deferred = self.ledger.deferred
+        self.tq = self.ledger.tq
         self.paused = False
         self.exiting = False
         self.message_count = 0
@@ -159,19 +158,11 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        behind = self._behind
-        return len(self.queue) + (sum(map(len, behind.values())) if behind else 0)
+        return len(self.queue) + self.ledger.waiting()
 
     def _release(self, ids: list[bytes]) -> None:
         """IDs that left flight: a copy waiting behind each goes to the head of the queue."""
-        behind = self._behind
-        back = []
-        for msg_id in ids:
-            waiting = behind.get(msg_id)
-            if waiting is not None:
-                back.append(waiting.pop(0))
-                if not waiting:
-                    del behind[msg_id]
+        back = self.ledger.release(ids)
         if back:
             err = self.queue.put_front(back)
             if err is not None:
@@ -238,8 +229,7 @@ class Channel:
         # fires a tick early, so the due time is rounded up by a tick, and ``defer_until_ns``
         # stays set until _on_due checks it against the wall clock: never early.
         delay = max(0.0, (msg.defer_until_ns - time_ns()) / 1e9)
-        self.deferred[msg.id] = msg
-        self.tq.push(msg, self.loop.time() + delay + TICK)
+        self.ledger.defer(msg, self.loop.time() + delay + TICK)
 
     # -- delivery -------------------------------------------------------------------------
 
@@ -303,37 +293,12 @@ class Channel:
             if not batch:
                 return 0
         now = self.loop.time()
-        fly = self.in_flight.setdefault  # one lookup both checks and inserts
-        dups = 0
-        for msg in batch:
-            if fly(msg.id, msg) is not msg:
-                # A second copy of a message in flight (a rewound copy, or a crash between a
-                # move's write and its commit): it waits until that ID leaves flight, then is
-                # delivered (an ID is in flight once, so FIN/REQ/TOUCH stay unambiguous).
-                self._behind.setdefault(msg.id, []).append(msg)
-                dups += 1
-                continue
-            if msg.attempts < MAX_ATTEMPTS:
-                msg.attempts += 1
-            msg.client = client
-            msg.delivery_ts = now
-        if dups:
-            batch = [m for m in batch if self.in_flight.get(m.id) is m]
-            if not batch:
-                return 0
-        self.tq.push_many(batch, now + client.msg_timeout)
-        client.send_messages(batch)
+        batch = self.ledger.fly(batch, client, now, now + client.msg_timeout)
+        if batch:
+            client.send_messages(batch)
         return len(batch)
 
     # -- consumer commands ----------------------------------------------------------------
-
-    def _take_in_flight(self, client: ConsumerLike, msg_id: bytes) -> Message:
-        msg = self.in_flight.get(msg_id)
-        if msg is None:
-            raise NotInFlight(msg_id)
-        if msg.client is not client:
-            raise NotOwner(msg_id)
-        return msg
 
     def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
         """FIN one message; raises NotInFlight or NotOwner."""
@@ -343,31 +308,13 @@ class Channel:
         """FIN a run of ids (one pipelined read's worth), the one body of FIN. The ids before
         the first that is not this client's to finish are finished; that one raises
         NotInFlight or NotOwner, as every consumer command of the channel raises."""
-        in_flight = self.in_flight
         sink = self.e2e_sink
         now_ns = time.time_ns() if sink is not None else 0
-        done = 0
-        err: ChannelError | None = None
-        pop = in_flight.pop
-        for msg_id in ids:
-            msg = pop(msg_id, None)
-            if msg is None:
-                err = NotInFlight(msg_id)
-                break
-            if msg.client is not client:
-                in_flight[msg_id] = msg  # back, if at the end of the order: not ours to FIN
-                err = NotOwner(msg_id)
-                break
-            msg.tq_seq = 0  # TimedQueue.remove, inline: a call per FIN costs 35 ns
-            msg.client = None
-            done += 1
-            if sink is not None:
-                sink(now_ns - msg.timestamp)
-        self.tq.removed(done)
+        done, err = self.ledger.finish_many(client, ids, sink, now_ns)
         client.finished(done)
         if self.windows is not None and done:
             self.windows.mark_done(ids[:done])
-        if self._behind:
+        if self.ledger.behind:
             self._release(ids[:done])
         if self.lending is not None and done:
             self.lending.finished(ids[:done])
@@ -381,12 +328,10 @@ class Channel:
         """REQ: back to the queue now (timeout 0) or deferred by ``timeout`` seconds."""
         if self.exiting:
             raise Exiting()
-        msg = self._take_in_flight(client, msg_id)
+        msg = self.ledger.take(client, msg_id)
         if timeout > 0 and msg_id in self.deferred:
             raise AlreadyDeferred(msg_id)
-        del self.in_flight[msg_id]
-        self.tq.remove(msg)
-        msg.client = None
+        self.ledger.land(msg)
         client.requeued()
         if self.lending is not None and self.lending.give_back(msg, int(timeout * 1000)):
             self.schedule_pump()  # counted by the channel that lent it
@@ -396,23 +341,22 @@ class Channel:
             due_ms = time.time_ns() // 1_000_000 + int(timeout * 1000) if timeout > 0 else 0
             self.windows.note_attempts((msg,), due_ms)
         if timeout > 0:
-            self.deferred[msg_id] = msg
-            self.tq.push(msg, self.loop.time() + timeout)
+            self.ledger.defer(msg, self.loop.time() + timeout)
         else:
             err = self.queue.keep_many([msg])
             if err is not None:
                 self._kept_in_memory(1, err)
             self.bounds.count_over(1)
-        if self._behind:
+        if self.ledger.behind:
             self._release([msg_id])
         self.schedule_pump()
 
     def touch(self, client: ConsumerLike, msg_id: bytes) -> None:
-        msg = self._take_in_flight(client, msg_id)
+        msg = self.ledger.take(client, msg_id)
         now = self.loop.time()
-        deadline = min(now + client.msg_timeout, msg.delivery_ts + self.max_msg_timeout)
-        self.tq.remove(msg)
-        self.tq.push(msg, deadline)
+        self.ledger.retime(
+            msg, min(now + client.msg_timeout, msg.delivery_ts + self.max_msg_timeout)
+        )
         if self.lending is not None:
             self.lending.touched(msg_id)
 
@@ -454,8 +398,8 @@ class Channel:
             self._kept_in_memory(len(ready), err)
         if timed_out:
             self.bounds.count_over(sum(timed_out.values()))
-        if self._behind and timed_out:
-            self._release([m.id for m in ready if m.id in self._behind])
+        if self.ledger.behind and timed_out:
+            self._release([m.id for m in ready if m.id in self.ledger.behind])
         self.schedule_pump()
 
     # -- consumers ------------------------------------------------------------------------
@@ -484,13 +428,9 @@ class Channel:
     def requeue_client_messages(self, client: ConsumerLike) -> None:
         """Its in-flight messages go back to the head of the queue, within ``--mem-queue-size``
         (the rest to the backend), and count as requeued."""
-        mine = [m for m in self.in_flight.values() if m.client is client]
+        mine = self.ledger.land_all(client)
         if not mine:
             return
-        for m in mine:
-            del self.in_flight[m.id]
-            self.tq.remove(m)
-            m.client = None
         client.released(len(mine))
         if self.lending is not None:
             give_back = self.lending.give_back
@@ -505,7 +445,7 @@ class Channel:
         if err is not None:
             self._kept_in_memory(len(mine), err)
         self.bounds.count_over(len(mine))
-        if self._behind:
+        if self.ledger.behind:
             self._release([m.id for m in mine])
         self.schedule_pump()
 
@@ -526,11 +466,7 @@ class Channel:
 
     def empty(self) -> None:
         """Drop queued, in-flight and deferred messages (nsqd's ``Empty``)."""
-        for m in self.tq.clear():
-            m.client = None
-        self.in_flight.clear()
-        self.deferred.clear()
-        self._behind.clear()
+        self.ledger.clear()
         self.screen.passing.clear()
         for c in self.clients.values():
             c.emptied()
@@ -547,34 +483,14 @@ class Channel:
             c.close_for_exit()
         self.clients.clear()
         if delete:
-            self.tq.clear()
-            self.in_flight.clear()
-            self.deferred.clear()
-            self._behind.clear()
+            self.ledger.clear()
             self.queue.backend.delete()
             return
         # In-flight and deferred messages go back to the queue so that nothing is lost; the
         # deferred ones keep their due time (nsqio/nsq#1107).
-        from time import time_ns
-
-        now, now_ns = self.loop.time(), time_ns()
-        pending = []
         lent = self.lending.lent if self.lending is not None else {}
-        for due, m in self.tq.clear_with_due():
-            if m.id in lent:
-                continue  # another worker's: its channel takes it back when the link closes
-            if m.client is None:
-                # Capped so that a corrupt far-future due time cannot overflow int64 on disk.
-                delay_ns = min(max(1, int((due - now) * 1e9)), MAX_DEFER_NS)
-                m.defer_until_ns = now_ns + delay_ns
-            m.client = None
-            pending.append(m)
-        self.in_flight.clear()
-        self.deferred.clear()
-        leftovers = self.queue.drain_memory() + pending
-        for waiting in self._behind.values():
-            leftovers += waiting
-        self._behind.clear()
+        kept = self.ledger.keep_at_exit(self.loop.time(), time.time_ns(), lent)
+        leftovers = self.queue.drain_memory() + kept
         if leftovers:
             self.queue.backend.put_many(leftovers)
         self.queue.backend.close()
