@@ -33,6 +33,15 @@ def publish(node: Node, bodies: list[bytes]) -> None:
             conn.mpub(TOPIC, bodies[i : i + 100])
 
 
+def wait_holds(cluster: Cluster, node: Node, acked: list[bytes]) -> None:
+    """Until ``node``'s copy of partition 1 holds exactly ``acked`` (a guard of 30 s)."""
+    wait_for(
+        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, node)] == acked,
+        f"node {node.node_id}'s copy of partition 1 to hold every acknowledged message",
+        30,
+    )
+
+
 def since_start(node: Node) -> str:
     """The node's log since its last start."""
     return node.log.read_text(errors="replace").rpartition("INFO: nsqd v")[2]
@@ -79,11 +88,7 @@ def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
     one.start()
     wait_in_sync(cluster, TOPIC, 1)
     for n in cluster.nodes:
-        wait_for(
-            lambda n=n: [r[2] for r in cluster.read_partition(TOPIC, 1, n)] == acked,
-            f"node {n.node_id}'s copy of partition 1 to hold every acknowledged message",
-            30,
-        )
+        wait_holds(cluster, n, acked)
     for n in cluster.nodes:
         assert "truncated to offset" not in since_start(n), f"node {n.node_id} cut its log"
 
@@ -102,11 +107,7 @@ def test_a_copy_with_a_gap_in_a_closed_segment_fetches_it_again_from_its_leader(
         one, two, _ = cluster.nodes
         acked = [b"m%05d" % i for i in range(6000)]
         publish(one, acked)
-        wait_for(
-            lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
-            "node 2's copy to hold everything",
-            30,
-        )
+        wait_holds(cluster, two, acked)
         two.kill()
         copy = two.store / "replicas" / "1" / TOPIC
         segments = sorted(copy.glob("*.log"), key=lambda p: int(p.stem))
@@ -119,11 +120,7 @@ def test_a_copy_with_a_gap_in_a_closed_segment_fetches_it_again_from_its_leader(
         wait_for(lambda: "are damaged; fetching everything" in since_start(two), "the repair", 30)
         assert "are lost (damaged records)" in since_start(two)
         wait_in_sync(cluster, TOPIC, 1)
-        wait_for(
-            lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
-            "node 2's copy to hold every acknowledged message again",
-            30,
-        )
+        wait_holds(cluster, two, acked)
     finally:
         cluster.stop()
 
@@ -141,11 +138,7 @@ def test_damaged_metadata_gives_one_line_and_the_node_starts_and_catches_up(
     one, two, three = cluster.nodes
     acked = [b"m%04d" % i for i in range(600)]
     publish(one, acked)
-    wait_for(
-        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
-        "node 2's copy to hold everything",
-        30,
-    )
+    wait_holds(cluster, two, acked)
     storage = two.json("GET", "/info")["storage_id"]
     two.kill()
     epochs = two.store / "replicas" / "1" / TOPIC / "epochs"
@@ -159,10 +152,6 @@ def test_damaged_metadata_gives_one_line_and_the_node_starts_and_catches_up(
     assert f"{epochs} is damaged" in text and "cluster.id was damaged" in text, text
     assert two.json("GET", "/info")["storage_id"] == storage
     wait_in_sync(cluster, TOPIC, 1)
-    wait_for(
-        lambda: [r[2] for r in cluster.read_partition(TOPIC, 1, two)] == acked,
-        "node 2's copy to hold every acknowledged message again",
-        30,
-    )
+    wait_holds(cluster, two, acked)
     for n in (one, three):
         assert "truncated to offset" not in since_start(n), f"node {n.node_id} cut its log"
