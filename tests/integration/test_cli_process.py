@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,65 @@ def test_bootstrap_rebuilds_a_venv_of_an_old_python_and_names_what_to_set(
     )
     assert "set PYTHON=/path/to/python3.11" in res.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def _scratch_bootstrap(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
+    """A copy of ``scripts/bootstrap`` with a ``.venv`` whose python logs each ``pip install``
+    (after a moment, as pip takes one) instead of installing, and a PATH without apt."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "bootstrap"
+    script.write_bytes((ROOT / "scripts" / "bootstrap").read_bytes())
+    script.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    log = tmp_path / ".venv" / "pip.log"
+    python.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = -c ] && exit 0\n'
+        'case "$*" in *"--upgrade pip"*) exit 0 ;; esac\n'
+        "sleep 0.3\n"
+        f'echo "$*" >> {log}\n'
+    )
+    python.chmod(0o755)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("bash", "sh", "dirname", "sha256sum", "cut", "flock", "sleep", "cat"):
+        found = shutil.which(name)
+        assert found is not None, name
+        (tools / name).symlink_to(found)
+    return script, {"PATH": str(tools)}, log
+
+
+def test_bootstrap_modes_share_one_install_and_wait_for_each_other(tmp_path: Path) -> None:
+    """Issue 54: each script's mode wanted its own install (a switch reinstalled: 46.5 s), and
+    the replication walk-through's four scripts at once fought over one .venv (one never
+    started). Now a larger install serves a smaller mode, an install never shrinks one, and
+    bootstraps started together wait for the one that installs."""
+    script, env, log = _scratch_bootstrap(tmp_path)
+
+    def start(mode: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(script), mode], env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+        )
+
+    def run(mode: str) -> int:
+        proc = start(mode)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        return len(installs())
+
+    def installs() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
+    together = [start(mode) for mode in ("server", "cluster", "server", "cluster")]
+    errs = [p.communicate(timeout=60)[1] for p in together]
+    assert [p.returncode for p in together] == [0, 0, 0, 0], errs
+    assert installs() == ["-m pip install -q -e ."], errs
+    assert run("server") == run("cluster") == 1
+    assert run("spark") == 2  # larger: installed once
+    assert run("server") == 2
+    assert installs()[1] == "-m pip install -q --progress-bar on -e .[spark]"
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'changed'\n")
+    assert run("server") == 3  # changed: the larger install again
+    assert installs()[2] == "-m pip install -q --progress-bar on -e .[spark]"
