@@ -298,6 +298,12 @@ def test_to_nsq_run_again_with_its_producer_id_writes_each_record_once(
     # The same input again, longer (the first run "died" after c): only d and e are new.
     again = tool("to_nsq", *args, stdin=b"a\nb\nc\nd\ne\n")
     assert again.returncode == 0, again.stderr
+    # What was acknowledged, not "published 5 messages" (issue 54: a re-run that wrote nothing
+    # new said it published them all).
+    assert again.stderr == (
+        b"to_nsq: 5 records acknowledged on t as producer load-1 (sequences 0-4; those an "
+        b"earlier run wrote were not written again)\n"
+    )
     records = read_everything(server, "t")
     assert [(r.body, r.sequence) for r in records] == [
         (b"a", 0),

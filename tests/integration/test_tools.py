@@ -43,6 +43,20 @@ def test_to_nsq_then_nsq_tail(nsqd: ServerThread) -> None:
     assert nsqd.call(lambda: (ch.depth, ch.message_count)) == (0, 3)
 
 
+def test_to_nsq_says_how_many_records_were_acknowledged_when_one_is_refused(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """Issue 54: a failed run did not say how far it got (what to publish again)."""
+    nsqd = make_nsqd(max_msg_size=16)
+    addr = f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}"
+    res = tool("to_nsq", "--topic=t", addr, stdin=b"a\nb\n" + b"x" * 40 + b"\nc\n")
+    assert res.returncode == 1
+    (line,) = res.stderr.decode().splitlines()
+    assert line.startswith("to_nsq: E_BAD_MESSAGE"), line
+    assert line.endswith("(record 3: not acknowledged; the 2 records before it were)"), line
+    assert nsqd.call(lambda: nsqd.nsqd.topics["t"].message_count) == 2
+
+
 def test_to_nsq_delimiter_and_every_destination(
     make_nsqd: Callable[..., ServerThread], tmp_path: Path
 ) -> None:

@@ -100,12 +100,28 @@ def main(argv: list[str] | None = None) -> int:
                     conn.pub(opts.topic, record)
             sent += 1
     except (NsqError, NsqConnectionError) as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        # What was acknowledged, and that the record at hand may or may not have been written.
+        print(
+            f"{PROGRAM}: {err} (record {sent + 1}: not acknowledged; the {sent} records "
+            "before it were)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         for conn in conns:
             conn.close()
-    print(f"{PROGRAM}: published {sent} messages to {opts.topic}", file=sys.stderr)
+    if opts.producer_id:
+        # The node answers OK for a record an earlier run wrote: acknowledged, not written again.
+        print(
+            f"{PROGRAM}: {sent} records acknowledged on {opts.topic} as producer "
+            f"{opts.producer_id} (sequences 0-{sent - 1}; those an earlier run wrote were not "
+            "written again)"
+            if sent
+            else f"{PROGRAM}: no records to publish",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{PROGRAM}: published {sent} messages to {opts.topic}", file=sys.stderr)
     return 0
 
 
