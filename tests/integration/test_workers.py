@@ -352,6 +352,23 @@ def test_admin_calls_take_effect_on_every_worker_and_answer_once(data: Path) -> 
         assert node.stats()["topics"] == []
 
 
+def test_every_workers_log_line_names_the_client_or_the_worker_that_called(data: Path) -> None:
+    """Issue 54: a call passed between workers was logged as ``GET /ping ()``. Now the worker
+    that answers for another logs ``worker N``, and one that answers a client's call passed on
+    logs the client's address; a client's own X-Pynsqd-* headers are not believed."""
+    with started(data, "--workers=2") as node:
+        for _ in range(4):  # whichever worker each lands on, /ping asks the other
+            conn = http.client.HTTPConnection("127.0.0.1", node.http_port)
+            conn.request("GET", "/ping", headers={"X-Pynsqd-Client": "forged:1"})
+            assert conn.getresponse().read() == b"OK"
+            conn.close()
+        wait_for(lambda: node.output().count("GET /ping") >= 8, "every /ping logged")
+        lines = [line for line in node.output().splitlines() if "GET /ping" in line]
+        assert not [line for line in lines if "GET /ping ()" in line or "forged" in line], lines
+        assert any("GET /ping (worker " in line for line in lines), lines
+        assert any("GET /ping (127.0.0.1:" in line for line in lines), lines
+
+
 def test_a_worker_killed_with_kill_9_loses_nothing_acknowledged(data: Path) -> None:
     flags = ("--workers=2", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:

@@ -90,12 +90,27 @@ def sync_handler(fn: Callable[[BaseRequest, Params], Any]) -> Handler:
     return handler
 
 
+#: With ``--workers``, a request another worker made over this one's private admin socket
+#: names that worker (its index) or, passing a client's request on, the client's address
+#: (``server/workers/admin.py``). Only a unix socket's request is taken at its word.
+WORKER_HEADER = "X-Pynsqd-Worker"
+CLIENT_HEADER = "X-Pynsqd-Client"
+
+
 def peer(request: BaseRequest) -> str:
-    """The client's ``host:port`` (Go's ``RemoteAddr``)."""
+    """The client's ``host:port`` (Go's ``RemoteAddr``); over a worker's private admin socket
+    the client's a worker passed on, or ``worker N`` for a worker's own call."""
     addr = request.transport.get_extra_info("peername") if request.transport else None
     if isinstance(addr, tuple):
         host = str(addr[0])
         return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    if request.transport is not None and isinstance(addr, str):  # a unix socket
+        client = request.headers.get(CLIENT_HEADER)
+        if client:
+            return client
+        worker = request.headers.get(WORKER_HEADER)
+        if worker:
+            return f"worker {worker}"
     return str(request.remote or "")
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ...http.api import BODY_READ, read_body
 from ...http.stats import merge_stats
 from ...internal.httpapi import HTTPError
+from ...internal.router import CLIENT_HEADER, WORKER_HEADER
+from ...internal.router import peer as client_address
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pynsqd")
 
 #: An HTTP request one worker makes of another: made there alone, not again on every worker.
-WORKER_HEADER = "X-Pynsqd-Worker"
 #: Headers of one connection, not passed on by ``Workers.proxy``.
 _HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "date"}
@@ -45,7 +46,9 @@ DROPPED = -1
 #: How many times an admin call is made of a peer whose connection drops each time.
 FAN_OUT_ATTEMPTS = 3
 #: ... and of a websocket's opening, passed on by ``Workers.proxy_websocket``.
-_WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade", WORKER_HEADER.lower()}
+_WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade"}
+#: Headers only a worker sets (``internal/router.py``): a client's are never passed on.
+_PRIVATE_HEADERS = frozenset({WORKER_HEADER.lower(), CLIENT_HEADER.lower()})
 
 
 class AdminLinks:
@@ -175,8 +178,9 @@ class AdminLinks:
         headers = {
             k: v
             for k, v in request.headers.items()
-            if k.lower() not in _HOP_HEADERS and k != WORKER_HEADER
+            if k.lower() not in _HOP_HEADERS and k.lower() not in _PRIVATE_HEADERS
         }
+        headers[CLIENT_HEADER] = client_address(request)  # for its log line
         try:
             async with self._session(peer).request(
                 request.method, "http://worker" + request.path_qs, data=body, headers=headers
@@ -248,8 +252,11 @@ class AdminLinks:
         headers = {
             k: v
             for k, v in request.headers.items()
-            if k.lower() not in _WS_HOP_HEADERS and not k.lower().startswith("sec-websocket")
+            if k.lower() not in _WS_HOP_HEADERS
+            and not k.lower().startswith("sec-websocket")
+            and k.lower() not in _PRIVATE_HEADERS  # a client's are never passed on
         }
+        headers[CLIENT_HEADER] = client_address(request)
         # A session of its own: the fan-out's (``_session``) bounds a whole call to 30 s.
         session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=self._admins[peer]),
