@@ -57,6 +57,73 @@ def test_to_nsq_says_how_many_records_were_acknowledged_when_one_is_refused(
     assert nsqd.call(lambda: nsqd.nsqd.topics["t"].message_count) == 2
 
 
+def test_nsq_tail_says_a_nodes_connection_error_once_while_it_retries(tmp_path: Path) -> None:
+    """Issue 54: through nsqlookupd, a dead node still listed was retried every 15 s with an
+    error line each time (go-nsq stays quiet). The error is said once; the retries go on. The
+    node here accepts and closes each connection (so each attempt is seen and fails alike); the
+    lookup answer lists it, as nsqlookupd lists a node until it has timed out."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    answer = json.dumps(
+        {
+            "channels": [],
+            "producers": [
+                {
+                    "remote_address": f"127.0.0.1:{port}",
+                    "hostname": "dead",
+                    "broadcast_address": "127.0.0.1",
+                    "tcp_port": port,
+                    "http_port": 1,
+                    "version": "1.3.0",
+                }
+            ],
+        }
+    ).encode()
+
+    class Lookup(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    lookupd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lookup)
+    threading.Thread(target=refuse, daemon=True).start()
+    threading.Thread(target=lookupd.serve_forever, daemon=True).start()
+    lookup = f"--lookupd-http-address=127.0.0.1:{lookupd.server_address[1]}"
+    err = (tmp_path / "err").open("w+b")
+    proc = subprocess.Popen(
+        [str(BIN / "nsq_tail"), "--topic=t", lookup], stdout=subprocess.DEVNULL, stderr=err
+    )
+    try:
+        wait_for(lambda: len(accepted) >= 3, "three attempts to connect", 30)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        listener.close()
+        lookupd.shutdown()
+        lookupd.server_close()
+    err.seek(0)
+    said = [line for line in err.read().decode().splitlines() if f"127.0.0.1:{port}" in line]
+    err.close()
+    assert len(said) == 1, said
+
+
 def test_to_nsq_delimiter_and_every_destination(
     make_nsqd: Callable[..., ServerThread], tmp_path: Path
 ) -> None:

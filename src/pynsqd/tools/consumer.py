@@ -142,6 +142,9 @@ class Subscription:
         self._found: list[str] = []  # from lookupd's last answer
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
+        #: Addresses whose connection error was said: once until they connect, not at every
+        #: retry (as go-nsq; a dead node nsqlookupd still lists is tried every 15 s).
+        self._said: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{program}-nodes", daemon=True)
         self._waiting_said = False
@@ -243,6 +246,7 @@ class Subscription:
                     continue
                 try:
                     self._connect(address)
+                    self._said.discard(address)
                     if address in self._retry_at:
                         self.say(f"{address}: connected to nsqd again")
                         del self._retry_at[address]
@@ -250,7 +254,10 @@ class Subscription:
                     wait = self._backoff.get(address, RECONNECT_FIRST)
                     self._backoff[address] = min(wait * 2, RECONNECT_MAX)
                     self._retry_at[address] = now + wait
-                    self.say(
-                        f"{address}: error connecting to nsqd - {err}; again in {wait:g}s",
-                        "error",
-                    )
+                    if address not in self._said:
+                        self._said.add(address)
+                        self.say(
+                            f"{address}: error connecting to nsqd - {err}; trying again every "
+                            f"{RECONNECT_MAX:g}s at most (said once, until it connects)",
+                            "error",
+                        )
