@@ -2,6 +2,7 @@
 
     scripts/cluster [--dir DIR] [--port-offset N]     start, print where, wait for Ctrl-C
     scripts/cluster stop [--dir DIR]                  stop the cluster started in DIR
+    scripts/cluster revive [--dir DIR]                start its nodes that exited again
 
 Everything lives under DIR (default ./pynsqd-cluster): each process's data and log, and
 ``pids`` (this command's own pid first). Ports (each + N with ``--port-offset``): etcd 2379
@@ -61,6 +62,8 @@ class Cluster:
         self.dir = directory
         self.offset = offset
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        #: How each was started: a node that exited is started the same way (``revive``).
+        self.commands: dict[str, tuple[list[str], str]] = {}
 
     def port(self, base: int) -> int:
         return base + self.offset
@@ -70,7 +73,8 @@ class Cluster:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir
         )
-        self.procs.append((name, proc))
+        self.commands[name] = (cmd, ready_url)
+        self.procs = [(n, p) for n, p in self.procs if n != name] + [(name, proc)]
         self.write_pids()
         deadline = time.monotonic() + START_TIMEOUT
         while not answers(ready_url):
@@ -83,6 +87,16 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise SystemExit(f"cluster: {name} did not answer {ready_url} in 60 s")
             time.sleep(0.05)
+
+    def revive(self) -> None:
+        """Start again, as before, every nsqd that exited (it takes its partition back)."""
+        for name, proc in list(self.procs):
+            if name.startswith("nsqd") and proc.poll() is not None:
+                self.spawn(name, *self.commands[name])
+                print(f"cluster: {name} started again (pid {self.pid(name)})", flush=True)
+
+    def pid(self, name: str) -> int:
+        return next(p.pid for n, p in self.procs if n == name)
 
     def write_pids(self) -> None:
         pids = [os.getpid()] + [p.pid for _, p in self.procs]
@@ -194,6 +208,9 @@ then here:
   curl '{n1}/topic/replication?topic=orders'
   kill -9 {pid["nsqd 1"]}        # nsqd 1's partition is served by another node within seconds
   curl -d 'after' 'http://127.0.0.1:{p(4251)}/pub?topic=orders'
+  {Path(__file__).resolve().with_name("cluster")} revive --dir {self.dir}
+                                 # nsqd 1 starts again and takes its partition back:
+  curl '{n1}/topic/replication?topic=orders'
 
 Ctrl-C here (or scripts/cluster stop --dir {self.dir}) stops everything.""",
             flush=True,
@@ -231,17 +248,35 @@ def stop_other(directory: Path) -> int:
     return 0
 
 
+def revive_other(directory: Path) -> int:
+    """Ask the cluster running in ``directory`` to start its exited nodes again (SIGHUP)."""
+    pids = directory / "pids"
+    if not pids.exists():
+        print(f"cluster: no cluster runs in {directory} (no {pids})", file=sys.stderr)
+        return 1
+    first = int(pids.read_text().split()[0])
+    try:
+        os.kill(first, signal.SIGHUP)
+    except ProcessLookupError:
+        print(f"cluster: the cluster in {directory} is not running (pid {first})", file=sys.stderr)
+        return 1
+    print(f"cluster: asked the cluster in {directory} to start its stopped nodes again")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         prog="scripts/cluster", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("command", nargs="?", default="start", choices=["start", "stop"])
+    ap.add_argument("command", nargs="?", default="start", choices=["start", "stop", "revive"])
     ap.add_argument("--dir", default="pynsqd-cluster", help="where everything lives")
     ap.add_argument("--port-offset", type=int, default=0, help="added to every port")
     args = ap.parse_args()
     directory = Path(args.dir).resolve()
     if args.command == "stop":
         return stop_other(directory)
+    if args.command == "revive":
+        return revive_other(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "pids").exists():
         first = int((directory / "pids").read_text().split()[0])
@@ -258,14 +293,27 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the wait below
-    reported: set[str] = set()
+    revive = [False]
+
+    def on_hup(signum: int, frame: object) -> None:  # scripts/cluster revive
+        revive[0] = True
+
+    signal.signal(signal.SIGHUP, on_hup)
+    reported: set[int] = set()
     try:
         cluster.start()
         while True:
+            if revive[0]:
+                revive[0] = False
+                cluster.revive()
             for name, proc in cluster.procs:
-                if proc.poll() is not None and name not in reported:
-                    reported.add(name)
-                    print(f"cluster: {name} exited ({proc.returncode}); its log is in {directory}")
+                if proc.poll() is not None and proc.pid not in reported:
+                    reported.add(proc.pid)
+                    print(
+                        f"cluster: {name} exited ({proc.returncode}); its log is in {directory};"
+                        f" scripts/cluster revive --dir {directory} starts it again",
+                        flush=True,
+                    )
             signal.pause()
     except KeyboardInterrupt:
         print("\ncluster: stopping", flush=True)

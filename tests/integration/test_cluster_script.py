@@ -5,6 +5,7 @@ nsqlookupd, kill -9 a node and publish again; then ``scripts/cluster stop`` stop
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -123,6 +124,23 @@ def test_the_cluster_starts_in_one_command_and_the_printed_commands_work(cluster
             tailer.wait()
     assert sorted(out.decode().split()) == ["after", "hello"], (out, err)
     wait_for(lambda: "nsqd 1 exited (-9)" in log.read_text(), "the cluster to say so")
+    # The printed step that brings nsqd 1 back (issue 54: the tour stopped at its kill -9): it
+    # starts again and takes its partition back.
+    revive = re.search(r"\n  (\S+cluster revive --dir \S+)\n", text)
+    assert revive, text
+    res = subprocess.run(revive.group(1).split(), capture_output=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: "nsqd 1 started again" in log.read_text(), "nsqd 1 to start again", 60)
+
+    def led_by_1() -> bool:
+        try:
+            with urllib.request.urlopen(repl.group(1), timeout=10) as r:
+                doc = json.loads(r.read())
+        except OSError:
+            return False
+        return any(p["partition"] == 1 and p["role"] == "leader" for p in doc["partitions"])
+
+    wait_for(led_by_1, "nsqd 1 to lead its partition again", 60)
     # scripts/cluster stop: every process it started is gone, and it says so.
     pids = list(map(int, (directory / "pids").read_text().split()))
     stop = subprocess.run(
