@@ -251,6 +251,24 @@ def _steady(read: Callable[[], Any]) -> Any:
     return read()
 
 
+def _type(browser: Any, selector: str, text: str) -> None:
+    """Type ``text`` into a form field (cleared first), again if a redraw (every 2 s) replaced
+    the field between finding it and typing: a fresh-clone run failed on that once."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for attempt in range(5):
+        try:
+            field = browser.find_element(By.CSS_SELECTOR, selector)
+            field.clear()
+            field.click()
+            browser.switch_to.active_element.send_keys(text)
+            return
+        except StaleElementReferenceException:
+            if attempt == 4:
+                raise
+
+
 def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) -> None:
     from selenium.webdriver.common.by import By
 
@@ -274,10 +292,8 @@ def test_the_pages_in_a_browser(browser: Any, admin: AdminThread, cluster: Any) 
     assert _steady(lambda: cells(orders))[1:4] == ["3", "8", "1"]
     assert browser.find_element(By.ID, "crumbs").text == "Topics"
     # The create form creates in nsqlookupd (as Go's); a redraw keeps what is typed.
-    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='topic']").click())
-    browser.switch_to.active_element.send_keys("fresh")
-    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='channel']").click())
-    browser.switch_to.active_element.send_keys("c")
+    _type(browser, "#create [name='topic']", "fresh")
+    _type(browser, "#create [name='channel']", "c")
     _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
     wait.until(lambda d: "fresh" in lookup_topics([lookupd.http_url]))
     _shot(browser, "topics")
@@ -367,8 +383,7 @@ def test_first_hour_frictions_in_the_browser(
     browser.get(f"{base}/topics")
     orders = "//table[@id='topics']//tr[td/a='orders']"
     wait.until(lambda d: d.find_element(By.XPATH, orders))
-    _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create [name='topic']").click())
-    browser.switch_to.active_element.send_keys("bad name!")
+    _type(browser, "#create [name='topic']", "bad name!")
     _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
     wait.until(lambda d: "refused: INVALID_TOPIC" in d.find_element(By.ID, "refused").text)
     stop = threading.Event()
@@ -401,10 +416,7 @@ def test_first_hour_frictions_in_the_browser(
         stop.set()
         pub.join(timeout=10)
     # Created here: on the Topics page at once, as inactive (in nsqlookupd, on no node).
-    field = "#create [name='topic']"
-    _steady(lambda: browser.find_element(By.CSS_SELECTOR, field).clear())
-    _steady(lambda: browser.find_element(By.CSS_SELECTOR, field).click())
-    browser.switch_to.active_element.send_keys("brandnew")
+    _type(browser, "#create [name='topic']", "brandnew")
     _steady(lambda: browser.find_element(By.CSS_SELECTOR, "#create button[type='submit']").click())
     fresh = "//table[@id='topics']//tr[td/a='brandnew']"
     wait.until(lambda d: d.find_elements(By.XPATH, fresh))
