@@ -229,18 +229,28 @@ Ctrl-C here (or scripts/cluster stop --dir {self.dir}) stops everything.""",
         (self.dir / "pids").unlink(missing_ok=True)
 
 
-def stop_other(directory: Path) -> int:
+def signal_cluster(directory: Path, sig: int) -> bool:
+    """Send ``sig`` to the cluster running in ``directory`` (its own pid is the first in
+    ``pids``); False, said in one line, when none runs there."""
     pids = directory / "pids"
     if not pids.exists():
         print(f"cluster: no cluster runs in {directory} (no {pids})", file=sys.stderr)
-        return 1
+        return False
     first = int(pids.read_text().split()[0])
     try:
-        os.kill(first, signal.SIGTERM)
+        os.kill(first, sig)
     except ProcessLookupError:
         print(f"cluster: the cluster in {directory} is not running (pid {first})", file=sys.stderr)
-        pids.unlink()
+        if sig == signal.SIGTERM:
+            pids.unlink()
+        return False
+    return True
+
+
+def stop_other(directory: Path) -> int:
+    if not signal_cluster(directory, signal.SIGTERM):
         return 1
+    pids = directory / "pids"
     deadline = time.monotonic() + 120
     while pids.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -250,15 +260,7 @@ def stop_other(directory: Path) -> int:
 
 def revive_other(directory: Path) -> int:
     """Ask the cluster running in ``directory`` to start its exited nodes again (SIGHUP)."""
-    pids = directory / "pids"
-    if not pids.exists():
-        print(f"cluster: no cluster runs in {directory} (no {pids})", file=sys.stderr)
-        return 1
-    first = int(pids.read_text().split()[0])
-    try:
-        os.kill(first, signal.SIGHUP)
-    except ProcessLookupError:
-        print(f"cluster: the cluster in {directory} is not running (pid {first})", file=sys.stderr)
+    if not signal_cluster(directory, signal.SIGHUP):
         return 1
     print(f"cluster: asked the cluster in {directory} to start its stopped nodes again")
     return 0
