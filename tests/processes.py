@@ -124,6 +124,12 @@ class NsqdProcess(ServerProcess):
         return result
 
 
+def track(p: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """A process a test started itself: killed by ``reap_all`` if the test leaves it."""
+    _LIVE.append(p)
+    return p
+
+
 def free_port() -> int:
     """A port nobody listens on now (bound, then closed): for a server told its port up front."""
     with socket.socket() as sock:

@@ -201,6 +201,8 @@ class API:
     # -- handlers, named after nsqd's ---------------------------------------------------
 
     async def ping(self, request: BaseRequest, params: Params) -> Any:
+        if self.nsqd.starting is not None:  # ready means ready: every worker, nsqlookupd
+            raise HTTPError(500, f"NOK - starting ({self.nsqd.starting})")
         text = health(self.nsqd)
         if self.nsqd.health_error is not None:
             raise HTTPError(500, text)

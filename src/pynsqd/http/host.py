@@ -172,6 +172,10 @@ class NSQDHost(Protocol):
     @property
     def health_error(self) -> str | None: ...
     @property
+    def starting(self) -> str | None:
+        """Why the node is not ready yet; None once it is (``GET /ping``)."""
+
+    @property
     def exiting(self) -> bool: ...
     @property
     def tcp_address(self) -> str: ...

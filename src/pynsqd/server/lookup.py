@@ -31,7 +31,7 @@ import collections
 import contextlib
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote
@@ -80,6 +80,8 @@ class LookupTimings:
     ping_interval: float = 15.0
     reconnect_min: float = 0.25
     reconnect_max: float = 15.0
+    #: How long a start waits for its first registration (``Lookup.settled``).
+    settle_max: float = 5.0
 
 
 class LookupPeerError(Exception):
@@ -143,6 +145,8 @@ class LookupPeer:
         self._queue: collections.deque[bytes] = collections.deque()
         self._wake = asyncio.Event()
         self._closed = False
+        #: Set once the first dial ended: registered (everything nsqd had then), or failed.
+        self.settled = asyncio.Event()
         self._task = lookup.loop.create_task(self._run())
 
     def __repr__(self) -> str:
@@ -155,6 +159,7 @@ class LookupPeer:
 
     async def close(self) -> None:
         self._closed = True
+        self.settled.set()
         self._wake.set()
         if self._conn is not None:
             self._conn.close()
@@ -179,6 +184,7 @@ class LookupPeer:
             except Exception:
                 log.exception("LOOKUPD(%s): unexpected error", self.addr)
             finally:
+                self.settled.set()
                 self._disconnect()
             if self._closed:
                 break
@@ -249,6 +255,7 @@ class LookupPeer:
                 log.info("LOOKUPD(%s): %s", self.addr, cmd.decode(errors="replace").strip())
                 await self._command(cmd)
                 continue
+            self.settled.set()
             wait = next_ping - loop.time()
             if wait <= 0:
                 log.debug("LOOKUPD(%s): sending heartbeat", self.addr)
@@ -303,6 +310,32 @@ class Lookup:
             if addr not in self.peers:
                 log.info("LOOKUP(%s): adding peer", addr)
                 self.peers[addr] = LookupPeer(addr, self)
+
+    def register(self, addresses: list[str], then: Callable[[], None]) -> None:
+        """Register with ``addresses`` from now on; ``then`` once each first registration
+        ended (``settled``)."""
+        self.set_addresses(addresses)
+        if not self.peers:
+            then()
+            return
+
+        async def settle() -> None:
+            await self.settled()
+            if not self._closed:
+                then()
+
+        task = self.loop.create_task(settle())
+        self._fetches.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._fetches.discard)
+
+    async def settled(self) -> None:
+        """Until every lookupd's first registration ended (done or failed; at most
+        ``settle_max``): a node says it is ready only then (``GET /ping``), so that a client
+        that starts at its first OK finds it at nsqlookupd."""
+        waits = [p.settled.wait() for p in self.peers.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waits), self.timings.settle_max)
 
     async def close(self) -> None:
         self._closed = True

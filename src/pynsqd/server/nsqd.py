@@ -85,6 +85,9 @@ class NSQD:
         self.clients: dict[int, ClientV2] = {}
         self.start_time = int(time.time())
         self.exiting = False
+        #: Why the node is not ready yet (``GET /ping``: ``NOK - starting (...)``); None once
+        #: it serves on every worker and nsqlookupd lists it.
+        self.starting: str | None = "opening its data"
         self.health_error: str | None = None
         self.tcp_server: asyncio.Server | SharedListener | None = None
         self.tcp_address = ""
@@ -446,11 +449,16 @@ class NSQD:
             except BaseException:
                 await self.stop()
                 raise
-        if self.workers is not None:
-            self.workers.started()
-            if not self.workers.is_lead:
-                return
-        self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
+        if self.workers is not None:  # worker 0 registers once every worker serves
+            self.starting = "not every worker serves yet"
+            self.workers.started(self.lookup)
+        else:
+            self.starting = "registering with nsqlookupd"
+            self.lookup.register(self.opts.lookupd_tcp_addresses, self.ready)
+
+    def ready(self) -> None:
+        """Serving, and at every nsqlookupd (or it failed to answer): ``/ping`` says OK."""
+        self.starting = None
 
     async def _stop_after_failed_start(self) -> None:
         """A start that failed says one thing, its FATAL line (``internal/process.py``): the

@@ -53,6 +53,13 @@ class WorkerNode(Protocol):
 
     @property
     def topics(self) -> dict[str, Topic]: ...
+    def ready(self) -> None: ...
+
+
+class Registrar(Protocol):
+    """The node's registration with nsqlookupd (``server/lookup.Lookup``)."""
+
+    def register(self, addresses: list[str], then: Callable[[], None]) -> None: ...
 
 
 log = logging.getLogger("pynsqd")
@@ -139,14 +146,41 @@ class Workers:
         assert self._counts is not None
         return self._clients <= self._counts.least_but(self.index) + 1
 
-    def started(self) -> None:
-        """Serving: tell the supervisor, and stop when it goes (its end of a pipe closes)."""
+    def started(self, lookup: Registrar) -> None:
+        """Serving: tell the supervisor, hear from it when every worker serves (``s``: worker 0
+        registers the node with nsqlookupd, then says so) and when the node is ready (``R``),
+        and stop when it goes (its end of a pipe closes)."""
+        self._report("serving")
+        go = self.spec.fds.get("go")
+        if go is None:  # not started by a supervisor
+            self.nsqd.ready()
+        else:
+            os.set_blocking(go, False)
+            self.loop.add_reader(go, self._told, go, lookup)
+        if self._alive_fd >= 0:
+            self.loop.add_reader(self._alive_fd, self._supervisor_gone)
+
+    def _report(self, what: str) -> None:
         ready = self.spec.fds.get("ready")
         if ready is not None:
             with contextlib.suppress(OSError):
-                os.write(ready, b"%d\n" % self.index)
-        if self._alive_fd >= 0:
-            self.loop.add_reader(self._alive_fd, self._supervisor_gone)
+                os.write(ready, b"%d %s\n" % (self.index, what.encode()))
+
+    def _told(self, fd: int, lookup: Registrar) -> None:
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(fd)
+            return
+        for word in data:
+            if word == ord("s") and self.is_lead:
+                lookup.register(self.opts.lookupd_tcp_addresses, lambda: self._report("registered"))
+            elif word == ord("R"):
+                self.nsqd.ready()
 
     def _supervisor_gone(self) -> None:
         try:

@@ -9,6 +9,11 @@ arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``peers.p
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
+- Ready means ready: each worker reports ``<i> serving`` on a pipe; once every worker has, the
+  supervisor tells them (``s``, on each worker's own ``go`` pipe), worker 0 registers the node
+  with nsqlookupd and reports ``0 registered``, and the supervisor tells every worker ``R``:
+  only from then on does ``GET /ping`` answer OK (before: ``NOK - starting (...)``), and the
+  supervisor logs "ready". A worker started again is told at once what the others were.
 - A worker that exits is started again at once (then after 0.1 s, doubling to 5 s, while it
   keeps exiting within 10 s of each start). A worker that fails its first start stops the node:
   its FATAL line has been printed, and the supervisor exits 1.
@@ -91,6 +96,10 @@ class Supervisor:
         self.stop = asyncio.Event()
         #: Worker 0 served once (``--etcd-endpoints``: the others start then).
         self.lead_ready = asyncio.Event()
+        #: What the node told its workers so far (each worker's ``go`` pipe): ``s`` every
+        #: worker served (worker 0 registers with nsqlookupd), ``R`` the node is ready.
+        self.told = b""
+        self._go: dict[int, int] = {}
         #: The node's start: every worker reports it (``WorkerSpec.started``).
         self.started = int(time.time())
         self.storage = ""
@@ -158,17 +167,37 @@ class Supervisor:
         return self.failure
 
     def _on_ready(self) -> None:
+        """A worker's report: ``<i> serving``, or worker 0's ``0 registered`` (with every
+        nsqlookupd, after every worker served): then the node is ready, and every worker's
+        ``/ping`` says OK from then on."""
         try:
             data = os.read(self._ready_r, 4096)
         except BlockingIOError:
             return
-        for line in data.split():
-            i = int(line)
-            proc = self.procs.get(i)
-            log.info("WORKERS: worker %d (pid %s) serving", i, proc.pid if proc else "?")
-            self.ever_ready.add(i)
-            if i == 0:
-                self.lead_ready.set()
+        for line in data.decode().splitlines():
+            index, _, what = line.partition(" ")
+            i = int(index)
+            if what == "serving":
+                proc = self.procs.get(i)
+                log.info("WORKERS: worker %d (pid %s) serving", i, proc.pid if proc else "?")
+                self.ever_ready.add(i)
+                if i == 0:
+                    self.lead_ready.set()
+                if len(self.ever_ready) == self.count and not self.told:
+                    self._tell(b"s")
+            elif what == "registered" and self.told == b"s":
+                log.info(
+                    "WORKERS: ready: %d workers serve on %s",
+                    self.count,
+                    ", ".join(s for s in (self.opts.tcp_address, self.opts.http_address) if s),
+                )
+                self._tell(b"R")
+
+    def _tell(self, word: bytes) -> None:
+        self.told += word
+        for fd in self._go.values():
+            with contextlib.suppress(OSError):
+                os.write(fd, word)
 
     async def _keep(self, i: int) -> None:
         loop = asyncio.get_running_loop()
@@ -178,6 +207,10 @@ class Supervisor:
             fds.update({name: s.fileno() for name, s in self.private[i].items()})
             fds["alive"] = self._alive_r
             fds["ready"] = self._ready_w
+            go_r, go_w = os.pipe()
+            fds["go"] = go_r
+            if self.told:  # a worker started again: what the node told the others
+                os.write(go_w, self.told)
             spec = WorkerSpec(
                 i,
                 self.count,
@@ -189,13 +222,21 @@ class Supervisor:
                 self.storage,
             )
             env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
-            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
+                )
+            except BaseException:
+                os.close(go_w)
+                raise
+            finally:
+                os.close(go_r)
             self.procs[i] = proc
+            self._go[i] = go_w
             started = loop.time()
             code = await proc.wait()
             del self.procs[i]
+            os.close(self._go.pop(i))
             self.counts.set(i, ConnectionCounts.DOWN)  # no longer takes connections
             if self.stop.is_set():
                 return
