@@ -1,7 +1,7 @@
 """A channel's lent messages (``--workers``: ``core/lending.py``) on a fake clock: delivered
-after the channel's own, and every end of one (FIN, REQ, timeout, its consumer leaving, TOUCH)
-goes back to the link it came by, never into this channel's queue; and ``/stats`` of several
-workers summed (``http/stats.merge_stats``)."""
+with the channel's own, oldest first, and every end of one (FIN, REQ, timeout, its consumer
+leaving, TOUCH) goes back to the link it came by, never into this channel's queue; and
+``/stats`` of several workers summed (``http/stats.merge_stats``)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,15 @@ class Demand:
         self.consumers += 1
 
 
-def lent(n: int, prefix: bytes = b"L") -> list[Message]:
-    return [Message(b"%016x" % (0xF000 + i), prefix + b"%d" % i, 1, attempts=1) for i in range(n)]
+#: Published after everything the tests publish here (a message's age is its publish time).
+LATER = 2**62
+
+
+def lent(n: int, prefix: bytes = b"L", ts: int = LATER, first: int = 0) -> list[Message]:
+    return [
+        Message(b"%016x" % (0xF000 + first + i), prefix + b"%d" % (first + i), ts + i, attempts=1)
+        for i in range(n)
+    ]
 
 
 def setup(rdy: int = 10, timeout: float = 60.0):  # type: ignore[no-untyped-def]
@@ -67,7 +74,7 @@ def test_own_messages_first_then_lent_ones_and_fin_goes_back() -> None:
     _publish(loop, topic, 2)
     loop.run_ready()
     got = consumer.take()
-    assert [m.body for m in got] == [b"m0", b"m1", b"L0"]  # the channel's own first
+    assert [m.body for m in got] == [b"m0", b"m1", b"L0"]  # the channel's own are older
     assert got[2].attempts == 1  # counted by the worker that lent it, not again here
     ch.finish_many(consumer, [m.id for m in got])
     loop.run_ready()
@@ -75,6 +82,42 @@ def test_own_messages_first_then_lent_ones_and_fin_goes_back() -> None:
     (last,) = consumer.take()
     assert last.body == b"L1"
     assert demand.changes > 0
+
+
+def test_lent_and_own_messages_are_handed_out_in_publish_order() -> None:
+    """One nsqd's order over the workers: lent messages published before this worker's own go
+    first, those after them after; lent batches arriving out of order are merged in."""
+    loop, topic, ch, _demand, consumer = setup(rdy=0)
+    link = Link()
+    _publish(loop, topic, 2)  # m0, m1: published now
+    now = ch.queue.oldest(1)[0].timestamp  # type: ignore[index]
+    ch.lending.add(lent(2, ts=now + 10, first=2), link)  # type: ignore[union-attr]
+    ch.lending.add(lent(2, ts=now - 10), link)  # type: ignore[union-attr]  # older: merged in
+    loop.run_ready()
+    consumer.rdy = 6
+    ch.schedule_pump()
+    loop.run_ready()
+    assert [m.body for m in consumer.take()] == [b"L0", b"L1", b"m0", b"m1", b"L2", b"L3"]
+
+
+def test_a_requeued_own_message_goes_behind_lent_ones_published_before_its_requeue() -> None:
+    """go-nsq's pattern: the consumer REQs this worker's message at once, again and again;
+    the messages other workers lent (published before) reach it before the REQ'd one again."""
+    loop, topic, ch, _demand, consumer = setup(rdy=1)
+    _publish(loop, topic, 1)
+    loop.run_ready()
+    (failing,) = consumer.take()
+    link = Link()
+    ch.lending.add(lent(2, ts=failing.timestamp - 100), link)  # type: ignore[union-attr]
+    ch.requeue(consumer, failing.id, 0.0)
+    loop.run_ready()
+    seen = []
+    for _ in range(3):
+        (m,) = consumer.take()
+        seen.append(m.body)
+        ch.finish_many(consumer, [m.id])
+        loop.run_ready()
+    assert seen == [b"L0", b"L1", failing.body]
 
 
 def test_req_timeout_and_a_leaving_consumer_give_lent_messages_back() -> None:

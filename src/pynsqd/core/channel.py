@@ -242,10 +242,20 @@ class Channel:
         self._pump_pending = False
         if self.paused or self.exiting or self.held:
             return
+        lending = self.lending
+        if lending is not None and lending.queue and len(self.queue):
+            lending.merge(self)  # --workers: lent and own both waiting, oldest first
         if len(self.queue):
             self._pump_queue()
-        if self.lending is not None:
-            self.lending.pump(self)
+        if lending is not None:
+            lending.pump(self)
+
+    def deliver_own(self, client: ConsumerLike, n: int, room: int) -> int:
+        """Up to ``n`` queued messages to ``client`` (``core.lending.Borrower``)."""
+        batch = self.queue.take(n, room)
+        if batch:
+            self._deliver(client, batch)
+        return len(batch)
 
     def _pump_queue(self) -> None:
         queue = self.queue

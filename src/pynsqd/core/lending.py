@@ -10,11 +10,20 @@ its attempts, timeout, TTL, dead-lettering and its FIN. Here the message is *len
 its end (FIN, REQ, a timeout here, its consumer leaving) goes back over the link it came by;
 it never enters this worker's queue or disk. A message is lent exactly while its id is in
 ``lent``.
+
+One channel's order. Lent messages wait here in publish order (``add`` merges each batch
+in). While both they and the channel's own wait, its consumers are handed the oldest first, in
+runs (``merge``): the order in which one nsqd's queue would have them. A message's age is its
+publish time; one of this worker's that was delivered and requeued went to the back of the
+queue then, so its age is its last delivery. (A lent message's requeues on the worker that lent
+it are not known here: it is ordered by its publish time.)
 """
 
 from __future__ import annotations
 
 from collections import deque
+from itertools import pairwise
+from time import time_ns
 from typing import Protocol
 
 from .message import ConsumerLike, Message
@@ -64,6 +73,22 @@ class Borrower(Protocol):
     def in_flight(self) -> dict[bytes, Message]: ...
     @property
     def tq(self) -> TimedQueue: ...
+    @property
+    def queue(self) -> OwnQueue: ...
+    def deliver_own(self, client: ConsumerLike, n: int, room: int) -> int:
+        """Up to ``n`` of its own queued messages (``room`` body bytes) to ``client``; how
+        many it took from its queue."""
+
+
+class OwnQueue(Protocol):
+    """The channel's own queue (``core/queue.MessageQueue``), as the merge reads it."""
+
+    def __len__(self) -> int: ...
+    def oldest(self, n: int) -> list[Message] | None: ...
+
+
+def _timestamp(m: Message) -> int:
+    return m.timestamp
 
 
 class Lending:
@@ -100,6 +125,44 @@ class Lending:
                     break
         self.demand.demand_changed()
 
+    def merge(self, channel: Borrower) -> None:
+        """Lent messages and the channel's own both waiting: to its consumers oldest first,
+        in runs (see the module's doc). Stops when no consumer has room, or one queue is
+        empty (``pump`` and the channel's own pump hand out the rest)."""
+        offset = time_ns() - channel.loop.time() * 1e9
+        own_queue = channel.queue
+        for client in list(channel.clients.values()):
+            if client.is_link:
+                continue
+            while self.queue and len(own_queue):
+                window = client.rdy - client.in_flight_count
+                room = client.output_room()
+                if window <= 0 or room <= 0 or client.write_paused:
+                    break
+                own = own_queue.oldest(window)
+                if own is None:
+                    return  # a backlog on disk: older, the channel's own go first
+                lent_first = self.queue[0].timestamp
+                run = 0
+                own_first = 0
+                for m in own:
+                    key = m.timestamp if not m.attempts else int(m.delivery_ts * 1e9 + offset)
+                    if run == 0:
+                        own_first = key
+                    if key > lent_first:
+                        break
+                    run += 1
+                if run:
+                    if not channel.deliver_own(client, run, room):
+                        return
+                    continue
+                n = 0
+                for m in self.queue:
+                    if n >= window or m.timestamp >= own_first:
+                        break
+                    n += 1
+                self._deliver(channel, client, self.take(max(n, 1), room))
+
     def _deliver(self, channel: Borrower, client: ConsumerLike, batch: list[Message]) -> None:
         # Screened, counted and attempted by the channel that lent them.
         now = channel.loop.time()
@@ -119,7 +182,13 @@ class Lending:
         lent = self.lent
         for m in msgs:
             lent[m.id] = lender
-        self.queue.extend(msgs)
+        q = self.queue
+        if (q and msgs and msgs[0].timestamp < q[-1].timestamp) or any(
+            a.timestamp > b.timestamp for a, b in pairwise(msgs)
+        ):
+            self.queue = deque(sorted([*q, *msgs], key=_timestamp))  # publish order
+        else:
+            q.extend(msgs)
 
     def take(self, n: int, room: int) -> list[Message]:
         """Up to ``n`` queued lent messages, their bodies within ``room`` bytes (at least one)."""

@@ -9,7 +9,7 @@ halves, so the oldest (spilled) messages keep moving. There is no global order, 
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat, starmap
+from itertools import islice, repeat, starmap
 
 from .backend import BackendQueue
 from .message import Message, decode_message
@@ -233,6 +233,13 @@ class MessageQueue:
             if self.track_bytes:
                 self.mem_bytes += len(ahead.body)
         return dropped
+
+    def oldest(self, n: int) -> list[Message] | None:
+        """Up to ``n`` messages at the head of memory, left in place; None while the backend
+        holds some (they are older, and read from disk only when taken)."""
+        if self.backend.depth():
+            return None
+        return list(islice(self._mem, n))
 
     def take_memory(self, n: int) -> list[Message]:
         mem = self._mem

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cluster.replicator import Replicator
+from ..core.channel import Channel
 from ..core.topic import Topic
 from ..options import Options
 from ..protocol.identify import ProtocolConfig
@@ -26,8 +27,9 @@ class ChannelsEverywhere(Protocol):
     """``--workers``: a channel just made here is being made on every other worker; a
     publish to a topic another worker keeps the log of is made there."""
 
-    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
-        """Done once every worker has the channel (None: nothing to wait for)."""
+    def subscribed(self, channel: Channel) -> asyncio.Future[Any] | None:
+        """Done once a SUB to ``channel`` may be answered: every worker has the channel, and
+        what the others hold of it is here (None: nothing to wait for)."""
 
     def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
         """Send a publish command to worker ``peer``; ``done(None)`` on its OK, else

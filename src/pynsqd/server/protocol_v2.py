@@ -489,10 +489,11 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             cmd.channel,
         )
         workers = self.nsqd.workers
-        made = workers.channel_everywhere(cmd.topic, cmd.channel) if workers else None
+        made = workers.subscribed(channel) if workers else None
         if made is not None and not made.done():
             # --workers: OK once every worker has the channel, so that a message published
-            # through any worker after the OK is the channel's (nsqd's promise for a SUB).
+            # through any worker after the OK is the channel's (nsqd's promise for a SUB),
+            # and what the others hold is here in order (``workers/relay.py``).
             self.pause(Pause.COMMIT)
             made.add_done_callback(lambda _f: self.answer_ok())
             return

@@ -5,8 +5,11 @@ over it, ``forward.py`` publishes over it). It is served as a client is, with wh
 one place: no TLS and no AUTH is asked of it (the socket is private), a publish
 it carries is made here and never forwarded again, a refusal does not close it (it carries other
 clients' publishes), and its answers stay in the order of its publishes while one waits for its
-commit (``publishing.LinkPublishing``). The core asks ``is_link`` only to keep what it lends to
-the worker's own consumers (``core/channel.py``).
+commit (``publishing.LinkPublishing``), and it is told whether this worker's copy of its
+channel has consumers of its own: ``_synced_ 0|1`` once the messages its first RDY was given
+are on their way (the relay answers its SUB then), ``_consumers_ 0|1`` at each change after
+(``relay.py``). The core asks ``is_link`` only to keep what it lends to the worker's own
+consumers (``core/channel.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ...protocol.commands import Rdy
+from ...protocol.frames import encode_response
 from ...protocol.parser import Event
 from ..protocol_v2 import ClientV2
 from ..publishing import LinkPublishing
@@ -29,6 +34,28 @@ class WorkerLink(ClientV2):
     def __init__(self, nsqd: ConnectionContext) -> None:
         super().__init__(nsqd, dataclasses.replace(nsqd.protocol_config, tls_required=False))
         self.publishing = self.link_publishing = LinkPublishing(self)
+        self._synced = False
+
+    def RDY(self, cmd: Rdy) -> None:
+        super().RDY(cmd)
+        if not self._synced and self.channel is not None:
+            self._synced = True
+            # After the channel's pump, which this RDY scheduled (call_soon keeps the order):
+            # the other worker knows what this one held once this arrives.
+            self.loop.call_soon(lambda: self._say(b"_synced_ "))
+
+    def tell_consumers(self, has: bool) -> None:
+        """This worker's copy of the channel got its first consumer, or lost its last."""
+        if self._synced:
+            self._say(b"_consumers_ ")
+
+    def _say(self, what: bytes) -> None:
+        ch = self.channel
+        if ch is None or self.closed:
+            return
+        has = any(not c.is_link for c in ch.clients.values())
+        self.send_frame(encode_response(what + (b"1" if has else b"0")))
+        self._flush_soon()
 
     def send_frame(self, frame: bytes) -> None:
         in_order = self.link_publishing.in_order

@@ -223,7 +223,7 @@ class Workers:
     def channel_created(self, topic: str, channel: str) -> None:
         """A channel made here (a SUB, a link's SUB) is made on every other worker, so that
         what is published through any of them after the SUB's OK is the channel's; the SUB
-        waits for it (``channel_everywhere``). An #ephemeral channel reaches the others
+        waits for it (``subscribed``). An #ephemeral channel reaches the others
         through the links alone (made everywhere, it would outlive its consumers there)."""
         if topic in self.admin.quiet or is_ephemeral(channel):
             return
@@ -251,8 +251,16 @@ class Workers:
 
         self._spawn(announce())
 
-    def channel_everywhere(self, topic: str, channel: str) -> asyncio.Future[None] | None:
-        return self._made.get((topic, channel))
+    def subscribed(self, channel: Channel) -> asyncio.Future[Any] | None:
+        """What a SUB to ``channel`` here waits for before its OK: the channel made on every
+        worker (``channel_created``), and its links told what the others hold
+        (``Relay.synced``). None: nothing to wait for."""
+        waits = [self._made.get((channel.topic.name, channel.name))]
+        lending = channel.lending
+        if lending is not None and isinstance(lending.demand, Relay):
+            waits.append(lending.demand.synced())
+        pending = [w for w in waits if w is not None and not w.done()]
+        return asyncio.gather(*pending) if pending else None
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
