@@ -4,8 +4,10 @@ N workers running.
 Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` and
 ``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
 (mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
-``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
-arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``peers.py``).
+``admin`` (HTTP between workers). It starts each worker with the same arguments, the
+descriptors, and a ``WorkerSpec`` (``spec.py``): forked from itself with the server imported
+once, at the node's start (``fork.py``); as ``python -m pynsqd`` with the spec in
+``PYNSQD_WORKER`` when one is started again, and for a replicated node.
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
@@ -37,6 +39,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 from ...internal.listener import (
     is_unix_address,
@@ -47,7 +51,19 @@ from ...internal.listener import (
 from ...internal.waits import wait_set
 from ...options import Options
 from ...storage.identity import storage_id
+from . import fork
 from .spec import ConnectionCounts, WorkerSpec
+
+
+class WorkerProcess(Protocol):
+    """A started worker: exec'd (``asyncio.subprocess.Process``) or forked."""
+
+    @property
+    def pid(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+    async def wait(self) -> int: ...
+
 
 log = logging.getLogger("pynsqd")
 
@@ -90,7 +106,9 @@ class Supervisor:
         self.links: list[str] = []
         self.admins: list[str] = []
         self.private_dir = ""
-        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.procs: dict[int, WorkerProcess] = {}
+        #: The first workers, forked before the supervisor's loop started (``fork_first``).
+        self.forked: dict[int, fork.ForkedWorker] = {}
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
@@ -125,13 +143,52 @@ class Supervisor:
         for i in range(self.count):
             os.makedirs(os.path.join(base, f"worker-{i}"), mode=0o700, exist_ok=True)
         self.storage = storage_id(base)  # the node's, in /info (a worker's log has its own)
+        self._alive_r, self._alive_w = os.pipe()
+        self._ready_r, self._ready_w = os.pipe()
+
+    def fork_first(self, main: Callable[[list[str]], int]) -> None:
+        """The first workers, forked from this process with the server imported once
+        (``fork.py``); a replicated node's start their worker 0 first, exec'd."""
+        if self.opts.etcd_endpoints or not fork.can_fork():
+            return
+        fork.preload()
+        for i in range(self.count):
+            fds, go_w, spec = self._spec(i)
+            try:
+                self.forked[i] = fork.fork_worker(self.argv, spec, main)
+            except BaseException:
+                os.close(go_w)
+                raise
+            finally:
+                os.close(fds["go"])
+            self._go[i] = go_w
+
+    def _spec(self, i: int) -> tuple[dict[str, int], int, WorkerSpec]:
+        """Worker ``i``'s descriptors, the write end of its ``go`` pipe, and its spec."""
+        fds = {name: s.fileno() for name, s in self.shared.items()}
+        fds.update({name: s.fileno() for name, s in self.private[i].items()})
+        fds["alive"] = self._alive_r
+        fds["ready"] = self._ready_w
+        go_r, go_w = os.pipe()
+        fds["go"] = go_r
+        if self.told:  # a worker started again: what the node told the others
+            os.write(go_w, self.told)
+        spec = WorkerSpec(
+            i,
+            self.count,
+            fds,
+            self.links,
+            self.admins,
+            self.counts_path,
+            self.started,
+            self.storage,
+        )
+        return fds, go_w, spec
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
-        self._alive_r, self._alive_w = os.pipe()
-        self._ready_r, self._ready_w = os.pipe()
         os.set_blocking(self._ready_r, False)
         loop.add_reader(self._ready_r, self._on_ready)
         log.info(
@@ -203,36 +260,26 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
-            fds = {name: s.fileno() for name, s in self.shared.items()}
-            fds.update({name: s.fileno() for name, s in self.private[i].items()})
-            fds["alive"] = self._alive_r
-            fds["ready"] = self._ready_w
-            go_r, go_w = os.pipe()
-            fds["go"] = go_r
-            if self.told:  # a worker started again: what the node told the others
-                os.write(go_w, self.told)
-            spec = WorkerSpec(
-                i,
-                self.count,
-                fds,
-                self.links,
-                self.admins,
-                self.counts_path,
-                self.started,
-                self.storage,
-            )
-            env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
-                )
-            except BaseException:
-                os.close(go_w)
-                raise
-            finally:
-                os.close(go_r)
+            proc: WorkerProcess | None = self.forked.pop(i, None)
+            if proc is None:
+                fds, go_w, spec = self._spec(i)
+                env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "pynsqd",
+                        *self.argv,
+                        pass_fds=list(fds.values()),
+                        env=env,
+                    )
+                except BaseException:
+                    os.close(go_w)
+                    raise
+                finally:
+                    os.close(fds["go"])
+                self._go[i] = go_w
             self.procs[i] = proc
-            self._go[i] = go_w
             started = loop.time()
             code = await proc.wait()
             del self.procs[i]
@@ -276,11 +323,15 @@ class Supervisor:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def run_supervisor(opts: Options, argv: list[str], count: int) -> int:
-    """The console script's body for ``--workers N`` (N > 1)."""
+def run_supervisor(
+    opts: Options, argv: list[str], count: int, main: Callable[[list[str]], int]
+) -> int:
+    """The console script's body for ``--workers N`` (N > 1); ``main`` is the console
+    script, which a forked worker runs."""
     sup = Supervisor(opts, argv, count)
     try:
         sup.bind_all()
+        sup.fork_first(main)
     except OSError as err:
         log.critical("failed to start nsqd - %s", err)
         if sup.private_dir:
