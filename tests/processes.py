@@ -4,6 +4,7 @@ read from its own "listening on" lines, and the signals a fault test sends it.""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -122,6 +123,31 @@ class NsqdProcess(ServerProcess):
         assert status == 200
         result: dict[str, Any] = json.loads(body)
         return result
+
+
+def run_script(script: str, cwd: Path, timeout: float) -> tuple[int | None, str]:
+    """``script`` under ``bash -euo pipefail`` in a session of its own (as a user pastes it);
+    whatever it leaves running (a command that fails skips its last ``kill``) is killed after
+    it. Its exit status (None: it did not end within ``timeout``) and its output."""
+    proc = subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        status: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        status = None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if status is None:
+        out, _ = proc.communicate()
+    return status, out
 
 
 def track(p: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:

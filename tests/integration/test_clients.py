@@ -101,7 +101,7 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
         retained = ["--retention-time=1h"] if request.param.endswith("retained") else []
         proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4", *retained)
         try:
-            wait_for(lambda: proc.output().count(") serving") == 4, "every worker to serve")
+            wait_for(lambda: "WORKERS: ready:" in proc.output(), "every worker to serve")
             yield Node(proc.port, proc.http_port, lambda: None, replicated=False)
         finally:
             proc.stop()

@@ -4,7 +4,6 @@ nsqlookupd, kill -9 a node and publish again; then ``scripts/cluster stop`` stop
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..processes import alive, free_offset
+from ..processes import alive, free_offset, run_script
 from ..waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,24 +170,7 @@ def run_walkthrough(script: str, directory: Path) -> tuple[int | None, str]:
     """Run ``script`` in a session of its own; whatever it leaves running (a command that fails
     skips its last 'kill') is killed after it. Returns its exit status (None: it did not end in
     90 s) and its output with the tail of every log it wrote."""
-    proc = subprocess.Popen(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=90)
-        status: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        status = None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    if status is None:
-        out, _ = proc.communicate()
+    status, out = run_script(script, ROOT, 90)
     logs = "\n".join(
         f"--- {p.name}: {p.read_text(errors='replace')[-600:]}" for p in directory.glob("*.log")
     )

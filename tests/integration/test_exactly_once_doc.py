@@ -3,17 +3,13 @@ directory are moved, so that it runs beside the rest of the suite."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..processes import free_port
+from ..processes import free_port, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,21 +26,10 @@ def try_it(directory: Path, tcp: int, http: int) -> str:
 def test_the_exactly_once_example_runs_as_written(tmp_path: Path) -> None:
     if shutil.which("curl") is None:
         pytest.fail("the example uses curl: install it (Debian: apt install curl)")
-    proc = subprocess.Popen(
-        ["bash", "-euo", "pipefail", "-c", try_it(tmp_path / "eo", free_port(), free_port())],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    script = try_it(tmp_path / "eo", free_port(), free_port())
+    status, out = run_script(script, ROOT, 120)
     log = (tmp_path / "eo" / "nsqd.log").read_text(errors="replace")
-    assert proc.returncode == 0, f"{out}\n--- nsqd.log\n{log[-2000:]}"
+    assert status == 0, f"{out}\n--- nsqd.log\n{log[-2000:]}"
     lines = out.splitlines()
     assert lines[:2] == ["OK", "X-Nsq-Duplicates: 1"], out
     assert "BAD_SEQUENCE" in lines[2] and "expected 1" in lines[2], out

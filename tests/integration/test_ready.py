@@ -36,6 +36,12 @@ def ping(port: int) -> tuple[int, str]:
         conn.close()
 
 
+def start(log_path: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """nsqd with ``flags``, its log in ``log_path``, not waited for."""
+    with log_path.open("wb") as log_file:
+        return track(subprocess.Popen([NSQD, *flags], stdout=subprocess.DEVNULL, stderr=log_file))
+
+
 @pytest.mark.parametrize("workers", [1, 4])
 def test_the_first_ping_ok_finds_every_worker_serving_and_the_node_at_nsqlookupd(
     tmp_path: Path, workers: int
@@ -45,21 +51,15 @@ def test_the_first_ping_ok_finds_every_worker_serving_and_the_node_at_nsqlookupd
     tcp, http_port = free_port(), free_port()
     host, lport = lookupd.tcp_address
     try:
-        with log_path.open("wb") as log_file:
-            p = subprocess.Popen(
-                [
-                    NSQD,
-                    f"--tcp-address=127.0.0.1:{tcp}",
-                    f"--http-address=127.0.0.1:{http_port}",
-                    f"--data-path={tmp_path}",
-                    f"--workers={workers}",
-                    f"--lookupd-tcp-address={host}:{lport}",
-                    "--broadcast-address=n1",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-            )
-        track(p)
+        p = start(
+            log_path,
+            f"--tcp-address=127.0.0.1:{tcp}",
+            f"--http-address=127.0.0.1:{http_port}",
+            f"--data-path={tmp_path}",
+            f"--workers={workers}",
+            f"--lookupd-tcp-address={host}:{lport}",
+            "--broadcast-address=n1",
+        )
         answers: list[tuple[int, str]] = []
 
         def ping_ok() -> bool:
@@ -96,19 +96,13 @@ def test_no_ping_ok_while_a_worker_cannot_start(tmp_path: Path) -> None:
     fcntl.flock(held, fcntl.LOCK_EX)
     http_port = free_port()
     log_path = tmp_path / "nsqd.log"
-    with log_path.open("wb") as log_file:
-        p = subprocess.Popen(
-            [
-                NSQD,
-                f"--tcp-address=127.0.0.1:{free_port()}",
-                f"--http-address=127.0.0.1:{http_port}",
-                f"--data-path={data}",
-                "--workers=2",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
-    track(p)
+    p = start(
+        log_path,
+        f"--tcp-address=127.0.0.1:{free_port()}",
+        f"--http-address=127.0.0.1:{http_port}",
+        f"--data-path={data}",
+        "--workers=2",
+    )
     answers: list[tuple[int, str]] = []
     try:
         while p.poll() is None:

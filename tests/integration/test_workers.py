@@ -31,6 +31,8 @@ from ..waiting import wait_for
 from ..wire import Conn
 
 SERVING = re.compile(r"WORKERS: worker (\d+) \(pid (\d+)\) serving")
+#: The supervisor's line once every worker serves and nsqlookupd lists the node.
+READY = "WORKERS: ready:"
 
 
 def node_of(msg_id: bytes) -> int:
@@ -49,7 +51,10 @@ def worker_pids(node: NsqdProcess) -> dict[int, int]:
 @contextlib.contextmanager
 def started(tmp_path: Path, *flags: str, name: str = "nsqd") -> Iterator[NsqdProcess]:
     node = NsqdProcess(tmp_path / "data", tmp_path / f"{name}.log", *flags)
-    wait_for(lambda: len(worker_pids(node)) == workers_flag(flags), "every worker to serve")
+    count = workers_flag(flags)
+    wait_for(  # every worker serves, and the node says it is ready (/ping OK)
+        lambda: len(worker_pids(node)) == count and READY in node.output(), "the node to be ready"
+    )
     try:
         yield node
     finally:

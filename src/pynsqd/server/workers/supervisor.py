@@ -39,7 +39,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ...internal.listener import (
@@ -153,15 +153,23 @@ class Supervisor:
             return
         fork.preload()
         for i in range(self.count):
-            fds, go_w, spec = self._spec(i)
-            try:
+            with self._starting(i) as (_fds, spec):
                 self.forked[i] = fork.fork_worker(self.argv, spec, main)
-            except BaseException:
-                os.close(go_w)
-                raise
-            finally:
-                os.close(fds["go"])
-            self._go[i] = go_w
+
+    @contextlib.contextmanager
+    def _starting(self, i: int) -> Iterator[tuple[dict[str, int], WorkerSpec]]:
+        """Worker ``i``'s descriptors and spec while it is started. Its ``go`` pipe's read
+        end is closed after (the worker has its own copy); the write end is kept once it
+        started."""
+        fds, go_w, spec = self._spec(i)
+        try:
+            yield fds, spec
+        except BaseException:
+            os.close(go_w)
+            raise
+        finally:
+            os.close(fds["go"])
+        self._go[i] = go_w
 
     def _spec(self, i: int) -> tuple[dict[str, int], int, WorkerSpec]:
         """Worker ``i``'s descriptors, the write end of its ``go`` pipe, and its spec."""
@@ -262,9 +270,8 @@ class Supervisor:
         while not self.stop.is_set():
             proc: WorkerProcess | None = self.forked.pop(i, None)
             if proc is None:
-                fds, go_w, spec = self._spec(i)
-                env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-                try:
+                with self._starting(i) as (fds, spec):
+                    env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
                     proc = await asyncio.create_subprocess_exec(
                         sys.executable,
                         "-m",
@@ -273,12 +280,6 @@ class Supervisor:
                         pass_fds=list(fds.values()),
                         env=env,
                     )
-                except BaseException:
-                    os.close(go_w)
-                    raise
-                finally:
-                    os.close(fds["go"])
-                self._go[i] = go_w
             self.procs[i] = proc
             started = loop.time()
             code = await proc.wait()
