@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-HARD_TIMEOUT = 30.0
+#: A guard against a hang, not a wait: a 3-node replicated run on a loaded 2-core machine
+#: took over 30 s.
+HARD_TIMEOUT = 120.0
 
 
 def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -26,8 +28,8 @@ def run_tornado(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 def gnsq_wait(gevent: Any, count: Callable[[], int], want: int, what: str) -> None:
-    """Poll until ``count()`` reaches ``want`` (gevent yields meanwhile); fail after 10 s."""
-    deadline = time.monotonic() + 10
+    """Poll until ``count()`` reaches ``want`` (gevent yields meanwhile); fail after 60 s."""
+    deadline = time.monotonic() + 60
     while count() < want:
         if time.monotonic() >= deadline:
             pytest.fail(f"{count()} of {want} {what}")

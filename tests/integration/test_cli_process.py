@@ -147,7 +147,8 @@ def test_bootstrap_rebuilds_a_venv_of_an_old_python_and_names_what_to_set(
 
 def _scratch_bootstrap(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
     """A copy of ``scripts/bootstrap`` with a ``.venv`` whose python logs each ``pip install``
-    (after a moment, as pip takes one) instead of installing, and a PATH without apt."""
+    (after a moment, as pip takes one) instead of installing (and compiles nothing), and a PATH
+    without apt."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "bootstrap"
     script.write_bytes((ROOT / "scripts" / "bootstrap").read_bytes())
@@ -159,7 +160,7 @@ def _scratch_bootstrap(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
     python.write_text(
         "#!/bin/sh\n"
         '[ "$1" = -c ] && exit 0\n'
-        'case "$*" in *"--upgrade pip"*) exit 0 ;; esac\n'
+        'case "$*" in *"--upgrade pip"* | *compileall*) exit 0 ;; esac\n'
         "sleep 0.3\n"
         f'echo "$*" >> {log}\n'
     )

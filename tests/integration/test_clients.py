@@ -31,6 +31,10 @@ from tests.waiting import wait_for, wait_for_async
 
 N = 300  # messages per publishing method
 
+#: The real clients run under their own guard (``real_clients.HARD_TIMEOUT``, 120 s); a
+#: replicated node's three processes start first.
+pytestmark = pytest.mark.timeout(300)
+
 
 def expected_bodies(prefix: str) -> list[bytes]:
     return [
