@@ -181,6 +181,26 @@ def test_behind_a_reverse_proxy_base_path(cluster: Any) -> None:
         server.stop()
 
 
+def test_a_node_that_stops_answering_is_listed_as_down(admin: AdminThread, cluster: Any) -> None:
+    """Issue 54: a node that died vanished from the nodes page (nsqlookupd drops it) with no
+    sign it had been there. nsqadmin lists it as down, with its last row and since when."""
+    _, a, b = cluster
+    status, doc = admin.request("GET", "/api/nodes")
+    dead = f"127.0.0.1:{b.http_port}"
+    assert status == 200 and {n["node"]: n["down_since"] for n in doc["nodes"]} == {
+        f"127.0.0.1:{a.http_port}": 0,
+        dead: 0,
+    }
+    b.stop()
+    status, doc = admin.request("GET", "/api/nodes")
+    (row,) = [n for n in doc["nodes"] if n["node"] == dead]
+    assert row["down_since"] > 0 and row["health"].startswith("DOWN - no answer since "), row
+    assert (row["tcp_port"], row["version"]) == (b.tcp_port, "1.3.0")  # its last answer's
+    assert (
+        any(e.startswith(f"nsqd {dead}") for e in doc["errors"]) or not row["lookupd_connections"]
+    )
+
+
 def test_an_unreachable_node_is_an_error_on_the_page_not_a_failure() -> None:
     server = AdminThread(nsqd_http_addresses=["127.0.0.1:1"])
     try:
@@ -455,6 +475,26 @@ def test_first_hour_frictions_in_the_browser(
     )
     assert not any("," in c for c in cells), cells
     assert lookupd  # the cluster's nsqlookupd: where the created topic went
+
+
+def test_a_dead_node_is_marked_down_in_the_browser(
+    browser: Any, admin: AdminThread, cluster: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    _, _a, b = cluster
+    base = f"http://127.0.0.1:{admin.port}"
+    dead = f"127.0.0.1:{b.http_port}"
+    row = f"//table[@id='nodes']//tr[td/a='{dead}']"
+    browser.get(f"{base}/nodes")
+    _wait(browser).until(lambda d: d.find_element(By.XPATH, row))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#nodes .down-mark")
+    b.stop()
+    browser.get(f"{base}/nodes")
+    _wait(browser).until(lambda d: d.find_elements(By.XPATH, f"{row}[@class='down']"))
+    health = browser.find_element(By.XPATH, f"{row}/td[7]").text
+    assert health.startswith("down last answer ") and health.endswith(" ago"), health
+    _shot(browser, "nodes-down")
 
 
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:

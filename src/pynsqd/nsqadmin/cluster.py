@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -54,10 +56,18 @@ def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
     ).ssl_context()
 
 
+#: How long a node that stopped answering is still listed, as down (then it is forgotten).
+FORGET_DOWN_AFTER = 3600.0
+
+
 class Cluster:
-    def __init__(self, opts: AdminOptions) -> None:
+    def __init__(self, opts: AdminOptions, clock: Callable[[], float] = time.time) -> None:
         self.opts = opts
         self._session: aiohttp.ClientSession | None = None
+        self.clock = clock
+        #: Each node's last ``/nodes`` row, and when it last answered: a node that stops
+        #: answering (dead, or dropped by nsqlookupd as it died) is listed as down.
+        self.last_rows: dict[str, tuple[float, dict[str, Any]]] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -324,6 +334,7 @@ class Cluster:
 
         infos = await asyncio.gather(*(info(n) for n in stats))
         rows = []
+        now = self.clock()
         for (node, s), i in zip(stats.items(), infos, strict=True):
             rows.append(
                 {
@@ -337,9 +348,32 @@ class Cluster:
                     "start_time": s.get("start_time", 0),
                     "topics": len(s.get("topics") or []),
                     "lookupd_connections": listed.get(node, 0),
+                    "down_since": 0,
                 }
             )
-        return {"nodes": rows, "errors": errors}
+            self.last_rows[node] = (now, rows[-1])
+        return {"nodes": rows + self._down(set(stats), listed, now), "errors": errors}
+
+    def _down(self, up: set[str], listed: dict[str, int], now: float) -> list[dict[str, Any]]:
+        """The nodes that answered before and do not now: their last row, marked down (its
+        health says since when); forgotten ``FORGET_DOWN_AFTER`` after their last answer."""
+        rows = []
+        for node, (seen, row) in list(self.last_rows.items()):
+            if node in up:
+                continue
+            if now - seen > FORGET_DOWN_AFTER:
+                del self.last_rows[node]
+                continue
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen))
+            rows.append(
+                row
+                | {
+                    "health": f"DOWN - no answer since {since}",
+                    "down_since": int(seen),
+                    "lookupd_connections": listed.get(node, 0),
+                }
+            )
+        return rows
 
     async def node(self, name: str) -> dict[str, Any] | None:
         """``/nodes/<node>``: one nsqd's topics, channels and clients (its ``/stats``)."""

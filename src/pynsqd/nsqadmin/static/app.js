@@ -248,7 +248,7 @@ async function nodesPage() {
   const d = await api("nodes");
   crumbs([[null, "Nodes"]]);
   return `<h1>Nodes</h1><table id="nodes"><tr><th>Node</th><th>Hostname</th><th>Broadcast Address</th><th>TCP Port</th><th>HTTP Port</th><th>Version</th><th>Health</th><th>Lookupd Conns</th><th>Topics</th></tr>` +
-    d.nodes.map(n => `<tr><td>${link(`nodes/${n.node}`, n.node)}</td><td>${esc(n.hostname)}</td><td>${esc(n.broadcast_address)}</td><td>${n.tcp_port || ""}</td><td>${n.http_port || ""}</td><td>${esc(n.version)}</td><td>${esc(n.health)}</td><td>${n.lookupd_connections}</td><td>${num(n.topics)}</td></tr>`).join("") + "</table>";
+    d.nodes.map(n => `<tr${n.down_since ? ' class="down"' : ""}><td>${link(`nodes/${n.node}`, n.node)}</td><td>${esc(n.hostname)}</td><td>${esc(n.broadcast_address)}</td><td>${n.tcp_port || ""}</td><td>${n.http_port || ""}</td><td>${esc(n.version)}</td><td>${n.down_since ? `<span class="down-mark">down</span> ${esc(`last answer ${ago(n.down_since)}`)}` : esc(n.health)}</td><td>${n.lookupd_connections}</td><td>${num(n.topics)}</td></tr>`).join("") + "</table>";
 }
 
 async function lookupPage() {
