@@ -36,6 +36,9 @@ class ListBackend:
     def put_raw(self, records: list[bytes]) -> None:
         self.records.extend(records)
 
+    def peek(self, max_count: int) -> list[Message]:
+        return [decode_message(r) for r in list(self.records)[:max_count]]
+
     def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
         out: list[bytes] = []
         size = 0

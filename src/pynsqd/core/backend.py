@@ -103,6 +103,9 @@ class BackendQueue(Protocol):
 
     def commit_reads(self) -> None: ...
 
+    def peek(self, max_count: int) -> list[Message]:
+        """Up to ``max_count`` of the next messages, oldest first, not consumed."""
+
     def depth(self) -> int: ...
 
     def byte_size(self) -> int:
@@ -140,6 +143,9 @@ class DummyBackend:
 
     def commit_reads(self) -> None:
         pass
+
+    def peek(self, max_count: int) -> list[Message]:
+        return []
 
     def depth(self) -> int:
         return 0

@@ -8,11 +8,19 @@ halves, so the oldest (spilled) messages keep moving. There is no global order, 
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from itertools import islice, repeat, starmap
 
 from .backend import BackendQueue
 from .message import Message, decode_message
+
+#: The most queued messages in memory a newest-first peek looks at.
+PEEK_SCAN = 10_000
+
+
+def _timestamp(m: Message) -> int:
+    return m.timestamp
 
 
 class MessageQueue:
@@ -233,6 +241,18 @@ class MessageQueue:
             if self.track_bytes:
                 self.mem_bytes += len(ahead.body)
         return dropped
+
+    def peek(self, n: int, *, newest: bool = False) -> list[Message]:
+        """Up to ``n`` queued messages by publish time (oldest or newest first), not taken.
+        Newest first looks at the last ``PEEK_SCAN`` in memory and the first ``PEEK_SCAN``
+        the backend holds (it is read from its head)."""
+        mem = self._mem
+        if newest:
+            part = heapq.nlargest(n, islice(reversed(mem), PEEK_SCAN), key=_timestamp)
+            part += heapq.nlargest(n, self.backend.peek(PEEK_SCAN), key=_timestamp)
+        else:
+            part = list(islice(mem, n)) + self.backend.peek(n)
+        return sorted(part, key=_timestamp, reverse=newest)[:n]
 
     def oldest(self, n: int) -> list[Message] | None:
         """Up to ``n`` messages at the head of memory, left in place; None while the backend

@@ -33,6 +33,7 @@ from ..log import LOGGER_NAME
 from .api import API
 from .host import NSQDHost
 from .lifecycle import LifecycleAPI
+from .peek import PeekAPI
 from .replication import ReplicationAPI
 from .statsd import StatsdPusher
 
@@ -107,6 +108,9 @@ class HTTPService(Router):
         add("GET", "/topic/replication", "v1", replication.get)
         add("POST", "/topic/replication", "v1", replication.set)
         add("GET", "/topic/replicate", "v1", replication.replicate)
+        peek = PeekAPI(nsqd)
+        add("GET", "/channel/peek", "v1", peek.channel)
+        add("GET", "/topic/peek", "v1", peek.topic)
         lifecycle = LifecycleAPI(nsqd)
         add("GET", "/topic/config", "v1", lifecycle.get_topic)
         add("POST", "/topic/config", "v1", lifecycle.set_topic)

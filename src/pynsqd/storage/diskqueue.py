@@ -320,6 +320,33 @@ class DiskQueue:
         self._after_read()
         return out
 
+    def peek(self, max_count: int) -> list[bytes]:
+        """Up to ``max_count`` of the next records, oldest first, left where they are: nothing
+        moves, nothing is persisted (``GET /channel/peek``). Stops at a damaged record."""
+        out: list[bytes] = []
+        num, pos = self._read_file_num, self._read_pos
+        while not self._closed and len(out) < max_count:
+            if (num, pos) >= (self._write_file_num, self._write_pos):
+                break
+            try:
+                fd = os.open(self._file_name(num), os.O_RDONLY | _O_CLOEXEC)
+            except OSError:
+                break
+            try:
+                limit = self._write_pos if num == self._write_file_num else os.fstat(fd).st_size
+                while len(out) < max_count and pos + 4 <= limit:
+                    (size,) = _LEN.unpack(os.pread(fd, 4, pos).rjust(4, b"\0"))
+                    if not self.min_msg_size <= size <= self.max_msg_size or pos + 4 + size > limit:
+                        return out
+                    out.append(os.pread(fd, size, pos + 4))
+                    pos += 4 + size
+            except OSError:
+                return out
+            finally:
+                os.close(fd)
+            num, pos = num + 1, 0
+        return out
+
     def commit_reads(self) -> None:
         """Make the reads done with ``hold=True`` final: delete the files they consumed and
         persist the read position (now with ``sync_every=1``, else as the op count says)."""

@@ -113,6 +113,9 @@ class DiskBackend:
     def commit_reads(self) -> None:
         self.dq.commit_reads()
 
+    def peek(self, max_count: int) -> list[Message]:
+        return list(map(decode_message, self.dq.peek(max_count)))
+
     def byte_size(self) -> int:
         return self.dq.byte_size()
 
