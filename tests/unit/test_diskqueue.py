@@ -861,3 +861,19 @@ BackgroundDiskQueueMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_fifo_property_background_sync = BackgroundDiskQueueMachine.TestCase
+
+
+def test_peek_reads_across_rolls_and_moves_nothing(tmp_path: Path) -> None:
+    """``GET /channel/peek``'s read: the next records, over file boundaries, while the read
+    position, the depth and the files stay as they were (a restart reads the same)."""
+    q = make(tmp_path, max_bytes_per_file=200)
+    expected = [rec(i) for i in range(10)]
+    q.put_many(expected)
+    assert q.read_many(2) == expected[:2]
+    files = data_files(tmp_path)
+    assert q.peek(5) == expected[2:7]
+    assert q.peek(100) == expected[2:]
+    assert q.depth() == 8 and data_files(tmp_path) == files
+    assert q.read_many(100) == expected[2:]
+    assert q.peek(3) == []
+    q.close()
