@@ -477,6 +477,34 @@ def test_first_hour_frictions_in_the_browser(
     assert lookupd  # the cluster's nsqlookupd: where the created topic went
 
 
+def test_the_channel_page_shows_what_waits_in_it(
+    browser: Any, admin: AdminThread, cluster: Any
+) -> None:
+    """Issue 55: a channel's queued, deferred and in-flight messages, from its nodes'
+    ``GET /channel/peek``, on its page and in ``/api/topics/<t>/<c>``; nothing consumed."""
+    from selenium.webdriver.common.by import By
+
+    _, a, _b = cluster
+    with a.connect() as c:
+        c.sub("orders", "billing", rdy=1)
+        m = c.read_message()  # one in flight, four queued
+        status, doc = admin.request("GET", "/api/topics/orders/billing")
+        assert status == 200
+        messages = doc["messages"]
+        assert [r["body"] for r in messages["queued"]] == ["x"] * 4
+        (flying,) = messages["in_flight"]
+        assert flying["id"] == m.id.decode() and flying["node"] == f"127.0.0.1:{a.http_port}"
+        browser.get(f"http://127.0.0.1:{admin.port}/topics/orders/billing")
+        rows = "//table[@id='peek-queued']//tr[td]"
+        _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 4)
+        flight = browser.find_element(By.XPATH, "//table[@id='peek-in-flight']//tr[td]").text
+        assert m.id.decode() in flight
+        _shot(browser, "channel-messages")
+        c.fin(m.id)
+    depth = a.call(lambda: a.nsqd.topics["orders"].channels["billing"].depth)
+    assert depth == 4  # looking took nothing
+
+
 def test_a_dead_node_is_marked_down_in_the_browser(
     browser: Any, admin: AdminThread, cluster: Any
 ) -> None:

@@ -10,6 +10,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,10 @@ COUNTERS = (
     "timeout_count",
     "message_count",
 )
+
+
+def _field(key: str, row: dict[str, Any]) -> Any:
+    return row.get(key, 0)
 
 
 def _url(address: str, path: str) -> str:
@@ -55,6 +60,14 @@ def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
         tls_key_file=opts.http_client_tls_key or None,
     ).ssl_context()
 
+
+#: The lists of ``GET /channel/peek``, and what each is ordered by (oldest first).
+PEEK_KINDS = {
+    "queued": "timestamp",
+    "requeued": "timestamp",
+    "deferred": "due",
+    "in_flight": "timestamp",
+}
 
 #: How long a node that stopped answering is still listed, as down (then it is forgotten).
 FORGET_DOWN_AFTER = 3600.0
@@ -290,6 +303,31 @@ class Cluster:
             "clients": clients,
             "errors": errors,
         }
+
+    async def peek(
+        self, topic: str, channel: str, nodes: list[str], n: int = 20
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        """What waits in the channel on ``nodes`` (pynsqd's ``GET /channel/peek``), each list
+        merged over the nodes (each row names its ``node``) and cut to ``n``; and the
+        errors (a Go nsqd has no peek)."""
+        query = urllib.parse.urlencode({"topic": topic, "channel": channel, "n": n})
+        merged: dict[str, list[dict[str, Any]]] = {k: [] for k in PEEK_KINDS}
+        errors: list[str] = []
+
+        async def one(node: str) -> tuple[str, Any]:
+            try:
+                return node, await self._get(node, f"/channel/peek?{query}")
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
+                return node, e
+
+        for node, doc in await asyncio.gather(*(one(x) for x in nodes)):
+            if not isinstance(doc, dict):
+                errors.append(f"nsqd {node}: no peek ({doc})")
+                continue
+            for kind, key in PEEK_KINDS.items():
+                rows = [r | {"node": node} for r in doc.get(kind) or [] if isinstance(r, dict)]
+                merged[kind] = sorted(merged[kind] + rows, key=partial(_field, key))[:n]
+        return merged, errors
 
     async def lookup(self) -> dict[str, Any]:
         """What every nsqlookupd knows: its nodes, with their topics and tombstones."""

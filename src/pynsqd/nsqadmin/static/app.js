@@ -188,7 +188,22 @@ async function channelPage(t, c) {
     (d.nodes.some(n => n.e2e && n.e2e.percentiles) ? "" : `<p class="hint" id="e2e-hint">No percentiles: start nsqd with <code>--e2e-processing-latency-percentile=0.99</code> (and more) to measure them.</p>`) +
     (d.nodes.some(n => n.lifecycle) ? `<h2>Lifecycle</h2><table id="lifecycle"><tr><th>Node</th><th>Dead-lettered</th><th>Expired</th><th>Dropped</th><th>Over bound</th><th>Max attempts</th><th>TTL</th><th>Max depth</th></tr>` +
       d.nodes.filter(n => n.lifecycle).map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.lifecycle.dead_letter_count)}</td><td>${num(n.lifecycle.expired_count)}</td><td>${num(n.lifecycle.dropped_count)}</td><td>${num(n.lifecycle.over_bound_count)}</td><td>${n.lifecycle.max_attempts || "–"}</td><td>${esc(n.lifecycle.msg_ttl || "–")}</td><td>${n.lifecycle.max_depth || "–"}</td></tr>`).join("") + "</table>" : "") +
-    `<h2>Clients</h2>` + clientsTable(d.clients, false);
+    `<h2>Clients</h2>` + clientsTable(d.clients, false) + messagesTables(d.messages);
+}
+
+// What waits in the channel (pynsqd's GET /channel/peek): nothing is consumed by looking.
+function messagesTables(m) {
+  if (!m) return "";
+  const when = ms => ms ? `${new Date(ms).toISOString().slice(11, 23)} UTC` : "";
+  const body = r => `<code class="body">${esc(r.body)}</code>${r.encoding === "hex" ? " <small>(hex)</small>" : ""}${r.truncated ? ` <small>(${num(r.size)} bytes)</small>` : ""}`;
+  const section = (id, title, extra, rows, cells) => `<h3>${title} <small>(${rows.length ? `first ${rows.length}` : "none"})</small></h3>` +
+    (rows.length ? `<table id="${id}"><tr><th>Node</th><th>ID</th><th>Published</th><th>Attempts</th>${extra.map(h => `<th>${h}</th>`).join("")}<th>Body</th></tr>` +
+      rows.map(r => `<tr><td>${esc(r.node)}</td><td><code>${esc(r.id)}</code></td><td>${when(r.timestamp)}</td><td>${r.attempts}</td>${cells(r).map(c => `<td>${c}</td>`).join("")}<td>${body(r)}</td></tr>`).join("") + "</table>" : "");
+  return `<h2>Messages</h2><p class="hint">What waits in the channel, oldest first, as the nodes hold it now; looking consumes nothing.</p>` +
+    section("peek-queued", "Queued", [], m.queued, () => []) +
+    section("peek-requeued", "Requeued", [], m.requeued, () => []) +
+    section("peek-deferred", "Deferred", ["Due"], m.deferred, r => [when(r.due)]) +
+    section("peek-in-flight", "In flight", ["Client", "Deadline"], m.in_flight, r => [esc(r.client || ""), when(r.deadline)]);
 }
 
 // A client as Go's nsqadmin names it: its id and the port it connects from (one host's clients
