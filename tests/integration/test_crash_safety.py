@@ -375,7 +375,9 @@ def test_messages_coming_due_on_a_full_disk_are_kept(
     consumer.close()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     stats = json.loads(http_request(server, "GET", "/stats?format=json")[1])
-    assert stats["topics"][0]["channels"][0]["overflow_count"] >= 40
+    # The 20 REQ'd after the disk was full came due on it (the timeouts and DPUBs may have
+    # come due before: filling it took longer than 300 ms on a loaded machine).
+    assert stats["topics"][0]["channels"][0]["overflow_count"] >= 20
 
 
 # -- issue 13: a data path that cannot be written ------------------------------------------------
