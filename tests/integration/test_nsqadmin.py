@@ -484,7 +484,7 @@ def test_the_channel_page_shows_what_waits_in_it(
     ``GET /channel/peek``, on its page and in ``/api/topics/<t>/<c>``; nothing consumed."""
     from selenium.webdriver.common.by import By
 
-    _, a, _b = cluster
+    _, a, b = cluster
     with a.connect() as c:
         c.sub("orders", "billing", rdy=1)
         m = c.read_message()  # one in flight, four queued
@@ -500,9 +500,19 @@ def test_the_channel_page_shows_what_waits_in_it(
         flight = browser.find_element(By.XPATH, "//table[@id='peek-in-flight']//tr[td]").text
         assert m.id.decode() in flight
         _shot(browser, "channel-messages")
+        c.rdy(0)
         c.fin(m.id)
+        c.nop()
     depth = a.call(lambda: a.nsqd.topics["orders"].channels["billing"].depth)
     assert depth == 4  # looking took nothing
+    # A topic without channels (a dead-letter topic, say): what waits in the topic itself.
+    with b.connect() as p:
+        p.mpub("orders.dead", [b"gave up 1", b"gave up 2"])
+    doc = admin.request("GET", "/api/topics/orders.dead")[1]
+    assert [r["body"] for r in doc["messages"]["queued"]] == ["gave up 1", "gave up 2"]
+    browser.get(f"http://127.0.0.1:{admin.port}/topics/orders.dead")
+    rows = "//table[@id='peek-queued']//tr[td]"
+    _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 2)
 
 
 def test_a_dead_node_is_marked_down_in_the_browser(

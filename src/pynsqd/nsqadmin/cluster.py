@@ -307,16 +307,19 @@ class Cluster:
     async def peek(
         self, topic: str, channel: str, nodes: list[str], n: int = 20
     ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-        """What waits in the channel on ``nodes`` (pynsqd's ``GET /channel/peek``), each list
-        merged over the nodes (each row names its ``node``) and cut to ``n``; and the
+        """What waits in the channel (or, with ``channel`` "", in the topic: not yet handed to
+        a channel) on ``nodes`` (pynsqd's ``GET /channel/peek``, ``/topic/peek``), each
+        list merged over the nodes (each row names its ``node``) and cut to ``n``; and the
         errors (a Go nsqd has no peek)."""
-        query = urllib.parse.urlencode({"topic": topic, "channel": channel, "n": n})
+        args = {"topic": topic, "channel": channel} if channel else {"topic": topic}
+        path = "/channel/peek?" if channel else "/topic/peek?"
+        query = path + urllib.parse.urlencode(args | {"n": n})
         merged: dict[str, list[dict[str, Any]]] = {k: [] for k in PEEK_KINDS}
         errors: list[str] = []
 
         async def one(node: str) -> tuple[str, Any]:
             try:
-                return node, await self._get(node, f"/channel/peek?{query}")
+                return node, await self._get(node, query)
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
                 return node, e
 
@@ -325,7 +328,8 @@ class Cluster:
                 errors.append(f"nsqd {node}: no peek ({doc})")
                 continue
             for kind, key in PEEK_KINDS.items():
-                rows = [r | {"node": node} for r in doc.get(kind) or [] if isinstance(r, dict)]
+                got = doc.get(kind)
+                rows = [r | {"node": node} for r in got or [] if isinstance(r, dict)]
                 merged[kind] = sorted(merged[kind] + rows, key=partial(_field, key))[:n]
         return merged, errors
 

@@ -166,10 +166,10 @@ class AdminService(Router):
                 depth = found["depth"] + sum(c["depth"] for c in found["channels"])
         if found is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND" if channel else "TOPIC_NOT_FOUND")
-        if channel:  # what waits in it, on the nodes that have it
-            nodes = [n["node"] for n in found["nodes"]]
-            found["messages"], more = await self.cluster.peek(topic, channel, nodes)
-            found["errors"] = found["errors"] + more
+        # What waits in it, on the nodes that have it (a topic: not yet handed to a channel).
+        nodes = [n["node"] for n in found["nodes"]]
+        found["messages"], more = await self.cluster.peek(topic, channel, nodes)
+        found["errors"] = found.get("errors", []) + more
         key = f"{topic}/{channel}" if channel else topic
         found["history"] = self.history.add(key, depth, found["message_count"])
         found["graphite"] = chart_urls(self.opts, self.base, topic, channel)

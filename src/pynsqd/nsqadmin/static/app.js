@@ -192,18 +192,19 @@ async function channelPage(t, c) {
 }
 
 // What waits in the channel (pynsqd's GET /channel/peek): nothing is consumed by looking.
-function messagesTables(m) {
+function messagesTables(m, where = "channel") {
   if (!m) return "";
   const when = ms => ms ? `${new Date(ms).toISOString().slice(11, 23)} UTC` : "";
   const body = r => `<code class="body">${esc(r.body)}</code>${r.encoding === "hex" ? " <small>(hex)</small>" : ""}${r.truncated ? ` <small>(${num(r.size)} bytes)</small>` : ""}`;
   const section = (id, title, extra, rows, cells) => `<h3>${title} <small>(${rows.length ? `first ${rows.length}` : "none"})</small></h3>` +
     (rows.length ? `<table id="${id}"><tr><th>Node</th><th>ID</th><th>Published</th><th>Attempts</th>${extra.map(h => `<th>${h}</th>`).join("")}<th>Body</th></tr>` +
       rows.map(r => `<tr><td>${esc(r.node)}</td><td><code>${esc(r.id)}</code></td><td>${when(r.timestamp)}</td><td>${r.attempts}</td>${cells(r).map(c => `<td>${c}</td>`).join("")}<td>${body(r)}</td></tr>`).join("") + "</table>" : "");
-  return `<h2>Messages</h2><p class="hint">What waits in the channel, oldest first, as the nodes hold it now; looking consumes nothing.</p>` +
+  if (where === "topic" && !m.queued.length) return "";  // handed to its channels as it comes
+  return `<h2>Messages</h2><p class="hint">What waits in the ${where}${where === "topic" ? " (not yet handed to a channel)" : ""}, oldest first, as the nodes hold it now; looking consumes nothing.</p>` +
     section("peek-queued", "Queued", [], m.queued, () => []) +
     section("peek-requeued", "Requeued", [], m.requeued, () => []) +
-    section("peek-deferred", "Deferred", ["Due"], m.deferred, r => [when(r.due)]) +
-    section("peek-in-flight", "In flight", ["Client", "Deadline"], m.in_flight, r => [esc(r.client || ""), when(r.deadline)]);
+    (where === "channel" ? section("peek-deferred", "Deferred", ["Due"], m.deferred, r => [when(r.due)]) +
+    section("peek-in-flight", "In flight", ["Client", "Deadline"], m.in_flight, r => [esc(r.client || ""), when(r.deadline)]) : "");
 }
 
 // A client as Go's nsqadmin names it: its id and the port it connects from (one host's clients
@@ -235,7 +236,8 @@ async function topicPage(t) {
     (logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th><th>Duplicates dropped</th></tr>` +
       logged.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.log.earliest_offset)}</td><td>${num(n.log.latest_offset)}</td><td>${num(n.log.latest_offset - n.log.earliest_offset)}</td><td>${bytes(n.log.bytes)}</td><td>${num(n.log.segments)}</td><td>${num(n.depth)}</td><td>${num(n.log.duplicate_count || 0)}</td></tr>`).join("") + "</table>" : "") +
     ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th><th>Channel checkpoints (node: channel from offset)</th></tr>` +
-      d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td><td>${checkpoints(p.checkpoints || {})}</td></tr>`).join("") + "</table>" : "");
+      d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td><td>${checkpoints(p.checkpoints || {})}</td></tr>`).join("") + "</table>" : "") +
+    messagesTables(d.messages, "topic");
 }
 
 // A partition's channel checkpoints, by holder: each channel's first pending offset (and how
