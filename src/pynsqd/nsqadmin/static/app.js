@@ -235,18 +235,19 @@ async function topicPage(t) {
       ["deferred_count", "Deferred"], ["message_count", "Messages"], ["channels", "Channels"]], nodes, true) +
     (logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th><th>Duplicates dropped</th></tr>` +
       logged.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.log.earliest_offset)}</td><td>${num(n.log.latest_offset)}</td><td>${num(n.log.latest_offset - n.log.earliest_offset)}</td><td>${bytes(n.log.bytes)}</td><td>${num(n.log.segments)}</td><td>${num(n.depth)}</td><td>${num(n.log.duplicate_count || 0)}</td></tr>`).join("") + "</table>" : "") +
-    ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th><th>Channel checkpoints (node: channel from offset)</th></tr>` +
+    ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th><th>Where consumers are (per node and channel)</th></tr>` +
       d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td><td>${checkpoints(p.checkpoints || {})}</td></tr>`).join("") + "</table>" : "") +
     messagesTables(d.messages, "topic");
 }
 
-// A partition's channel checkpoints, by holder: each channel's first pending offset (and how
-// many ranges above it are done out of order), or whom the holder's channels went to.
+// A partition's channel checkpoints, by node, in an operator's words: where each channel's
+// consumers are (everything before that offset finished, and how many later ranges finished
+// out of order), or which node's consumers took that node's channels over after it died.
 function checkpoints(byHolder) {
   return Object.entries(byHolder).map(([holder, chans]) => chans.adopted_by !== undefined
-    ? `${esc(holder)}: taken over by ${esc(String(chans.adopted_by))} below ${num(chans.end)}`
-    : `${esc(holder)}: ` + Object.entries(chans).map(([c, w]) =>
-        `${esc(c)} from ${num(w.low)}${w.end === null ? "" : ` to ${num(w.end)}`}${w.done_ranges ? ` (+${w.done_ranges} ranges)` : ""}`).join(", ")
+    ? `node ${esc(holder)}'s consumers moved to node ${esc(String(chans.adopted_by))} (its messages up to offset ${num(chans.end)})`
+    : `node ${esc(holder)}: ` + Object.entries(chans).map(([c, w]) =>
+        `${esc(c)} done up to offset ${num(w.low)}${w.end === null ? "" : ` of ${num(w.end)}`}${w.done_ranges ? ` (and ${w.done_ranges} later ranges)` : ""}`).join(", ")
   ).join("; ");
 }
 
