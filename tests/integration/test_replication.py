@@ -246,6 +246,32 @@ def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster)
         admin.stop()
 
 
+def test_nsqadmin_counts_what_was_published_across_a_failover(cluster: Cluster) -> None:
+    """Issue 54: after a node's death nsqadmin showed 1,376 of 1,501 messages published (the
+    dead node's count went with it). A replicated topic's count is its partitions' committed
+    offsets, whoever leads them now."""
+    from .servers import AdminThread
+
+    replicate(cluster)
+    for n, count in ((1, 3), (2, 2), (3, 1)):
+        for _ in range(count):
+            assert cluster.node(n).http("POST", f"/pub?topic={TOPIC}", b"x") == (200, b"OK")
+    addresses = [f"127.0.0.1:{n.proc.http_port}" for n in cluster.nodes]  # type: ignore[union-attr]
+    admin = AdminThread(nsqd_http_addresses=addresses)
+    try:
+        assert admin.request("GET", f"/api/topics/{TOPIC}")[1]["message_count"] == 6
+        cluster.node(1).kill()
+
+        def taken_over() -> bool:
+            doc = admin.request("GET", f"/api/topics/{TOPIC}")[1]
+            return any(p["partition"] == 1 for p in doc.get("partitions") or [])
+
+        wait_for(taken_over, "a live node to lead node 1's partition", 60)
+        assert admin.request("GET", f"/api/topics/{TOPIC}")[1]["message_count"] == 6
+    finally:
+        admin.stop()
+
+
 # -- the data path ------------------------------------------------------------------------------
 
 

@@ -279,3 +279,21 @@ def test_a_worker_with_more_than_its_share_lets_the_others_accept(tmp_path: obje
     assert counts.least_but(0) == 3
     counts.close()
     other.close()
+
+
+def test_a_lenders_waiting_messages_go_back_when_its_worker_gets_consumers() -> None:
+    """A link to a worker without consumers keeps messages waiting here; once that worker's
+    copy has consumers of its own, what waits (not what is in flight) goes back to it."""
+    loop, _topic, ch, _demand, consumer = setup(rdy=1)
+    one, other = Link(), Link()
+    ch.lending.add(lent(3), one)  # type: ignore[union-attr]
+    ch.lending.add(lent(1, prefix=b"O", first=10), other)  # type: ignore[union-attr]
+    ch.schedule_pump()
+    loop.run_ready()
+    (flying,) = consumer.take()
+    assert flying.body == b"L0"
+    ch.lending.give_back_waiting(one)  # type: ignore[union-attr]
+    assert [i for i, _ in one.reqs] == [b"%016x" % (0xF000 + i) for i in (1, 2)]
+    assert [m.body for m in ch.lending.queue] == [b"O10"]  # type: ignore[union-attr]
+    ch.finish_many(consumer, [flying.id])  # the one in flight still ends at its lender
+    assert one.fins == [flying.id]

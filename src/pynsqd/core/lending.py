@@ -233,6 +233,17 @@ class Lending:
         if lender is not None:
             lender.touch(msg_id)
 
+    def give_back_waiting(self, lender: Lender) -> None:
+        """What ``lender`` lent that waits here, not yet delivered: back to it (its worker's
+        copy got consumers of its own, who are served there first)."""
+        back = [m for m in self.queue if self.lent.get(m.id) is lender]
+        if not back:
+            return
+        self.queue = deque(m for m in self.queue if self.lent.get(m.id) is not lender)
+        for m in back:
+            del self.lent[m.id]
+            lender.req(m.id, 0)
+
     def forget(self, lender: Lender | None = None) -> None:
         """The link is gone (its worker requeues what it lent), or the channel is emptied or
         closed: drop what it lent that waits here; in flight ones end with their consumer."""

@@ -258,10 +258,13 @@ class Cluster:
                     agg["paused"] = agg["paused"] or bool(c.get("paused"))
         if not nodes:
             return None
+        # A replicated topic: what was published is its partitions' committed offsets, whoever
+        # leads them now (a dead node's own count is gone with it).
+        published = sum(p.get("committed", 0) for p in partitions.values())
         return {
             "topic": name,
             "depth": sum(n["depth"] for n in nodes),
-            "message_count": sum(n["message_count"] for n in nodes),
+            "message_count": published or sum(n["message_count"] for n in nodes),
             "paused": any(n["paused"] for n in nodes),
             "nodes": nodes,
             "channels": [channels[c] for c in sorted(channels)],

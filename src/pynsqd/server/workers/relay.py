@@ -287,6 +287,9 @@ class Relay:
         if link.peer_consumers is None and not synced:
             return  # its answer to the first RDY comes next
         link.peer_consumers = has
+        lending = self.channel.lending
+        if has and lending is not None:  # its consumers are served there first
+            lending.give_back_waiting(link)
         self._check_synced()
         self.demand_changed()
 
