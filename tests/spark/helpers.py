@@ -132,14 +132,22 @@ class Node:
 
     def __init__(self, data: Path, lookupd: LookupdProcess) -> None:
         self.data = data
-        self.args = (
-            "--retention-time=1h",
-            f"--tcp-address=127.0.0.1:{free_port()}",
-            f"--http-address=127.0.0.1:{free_port()}",
-            f"--lookupd-tcp-address={lookupd.tcp_address}",
-            "--broadcast-address=127.0.0.1",
-        )
-        self.proc = NsqdProcess(data, *self.args)
+        for attempt in range(3):
+            # Ports free when chosen; another process (a JVM's, say) may bind one first: then
+            # new ones (a CI run under load lost all five standalone tests to that once).
+            self.args = (
+                "--retention-time=1h",
+                f"--tcp-address=127.0.0.1:{free_port()}",
+                f"--http-address=127.0.0.1:{free_port()}",
+                f"--lookupd-tcp-address={lookupd.tcp_address}",
+                "--broadcast-address=127.0.0.1",
+            )
+            try:
+                self.proc = NsqdProcess(data, *self.args)
+                break
+            except RuntimeError as err:
+                if "address already in use" not in str(err) or attempt == 2:
+                    raise
 
     def kill(self) -> None:
         self.proc.proc.kill()
