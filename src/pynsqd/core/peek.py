@@ -59,7 +59,12 @@ def body_view(body: bytes, limit: int) -> dict[str, Any]:
 
 
 def row(msg: Message, body_max: int) -> dict[str, Any]:
-    out = {"id": msg.id.decode(), "timestamp": msg.timestamp // 1_000_000, "attempts": msg.attempts}
+    out = {
+        "id": msg.id.decode(),
+        "timestamp": msg.timestamp // 1_000_000,
+        "timestamp_ns": msg.timestamp,  # exact: what lists merged over workers are ordered by
+        "attempts": msg.attempts,
+    }
     out.update(body_view(msg.body, body_max))
     return out
 

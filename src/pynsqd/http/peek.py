@@ -40,9 +40,9 @@ from .host import NSQDHost
 _UINT = re.compile(r"[0-9]{1,6}")
 #: How each kind's merged list (``--workers``) is ordered.
 _KEYS = {
-    "queued": "timestamp",
-    "requeued": "timestamp",
-    "in_flight": "timestamp",
+    "queued": "timestamp_ns",
+    "requeued": "timestamp_ns",
+    "in_flight": "timestamp_ns",
     "deferred": "due",
 }
 

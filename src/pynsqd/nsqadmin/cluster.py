@@ -63,10 +63,10 @@ def client_tls(opts: AdminOptions) -> ssl.SSLContext | bool:
 
 #: The lists of ``GET /channel/peek``, and what each is ordered by (oldest first).
 PEEK_KINDS = {
-    "queued": "timestamp",
-    "requeued": "timestamp",
+    "queued": "timestamp_ns",
+    "requeued": "timestamp_ns",
     "deferred": "due",
-    "in_flight": "timestamp",
+    "in_flight": "timestamp_ns",
 }
 
 #: How long a node that stopped answering is still listed, as down (then it is forgotten).
