@@ -4,10 +4,8 @@ N workers running.
 Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` and
 ``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
 (mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
-``admin`` (HTTP between workers). It starts each worker with the same arguments, the
-descriptors, and a ``WorkerSpec`` (``spec.py``): forked from itself with the server imported
-once, at the node's start (``fork.py``); as ``python -m pynsqd`` with the spec in
-``PYNSQD_WORKER`` when one is started again, and for a replicated node.
+``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
+arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``spec.py``).
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
@@ -39,8 +37,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import Iterator
 
 from ...internal.listener import (
     is_unix_address,
@@ -51,19 +48,7 @@ from ...internal.listener import (
 from ...internal.waits import wait_set
 from ...options import Options
 from ...storage.identity import storage_id
-from . import fork
 from .spec import ConnectionCounts, WorkerSpec
-
-
-class WorkerProcess(Protocol):
-    """A started worker: exec'd (``asyncio.subprocess.Process``) or forked."""
-
-    @property
-    def pid(self) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-    async def wait(self) -> int: ...
-
 
 log = logging.getLogger("pynsqd")
 
@@ -106,9 +91,7 @@ class Supervisor:
         self.links: list[str] = []
         self.admins: list[str] = []
         self.private_dir = ""
-        self.procs: dict[int, WorkerProcess] = {}
-        #: The first workers, forked before the supervisor's loop started (``fork_first``).
-        self.forked: dict[int, fork.ForkedWorker] = {}
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
@@ -145,16 +128,6 @@ class Supervisor:
         self.storage = storage_id(base)  # the node's, in /info (a worker's log has its own)
         self._alive_r, self._alive_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
-
-    def fork_first(self, main: Callable[[list[str]], int]) -> None:
-        """The first workers, forked from this process with the server imported once
-        (``fork.py``); a replicated node's start their worker 0 first, exec'd."""
-        if self.opts.etcd_endpoints or not fork.can_fork():
-            return
-        fork.preload()
-        for i in range(self.count):
-            with self._starting(i) as (_fds, spec):
-                self.forked[i] = fork.fork_worker(self.argv, spec, main)
 
     @contextlib.contextmanager
     def _starting(self, i: int) -> Iterator[tuple[dict[str, int], WorkerSpec]]:
@@ -268,18 +241,11 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
-            proc: WorkerProcess | None = self.forked.pop(i, None)
-            if proc is None:
-                with self._starting(i) as (fds, spec):
-                    env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-                    proc = await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        "-m",
-                        "pynsqd",
-                        *self.argv,
-                        pass_fds=list(fds.values()),
-                        env=env,
-                    )
+            with self._starting(i) as (fds, spec):
+                env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
+                )
             self.procs[i] = proc
             started = loop.time()
             code = await proc.wait()
@@ -324,15 +290,11 @@ class Supervisor:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def run_supervisor(
-    opts: Options, argv: list[str], count: int, main: Callable[[list[str]], int]
-) -> int:
-    """The console script's body for ``--workers N`` (N > 1); ``main`` is the console
-    script, which a forked worker runs."""
+def run_supervisor(opts: Options, argv: list[str], count: int) -> int:
+    """The console script's body for ``--workers N`` (N > 1)."""
     sup = Supervisor(opts, argv, count)
     try:
         sup.bind_all()
-        sup.fork_first(main)
     except OSError as err:
         log.critical("failed to start nsqd - %s", err)
         if sup.private_dir:
