@@ -90,7 +90,7 @@ def test_lent_and_own_messages_are_handed_out_in_publish_order() -> None:
     loop, topic, ch, _demand, consumer = setup(rdy=0)
     link = Link()
     _publish(loop, topic, 2)  # m0, m1: published now
-    now = ch.queue.oldest(1)[0].timestamp  # type: ignore[index]
+    now = next(ch.queue.oldest()).timestamp  # type: ignore[arg-type]
     ch.lending.add(lent(2, ts=now + 10, first=2), link)  # type: ignore[union-attr]
     ch.lending.add(lent(2, ts=now - 10), link)  # type: ignore[union-attr]  # older: merged in
     loop.run_ready()
@@ -98,6 +98,34 @@ def test_lent_and_own_messages_are_handed_out_in_publish_order() -> None:
     ch.schedule_pump()
     loop.run_ready()
     assert [m.body for m in consumer.take()] == [b"L0", b"L1", b"m0", b"m1", b"L2", b"L3"]
+
+
+def test_finely_interleaved_queues_go_out_in_order_in_one_write_per_consumer() -> None:
+    """Messages published through two workers at once alternate in age: each pump hands a
+    consumer its whole window, merged in publish order, in one write (not a write per run)."""
+    loop, topic, ch, _demand, consumer = setup(rdy=0)
+    _publish(loop, topic, 6)
+    own = list(ch.queue.oldest() or [])
+    for i, m in enumerate(own):
+        m.timestamp = 1000 + 2 * i  # m0 < L0 < m1 < L1 ...
+    ch.lending.add(  # type: ignore[union-attr]
+        [Message(b"%016x" % (0xF000 + i), b"L%d" % i, 1001 + 2 * i, attempts=1) for i in range(6)],
+        Link(),
+    )
+    writes: list[int] = []
+    send = consumer.send_messages
+
+    def counted(msgs: list[Message]) -> None:
+        writes.append(len(msgs))
+        send(msgs)
+
+    consumer.send_messages = counted  # type: ignore[method-assign]
+    consumer.rdy = 9
+    ch.schedule_pump()
+    loop.run_ready()
+    got = [m.body for m in consumer.take()]
+    assert got == [b"m0", b"L0", b"m1", b"L1", b"m2", b"L2", b"m3", b"L3", b"m4"]
+    assert writes == [9]
 
 
 def test_a_requeued_own_message_goes_behind_lent_ones_published_before_its_requeue() -> None:

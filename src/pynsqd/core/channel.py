@@ -250,12 +250,10 @@ class Channel:
         if lending is not None:
             lending.pump(self)
 
-    def deliver_own(self, client: ConsumerLike, n: int, room: int) -> int:
-        """Up to ``n`` queued messages to ``client`` (``core.lending.Borrower``)."""
-        batch = self.queue.take(n, room)
-        if batch:
-            self._deliver(client, batch)
-        return len(batch)
+    def fly_own(self, client: ConsumerLike, n: int) -> list[Message]:
+        """``n`` queued messages in flight to ``client``, not yet sent (``core.lending``'s
+        merge sends them with lent ones, in one write): those that flew."""
+        return self._fly(client, self.queue.take(n))
 
     def _pump_queue(self) -> None:
         queue = self.queue
@@ -287,26 +285,31 @@ class Channel:
 
     def _deliver(self, client: ConsumerLike, batch: list[Message]) -> int:
         """Hand ``batch`` to ``client``; returns how many it got."""
+        batch = self._fly(client, batch)
+        if batch:
+            client.send_messages(batch)
+        return len(batch)
+
+    def _fly(self, client: ConsumerLike, batch: list[Message]) -> list[Message]:
+        """``batch`` screened (stale, expired, unsampled ones dropped) and in flight to
+        ``client``: what is to be sent."""
         if self.windows is not None:
             batch, stale = self.windows.screen(batch)
             self.stale_count += stale
             if not batch:
-                return 0
+                return []
         if self.screen.on:
             batch = self.screen.batch(batch)
             if not batch:
-                return 0
+                return []
         if client.sample_rate:
             # nsqd drops unsampled messages from the channel (README, "Differences from nsqd").
             rate = client.sample_rate
             batch = [m for m in batch if random.randrange(100) <= rate]
             if not batch:
-                return 0
+                return []
         now = self.loop.time()
-        batch = self.ledger.fly(batch, client, now, now + client.msg_timeout)
-        if batch:
-            client.send_messages(batch)
-        return len(batch)
+        return self.ledger.fly(batch, client, now, now + client.msg_timeout)
 
     # -- consumer commands ----------------------------------------------------------------
 

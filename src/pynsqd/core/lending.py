@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import pairwise
 from time import time_ns
+from collections.abc import Iterator
 from typing import Protocol
 
 from .message import ConsumerLike, Message
@@ -75,20 +76,59 @@ class Borrower(Protocol):
     def tq(self) -> TimedQueue: ...
     @property
     def queue(self) -> OwnQueue: ...
-    def deliver_own(self, client: ConsumerLike, n: int, room: int) -> int:
-        """Up to ``n`` of its own queued messages (``room`` body bytes) to ``client``; how
-        many it took from its queue."""
+    def fly_own(self, client: ConsumerLike, n: int) -> list[Message]:
+        """``n`` of its own queued messages in flight to ``client``, not yet sent: those
+        that flew (some may be screened out)."""
 
 
 class OwnQueue(Protocol):
     """The channel's own queue (``core/queue.MessageQueue``), as the merge reads it."""
 
     def __len__(self) -> int: ...
-    def oldest(self, n: int) -> list[Message] | None: ...
+    def oldest(self) -> Iterator[Message] | None: ...
 
 
 def _timestamp(m: Message) -> int:
     return m.timestamp
+
+
+def _interleave(
+    own: Iterator[Message], lent: Iterator[Message], n: int, room: int, offset: float
+) -> list[tuple[bool, int]]:
+    """The next up to ``n`` messages (``room`` body bytes, at least one) of the channel's own
+    queue and the lent one, oldest first: runs of (own?, count). An own message's age is its
+    publish time, or its last delivery (``offset`` turns the loop's clock into ns) if it was
+    requeued; a tie goes to the channel's own."""
+    runs: list[tuple[bool, int]] = []
+    o = next(own, None)
+    ok = 0 if o is None else (o.timestamp if not o.attempts else int(o.delivery_ts * 1e9 + offset))
+    lm = next(lent, None)
+    side = True
+    count = 0
+    size = 0
+    for _ in range(n):
+        if o is not None and (lm is None or ok <= lm.timestamp):
+            m, is_own = o, True
+            o = next(own, None)
+            if o is not None:
+                ok = o.timestamp if not o.attempts else int(o.delivery_ts * 1e9 + offset)
+        elif lm is not None:
+            m, is_own = lm, False
+            lm = next(lent, None)
+        else:
+            break
+        size += len(m.body)
+        if size > room and (count or runs):
+            break
+        if is_own is side:
+            count += 1
+        else:
+            if count:
+                runs.append((side, count))
+            side, count = is_own, 1
+    if count:
+        runs.append((side, count))
+    return runs
 
 
 class Lending:
@@ -126,45 +166,45 @@ class Lending:
         self.demand.demand_changed()
 
     def merge(self, channel: Borrower) -> None:
-        """Lent messages and the channel's own both waiting: to its consumers oldest first,
-        in runs (see the module's doc). Stops when no consumer has room, or one queue is
+        """Lent messages and the channel's own both waiting: to its consumers oldest first
+        (see the module's doc). For each consumer with room, one walk down both queues picks
+        its next messages in that order, and they go out in one write; the walk costs what
+        it hands out, however finely the two queues interleave. Stops when one queue is
         empty (``pump`` and the channel's own pump hand out the rest)."""
         offset = time_ns() - channel.loop.time() * 1e9
         own_queue = channel.queue
         for client in list(channel.clients.values()):
+            if not self.queue or not len(own_queue):
+                return
             if client.is_link:
                 continue
-            while self.queue and len(own_queue):
-                window = client.rdy - client.in_flight_count
-                room = client.output_room()
-                if window <= 0 or room <= 0 or client.write_paused:
-                    break
-                own = own_queue.oldest(window)
-                if own is None:
-                    return  # a backlog on disk: older, the channel's own go first
-                lent_first = self.queue[0].timestamp
-                run = 0
-                own_first = 0
-                for m in own:
-                    key = m.timestamp if not m.attempts else int(m.delivery_ts * 1e9 + offset)
-                    if run == 0:
-                        own_first = key
-                    if key > lent_first:
-                        break
-                    run += 1
-                if run:
-                    if not channel.deliver_own(client, run, room):
-                        return
-                    continue
-                n = 0
-                for m in self.queue:
-                    if n >= window or m.timestamp >= own_first:
-                        break
-                    n += 1
-                self._deliver(channel, client, self.take(max(n, 1), room))
+            window = client.rdy - client.in_flight_count
+            room = client.output_room()
+            if window <= 0 or room <= 0 or client.write_paused:
+                continue
+            own_iter = own_queue.oldest()
+            if own_iter is None:
+                return  # a backlog on disk: older, the channel's own go first
+            runs = _interleave(own_iter, iter(self.queue), window, room, offset)
+            sent: list[Message] = []
+            for own, n in runs:
+                if own:
+                    sent += channel.fly_own(client, n)
+                else:
+                    sent += self._fly(channel, client, self.take(n, 0))
+            if sent:
+                client.send_messages(sent)
 
     def _deliver(self, channel: Borrower, client: ConsumerLike, batch: list[Message]) -> None:
-        # Screened, counted and attempted by the channel that lent them.
+        sent = self._fly(channel, client, batch)
+        if sent:
+            client.send_messages(sent)
+
+    def _fly(
+        self, channel: Borrower, client: ConsumerLike, batch: list[Message]
+    ) -> list[Message]:
+        """Lent messages in flight to ``client``, not yet sent. Screened, counted and
+        attempted by the channel that lent them."""
         now = channel.loop.time()
         fly = channel.in_flight.setdefault
         sent = []
@@ -176,7 +216,7 @@ class Lending:
             msg.delivery_ts = now
             sent.append(msg)
         channel.tq.push_many(sent, now + client.msg_timeout)
-        client.send_messages(sent)
+        return sent
 
     def add(self, msgs: list[Message], lender: Lender) -> None:
         lent = self.lent
@@ -191,14 +231,15 @@ class Lending:
             q.extend(msgs)
 
     def take(self, n: int, room: int) -> list[Message]:
-        """Up to ``n`` queued lent messages, their bodies within ``room`` bytes (at least one)."""
+        """Up to ``n`` queued lent messages, their bodies within ``room`` bytes (at least one;
+        0: no limit)."""
         q = self.queue
         out: list[Message] = []
         size = 0
         while q and len(out) < n:
             m = q[0]
             size += len(m.body)
-            if out and size > room:
+            if out and room and size > room:
                 break
             out.append(q.popleft())
         return out

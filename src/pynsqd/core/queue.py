@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
 from itertools import islice, repeat, starmap
 
 from .backend import BackendQueue
@@ -254,12 +255,13 @@ class MessageQueue:
             part = list(islice(mem, n)) + self.backend.peek(n)
         return sorted(part, key=_timestamp, reverse=newest)[:n]
 
-    def oldest(self, n: int) -> list[Message] | None:
-        """Up to ``n`` messages at the head of memory, left in place; None while the backend
-        holds some (they are older, and read from disk only when taken)."""
+    def oldest(self) -> Iterator[Message] | None:
+        """The messages in memory from its head, left in place (the queue must not change
+        while it is walked); None while the backend holds some (they are older, and read
+        from disk only when taken)."""
         if self.backend.depth():
             return None
-        return list(islice(self._mem, n))
+        return iter(self._mem)
 
     def take_memory(self, n: int) -> list[Message]:
         mem = self._mem
