@@ -7,7 +7,7 @@ disk implementation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .dedup import Dedup
@@ -75,6 +75,15 @@ class MessageLog(Protocol):
     def close(self) -> None: ...
 
     def delete(self) -> None: ...
+
+
+class InFlightKeeper(Protocol):
+    """Where a channel's messages read from its backend stay stored until the channel is done
+    with them (``--mem-queue-size=0``; ``storage/in_flight_journal.py``): told of each
+    delivery (attempts) and of each message done with (finished, stored again, dropped)."""
+
+    def delivered(self, msgs: list[Message]) -> None: ...
+    def settled(self, ids: Iterable[bytes]) -> None: ...
 
 
 class BackendQueue(Protocol):

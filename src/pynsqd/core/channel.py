@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from .backend import BackendQueue
+from .backend import BackendQueue, InFlightKeeper
 from .errors import (
     AlreadyDeferred,
     Exiting,
@@ -76,6 +76,7 @@ class Channel:
         "exiting",
         "held",
         "in_flight",
+        "keeper",
         "ledger",
         "lending",
         "loop",
@@ -105,6 +106,7 @@ class Channel:
         max_msg_timeout: float,
         max_consumers: int = 0,
         ephemeral: bool = False,
+        keeper: InFlightKeeper | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -143,6 +145,9 @@ class Channel:
         #: With ``--workers``: messages other workers' channels lend to this one's consumers
         #: (``core/lending.py``). None: one process (no cost).
         self.lending: Lending | None = None
+        #: With ``--mem-queue-size=0``: the backend keeps what was read from it until this
+        #: channel is done with it (``core.backend.InFlightKeeper``). None: no cost.
+        self.keeper = keeper
 
     def set_lifecycle(
         self, max_attempts: int, msg_ttl_ns: int, max_depth: int, policy: str, max_bytes: int = 0
@@ -167,6 +172,8 @@ class Channel:
             err = self.queue.put_front(back)
             if err is not None:
                 self._kept_in_memory(len(back), err)
+            elif self.keeper is not None:
+                self.keeper.settled([m.id for m in back])  # stored again
             self.schedule_pump()
 
     # -- input ----------------------------------------------------------------------------
@@ -293,6 +300,12 @@ class Channel:
     def _fly(self, client: ConsumerLike, batch: list[Message]) -> list[Message]:
         """``batch`` screened (stale, expired, unsampled ones dropped) and in flight to
         ``client``: what is to be sent."""
+        flown = self._screen_and_fly(client, batch)
+        if self.keeper is not None:
+            self._tell_keeper(batch, flown)
+        return flown
+
+    def _screen_and_fly(self, client: ConsumerLike, batch: list[Message]) -> list[Message]:
         if self.windows is not None:
             batch, stale = self.windows.screen(batch)
             self.stale_count += stale
@@ -311,6 +324,24 @@ class Channel:
         now = self.loop.time()
         return self.ledger.fly(batch, client, now, now + client.msg_timeout)
 
+    def _tell_keeper(self, batch: list[Message], flown: list[Message]) -> None:
+        """The keeper hears of the deliveries, and of the messages of ``batch`` dropped (not
+        flown, and not waiting behind a copy in flight)."""
+        keeper = self.keeper
+        assert keeper is not None
+        if flown:
+            keeper.delivered(flown)
+        if len(flown) < len(batch):
+            sent = {id(m) for m in flown}
+            behind = self.ledger.behind
+            keeper.settled(
+                [
+                    m.id
+                    for m in batch
+                    if id(m) not in sent and not any(w is m for w in behind.get(m.id, ()))
+                ]
+            )
+
     # -- consumer commands ----------------------------------------------------------------
 
     def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
@@ -325,6 +356,8 @@ class Channel:
         now_ns = time.time_ns() if sink is not None else 0
         done, err = self.ledger.finish_many(client, ids, sink, now_ns)
         client.finished(done)
+        if self.keeper is not None and done:
+            self.keeper.settled(ids[:done])
         if self.windows is not None and done:
             self.windows.mark_done(ids[:done])
         if self.ledger.behind:
@@ -359,6 +392,8 @@ class Channel:
             err = self.queue.keep_many([msg])
             if err is not None:
                 self._kept_in_memory(1, err)
+            elif self.keeper is not None:
+                self.keeper.settled([msg_id])  # stored again
             self.bounds.count_over(1)
         if self.ledger.behind:
             self._release([msg_id])
@@ -409,6 +444,8 @@ class Channel:
         err = self.queue.keep_many(ready)
         if err is not None:
             self._kept_in_memory(len(ready), err)
+        elif self.keeper is not None and ready:
+            self.keeper.settled([m.id for m in ready])  # stored again
         if timed_out:
             self.bounds.count_over(sum(timed_out.values()))
         if self.ledger.behind and timed_out:
@@ -457,6 +494,8 @@ class Channel:
         err = self.queue.put_front(mine)
         if err is not None:
             self._kept_in_memory(len(mine), err)
+        elif self.keeper is not None:
+            self.keeper.settled([m.id for m in mine])  # stored again
         self.bounds.count_over(len(mine))
         if self.ledger.behind:
             self._release([m.id for m in mine])
@@ -506,4 +545,6 @@ class Channel:
         leftovers = self.queue.drain_memory() + kept
         if leftovers:
             self.queue.backend.put_many(leftovers)
+            if self.keeper is not None:
+                self.keeper.settled([m.id for m in kept])  # stored again
         self.queue.backend.close()

@@ -22,9 +22,9 @@ it are not known here: it is ordered by its publish time.)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from itertools import pairwise
 from time import time_ns
-from collections.abc import Iterator
 from typing import Protocol
 
 from .message import ConsumerLike, Message
@@ -200,9 +200,7 @@ class Lending:
         if sent:
             client.send_messages(sent)
 
-    def _fly(
-        self, channel: Borrower, client: ConsumerLike, batch: list[Message]
-    ) -> list[Message]:
+    def _fly(self, channel: Borrower, client: ConsumerLike, batch: list[Message]) -> list[Message]:
         """Lent messages in flight to ``client``, not yet sent. Screened, counted and
         attempted by the channel that lent them."""
         now = channel.loop.time()

@@ -199,15 +199,20 @@ class NSQD:
         return True
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
+        # --mem-queue-size=0: every message is on disk until it is done with, in flight too.
+        backend = self._backend(
+            f"{topic.name}:{name}", keep_in_flight=self.opts.mem_queue_size == 0
+        )
         ch = Channel(
             topic,
             name,
             self.loop,
             mem_queue_size=self.opts.mem_queue_size,
-            backend=self._backend(f"{topic.name}:{name}"),
+            backend=backend,
             max_msg_timeout=self.opts.max_msg_timeout,
             max_consumers=self.opts.max_channel_consumers,
             ephemeral=is_ephemeral(name),
+            keeper=backend.journal if isinstance(backend, DiskBackend) else None,
         )
         log.info("TOPIC(%s): new channel(%s)", topic.name, name)
         self.lookup.channel_created(topic, name)
@@ -240,7 +245,7 @@ class NSQD:
         if self.topics.get(topic.name) is topic:
             self.delete_existing_topic(topic.name)
 
-    def _backend(self, name: str) -> BackendQueue:
+    def _backend(self, name: str, *, keep_in_flight: bool = False) -> BackendQueue:
         if is_ephemeral(name):
             return DummyBackend()
         opts = self.opts
@@ -255,7 +260,8 @@ class NSQD:
                 sync_timeout=opts.sync_timeout,
                 logger=log,
                 background_sync=True,
-            )
+            ),
+            keep_in_flight=keep_in_flight,
         )
         backend.on_write = self._backend_written
         self._disk_backends[name] = backend

@@ -68,6 +68,7 @@ import logging
 import os
 import re
 import struct
+from collections.abc import Callable
 
 from .atomic import write_atomic
 from .syncer import SYNCER, SyncSlot
@@ -136,6 +137,14 @@ class DiskQueue:
 
         self._holding = False  # reads not to be persisted before commit_reads
         self._held_removals: list[str] = []  # consumed files to delete at commit_reads
+        #: Where the persisted read position stays while records read are not yet done with
+        #: (``storage/in_flight_journal.py``): the first such record's (file, position) and
+        #: how many records lie between it and the reader; None: at the reader. Files from
+        #: that one on are kept (``_pinned``) until the floor passes them.
+        self.keep_from: Callable[[], tuple[int, int, int] | None] | None = None
+        self._pinned: list[tuple[int, str]] = []
+        #: The read position the metadata file last stored (file, position).
+        self.persisted_read: tuple[int, int] = (0, 0)
         self._wfd: int | None = None
         self._rfd: int | None = None
         self._rbuf = b""  # bytes of the read file starting at file offset _rbuf_pos
@@ -144,8 +153,13 @@ class DiskQueue:
 
         self._file_re = re.compile(re.escape(name) + r"\.diskqueue\.(\d{6,})\.dat")
         self._load()
+        self.persisted_read = (self._read_file_num, self._read_pos)
 
     # -- public API ---------------------------------------------------------------------------
+
+    def read_position(self) -> tuple[int, int]:
+        """The reader's (file number, position)."""
+        return self._read_file_num, self._read_pos
 
     def depth(self) -> int:
         """Number of records in the queue (never negative, even with inconsistent metadata)."""
@@ -241,7 +255,14 @@ class DiskQueue:
         if self._count >= self.sync_every or self._need_sync:
             self._request_sync()
 
-    def read_many(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
+    def read_many(
+        self,
+        max_count: int,
+        max_bytes: int = 0,
+        *,
+        hold: bool = False,
+        starts: list[tuple[int, int]] | None = None,
+    ) -> list[bytes]:
         """Return up to ``max_count`` next records in FIFO order; they are consumed.
 
         Fewer records are returned when the queue runs dry, or once ``max_bytes`` (if nonzero) of
@@ -250,6 +271,7 @@ class DiskQueue:
         ``hold`` is given: then the new read position is not persisted and no consumed file is
         deleted until ``commit_reads``, so a crash before that makes the records come back. The
         caller moving records to another queue stores them there first, then commits.
+        ``starts`` gets each record's (file number, position).
         """
         out: list[bytes] = []
         if self._closed or max_count <= 0:
@@ -290,6 +312,8 @@ class DiskQueue:
                 if nxt > end:
                     break
                 append(buf[off + 4 : nxt])
+                if starts is not None:
+                    starts.append((self._read_file_num, base + off))
                 off = nxt
                 got += 1
                 if max_bytes:
@@ -399,6 +423,7 @@ class DiskQueue:
         self._need_sync = False
         self._slot.failed = False
         self._count = 0
+        self.unpin()
 
     def sync_if_due(self, now: float) -> None:
         """The ``sync_timeout`` tick: sync if there was any operation since the last sync.
@@ -727,17 +752,41 @@ class DiskQueue:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def _read_floor(self) -> tuple[int, int, int]:
+        """The read position to persist, and the depth there."""
+        floor = self.keep_from() if self.keep_from is not None else None
+        if floor is None:
+            return self._read_file_num, self._read_pos, self._depth
+        return floor[0], floor[1], self._depth + floor[2]
+
     def _meta_text(self) -> bytes:
-        return (
-            f"{self._depth}\n{self._read_file_num},{self._read_pos}\n"
-            f"{self._write_file_num},{self._write_pos}\n"
-        ).encode()
+        num, pos, depth = self._read_floor()
+        return (f"{depth}\n{num},{pos}\n{self._write_file_num},{self._write_pos}\n").encode()
 
     def _persist_metadata(self) -> None:
         self._write_metadata(self._meta_text())
 
     def _write_metadata(self, text: bytes) -> None:
         write_atomic(self._meta_file_name(), text)
+        line = text.split(b"\n", 2)[1].split(b",")
+        self.persisted_read = (int(line[0]), int(line[1]))
+
+    def unpin(self) -> None:
+        """Delete the consumed files the floor (``keep_from``) has passed, both as it is and
+        as the metadata file last stored it (a restart reads from there)."""
+        if not self._pinned:
+            return
+        floor = min(self._read_floor()[0], self.persisted_read[0])
+        keep = []
+        for num, fn in self._pinned:
+            if num >= floor:
+                keep.append((num, fn))
+                continue
+            try:
+                os.remove(fn)
+            except OSError as exc:
+                self._log.error("DISKQUEUE(%s) failed to Remove(%s) - %s", self.name, fn, exc)
+        self._pinned = keep
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -798,6 +847,9 @@ class DiskQueue:
         self._read_pos = 0
         # sync every time we start reading from a new file
         self._need_sync = True
+        if self.keep_from is not None:  # records read from it may not be done with yet
+            self._pinned.append((self._read_file_num - 1, old))  # unpin() deletes it
+            return
         if self._holding:  # the records read from it are not stored elsewhere yet
             self._held_removals.append(old)
             return
@@ -898,6 +950,10 @@ class DiskQueue:
         self._close_read_file()
         self._close_write_file()
         first_err: OSError | None = None
+        pinned, self._pinned = self._pinned, []
+        for _num, fn in pinned:
+            with contextlib.suppress(OSError):
+                os.remove(fn)
         for num in range(self._read_file_num, self._write_file_num + 1):
             fn = self._file_name(num)
             try:

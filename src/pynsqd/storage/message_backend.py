@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from ..core.message import MAX_DEFER_NS, Message, decode_message
 from .diskqueue import DiskQueue
+from .in_flight_journal import InFlightJournal
 
 _DUE = struct.Struct(">16sq")
 #: bodies from this size are written as they are, beside their header (DiskQueue.put_many)
@@ -43,12 +44,16 @@ class DiskBackend:
         "_due_records",
         "_failing",
         "dq",
+        "journal",
         "on_deferred",
         "on_write",
     )
 
-    def __init__(self, dq: DiskQueue) -> None:
+    def __init__(self, dq: DiskQueue, *, keep_in_flight: bool = False) -> None:
         self.dq = dq
+        #: A channel's messages read and not yet done with, kept on disk until they are
+        #: (``--mem-queue-size=0``; ``storage/in_flight_journal.py``). None: as go-diskqueue.
+        self.journal = InFlightJournal(dq) if keep_in_flight else None
         #: Told of a failed write (the error) and of the first good write after one (None):
         #: nsqd's health follows its backends' writes.
         self.on_write: Callable[[OSError | None], None] | None = None
@@ -88,13 +93,32 @@ class DiskBackend:
                 self.on_write(None)
 
     def read_many(self, max_count: int, max_bytes: int = 0) -> list[Message]:
-        return list(map(decode_message, self.read_raw(max_count, max_bytes)))
+        if self.journal is None:
+            return list(map(decode_message, self.read_raw(max_count, max_bytes)))
+        out: list[Message] = []
+        while len(out) < max_count:
+            starts: list[tuple[int, int]] = []
+            # Held: the read position is persisted only once the journal has the records
+            # (at commit_reads, as their floor), so no crash instant loses one.
+            records = self.dq.read_many(max_count - len(out), max_bytes, hold=True, starts=starts)
+            msgs = self.journal.read(records, starts)
+            self.dq.commit_reads()
+            self.dq.unpin()
+            if not records:
+                break
+            if self._due and self.on_deferred is not None:
+                msgs = self._keep_deferred_messages(msgs)
+            out += msgs
+            if max_bytes and out:
+                break
+        return out
 
     def put_raw(self, records: list[bytes]) -> None:
         # Records from another backend's read_raw, which kept the deferred ones out.
         self._put(records)
 
     def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
+        assert self.journal is None, "a channel's kept queue is read by read_many"
         if not self._due or self.on_deferred is None:
             return self.dq.read_many(max_count, max_bytes, hold=hold)
         out: list[bytes] = []
@@ -124,6 +148,8 @@ class DiskBackend:
 
     def empty(self) -> None:
         self._drop_due()
+        if self.journal is not None:
+            self.journal.clear()
         self.dq.empty()
 
     def close(self) -> None:
@@ -136,10 +162,14 @@ class DiskBackend:
             )
         finally:
             self._close_due_fd()
+            if self.journal is not None:
+                self.journal.close()
             self.dq.close()
 
     def delete(self) -> None:
         self._drop_due()
+        if self.journal is not None:
+            self.journal.delete()
         self.dq.delete()
 
     # -- for nsqd's sync timer ------------------------------------------------------------------
@@ -166,6 +196,26 @@ class DiskBackend:
                 deferred.append(msg)
             else:
                 plain.append(rec)
+        if not due:
+            self._drop_due()
+        if deferred:
+            assert self.on_deferred is not None
+            self.on_deferred(deferred)
+        return plain
+
+    def _keep_deferred_messages(self, msgs: list[Message]) -> list[Message]:
+        """``_keep_deferred`` for messages read already decoded (a kept queue)."""
+        now = time.time_ns()
+        due = self._due
+        plain: list[Message] = []
+        deferred: list[Message] = []
+        for m in msgs:
+            ts = due.pop(m.id, 0)
+            if ts > now:
+                m.defer_until_ns = ts
+                deferred.append(m)
+            else:
+                plain.append(m)
         if not due:
             self._drop_due()
         if deferred:
