@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pynsqd.core.message import Message
+from pynsqd.core.queue import MessageQueue
 from pynsqd.storage import in_flight_journal
 from pynsqd.storage.diskqueue import DiskQueue
 from pynsqd.storage.message_backend import DiskBackend
@@ -111,3 +112,12 @@ def test_the_floor_keeps_files_until_it_passes_them_and_a_clean_close_leaves_no_
     b.close()
     assert not (tmp_path / "t:c.diskqueue.inflight.dat").exists()
     assert drain(backend(tmp_path)) == []
+
+
+def test_messages_dropped_by_a_bound_stay_dropped_after_a_crash(tmp_path: Path) -> None:
+    """drop-oldest reads from the backend and drops: done with, not outstanding for ever."""
+    b = backend(tmp_path)
+    q = MessageQueue(0, b, b.journal)
+    q.put_many([msg(i) for i in range(5)])
+    assert q.drop_oldest(2) == 2
+    assert sorted(m.id for m in drain(backend(tmp_path))) == [msg(i).id for i in range(2, 5)]

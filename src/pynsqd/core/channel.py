@@ -112,7 +112,7 @@ class Channel:
         self.name = name
         self.loop = loop
         self.ephemeral = ephemeral
-        self.queue = MessageQueue(mem_queue_size, backend)
+        self.queue = MessageQueue(mem_queue_size, backend, keeper)
         backend.on_deferred = self.put_deferred
         self.max_msg_timeout = max_msg_timeout
         self.max_consumers = max_consumers

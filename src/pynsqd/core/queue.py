@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from itertools import islice, repeat, starmap
 
-from .backend import BackendQueue
+from .backend import BackendQueue, InFlightKeeper
 from .message import Message, decode_message
 
 #: The most queued messages in memory a newest-first peek looks at.
@@ -29,6 +29,7 @@ class MessageQueue:
         "_flip",
         "_mem",
         "backend",
+        "keeper",
         "mem_bytes",
         "mem_size",
         "overflow_count",
@@ -36,9 +37,13 @@ class MessageQueue:
         "write_error",
     )
 
-    def __init__(self, mem_size: int, backend: BackendQueue) -> None:
+    def __init__(
+        self, mem_size: int, backend: BackendQueue, keeper: InFlightKeeper | None = None
+    ) -> None:
         self.mem_size = mem_size
         self.backend = backend
+        #: Told of messages read from the backend and dropped here (``drop_oldest``).
+        self.keeper = keeper
         self._mem: deque[Message] = deque()
         self._flip = False
         #: Messages kept in memory past ``mem_size`` because the backend failed to store them.
@@ -226,6 +231,8 @@ class MessageQueue:
             if ahead is None and backend.depth():
                 ahead = backend.read_many(1)[0]
             if ahead is not None and (not mem or ahead.timestamp < mem[0].timestamp):
+                if self.keeper is not None:
+                    self.keeper.settled([ahead.id])
                 ahead = None
             elif mem:
                 m = mem.popleft()
