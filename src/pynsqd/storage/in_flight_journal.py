@@ -11,15 +11,18 @@ finished, or stored again (a requeue, a timeout, a consumer leaving, a clean exi
 by the channel (expired, dead-lettered, unsampled).
 
 Records done with beyond the floor are named in a side file, ``<name>.diskqueue.inflight.dat``,
-of 19-byte records ``[kind][int64 file][int64 position][uint16 attempts]``: ``D`` done, ``A``
-delivered, with the attempts the delivery made. After a restart the queue reads again from the
-floor: a record marked done is skipped, and a message delivered before the crash comes back
-with its ID and its attempts. The side file is appended without fsync (the page cache outlives
-a killed process); after a power loss a done mark may be missing, which delivers a finished
-message again (never loses one), and an attempt may go uncounted. It is emptied once nothing
-read is outstanding and the queue's metadata is at its reader, and rewritten without what the
-persisted floor has passed once it holds more than ``_SLACK`` records. No fsync is added to the
-delivery path: the floor is persisted with the queue's own metadata writes.
+of 19-byte records ``[kind][int64 file][int64 position][uint16 attempts]``: ``D`` done, ``R``
+where the reader stood after a read (one per read, not per message), ``A`` a delivery past the
+first, with the attempts it made. After a restart the queue reads again from the floor: a
+record marked done is skipped, and one read before the crash (before the last ``R``) comes back
+with its ID and its attempts counted (its first delivery, and any ``A`` after it; one read and
+not yet delivered, a rare case, counts one attempt too many). The side file is appended without
+fsync (the page cache outlives a killed process); after a power loss a done mark may be
+missing, which delivers a finished message again (never loses one), and an attempt may go
+uncounted. It is emptied once nothing read is outstanding and the queue's metadata is at its
+reader, and rewritten without what the persisted floor has passed once it holds more than
+``_SLACK`` records. No fsync is added to the delivery path: the floor is persisted with the
+queue's own metadata writes.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
 _REC = struct.Struct(">cqqH")
 _DONE = b"D"
 _TRIED = b"A"
+_READ = b"R"
 #: Records in the side file before it is rewritten without the stale ones.
 _SLACK = 65536
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -58,6 +62,7 @@ class InFlightJournal:
         "_records",
         "_seq",
         "_tries",
+        "_was_read",
         "dq",
         "path",
     )
@@ -73,6 +78,7 @@ class InFlightJournal:
         #: From the side file at start: records done with, to skip; attempts made.
         self._done: set[Position] = set()
         self._tries: dict[Position, int] = {}
+        self._was_read: Position = (-1, -1)  # where the reader stood before the restart
         self._fd: int | None = None
         self._records = 0
         self._limit = _SLACK
@@ -103,10 +109,8 @@ class InFlightJournal:
                 done.discard(pos)
                 continue
             msg = decode_message(rec)
-            if tries:
-                made = tries.pop(pos, 0)
-                if made > msg.attempts:
-                    msg.attempts = made
+            if pos < self._was_read:  # delivered (or deferred) before the restart
+                msg.attempts = max(msg.attempts + 1, tries.pop(pos, 0) if tries else 0)
             track[pos] = (msg.id, seq)
             got = at.get(msg.id)
             if got is None:
@@ -114,7 +118,9 @@ class InFlightJournal:
             else:
                 got.append(pos)
             out.append(msg)
-        if not track:
+        if out:
+            self._append([_REC.pack(_READ, *self.dq.read_position(), 0)])
+        elif not track:
             self._emptied()
         return out
 
@@ -125,6 +131,8 @@ class InFlightJournal:
         pack = _REC.pack
         recs = []
         for m in msgs:
+            if m.attempts < 2:
+                continue  # a first delivery: the R record covers it
             where = at.get(m.id)
             if where is not None:
                 recs.append(pack(_TRIED, where[0][0], where[0][1], min(m.attempts, 0xFFFF)))
@@ -193,6 +201,7 @@ class InFlightJournal:
             for off in range(0, len(data) - _REC.size + 1, _REC.size)
             if _keep(_REC.unpack_from(data, off), floor, out)
         ]
+        keep.append(_REC.pack(_READ, *self.dq.read_position(), 0))
         self._rewrite(keep)
         # Rewritten at most once per _SLACK records appended, however many stay live.
         self._limit = max(_SLACK, 2 * self._records)
@@ -246,14 +255,17 @@ class InFlightJournal:
             kind, num, pos, tries = _REC.unpack_from(data, off)
             if (num, pos) < floor:
                 continue
-            if kind == _DONE:
+            if kind == _READ:
+                self._was_read = max(self._was_read, (num, pos))
+            elif kind == _DONE:
                 self._done.add((num, pos))
             elif kind == _TRIED:
                 self._tries[(num, pos)] = max(tries, self._tries.get((num, pos), 0))
-        if self._done or self._tries:
+        if self._done or self._tries or self._was_read > floor:
             self._rewrite(
                 [_REC.pack(_DONE, n, p, 0) for n, p in self._done]
                 + [_REC.pack(_TRIED, n, p, t) for (n, p), t in self._tries.items()]
+                + [_REC.pack(_READ, *self._was_read, 0)]
             )
         else:
             self._truncate()
@@ -295,4 +307,4 @@ def _keep(rec: tuple[bytes, int, int, int], floor: Position, out: Container[Posi
     kind, num, pos, _tries = rec
     if kind == _DONE:
         return (num, pos) >= floor
-    return (num, pos) in out
+    return kind == _TRIED and (num, pos) in out  # the newest R is written anew

@@ -20,12 +20,28 @@ import os
 import struct
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from ..core.message import MAX_DEFER_NS, Message, decode_message
 from .diskqueue import DiskQueue
 from .in_flight_journal import InFlightJournal
 
 _DUE = struct.Struct(">16sq")
+_T = TypeVar("_T", bytes, Message)
+
+
+def _record_id(rec: bytes) -> bytes:
+    return rec[10:26]
+
+
+def _message_id(msg: Message) -> bytes:
+    return msg.id
+
+
+def _same(msg: Message) -> Message:
+    return msg
+
+
 #: bodies from this size are written as they are, beside their header (DiskQueue.put_many)
 _SPLIT_BODY = 2048
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -184,38 +200,27 @@ class DiskBackend:
 
     def _keep_deferred(self, records: list[bytes]) -> list[bytes]:
         """Hand the records with a future due time to ``on_deferred``; return the others."""
-        now = time.time_ns()
-        due = self._due
-        plain: list[bytes] = []
-        deferred: list[Message] = []
-        for rec in records:
-            ts = due.pop(rec[10:26], 0)
-            if ts > now:
-                msg = decode_message(rec)
-                msg.defer_until_ns = ts
-                deferred.append(msg)
-            else:
-                plain.append(rec)
-        if not due:
-            self._drop_due()
-        if deferred:
-            assert self.on_deferred is not None
-            self.on_deferred(deferred)
-        return plain
+        return self._split_due(records, _record_id, decode_message)
 
     def _keep_deferred_messages(self, msgs: list[Message]) -> list[Message]:
         """``_keep_deferred`` for messages read already decoded (a kept queue)."""
+        return self._split_due(msgs, _message_id, _same)
+
+    def _split_due(
+        self, items: list[_T], id_of: Callable[[_T], bytes], as_message: Callable[[_T], Message]
+    ) -> list[_T]:
         now = time.time_ns()
         due = self._due
-        plain: list[Message] = []
+        plain: list[_T] = []
         deferred: list[Message] = []
-        for m in msgs:
-            ts = due.pop(m.id, 0)
+        for it in items:
+            ts = due.pop(id_of(it), 0)
             if ts > now:
-                m.defer_until_ns = ts
-                deferred.append(m)
+                msg = as_message(it)
+                msg.defer_until_ns = ts
+                deferred.append(msg)
             else:
-                plain.append(m)
+                plain.append(it)
         if not due:
             self._drop_due()
         if deferred:
