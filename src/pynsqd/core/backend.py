@@ -7,7 +7,7 @@ disk implementation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 from .dedup import Dedup
@@ -83,7 +83,7 @@ class InFlightKeeper(Protocol):
     delivery (attempts) and of each message done with (finished, stored again, dropped)."""
 
     def delivered(self, msgs: list[Message]) -> None: ...
-    def settled(self, ids: Iterable[bytes]) -> None: ...
+    def settled(self, ids: list[bytes]) -> None: ...
 
 
 class BackendQueue(Protocol):

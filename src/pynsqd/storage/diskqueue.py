@@ -80,6 +80,8 @@ _LEN = struct.Struct(">i")
 _IOV_MAX = 1023
 _READ_CHUNK = 1 << 20
 _META_RE = re.compile(rb"\s*(-?\d+)\s*\n\s*(-?\d+),(-?\d+)\s*\n\s*(-?\d+),(-?\d+)")
+#: pynsqd's optional fourth line: where the reader stood past a kept floor (``keep_from``).
+_READER_RE = re.compile(rb"\s*(\d+),(\d+)\s*\n")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -145,6 +147,9 @@ class DiskQueue:
         self._pinned: list[tuple[int, str]] = []
         #: The read position the metadata file last stored (file, position).
         self.persisted_read: tuple[int, int] = (0, 0)
+        #: Where the reader stood past the floor when the metadata was last written before
+        #: this start (its fourth line), if it did.
+        self.was_read: tuple[int, int] | None = None
         self._wfd: int | None = None
         self._rfd: int | None = None
         self._rbuf = b""  # bytes of the read file starting at file offset _rbuf_pos
@@ -555,6 +560,9 @@ class DiskQueue:
                     self._write_file_num,
                     self._write_pos,
                 ) = values
+                reader = _READER_RE.match(text, m.end()) if m else None
+                if reader is not None:
+                    self.was_read = (int(reader.group(1)), int(reader.group(2)))
                 self._check_write_file()
         self._check_tail_corruption()
         if self._need_sync:
@@ -761,7 +769,11 @@ class DiskQueue:
 
     def _meta_text(self) -> bytes:
         num, pos, depth = self._read_floor()
-        return (f"{depth}\n{num},{pos}\n{self._write_file_num},{self._write_pos}\n").encode()
+        text = f"{depth}\n{num},{pos}\n{self._write_file_num},{self._write_pos}\n"
+        if (num, pos) != (self._read_file_num, self._read_pos):
+            # Where the reader stands, past the floor (Go's reader stops at the third line).
+            text += f"{self._read_file_num},{self._read_pos}\n"
+        return text.encode()
 
     def _persist_metadata(self) -> None:
         self._write_metadata(self._meta_text())
