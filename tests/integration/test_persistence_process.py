@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ..processes import BIN, ServerProcess
 from ..wire import Conn
 
@@ -132,15 +134,21 @@ def test_second_instance_on_the_same_directory_exits(tmp_path: Path) -> None:
     proc.stop(signal.SIGTERM)
 
 
-def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["plain", "retained"])
+def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(
+    tmp_path: Path, kind: str
+) -> None:
     """``--mem-queue-size=0``: a message delivered and not finished when the process is
     killed is delivered again after the restart, with its ID and its attempts counted; one
     finished before the kill is not; one REQ'd with a timeout comes back too (Go nsqd loses
-    both kinds: nsqio/nsq#1142, #1386)."""
+    both kinds: nsqio/nsq#1142, #1386). The same on a retained topic, whose log hands its
+    messages to the channel's queue."""
     data, log = tmp_path / "data", tmp_path / "nsqd.log"
     data.mkdir()
     log.touch()
     flags = ("--mem-queue-size=0", "--sync-every=1")
+    if kind == "retained":
+        flags += ("--retention-time=1h",)
     proc = Proc(data, log, *flags)
     bodies = [b"m%02d" % i for i in range(30)]
     with proc.connect() as c:
