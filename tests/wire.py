@@ -155,3 +155,9 @@ class Conn:
 
     def auth(self, secret: bytes) -> None:
         self.send(encode.auth(secret))
+
+
+def node_of(msg_id: bytes) -> int:
+    """The node id inside a message id (``core/guid.py``): under ``--workers``, the worker
+    that keeps the message (each has its own)."""
+    return (int(msg_id, 16) >> 12) & 0x3FF

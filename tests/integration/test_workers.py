@@ -28,16 +28,11 @@ from pynsqd.internal.listener import port_free
 from ..disks import fill, tmpfs
 from ..processes import NsqdProcess, alive
 from ..waiting import wait_for
-from ..wire import Conn
+from ..wire import Conn, node_of
 
 SERVING = re.compile(r"WORKERS: worker (\d+) \(pid (\d+)\) serving")
 #: The supervisor's line once every worker serves and nsqlookupd lists the node.
 READY = "WORKERS: ready:"
-
-
-def node_of(msg_id: bytes) -> int:
-    """The node id inside a message id (``core/guid.py``): each worker has its own."""
-    return (int(msg_id, 16) >> 12) & 0x3FF
 
 
 def worker_pids(node: NsqdProcess) -> dict[int, int]:

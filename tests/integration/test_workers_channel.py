@@ -14,14 +14,9 @@ import pytest
 
 from ..processes import NsqdProcess
 from ..waiting import wait_for
-from ..wire import Conn
+from ..wire import Conn, node_of
 
 WORKERS = 4
-
-
-def node_of(msg_id: bytes) -> int:
-    """The worker that keeps a message: the node id inside its id (``core/guid.py``)."""
-    return (int(msg_id, 16) >> 12) & 0x3FF
 
 
 @pytest.fixture

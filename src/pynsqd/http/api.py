@@ -24,10 +24,10 @@ from ..core import publish
 from ..core.dedup import MAX_SEQUENCE
 from ..core.e2e import go_float
 from ..internal import jsonbound
-from ..internal.httpapi import HTTPError, Params, topic_channel_args
+from ..internal.httpapi import HTTPError, Params, topic_arg, topic_channel_args
 from ..internal.listener import is_unix_address, split_host_port
 from ..internal.memstats import mem_stats
-from ..internal.names import is_valid_name, is_valid_producer
+from ..internal.names import is_valid_producer
 from ..internal.optiontable import config_key, option_fields, option_kind
 from ..internal.router import respond_plain
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
@@ -104,12 +104,7 @@ class API:
 
     def _topic_name(self, params: Params) -> str:
         """nsqd's ``getTopicFromQuery`` without creating the topic."""
-        name = params.checked().get("topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
+        return topic_arg(params, "INVALID_TOPIC")
 
     def _existing_topic(self, params: Params) -> tuple[Topic, str]:
         """nsqd's ``getExistingTopicFromQuery``."""

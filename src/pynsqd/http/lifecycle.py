@@ -22,7 +22,7 @@ from aiohttp.web_request import BaseRequest
 
 from ..internal import checks
 from ..internal.gotext import format_duration, parse_duration
-from ..internal.httpapi import HTTPError, Params
+from ..internal.httpapi import HTTPError, Params, topic_arg
 from ..internal.names import is_ephemeral, is_valid_name
 from ..log import LOGGER_NAME
 from .host import NSQDHost
@@ -109,11 +109,7 @@ class LifecycleAPI:
         self.nsqd = nsqd
 
     def _names(self, params: Params, *, channel: bool) -> tuple[str, str]:
-        topic = params.checked().get("topic")
-        if topic is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(topic):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        topic = topic_arg(params)
         if not channel:
             return topic, ""
         name = params.get("channel")

@@ -33,8 +33,7 @@ from ..core.peek import (
     peek_queue,
 )
 from ..internal import jsonbound
-from ..internal.httpapi import HTTPError, Params, topic_channel_args
-from ..internal.names import is_valid_name
+from ..internal.httpapi import HTTPError, Params, topic_arg, topic_channel_args
 from .host import NSQDHost
 
 _UINT = re.compile(r"[0-9]{1,6}")
@@ -107,11 +106,7 @@ class PeekAPI:
 
     async def topic(self, request: BaseRequest, params: Params) -> Any:
         req = peek_request(params)
-        name = params.checked().get("topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
+        name = topic_arg(params, "INVALID_TOPIC")
         req = PeekRequest(
             req.n, req.newest, req.body_max, tuple(k for k in req.kinds if "queued" in k)
         )

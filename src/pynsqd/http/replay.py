@@ -44,7 +44,7 @@ from aiohttp.web_response import StreamResponse
 
 from ..core.replay import Conflict, Replayed
 from ..internal.gotext import format_duration, parse_duration
-from ..internal.httpapi import HTTPError, Params
+from ..internal.httpapi import HTTPError, Params, topic_arg
 from ..internal.names import is_valid_name
 from ..log import LOGGER_NAME
 from ..storage.topiclog import LogRange, OffsetOutOfRange, TopicLog
@@ -96,12 +96,7 @@ class ReplayAPI:
     # -- helpers --------------------------------------------------------------------------
 
     def _topic_name(self, params: Params) -> str:
-        name = params.checked().get("topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(name):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        return name
+        return topic_arg(params)
 
     def _log(self, name: str) -> TopicLog:
         if self.nsqd.get_existing_topic(name) is None:

@@ -27,8 +27,7 @@ from ..cluster.etcd import EtcdError
 from ..cluster.fetch import MAX_REQUEST_BYTES, REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
 from ..cluster.replicator import Replicator
 from ..cluster.settings import ReplicationSettings, SettingsError
-from ..internal.httpapi import HTTPError, Params
-from ..internal.names import is_valid_name
+from ..internal.httpapi import HTTPError, Params, topic_arg
 from ..log import LOGGER_NAME
 from .host import NSQDHost
 from .replay import authorize_log_read, partition_id
@@ -46,11 +45,7 @@ class ReplicationAPI:
         self.streams: set[WebSocketResponse] = set()
 
     def _topic(self, params: Params) -> tuple[str, Replicator]:
-        name = params.checked().get("topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(name):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        name = topic_arg(params)
         replication = self.nsqd.replication
         if replication is None:
             raise HTTPError(

@@ -48,6 +48,17 @@ class Params:
         return self
 
 
+def topic_arg(params: Params, invalid: str = "INVALID_ARG_TOPIC") -> str:
+    """The ``topic`` argument, checked: nsqd answers ``INVALID_TOPIC`` for its own endpoints
+    (``getTopicFromQuery``), ``INVALID_ARG_TOPIC`` for the shared ones."""
+    name = params.checked().get("topic")
+    if name is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(name):
+        raise HTTPError(400, invalid)
+    return name
+
+
 def topic_channel_args(params: Params) -> tuple[str, str]:
     """``http_api.GetTopicChannelArgs``, shared by nsqd and nsqlookupd."""
     topic = params.get("topic")
