@@ -358,7 +358,13 @@ def test_messages_coming_due_on_a_full_disk_are_kept(
 ) -> None:
     server = make_nsqd(data_path=str(small_disk), mem_queue_size=0)
     with server.connect() as p:
-        p.mpub("t", [b"timeout-%02d" % i for i in range(20)] + [b"req-%02d" % i for i in range(20)])
+        # Bodies large enough that no batch of them fits in what a file's last page has left.
+        pad = b"." * 300
+        p.mpub(
+            "t",
+            [b"timeout-%02d" % i + pad for i in range(20)]
+            + [b"req-%02d" % i + pad for i in range(20)],
+        )
     consumer = server.connect(msg_timeout=1000)
     consumer.sub("t", "c", rdy=100)
     first = consumer.read_messages(40)

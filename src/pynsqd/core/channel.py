@@ -188,11 +188,13 @@ class Channel:
         """
         self.message_count += len(msgs)
         plain = msgs
-        if mixed or msgs[0].defer_until_ns:
+        if (mixed or msgs[0].defer_until_ns) and self.keeper is None:
             plain = [m for m in msgs if not m.defer_until_ns]
             for m in msgs:
                 if m.defer_until_ns:
                     self._defer_until_ns(m)
+        # With a keeper (--mem-queue-size=0) a DPUB is stored like any message, with its due
+        # time: read back, it waits in the timed queue until due, kept by the keeper.
         err = None
         if plain:
             err = self.queue.keep_many(plain)

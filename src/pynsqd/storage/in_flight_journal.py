@@ -65,6 +65,7 @@ class InFlightJournal:
         "_cap",
         "_done",
         "_dups",
+        "_failing",
         "_fd",
         "_gen",
         "_limit",
@@ -97,6 +98,7 @@ class InFlightJournal:
         #: the attempts of redeliveries (a rewrite keeps those the stored floor has not passed).
         self._marked: list[Position] = []
         self._tried: dict[bytes, tuple[Position, int]] = {}
+        self._failing = False  # the side file's last write failed (logged once)
         self._fd: int | None = None
         self._map: mmap.mmap | None = None  # the side file, written through this mapping
         self._cap = 0  # bytes of the side file, records and zeros ahead of them
@@ -248,10 +250,19 @@ class InFlightJournal:
             assert self._map is not None
             self._map[at : at + len(data)] = data
             self._records += len(recs)
+            if self._failing:
+                self._failing = False
+                self.dq._log.info("DISKQUEUE(%s): writing %s again", self.dq.name, self.path)
         except OSError as exc:  # a full disk: after a crash these would come back twice
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to write %s - %s", self.dq.name, self.path, exc
-            )
+            if not self._failing:  # one line until it works again
+                self._failing = True
+                self.dq._log.error(
+                    "DISKQUEUE(%s) failed to write %s (after a crash, messages finished "
+                    "meanwhile may be delivered again) - %s",
+                    self.dq.name,
+                    self.path,
+                    exc,
+                )
             self._close_fd()
 
     def _grow(self, end: int) -> None:

@@ -203,11 +203,18 @@ class DiskBackend:
         return self._split_due(records, _record_id, decode_message)
 
     def _keep_deferred_messages(self, msgs: list[Message]) -> list[Message]:
-        """``_keep_deferred`` for messages read already decoded (a kept queue)."""
-        return self._split_due(msgs, _message_id, _same)
+        """``_keep_deferred`` for messages read already decoded (a kept queue). A due time
+        still ahead stays in the side file: the record is read again after a crash (the
+        journal keeps it until it is done with), and must wait again."""
+        return self._split_due(msgs, _message_id, _same, keep_ahead=True)
 
     def _split_due(
-        self, items: list[_T], id_of: Callable[[_T], bytes], as_message: Callable[[_T], Message]
+        self,
+        items: list[_T],
+        id_of: Callable[[_T], bytes],
+        as_message: Callable[[_T], Message],
+        *,
+        keep_ahead: bool = False,
     ) -> list[_T]:
         now = time.time_ns()
         due = self._due
@@ -215,6 +222,8 @@ class DiskBackend:
         deferred: list[Message] = []
         for it in items:
             ts = due.pop(id_of(it), 0)
+            if ts > now and keep_ahead:
+                due[id_of(it)] = ts
             if ts > now:
                 msg = as_message(it)
                 msg.defer_until_ns = ts
