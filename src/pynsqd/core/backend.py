@@ -83,6 +83,9 @@ class InFlightKeeper(Protocol):
     delivery (attempts) and of each message done with (finished, stored again, dropped)."""
 
     def delivered(self, msgs: list[Message]) -> None: ...
+    def deferred(self, msg_id: bytes, due_ns: int) -> None:
+        """REQ'd with a timeout: after a crash it waits until ``due_ns`` (wall clock) again."""
+
     def settled(self, ids: list[bytes]) -> None: ...
 
 

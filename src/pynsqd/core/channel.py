@@ -390,6 +390,8 @@ class Channel:
             self.windows.note_attempts((msg,), due_ms)
         if timeout > 0:
             self.ledger.defer(msg, self.loop.time() + timeout)
+            if self.keeper is not None:
+                self.keeper.deferred(msg_id, time.time_ns() + int(timeout * 1e9))
         else:
             err = self.queue.keep_many([msg])
             if err is not None:

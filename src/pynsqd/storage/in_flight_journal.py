@@ -34,6 +34,7 @@ import mmap
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, cast
@@ -71,6 +72,7 @@ class InFlightJournal:
         "_limit",
         "_map",
         "_marked",
+        "_note_due",
         "_out",
         "_records",
         "_seq",
@@ -81,8 +83,10 @@ class InFlightJournal:
         "path",
     )
 
-    def __init__(self, dq: DiskQueue) -> None:
+    def __init__(self, dq: DiskQueue, note_due: Callable[[list[tuple[bytes, int]]], None]) -> None:
         self.dq = dq
+        #: Stores a wall-clock due time for an id (the backend's due-time file).
+        self._note_due = note_due
         self.path = os.path.join(dq.data_path, f"{dq.name}.diskqueue.inflight.dat")
         #: Records read and not done with, in read order: id -> (position, read sequence).
         self._out: OrderedDict[bytes, tuple[Position, int]] = OrderedDict()
@@ -183,6 +187,10 @@ class InFlightJournal:
                 recs.append(_REC.pack(self._gen, _TRIED, pos[0], pos[1], min(m.attempts, 0xFFFF)))
         if recs:
             self._append(recs)
+
+    def deferred(self, msg_id: bytes, due_ns: int) -> None:
+        if msg_id in self._out or msg_id in self._dups:
+            self._note_due([(msg_id, due_ns)])
 
     def settled(self, ids: list[bytes]) -> None:
         popped = list(map(self._out.pop, ids, repeat(None)))  # a C loop

@@ -69,7 +69,7 @@ class DiskBackend:
         self.dq = dq
         #: A channel's messages read and not yet done with, kept on disk until they are
         #: (``--mem-queue-size=0``; ``storage/in_flight_journal.py``). None: as go-diskqueue.
-        self.journal = InFlightJournal(dq) if keep_in_flight else None
+        self.journal = InFlightJournal(dq, self._add_due) if keep_in_flight else None
         #: Told of a failed write (the error) and of the first good write after one (None):
         #: nsqd's health follows its backends' writes.
         self.on_write: Callable[[OSError | None], None] | None = None
