@@ -141,8 +141,8 @@ def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(
     """``--mem-queue-size=0``: a message delivered and not finished when the process is
     killed is delivered again after the restart, with its ID and its attempts counted; one
     finished before the kill is not; one REQ'd with a timeout comes back too, at its due time
-    (Go nsqd loses both kinds: nsqio/nsq#1142, #1386). The same on a retained topic, whose log hands its
-    messages to the channel's queue."""
+    (Go nsqd loses both kinds: nsqio/nsq#1142, #1386). The same on a retained topic, whose
+    log hands its messages to the channel's queue."""
     data, log = tmp_path / "data", tmp_path / "nsqd.log"
     data.mkdir()
     log.touch()
