@@ -146,7 +146,7 @@ def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(
     data, log = tmp_path / "data", tmp_path / "nsqd.log"
     data.mkdir()
     log.touch()
-    flags = ("--mem-queue-size=0", "--sync-every=1")
+    flags: tuple[str, ...] = ("--mem-queue-size=0", "--sync-every=1")
     if kind == "retained":
         flags += ("--retention-time=1h",)
     proc = Proc(data, log, *flags)
@@ -169,8 +169,11 @@ def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(
     finished = {m.body for m in first[1:5]}
     with proc.connect() as c:
         c.sub("t", "c", rdy=100)
-        got = c.read_messages(26)
-        arrived = time.time()
+        got = []
+        arrived: dict[bytes, float] = {}
+        for _ in range(26):
+            got.append(c.read_message())
+            arrived[got[-1].body] = time.time()
         with proc.connect() as p:
             p.pub("t", b"end")
         assert c.read_message().body == b"end"  # nothing else comes: the finished ones stay done
@@ -180,9 +183,8 @@ def test_kill_9_keeps_messages_in_flight_and_requeued_with_durable_flags(
     for m in in_flight:
         assert again[m.body].id == m.id
         assert again[m.body].attempts == 2, m.body
-    assert again[first[0].body].attempts == 2  # the REQ'd one, last, not before its due time
-    assert got[-1].body == first[0].body
-    assert arrived >= due - 0.05
+    assert again[first[0].body].attempts == 2  # the REQ'd one, not before its due time
+    assert arrived[first[0].body] >= due - 0.05
 
 
 def test_kill_9_at_random_instants_loses_no_message_not_finished(tmp_path: Path) -> None:
