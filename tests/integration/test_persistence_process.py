@@ -257,8 +257,8 @@ def test_kill_9_keeps_a_deferred_publish_with_durable_flags(tmp_path: Path) -> N
     consumer = proc.connect()
     consumer.sub("t", "c", rdy=5)  # the channel exists, with a consumer ready
     with proc.connect() as c:
-        c.dpub("t", 1500, b"later")
-    due = time.time() + 1.5
+        c.dpub("t", 4000, b"later")  # due well after "now" arrives, even on a loaded machine
+    due = time.time() + 4.0
     c = proc.connect()
     c.pub("t", b"now")  # answered after the DPUB was taken: it is in the channel
     c.close()
