@@ -461,8 +461,8 @@ class DiskQueue:
             except OSError:  # out of descriptors: do it the slow way
                 self.sync()
                 return
-        meta = self._meta_text()
-        SYNCER.submit(self._slot, fds, lambda: self._write_metadata(meta))
+        meta = self._meta()
+        SYNCER.submit(self._slot, fds, lambda: self._write_metadata(*meta))
         self._count = 0
 
     def close(self) -> None:
@@ -767,21 +767,21 @@ class DiskQueue:
             return self._read_file_num, self._read_pos, self._depth
         return floor[0], floor[1], self._depth + floor[2]
 
-    def _meta_text(self) -> bytes:
+    def _meta(self) -> tuple[bytes, tuple[int, int]]:
+        """The metadata file's text, and the read position it stores."""
         num, pos, depth = self._read_floor()
         text = f"{depth}\n{num},{pos}\n{self._write_file_num},{self._write_pos}\n"
         if (num, pos) != (self._read_file_num, self._read_pos):
             # Where the reader stands, past the floor (Go's reader stops at the third line).
             text += f"{self._read_file_num},{self._read_pos}\n"
-        return text.encode()
+        return text.encode(), (num, pos)
 
     def _persist_metadata(self) -> None:
-        self._write_metadata(self._meta_text())
+        self._write_metadata(*self._meta())
 
-    def _write_metadata(self, text: bytes) -> None:
+    def _write_metadata(self, text: bytes, read: tuple[int, int]) -> None:
         write_atomic(self._meta_file_name(), text)
-        line = text.split(b"\n", 2)[1].split(b",")
-        self.persisted_read = (int(line[0]), int(line[1]))
+        self.persisted_read = read
 
     def unpin(self) -> None:
         """Delete the consumed files the floor (``keep_from``) has passed, both as it is and

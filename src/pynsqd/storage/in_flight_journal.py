@@ -40,6 +40,7 @@ from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, cast
 
 from ..core.message import Message, decode_message
+from .atomic import write_atomic
 
 if TYPE_CHECKING:
     from .diskqueue import DiskQueue
@@ -299,28 +300,19 @@ class InFlightJournal:
         self._limit = max(_SLACK, 2 * self._records)
 
     def _rewrite(self, recs: list[bytes]) -> None:
+        """The side file replaced by ``recs``, zeros ahead of them (opened again at the next
+        append)."""
         self._close_fd()
-        tmp = f"{self.path}.tmp"
         data = b"".join(recs)
         cap = -(-max(2 * len(data), _CHUNK) // _CHUNK) * _CHUNK
         try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
-            try:
-                _write_all(fd, data + bytes(cap - len(data)), 0)
-                os.fsync(fd)
-            except OSError:
-                os.close(fd)
-                raise
-            os.replace(tmp, self.path)
-            self._fd = fd
-            self._cap = cap
-            self._records = len(recs)
+            write_atomic(self.path, data + bytes(cap - len(data)))
         except OSError as exc:  # the old file stays: only stale marks are kept longer
             self.dq._log.error(
                 "DISKQUEUE(%s) failed to write %s - %s", self.dq.name, self.path, exc
             )
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+            return
+        self._records = len(recs)
 
     def _remove(self) -> None:
         self._close_fd()
@@ -411,9 +403,6 @@ class InFlightJournal:
         self._done.clear()
         self._tries.clear()
         self._remove()
-
-    def delete(self) -> None:
-        self.clear()
 
 
 def _write_all(fd: int, data: bytes, at: int) -> None:

@@ -185,7 +185,7 @@ class DiskBackend:
     def delete(self) -> None:
         self._drop_due()
         if self.journal is not None:
-            self.journal.delete()
+            self.journal.clear()
         self.dq.delete()
 
     # -- for nsqd's sync timer ------------------------------------------------------------------
