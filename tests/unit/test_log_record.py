@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from pynsqd.protocol.log_record import (
+    CRC_START,
     HEADER_SIZE,
+    TAIL,
+    TAIL_FIXED,
     Damaged,
     LogRecord,
     check_record,
@@ -62,6 +67,41 @@ def test_a_flipped_byte_is_a_checksum_mismatch_and_stops_there() -> None:
         list(decode_records(bytes(data)))
     # Without verification the layout is still checked, not the checksum.
     assert scan_records(bytes(data), verify=False)[0][1].defer_ms != 300
+
+
+def test_the_checksum_covers_the_offset_too() -> None:
+    """Issue 56 item 4: a record whose offset was changed (a flipped bit anywhere in it) fails
+    its check; before, only the bytes after the checksum were covered, and a copy could serve
+    a record under another offset."""
+    data = encoded(RECORDS[:1])
+    for bit in range(64):
+        bad = bytearray(data)
+        bad[bit // 8] ^= 0x80 >> (bit % 8)
+        flipped = int.from_bytes(bad[:8], "big", signed=True)
+        assert check_record(bytes(bad), 0) == Damaged(0, flipped, "a checksum mismatch")
+
+
+def test_every_flipped_bit_of_a_record_is_caught() -> None:
+    data = encoded(RECORDS[:2])
+    for bit in range(len(data) * 8):
+        bad = bytearray(data)
+        bad[bit // 8] ^= 0x80 >> (bit % 8)
+        records, damaged = scan_records(bytes(bad))
+        whole = 1 if bit >= 8 * (HEADER_SIZE + 5) else 0  # the bit is in the second record
+        assert damaged is not None and records == RECORDS[:whole]
+
+
+def test_a_record_written_before_its_checksum_covered_the_offset_still_reads() -> None:
+    """A log written by an older pynsqd (no CRC_OFFSET flag, the checksum over the bytes after
+    it only) reads as it was written: never refused, never misread."""
+    r = RECORDS[0]
+    tail = TAIL.pack(TAIL_FIXED + len(r.body), r.timestamp, r.id, 0, 0)
+    old = (7).to_bytes(8, "big") + zlib.crc32(r.body, zlib.crc32(tail)).to_bytes(4, "big") + tail
+    data = old + r.body
+    assert scan_records(data) == ([r], None)
+    bad = bytearray(data)
+    bad[CRC_START + 4] ^= 1  # the timestamp
+    assert scan_records(bytes(bad))[1] == Damaged(0, 7, "a checksum mismatch")
 
 
 def test_trailing_bytes_after_whole_records() -> None:

@@ -202,6 +202,21 @@ def test_a_copy_that_lost_records_never_campaigns_and_says_so_when_it_is_alone()
     assert Plan(1).decide(following, by3, 0.0, everyone) == [StartFetch()]
 
 
+def test_a_leader_whose_copy_lost_records_gives_way_to_a_live_in_sync_copy() -> None:
+    """Issue 56 item 4: a leader that finds a damaged record in a closed segment when reading
+    it (``TopicLog.damaged``) holds less than was committed; it must not go on leading (it
+    would serve a gap where a good copy holds the records). It steps down and resigns while
+    another in-sync copy is alive; alone, it leads on (no copy holds more)."""
+    here = leader(1, 5)
+    damaged = facts(M1, role="leader", epoch=5, lost="40-99")
+    out = Plan(1).decide(damaged, here, 0.0, everyone)
+    assert out == [StepDown("its copy lost offsets 40-99"), Resign(here)]
+    assert Plan(1).decide(damaged, here, 0.0, lambda m: m == M1) == [Lead()]
+    # A follower in the set is live but out of it now: the rule counts in-sync members only.
+    only_me = facts(M1, role="leader", epoch=5, lost="40-99", isr=(M1,))
+    assert Plan(1).decide(only_me, here, 0.0, everyone) == [Lead()]
+
+
 def test_the_leader_adopts_and_resumes_only_once_it_has_joined() -> None:
     plan = Plan(1)
     here = leader(1, 5)

@@ -217,20 +217,9 @@ class Following:
         loop = asyncio.get_running_loop()
         #: Appends failed in a row (a full disk): one line when it starts, one when it ends.
         failed = 0
-        if tlog.holes and (hole := tlog.lost()) is not None and hole[0] < tlog.latest:
-            # Damaged records in a closed segment: cut the copy there and fetch the rest
-            # again from the leader; the copy counts as having lost them until it holds them.
-            log.warning(
-                "CLUSTER: partition %s: offsets %d-%d of this copy are damaged; fetching "
-                "everything from %d again from %s",
-                p.name,
-                *hole,
-                hole[0],
-                p.leader_http,
-            )
-            tlog.truncate(hole[0], damaged=True)
-            p.history.truncate(hole[0])
         while self._following(p, epoch):
+            if tlog.holes:
+                _fetch_holes_again(p)
             if not await self._synced_before_ack(p, epoch, loop):
                 return
             req = FetchRequest(
@@ -318,6 +307,26 @@ class Following:
             tlog.hand_to(tlog.latest)
             if p.is_origin and tlog.latest >= answer.latest:
                 self.kick()  # caught up: the take-back need not wait for the next tick
+
+
+def _fetch_holes_again(p: Partition) -> None:
+    """Damaged records in a closed segment (found at open, or when read since): the copy is
+    cut at the first and fetches the rest again from its leader; it counts as having lost
+    them until it holds them (``TopicLog.truncate(damaged=True)``). Raises OSError."""
+    tlog = p.log
+    hole = tlog.lost()
+    if hole is None or hole[0] >= tlog.latest:
+        return
+    log.warning(
+        "CLUSTER: partition %s: offsets %d-%d of this copy are damaged; fetching "
+        "everything from %d again from %s",
+        p.name,
+        *hole,
+        hole[0],
+        p.leader_http,
+    )
+    tlog.truncate(hole[0], damaged=True)
+    p.history.truncate(hole[0])
 
 
 def _fsynced(tlog: TopicLog, job: SyncJob, done: asyncio.Future[None]) -> None:

@@ -19,7 +19,10 @@ fetch tasks, channel adoption); nothing here touches a socket, a file or a clock
   said once per outage.
 - **Led by this node at its epoch**: the leader's tick (in-sync set, fsync, HW); once the node
   has joined, it adopts the channel checkpoints of holders that left, and an origin that took
-  its partition back lets its channels go on.
+  its partition back lets its channels go on. A leader whose log **lost** records while it led
+  (a closed segment found damaged when read: ``TopicLog.damaged``) gives way to a live in-sync
+  copy (step down, resign): it follows, and fetches them again. With no such copy it leads on,
+  its reads skipping the lost offsets (nothing better holds them), and says so.
 - **A leadership key naming this node at another epoch** (a registration since, after a pause
   or a restart): given up, guarded by that key's revision; the next read elects anew.
 - **Led by another node**: follow it at its epoch (a fetch task, started again every tick in
@@ -421,6 +424,10 @@ class Plan:
         self.offline.discard(key)
         mine = leader.value.node == me[0]
         if mine and leader.mod_revision == facts.epoch and facts.role == "leader":
+            if facts.lost and any(live(m) for m in facts.isr if m != me):
+                # Its copy lost records while it led (a damaged closed segment, found when
+                # read): a copy that holds them leads instead; this one fetches them again.
+                return [StepDown(f"its copy lost offsets {facts.lost}"), Resign(leader)]
             out = [Lead()]
             if not facts.ready:
                 return out  # channels are restored first (``Replicator.start``)

@@ -464,6 +464,8 @@ class Replicator:
         key = (p.topic, p.origin)
         match action:
             case StepDown(why):
+                if p.role is Role.LEADER:
+                    log.warning("CLUSTER: partition %s: stepping down - %s", p.name, why)
                 p.step_down(why)
             case StopFetch():
                 self.following.stop(key)

@@ -7,12 +7,15 @@ the Spark connector all go through it. Sans-IO: bytes in, records or errors (as 
 Layout (big-endian)::
 
     int64  offset
-    uint32 crc32 of every byte after this field (length .. body)
+    uint32 crc32 of every byte after this field (length .. body), started from the offset
+           (``crc_seed``) when the record has CRC_OFFSET: a flipped offset fails it too
     uint32 length: bytes after this field (30 + body size)
     int64  timestamp (publish time, ns since the epoch)
     16     message ID (nsqd's hex ID)
-    uint16 flags: 0; IDENTIFIED (0x8000): an idempotent publish's identity follows;
-           IDENTIFIED_NEXT (0x4000): the next message of the same publish (below)
+    uint16 flags: IDENTIFIED (0x8000): an idempotent publish's identity follows;
+           IDENTIFIED_NEXT (0x4000): the next message of the same publish (below);
+           CRC_OFFSET (0x2000): the checksum covers the offset (every record written
+           since 2026-11; a log written before has records without it, checked as written)
     uint32 deferral in ms (DPUB), else 0
     -- only with IDENTIFIED (``core/dedup.py``):
     uint8  producer id length (1..128)
@@ -38,7 +41,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
+    "CRC_OFFSET",
     "CRC_START",
+    "FLAG_BITS",
     "HEAD",
     "HEADER_SIZE",
     "IDENTIFIED",
@@ -51,11 +56,14 @@ __all__ = [
     "LogRecord",
     "body_start",
     "check_record",
+    "crc_holds",
+    "crc_seed",
     "decode_records",
     "encode_record",
     "follow_after",
     "identified_tail",
     "identity_ext",
+    "record_crc",
     "scan_records",
 ]
 
@@ -74,11 +82,40 @@ LENGTH_TIMESTAMP = struct.Struct(">Iq")
 IDENTIFIED = 0x8000
 #: The flags bit of the next record of the same identified publish (no identity bytes).
 IDENTIFIED_NEXT = 0x4000
+#: The flags bit of a record whose checksum covers its offset too (``crc_seed``).
+CRC_OFFSET = 0x2000
+#: Every flags bit of the record layout (the rest of the field is the message's attempts: 0).
+FLAG_BITS = IDENTIFIED | IDENTIFIED_NEXT | CRC_OFFSET
 #: (producer, sequence, offset) the next record continues, when it is IDENTIFIED_NEXT.
 Follow = tuple[bytes, int, int]
 #: Where the flags field is, from a record's start.
 FLAGS_AT = HEAD.size + 4 + 8 + 16
 SEQUENCE = struct.Struct(">q")
+
+
+def crc_seed(offset: int) -> int:
+    """The value a record's crc32 starts from: its offset folded to 32 bits. A crc32 started
+    from two different values differs for any bytes, so a record whose offset was changed
+    fails its check (one flipped bit of the offset flips one bit of the fold); it costs one
+    integer operation per record, where checksumming the 8 bytes of the offset costs a call."""
+    return (offset ^ (offset >> 32)) & 0xFFFFFFFF
+
+
+def record_crc(offset: int, flags_byte: int, checked: bytes | memoryview) -> int:
+    """The checksum of a record at ``offset`` whose flags field starts with ``flags_byte``
+    and whose checksummed bytes (``CRC_START`` to its end) are ``checked``."""
+    seed = crc_seed(offset) if flags_byte & (CRC_OFFSET >> 8) else 0
+    return zlib.crc32(checked, seed)
+
+
+def crc_holds(crc: int, offset: int, flags_byte: int, checked: bytes | memoryview) -> bool:
+    """Whether ``crc`` is the checksum of the record (``record_crc``). The common case is
+    tried first, without looking at the flags: a record with CRC_OFFSET below offset 2**32,
+    whose seed is its offset (``offset >> 32`` is 0 only there: crc32 takes a seed's low 32
+    bits). The loops of ``storage/`` write the same test inline."""
+    if not offset >> 32 and zlib.crc32(checked, offset) == crc:
+        return True
+    return record_crc(offset, flags_byte, checked) == crc
 
 
 @functools.lru_cache(maxsize=64)
@@ -145,11 +182,12 @@ def encode_record(
 ) -> tuple[bytes, bytes]:
     """The record as (header, body): written together, the body is not copied here."""
     ext = b"" if identity is None else identity_ext(*identity)
+    attempts |= CRC_OFFSET
     if ext:
         attempts |= IDENTIFIED
     tail = TAIL.pack(TAIL_FIXED + len(ext) + len(body), timestamp, msg_id, attempts, defer_ms)
     tail += ext
-    return HEAD.pack(offset, zlib.crc32(body, zlib.crc32(tail))) + tail, body
+    return HEAD.pack(offset, zlib.crc32(body, zlib.crc32(tail, crc_seed(offset)))) + tail, body
 
 
 def check_record(data: bytes | memoryview, pos: int) -> tuple[int, int] | Damaged:
@@ -163,7 +201,7 @@ def check_record(data: bytes | memoryview, pos: int) -> tuple[int, int] | Damage
     stop = pos + CRC_START + 4 + length
     if length < TAIL_FIXED or stop > end:
         return Damaged(pos, offset, "a bad record length")
-    if zlib.crc32(data[pos + CRC_START : stop]) != crc:
+    if not crc_holds(crc, offset, data[pos + FLAGS_AT], data[pos + CRC_START : stop]):
         return Damaged(pos, offset, "a checksum mismatch")
     return offset, stop
 
@@ -202,7 +240,7 @@ def scan_records(
             producer, seq = follow[0], follow[1]
         follow = (producer, seq + 1, offset + 1) if seq >= 0 else None
         body = bytes(data[start:stop])
-        flags_off = attempts & ~(IDENTIFIED | IDENTIFIED_NEXT)
+        flags_off = attempts & ~FLAG_BITS
         out.append(LogRecord(offset, ts, bytes(msg_id), flags_off, defer_ms, body, producer, seq))
         pos = stop
     return out, None

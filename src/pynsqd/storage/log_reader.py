@@ -8,6 +8,11 @@ within one segment (``read_range``), found from the index and a walk of the head
 /topic/log`` and a follower's fetch are byte-range copies (``read_ranges``). Messages for
 channels are decoded with their checksums checked: a damaged record is logged and skipped,
 never delivered (``read_messages``). A gap after damaged records is skipped by every read.
+
+A closed segment opened from its saved index is checked before any of its records is walked
+or served, each index block once (``Segment.check``): a bad record found then is reported to
+the log (``Readable.damaged``: the segment ends before it, the rest is a gap, a replicated
+copy fetches it again), so a byte-range copy never serves a record that fails its checksum.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Protocol
 from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import HEADER_SIZE, IDENTIFIED, Follow, body_start
+from ..protocol.log_record import HEADER_SIZE, IDENTIFIED, Follow, body_start, crc_holds
 from .segment import LogRange, Segment
 
 _HEAD, _TAIL = log_record.HEAD, log_record.TAIL
@@ -49,6 +54,24 @@ class Readable(Protocol):
     def latest(self) -> int: ...
     @property
     def visible(self) -> int: ...
+    def damaged(self, seg: Segment, at: log_record.Damaged) -> None: ...
+
+
+def _whole(tlog: Readable, seg: Segment, start: int, end: int) -> bool:
+    """Whether ``seg``'s records in the index blocks overlapping ``[start, end)`` are whole
+    (``Segment.check``); if not, the log is told and the segment now ends before the first
+    bad one."""
+    damaged = seg.check(start, end)
+    if damaged is None:
+        return True
+    tlog.damaged(seg, damaged)
+    return False
+
+
+def _block(seg: Segment, offset: int) -> int:
+    """The file position of the index entry at or before ``offset``."""
+    i = bisect.bisect_right(seg.idx_off, offset) - 1
+    return seg.idx_pos[i] if i >= 0 else 0
 
 
 def check_offset(tlog: Readable, offset: int) -> None:
@@ -64,6 +87,10 @@ def offset_for_time(tlog: Readable, ts_ns: int) -> int:
         i = max(bisect.bisect_left(seg.idx_ts, ts_ns) - 1, 0)
         if not seg.idx_pos:
             return seg.base
+        if seg.unchecked is not None:
+            _whole(tlog, seg, seg.idx_pos[i], seg.idx_pos[i] + 1)  # before its headers are read
+            if i >= len(seg.idx_pos):
+                continue  # cut before it: what follows is a gap
         for rec_offset, rec_ts, _, _ in seg.walk(seg.idx_pos[i], seg.size):
             if rec_ts >= ts_ns:
                 return rec_offset
@@ -78,9 +105,21 @@ def read_range(tlog: Readable, offset: int, max_messages: int, max_bytes: int) -
     for seg in tlog.segments:
         if offset >= seg.next:
             continue
+        if seg.unchecked is not None:
+            # Checked before a header is read: the block the walk to ``offset`` starts in.
+            block = _block(seg, max(offset, seg.base))
+            if not _whole(tlog, seg, block, block + 1) and offset >= seg.next:
+                continue  # it ends before ``offset`` now: the rest of it is a gap
         start, first = seg.position(max(offset, seg.base))
         if start >= seg.size:
             continue  # a gap after a damaged record: the next segment
+        # Then all that the range, and the walk to its end, may cover.
+        if (
+            seg.unchecked is not None
+            and not _whole(tlog, seg, start, start + max_bytes + 1)
+            and start >= seg.size
+        ):
+            continue
         if seg.next - first <= max_messages and seg.size - start <= max_bytes:
             # The rest of the segment fits (a follower or reader near the end): no walk.
             return LogRange(seg.path, start, seg.size, first, seg.next, seg.next - first)
@@ -163,7 +202,11 @@ def read_messages(
         rec_offset, crc = unpack_head(data, pos)
         length, ts, msg_id, flags, defer_ms = unpack_tail(data, pos + 12)
         stop = pos + 16 + length
-        if stop > end or crc32(view[pos + 12 : stop]) != crc:
+        checked = view[pos + 12 : stop]
+        if stop > end or (
+            (rec_offset >> 32 or crc32(checked, rec_offset) != crc)  # ``crc_holds``, inline
+            and not crc_holds(crc, rec_offset, flags >> 8, checked)
+        ):
             tlog.log.error(
                 "TOPICLOG(%s): record at offset %d is damaged; skipped", tlog.name, rec_offset
             )

@@ -19,11 +19,14 @@ from typing import Any, NamedTuple
 from ..core.message import Message
 from ..protocol import log_record
 from ..protocol.log_record import (
+    CRC_OFFSET,
     FLAGS_AT,
     HEADER_SIZE,
     IDENTIFIED,
     IDENTIFIED_NEXT,
     body_start,
+    crc_holds,
+    crc_seed,
 )
 from .segment import INDEX_INTERVAL
 
@@ -32,6 +35,7 @@ __all__ = ["Checked", "Encoded", "check", "encode"]
 _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
 _IDENTIFIED_ANY = (IDENTIFIED | IDENTIFIED_NEXT) >> 8
+_MASK = 0xFFFFFFFF
 
 #: An identified publish's place in the log: (producer, its next sequence, the next offset),
 #: the producer's next record if it is IDENTIFIED_NEXT (``storage/producers.py``).
@@ -69,7 +73,8 @@ def encode(
     ts = 0
     entries: list[tuple[int, int, int]] = []
     records = iter(msgs)
-    flags = 0
+    flags = CRC_OFFSET  # every record's checksum covers its offset (``log_record.crc_seed``)
+    fold = offset + len(msgs) > _MASK
     if identity is not None:
         # An idempotent publish: its first record carries the identity after its fixed
         # part (``log_record.identified_tail``); the others are IDENTIFIED_NEXT, with none.
@@ -80,15 +85,22 @@ def encode(
         defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
         plen = len(producer)
         t = log_record.identified_tail(plen).pack(
-            _TAIL_FIXED + 9 + plen + len(body), ts, m.id, IDENTIFIED, defer, plen, producer, seq
+            _TAIL_FIXED + 9 + plen + len(body),
+            ts,
+            m.id,
+            IDENTIFIED | CRC_OFFSET,
+            defer,
+            plen,
+            producer,
+            seq,
         )
         if pos >= index_from:
             entries.append((offset, pos, ts))
             index_from = pos + INDEX_INTERVAL
-        parts += (head(offset, crc32(body, crc32(t))), t, body)
+        parts += (head(offset, crc32(body, crc32(t, crc_seed(offset)))), t, body)
         pos += 12 + len(t) + len(body)
         offset += 1
-        flags = IDENTIFIED_NEXT
+        flags = IDENTIFIED_NEXT | CRC_OFFSET
     for m in records:
         body = m.body
         ts = m.timestamp
@@ -97,7 +109,8 @@ def encode(
         if pos >= index_from:
             entries.append((offset, pos, ts))
             index_from = pos + INDEX_INTERVAL
-        parts.append(head(offset, crc32(body, crc32(t))))
+        # ``log_record.crc_seed``: the offset itself below 2**32 (a log's first 4G records)
+        parts.append(head(offset, crc32(body, crc32(t, crc_seed(offset) if fold else offset))))
         parts.append(t)
         parts.append(body)
         pos += HEADER_SIZE + len(body)
@@ -147,7 +160,10 @@ def check(
         stop = pos + 16 + length
         if length < _TAIL_FIXED or stop > end:
             raise ValueError(str(log_record.Damaged(pos, offset, "a bad record length")))
-        if crc32(view[pos + 12 : stop]) != crc:
+        checked = view[pos + 12 : stop]
+        if (offset >> 32 or crc32(checked, offset) != crc) and not crc_holds(
+            crc, offset, data[pos + FLAGS_AT], checked
+        ):
             raise ValueError(str(log_record.Damaged(pos, offset, "a checksum mismatch")))
         if offset != expect:
             raise ValueError(f"record offset {offset} where {expect} was expected")

@@ -9,6 +9,14 @@ walking headers from a position (``walk``), loading and checking a saved index
 (``load_index``), and rebuilding one by reading every record (``scan``: a torn tail is cut or
 reported, zeros after the records are where a power loss ended the file). The log decides
 which segment to write, roll, read, truncate and prune.
+
+Checked before served. A segment scanned at open, or written by this process, has had every
+record checked. One opened from its saved index has had only the records after the last entry
+checked: the rest are checked once, an index block (entry to entry) at a time, before any
+of them is walked or served (``check``: checksums, dense offsets from each entry to the next);
+``storage/log_reader.py`` asks before each read. A block that fails (a bad record, or an index
+entry that does not point at one) has the log scan the whole segment again, trusting nothing
+of its index (``TopicLog.damaged``).
 """
 
 from __future__ import annotations
@@ -19,13 +27,12 @@ import logging
 import os
 import re
 import struct
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..protocol import log_record
-from ..protocol.log_record import HEADER_SIZE, decode_records
+from ..protocol.log_record import FLAGS_AT, HEADER_SIZE, crc_holds, decode_records
 from . import durable
 
 __all__ = ["INDEX_INTERVAL", "LogRange", "Segment", "segment_bases", "zeros_from"]
@@ -60,7 +67,17 @@ class LogRange:
 class Segment:
     """One segment file: its offsets ``[base, next)``, size, and sparse index."""
 
-    __slots__ = ("base", "idx_off", "idx_pos", "idx_ts", "last_ts", "next", "path", "size")
+    __slots__ = (
+        "base",
+        "idx_off",
+        "idx_pos",
+        "idx_ts",
+        "last_ts",
+        "next",
+        "path",
+        "size",
+        "unchecked",
+    )
 
     def __init__(self, directory: str, base: int) -> None:
         self.base = base
@@ -71,12 +88,17 @@ class Segment:
         self.idx_off = array("q")
         self.idx_pos = array("q")
         self.idx_ts = array("q")  # the highest timestamp up to each entry (clocks step back)
+        #: Per index entry, 1 while the records from it to the next entry have not been
+        #: checked since the segment opened (``check``); None: every record has been.
+        self.unchecked: bytearray | None = None
 
     @property
     def index_path(self) -> str:
         return self.path[:-4] + ".index"
 
     def add_index(self, offset: int, position: int, ts: int) -> None:
+        if self.unchecked is not None:
+            self.unchecked.append(0)  # written here, or checked before the entry is added
         if self.idx_ts and ts < self.idx_ts[-1]:
             ts = self.idx_ts[-1]
         self.idx_off.append(offset)
@@ -151,11 +173,65 @@ class Segment:
             return False
         self.next = offset
         self.last_ts = last_ts
+        # Only the records after the last entry were read: the rest, when first served.
+        self.unchecked = bytearray(b"\x01") * (len(self.idx_off) - 1) + b"\x00"
         return True
+
+    def check(self, start: int, end: int) -> log_record.Damaged | None:
+        """Check the records of the index blocks overlapping bytes ``[start, end)`` not yet
+        checked since the segment opened: each record's checksum, and offsets dense from the
+        block's entry to the next one's. None when they are whole (never read again); else
+        the first bad record: its position and the offset it should have had."""
+        unchecked = self.unchecked
+        if unchecked is None or start >= self.size:
+            return None
+        first = max(bisect.bisect_right(self.idx_pos, start) - 1, 0)
+        stop = bisect.bisect_left(self.idx_pos, max(min(end, self.size), start + 1))
+        b = first
+        while b < stop:
+            if not unchecked[b]:
+                b += 1
+                continue
+            e = b + 1
+            while e < stop and unchecked[e]:
+                e += 1
+            lo = self.idx_pos[b]
+            if e < len(self.idx_pos):
+                hi, upto = self.idx_pos[e], self.idx_off[e]
+            else:
+                hi, upto = self.size, self.next
+            damaged = self._check_records(lo, hi, self.idx_off[b], upto)
+            if damaged is not None:
+                return damaged
+            unchecked[b:e] = bytes(e - b)
+            b = e
+        if not unchecked.count(1):
+            self.unchecked = None
+        return None
+
+    def _check_records(self, lo: int, hi: int, offset: int, upto: int) -> log_record.Damaged | None:
+        """Bytes ``[lo, hi)`` must be whole records at offsets ``offset`` .. ``upto - 1``."""
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(lo)
+            data = f.read(hi - lo)
+        pos, end = 0, len(data)
+        check = log_record.check_record
+        while pos < end:
+            checked = check(data, pos)
+            if isinstance(checked, log_record.Damaged):
+                return log_record.Damaged(lo + pos, offset, checked.reason)
+            if checked[0] != offset:
+                return log_record.Damaged(lo + pos, offset, f"offset {checked[0]} out of order")
+            offset += 1
+            pos = checked[1]
+        if offset != upto or end != hi - lo:
+            return log_record.Damaged(lo + pos, offset, "records missing before the next entry")
+        return None
 
     def scan(self, *, truncate: bool, log: logging.Logger, name: str) -> None:
         """Rebuild a segment's index by reading every record; cut a torn tail."""
         self.idx_off, self.idx_pos, self.idx_ts = array("q"), array("q"), array("q")
+        self.unchecked = None
         self.next, self.size, self.last_ts = self.base, 0, 0
         size = os.path.getsize(self.path)
         pos = 0
@@ -173,7 +249,7 @@ class Segment:
                     problem = "a bad record header"
                     break
                 body = f.read(length - _TAIL_FIXED)
-                if zlib.crc32(body, zlib.crc32(head[12:])) != crc:
+                if not crc_holds(crc, offset, head[FLAGS_AT], head[12:] + body):
                     problem = "a checksum mismatch"
                     break
                 if pos >= next_index:
