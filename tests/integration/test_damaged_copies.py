@@ -57,8 +57,9 @@ def cut_newest_segment(directory: Path) -> int:
     return size - size // 2
 
 
+@pytest.mark.parametrize("mark", ["kept", "damaged"])
 def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
-    cluster: Cluster,
+    cluster: Cluster, mark: str
 ) -> None:
     """Node 2, in sync, loses the tail of its copy of partition 1 while every node is down
     (killed within milliseconds: the in-sync set in etcd still names all three). It comes back
@@ -66,7 +67,9 @@ def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
     would then truncate theirs to its end: acknowledged messages gone from every copy). It
     says the partition is offline and why; node 3 comes back and leads; node 2 fetches what
     it lost; node 1 comes back and takes its partition back; every copy holds every
-    acknowledged message."""
+    acknowledged message. With its ``synced`` mark damaged too (both slots), the copy cannot
+    tell what it lost: it used to be trusted (the mark read as unknown hid the loss); now it
+    counts as having lost its tail until it has caught up with a leader."""
     replicate(cluster)
     one, two, three = cluster.nodes
     acked = [b"m%04d" % i for i in range(600)]
@@ -77,11 +80,18 @@ def test_a_copy_cut_short_never_leads_and_the_others_keep_what_was_acknowledged(
         assert n.proc is not None
         n.proc.p.wait(timeout=20)
         n.proc.log_file.close()
-    assert cut_newest_segment(two.store / "replicas" / "1" / TOPIC) > 0
+    copy = two.store / "replicas" / "1" / TOPIC
+    assert cut_newest_segment(copy) > 0
+    if mark == "damaged":
+        (copy / "synced").write_bytes(b"\xff" * 1024)
     two.start()
     wait_for(lambda: "partition orders/1: offline" in since_start(two), "node 2 says so", 30)
     text = since_start(two)
     assert "lost offsets" in text, text
+    if mark == "damaged":
+        assert (
+            "synced mark is unreadable" in text and "what its last fsync covered is unknown" in text
+        )
     assert cluster.partition(TOPIC, 1) is None  # nobody leads it
     three.start()
     assert wait_leader(cluster, TOPIC, 1, timeout=30)["node"] == 3

@@ -135,13 +135,16 @@ class Partition:
 
     def lost(self) -> str:
         """The offsets this copy cannot vouch for, "first-last" ("": none): records its log
-        lost after an fsync covered them (``TopicLog.lost``), or, its epoch history damaged,
-        every record it holds (it cannot tell which a leader would keep)."""
+        lost after an fsync covered them (``TopicLog.lost``); its epoch history damaged, every
+        record it holds (it cannot tell which a leader would keep); its synced mark unreadable,
+        whatever followed its end (``SyncedMark.unknown``, until a leader vouches for it)."""
         lost = self.log.lost()
         if lost is not None:
             return f"{lost[0]}-{lost[1]}"
         if self.history.damaged and self.log.latest > self.log.earliest:
             return f"{self.log.earliest}-{self.log.latest - 1}"
+        if self.log.mark.unknown:
+            return f"from {self.log.latest} on, perhaps (its synced mark is unreadable)"
         return ""
 
     # -- leader ---------------------------------------------------------------------------
@@ -293,6 +296,7 @@ class Partition:
         self.leader_latest = latest
         if self.log.latest >= latest:
             self.caught_up_epoch = self.epoch
+            self.log.mark.vouch(self.log.latest)  # it holds the leader's whole log
         self.hw = max(self.hw, min(hw, self.log.latest))
         self.log.commit_to(self.hw)
 

@@ -134,13 +134,16 @@ class Retention:
 
     def _open(self, name: str, directory: str | None = None) -> TopicLog:
         """The one place a ``TopicLog`` is built. Raises OSError."""
-        return TopicLog(
+        tlog = TopicLog(
             directory or self.directory(name),
             segment_bytes=self.opts.max_bytes_per_file,
             sync_every=self.opts.sync_every,
             logger=log,
             name=name,
         )
+        if not self.opts.etcd_endpoints:
+            tlog.mark.vouch(tlog.latest)  # no copy to catch up with: nothing to wait for
+        return tlog
 
     def attach(self, topic: Topic) -> None:
         """A topic was created: give it its log if it retains; if it does not but its log

@@ -11,8 +11,14 @@ The mark lives in ``synced`` (``storage/position.py``'s two-slot file, a CRC on 
 the log's directory. It moves up after each completed fsync (``advance``: written in place, not
 fsynced, so it costs one ``pwrite`` per fsync and never runs ahead of the records: after a
 power loss it is at worst older, which only hides a loss, never invents one), and down, fsynced
-first, before the log itself is cut (``lower``: a replica's truncation). An unreadable mark
-(a flipped bit) is logged once and taken as unknown: it can hide a loss, never stop a node.
+first, before the log itself is cut (``lower``: a replica's truncation).
+
+An unreadable mark (both slots damaged) is logged and taken as **unknown**: the log may have
+lost a tail, and nothing can tell. It never stops a node; a replicated copy counts as having
+lost its tail (``cluster/partition.py``: it does not campaign) until it has caught up with a
+leader, which vouches for it (``vouch``). Until then the file is left as it is (nothing is
+written), so a restart in between finds it unknown again. A log with nothing to catch up with
+(no cluster) is vouched for at open: there is no copy it could be compared with.
 """
 
 from __future__ import annotations
@@ -37,12 +43,17 @@ class SyncedMark:
         self.value = 0
         self._file: PositionFile | None = None
         self._failing = False
+        #: The file could not be read: what the last fsync covered is not known (``vouch``).
+        self.unknown = False
         try:
             self._file = PositionFile(self.path)
             self.value = self._file.load() or 0
         except (OSError, ValueError) as err:
+            self.unknown = True
             self.log.error(
-                "TOPICLOG(%s): unreadable %s (%s); what its last fsync covered is unknown",
+                "TOPICLOG(%s): unreadable %s (%s); what its last fsync covered is unknown: a "
+                "replicated copy counts as having lost its tail until it has caught up with "
+                "its leader",
                 name,
                 self.path,
                 err,
@@ -70,7 +81,18 @@ class SyncedMark:
         if end <= self.value:
             return
         self.value = end
-        self._save(end, sync=False)
+        if not self.unknown:
+            self._save(end, sync=False)
+
+    def vouch(self, end: int) -> None:
+        """The log holds everything below ``end`` that it should (a leader's whole log, or no
+        copy to compare with): an unknown mark is known again, and written."""
+        if not self.unknown:
+            return
+        self.unknown = False
+        self.value = max(self.value, end)
+        self._save(self.value, sync=False)
+        self.log.info("TOPICLOG(%s): %s written again at offset %d", self.name, self.path, end)
 
     def hold(self, end: int) -> None:
         """The log is about to be cut below ``end`` to fetch its records again (damage): the
@@ -78,7 +100,7 @@ class SyncedMark:
         if end <= self.value:
             return
         self.value = end
-        if self._file is not None:
+        if self._file is not None and not self.unknown:
             self._file.save(end, sync=True)
 
     def lower(self, end: int) -> None:
@@ -86,7 +108,7 @@ class SyncedMark:
         if end >= self.value:
             return
         self.value = end
-        if self._file is not None:
+        if self._file is not None and not self.unknown:
             self._file.save(end, sync=True)
 
     def _save(self, end: int, *, sync: bool) -> None:
