@@ -221,6 +221,11 @@ class Options:
         kind="duration",
         positive=True,
     )
+    replica_replace_after: float = opt(
+        15.0,
+        "pynsqd: a copy whose node has left the cluster (its etcd lease lapsed) and not come back for this long is placed on a live node that holds none (0: at once; a node that comes back within it keeps its copy and fetches only what it missed)",
+        kind="duration",
+    )
     # -- message lifecycle (pynsqd; off by default)
     max_attempts: int = opt(
         0,

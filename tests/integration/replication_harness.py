@@ -410,6 +410,7 @@ class Cluster:
             "--cluster-name=test",
             "--retention-time=1h",
             "--etcd-lease-ttl=2s",
+            "--replica-replace-after=10s",  # five leases, as it was tied to before
             *([f"--workers={NODE_WORKERS}"] if NODE_WORKERS > 1 else []),
             *self.extra,
         ]

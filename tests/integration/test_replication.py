@@ -838,12 +838,13 @@ def test_a_partition_placed_on_a_dead_node_is_re_placed(tmp_path: Path, etcd: Et
     """Found running the real-client suites against a replicated node (issue 43): a node
     killed with kill -9 counts as live until its lease lapses, a topic placed in that time got
     a dead copy, was never re-placed, and with two dead copies never reached min in-sync.
-    Now the leader moves a copy whose node has been gone for five lease TTLs to a live node,
-    and the partition commits with all its copies again (min_insync=3: it could not before).
-    Here the copy's node dies after the placement and never comes back."""
+    Now the leader moves a copy whose node has been gone for ``--replica-replace-after`` (1 s
+    here) to a live node, and the partition commits with all its copies again (min_insync=3:
+    it could not before). Here the copy's node dies after the placement and never comes
+    back."""
     from pynsqd.cluster.plan import rendezvous
 
-    cluster = Cluster(tmp_path, etcd, 4)
+    cluster = Cluster(tmp_path, etcd, 4, "--replica-replace-after=1s")
     try:
         # A topic whose rendezvous placement from node 1 over nodes 1-4 includes node 3.
         topic = next(

@@ -66,6 +66,7 @@ PYNSQD_FLAGS = {
     "replication-timeout",
     "replica-lag-max",
     "replica-stall-max",
+    "replica-replace-after",
 }
 
 

@@ -65,10 +65,6 @@ from .settings import ReplicationSettings, check_change
 
 __all__ = ["ReplicaHost", "Replicator"]
 
-#: A copy's node missing from the cluster for this many lease TTLs is gone: its copy is
-#: re-placed on a live node (a restart comes back well within it).
-REPLACE_AFTER_TTLS = 5
-
 log = logging.getLogger(LOGGER_NAME)
 
 #: Seconds between two reads of the cluster's state in etcd.
@@ -143,8 +139,8 @@ class Replicator:
             lambda node: node in self.state.nodes,
         )
         #: The decisions (no I/O): ``cluster/plan.py``.
-        # A copy's node missing for five lease TTLs is gone (a restart comes back well within).
-        self.plan = Plan(self.node_id, replace_after=REPLACE_AFTER_TTLS * self.member.ttl)
+        # A copy's node missing for --replica-replace-after is gone: its copy moves.
+        self.plan = Plan(self.node_id, replace_after=self.member.opts.replica_replace_after)
         #: Unreadable keys logged, at the revision logged.
         self._unreadable: dict[str, int] = {}
         #: This node's partitions of deleted topics whose keys etcd has not deleted yet.
