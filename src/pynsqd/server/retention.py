@@ -125,7 +125,7 @@ class Retention:
         tlog = self.replicas.get(key)
         if tlog is None:
             path = os.path.join(self.data_path, "replicas", str(origin), topic)
-            tlog = self._open(topic, path)
+            tlog = self._open(key, path)  # its lines name the partition: "orders/2"
             tlog.retention_time = self.opts.retention_time
             tlog.retention_bytes = self.opts.retention_bytes
             tlog.hand_to(tlog.latest)  # a replica's channels are not fed from it
