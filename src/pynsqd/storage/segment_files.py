@@ -143,6 +143,8 @@ class SegmentFiles:
         seg.next = keep if offset > seg.base else seg.base
         i = bisect.bisect_left(seg.idx_pos, pos)
         del seg.idx_off[i:], seg.idx_pos[i:], seg.idx_ts[i:]
+        if seg.unchecked is not None:
+            del seg.unchecked[i:]  # one flag per entry (``Segment.check``)
         seg.last_ts = seg.idx_ts[-1] if seg.idx_ts else 0
         if pos:
             for _, ts, _, _ in seg.walk(seg.idx_pos[-1] if seg.idx_pos else 0, pos):

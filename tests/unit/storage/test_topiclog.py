@@ -581,3 +581,23 @@ def test_every_byte_flipped_in_a_closed_segment_is_never_served_under_any_offset
         assert at // 106 not in got, at
         tl.close()
     first.write_bytes(good)
+
+
+def test_a_segment_opened_from_its_index_and_then_cut_keeps_one_check_flag_per_entry(
+    tmp_path: Path,
+) -> None:
+    """A replica's truncation into a closed segment opened from its saved index (its blocks
+    not yet checked) keeps one check flag per index entry: the appends after it add entries
+    and flags together, so no block is taken as checked that was not."""
+    bases, first = closed_with_index(tmp_path)
+    tl = open_log(tmp_path / "t.log", segment_bytes=16384)
+    tl.truncate(bases[0] + 100)
+    seg = tl.segments[-1]
+    assert seg.unchecked is not None and len(seg.unchecked) == len(seg.idx_off)
+    fill(tl, 300, size=60)
+    assert seg.unchecked is None or len(seg.unchecked) == len(seg.idx_off)
+    for s in tl.segments:
+        assert s.unchecked is None or len(s.unchecked) == len(s.idx_off)
+    got = served(tl)
+    assert sorted(got) == list(range(400))
+    assert all(body == msg(o, size=60).body for o, body in got.items())
