@@ -589,7 +589,7 @@ def test_a_segment_opened_from_its_index_and_then_cut_keeps_one_check_flag_per_e
     """A replica's truncation into a closed segment opened from its saved index (its blocks
     not yet checked) keeps one check flag per index entry: the appends after it add entries
     and flags together, so no block is taken as checked that was not."""
-    bases, first = closed_with_index(tmp_path)
+    bases, _ = closed_with_index(tmp_path)
     tl = open_log(tmp_path / "t.log", segment_bytes=16384)
     tl.truncate(bases[0] + 100)
     seg = tl.segments[-1]
