@@ -535,6 +535,48 @@ def test_a_dead_node_is_marked_down_in_the_browser(
     _shot(browser, "nodes-down")
 
 
+def test_a_taken_over_partition_shows_its_records_in_the_browser(
+    browser: Any, tmp_path: Any, etcd: Any
+) -> None:
+    """Issue 54 item 5: after node 1's death, the node that took its partition over showed 0
+    records in the retained-log table (each node's own log only). A replicated topic's table
+    now lists every copy of every partition on the node that holds it, with its role: the new
+    leader's copy of partition 1 holds node 1's 3 records."""
+    from selenium.webdriver.common.by import By
+
+    from ..integration.replication_harness import TOPIC, Cluster, replicate
+
+    nodes = Cluster(tmp_path, etcd, 3)
+    admin = None
+    try:
+        replicate(nodes)
+        for n, count in ((1, 3), (2, 2)):
+            for _ in range(count):
+                assert nodes.node(n).http("POST", f"/pub?topic={TOPIC}", b"x") == (200, b"OK")
+        addresses = [f"127.0.0.1:{n.proc.http_port}" for n in nodes.nodes]  # type: ignore[union-attr]
+        admin = AdminThread(nsqd_http_addresses=addresses)
+        nodes.node(1).kill()
+
+        def led_elsewhere() -> list[dict[str, Any]]:
+            copies = admin.request("GET", f"/api/topics/{TOPIC}")[1].get("copies") or []
+            return [c for c in copies if c["partition"] == 1 and c["role"] == "leader"]
+
+        wait_for(led_elsewhere, "a live node to lead node 1's partition", 60)
+        leader = led_elsewhere()[0]["node"]
+        browser.get(f"http://127.0.0.1:{admin.port}/topics/{TOPIC}")
+        row = "//table[@id='log-copies']//tr[td[1]='1' and td[3]='leader']"
+        _wait(browser).until(lambda d: d.find_elements(By.XPATH, row))
+        cells = _steady(lambda: [td.text for td in browser.find_elements(By.XPATH, f"{row}/td")])
+        assert cells[1] == leader and cells[5] == "3", cells  # node, records
+        followers = browser.find_elements(By.XPATH, "//table[@id='log-copies']//tr[td[1]='1']")
+        assert len(followers) == 2, "the two live copies of partition 1"
+        _shot(browser, "topic-copies")
+    finally:
+        if admin is not None:
+            admin.stop()
+        nodes.stop()
+
+
 def test_a_non_admin_is_refused_in_the_browser(browser: Any, cluster: Any) -> None:
     from selenium.webdriver.common.by import By
 

@@ -34,6 +34,8 @@ def describe(
                 "committed": p.hw,
                 "earliest": p.log.earliest,
                 "latest": p.log.latest,
+                "bytes": p.log.size,
+                "segments": p.log.segment_count,
                 "follower_lag": lags,
                 "checkpoints": checkpoints(state, name, origin),
             }

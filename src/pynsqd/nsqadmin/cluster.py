@@ -73,6 +73,28 @@ PEEK_KINDS = {
 FORGET_DOWN_AFTER = 3600.0
 
 
+#: What the topic page shows of each copy of a replicated partition (``/api/topics/<t>``:
+#: ``copies``), with the value a node too old to report it gets.
+_COPY_KEYS: dict[str, Any] = {
+    "partition": 0,
+    "role": "",
+    "earliest": 0,
+    "latest": 0,
+    "committed": 0,
+    "bytes": 0,
+    "segments": 0,
+}
+
+
+def _only(doc: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc[k] for k in keys if k in doc}
+
+
+def _copy_order(copy: dict[str, Any]) -> tuple[int, bool, str]:
+    """By partition, its leader's copy first, then by node."""
+    return copy["partition"], copy["role"] != "leader", copy["node"]
+
+
 class Cluster:
     def __init__(self, opts: AdminOptions, clock: Callable[[], float] = time.time) -> None:
         self.opts = opts
@@ -219,6 +241,8 @@ class Cluster:
         nodes: list[dict[str, Any]] = []
         channels: dict[str, dict[str, Any]] = {}
         partitions: dict[int, dict[str, Any]] = {}
+        #: A replicated topic: every copy of every partition, on whichever node holds it.
+        copies: list[dict[str, Any]] = []
         for node, s in stats.items():
             for t in s.get("topics") or []:
                 if t["topic_name"] != name:
@@ -242,6 +266,7 @@ class Cluster:
                 for part in (t.get("replication") or {}).get("partitions") or []:
                     if part.get("role") == "leader":
                         partitions[part["partition"]] = {**part, "node": node}
+                    copies.append({**_COPY_KEYS, **_only(part, _COPY_KEYS), "node": node})
                 for c in t.get("channels") or []:
                     agg = channels.setdefault(
                         c["channel_name"],
@@ -269,6 +294,9 @@ class Cluster:
             "nodes": nodes,
             "channels": [channels[c] for c in sorted(channels)],
             "partitions": [partitions[p] for p in sorted(partitions)],
+            "copies": sorted(
+                copies, key=lambda c: (c["partition"], c["role"] != "leader", c["node"])
+            ),
             "errors": errors,
         }
 

@@ -229,11 +229,14 @@ async function topicPage(t) {
   const channels = d.channels.map(c => ({...c, label: link(`topics/${t}/${c.channel}`, c.channel) + paused(c.paused)}));
   const nodes = d.nodes.map(n => ({...n, label: link(`nodes/${n.node}`, n.node) + paused(n.paused)}));
   const logged = d.nodes.filter(n => n.log);
+  const copies = d.copies || [];  // a replicated topic: its partitions' copies, wherever held
   return `<h1>${esc(t)}${paused(d.paused)}</h1>` + buttons(d.paused) + charts(d.history, "queued (topic and channels)", d.graphite) +
     `<h2>Channels</h2>` + table("channels", "Channel", CHANNEL_COLS, channels, false) +
     `<h2>Nodes</h2>` + table("topic-nodes", "Node", [["depth", "Depth"], ["memory", "Memory + Disk"], ["in_flight_count", "In Flight"],
       ["deferred_count", "Deferred"], ["message_count", "Messages"], ["channels", "Channels"]], nodes, true) +
-    (logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th><th>Duplicates dropped</th></tr>` +
+    (copies.length ? `<h2>Retained log</h2><p class="hint">A replicated topic: each node's partition (named by its origin node's id) and every copy of it, on whichever node holds it now.</p><table id="log-copies"><tr><th>Partition (origin node id)</th><th>Node</th><th>Role</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Committed offset</th><th>Size</th><th>Segments</th></tr>` +
+      copies.map(c => `<tr><td>${c.partition}</td><td>${esc(c.node)}</td><td>${esc(c.role)}</td><td>${num(c.earliest)}</td><td>${num(c.latest)}</td><td>${num(c.latest - c.earliest)}</td><td>${num(c.committed)}</td><td>${bytes(c.bytes)}</td><td>${num(c.segments)}</td></tr>`).join("") + "</table>" :
+    logged.length ? `<h2>Retained log</h2><table id="log"><tr><th>Node</th><th>Earliest offset</th><th>Latest offset</th><th>Records</th><th>Size</th><th>Segments</th><th>Not yet handed to channels</th><th>Duplicates dropped</th></tr>` +
       logged.map(n => `<tr><td>${esc(n.node)}</td><td>${num(n.log.earliest_offset)}</td><td>${num(n.log.latest_offset)}</td><td>${num(n.log.latest_offset - n.log.earliest_offset)}</td><td>${bytes(n.log.bytes)}</td><td>${num(n.log.segments)}</td><td>${num(n.depth)}</td><td>${num(n.log.duplicate_count || 0)}</td></tr>`).join("") + "</table>" : "") +
     ((d.partitions || []).length ? `<h2>Replicated partitions</h2><table id="partitions"><tr><th>Partition (origin node id)</th><th>Leader</th><th>Epoch</th><th>In sync</th><th>Replicas</th><th>Committed offset</th><th>Follower lag (records)</th><th>Where consumers are (per node and channel)</th></tr>` +
       d.partitions.map(p => `<tr><td>${p.partition}</td><td>${esc(p.node)} (id ${p.leader})</td><td>${p.epoch}</td><td>${esc(p.isr.join(", "))}</td><td>${esc(p.replicas.join(", "))}</td><td>${num(p.committed)}</td><td>${esc(Object.entries(p.follower_lag).map(([f, l]) => `${f}: ${l}`).join(", "))}</td><td>${checkpoints(p.checkpoints || {})}</td></tr>`).join("") + "</table>" : "") +
