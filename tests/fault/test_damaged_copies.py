@@ -7,6 +7,8 @@ every copy). Synchronisation is on observable state: the node's log, ``/topic/re
 
 from __future__ import annotations
 
+import os
+import random
 import signal
 from pathlib import Path
 
@@ -195,13 +197,13 @@ def wait_taken_back(cluster: Cluster) -> None:
     wait_for(led_by_one, "node 1 to take its partition back", 60)
 
 
-def served_right(cluster: Cluster, node: Node, acked: list[bytes]) -> bool:
-    """Read everything ``node`` serves of partition 1: each record must be the one acknowledged
-    at its offset (a damaged one is never served, under any offset); True once it serves
-    them all."""
-    got = cluster.read_partition(TOPIC, 1, node)
+def served_right(cluster: Cluster, node: Node, acked: list[bytes], partition: int = 1) -> bool:
+    """Read everything ``node`` serves of ``partition``: each record must be the one
+    acknowledged at its offset (a damaged one is never served, under any offset); True once
+    it serves them all."""
+    got = cluster.read_partition(TOPIC, partition, node)
     for offset, _, body in got:
-        assert body == acked[offset], (node.node_id, offset)
+        assert body == acked[offset], (node.node_id, partition, offset)
     return len(got) == len(acked)
 
 
@@ -249,3 +251,97 @@ def test_a_bit_flipped_in_a_closed_segment_is_never_served_and_is_fetched_again(
         assert "truncated to offset" not in since_start(three)
     finally:
         cluster.stop()
+
+
+#: ``PYNSQD_FAULT_SCALE`` (``scripts/replication-faults``): more cycles of the random attack.
+SCALE = float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
+
+
+@pytest.mark.timeout(900)  # scaled by PYNSQD_FAULT_SCALE
+def test_random_flips_in_closed_segments_never_serve_other_content_nor_lose_anything(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    """The attack on item 4 at random: each cycle kills one node (kill -9), flips 1-3 random
+    bits in random closed segments of the copies it holds (its own partition's and the
+    others'), starts it again and reads both partitions from every node until each serves
+    every acknowledged message. Every read, during the repair too, must serve each offset
+    with the content acknowledged there. In every other cycle the damaged node is killed
+    again in the middle of its repair, once it has found the damage."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    cluster = Cluster(tmp_path, etcd, 3, "--max-bytes-per-file=65536")
+    try:
+        replicate(cluster)
+        acked = {
+            1: [b"one-%05d" % i for i in range(5000)],
+            2: [b"two-%05d" % i for i in range(3000)],
+        }
+        for origin, bodies in acked.items():
+            publish(cluster.node(origin), bodies)
+        wait_served_whole(cluster, acked, f"seed {seed}, before any damage")
+        for cycle in range(max(2, round(2 * SCALE))):
+            # A copy fetched again in one answer is one segment: a node may hold none closed.
+            victim = rng.choice([n for n in cluster.nodes if closed_segments(n)])
+            victim.kill()
+            flipped = flip_at_random(victim, rng)
+            why = f"seed {seed}, cycle {cycle}, node {victim.node_id}, flipped {flipped}"
+            restart(victim, why)
+            if cycle % 2:
+                wait_for(
+                    lambda: found_or_whole(cluster, victim, acked),  # noqa: B023 (waited here)
+                    f"node {victim.node_id} to read its copies ({why})",
+                    60,
+                )
+                victim.kill()
+                restart(victim, why)
+            wait_served_whole(cluster, acked, why)
+            for origin in acked:
+                wait_in_sync(cluster, TOPIC, origin)
+    finally:
+        cluster.stop()
+
+
+def flip_at_random(node: Node, rng: random.Random) -> list[str]:
+    """Flip 1-3 random bits in random closed segments of the copies ``node`` holds (its own
+    partition's log and its copies of the others'); where, for the failure message."""
+    closed = closed_segments(node)
+    flipped = []
+    for _ in range(rng.randint(1, 3)):
+        seg = rng.choice(closed)
+        raw = bytearray(seg.read_bytes())
+        at = rng.randrange(len(raw))
+        raw[at] ^= 1 << rng.randrange(8)
+        seg.write_bytes(bytes(raw))
+        flipped.append(f"{seg.relative_to(node.store)}:{at}")
+    return flipped
+
+
+def closed_segments(node: Node) -> list[Path]:
+    """The closed segments of every copy ``node`` holds (each but the newest of a copy)."""
+    copies = [node.store / f"{TOPIC}.log", *node.store.glob(f"replicas/*/{TOPIC}")]
+    return [
+        seg for copy in copies for seg in sorted(copy.glob("*.log"), key=lambda p: int(p.stem))[:-1]
+    ]
+
+
+def restart(node: Node, why: str) -> None:
+    node.start()
+    wait_for(lambda: node.joined, f"node {node.node_id} to join ({why})", 60)
+
+
+def found_or_whole(cluster: Cluster, node: Node, acked: dict[int, list[bytes]]) -> bool:
+    """Read every partition from ``node`` (checked: ``served_right``): whether it has found
+    damage, or serves everything."""
+    whole = all(served_right(cluster, node, bodies, origin) for origin, bodies in acked.items())
+    return whole or "failed its check when read" in since_start(node)
+
+
+def wait_served_whole(cluster: Cluster, acked: dict[int, list[bytes]], why: str) -> None:
+    """Until every node serves every partition whole, each read checked (``served_right``)."""
+    for node in cluster.nodes:
+        for origin, bodies in acked.items():
+            wait_for(
+                lambda n=node, o=origin, b=bodies: served_right(cluster, n, b, o),
+                f"node {node.node_id} to serve partition {origin} whole ({why})",
+                90,
+            )
