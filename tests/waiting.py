@@ -38,3 +38,21 @@ async def wait_for_async(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def wait_progress_async(
+    count: Callable[[], int], target: int, what: str = "the count", stall: float = 20.0
+) -> None:
+    """Until ``count()`` reaches ``target``; fail naming ``what`` only when it has not moved
+    for ``stall`` seconds (a hang), however long the whole takes: a loaded machine makes each
+    step slower, never a stalled count move."""
+    last, since = count(), time.monotonic()
+    while last < target:
+        await asyncio.sleep(0.01)
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            pytest.fail(
+                f"timed out waiting for {what}: {last} of {target}, no progress in {stall:g} s"
+            )
