@@ -294,10 +294,12 @@ def test_consumer_pool_unreachable_names_the_option() -> None:
 
 def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
     nsqd_proc.publish("slow", [b"%d" % i for i in range(50)])
+    # A 3 s timeout and a TOUCH every 250 ms: a touch may come late on a loaded machine (a
+    # full run once saw the 1 s timeout pass before the 50 were buffered), never 11 late.
     opts = source_options(
         topic="slow",
         nsqdTcpAddresses=nsqd_proc.tcp_address,
-        msgTimeoutMs="1000",
+        msgTimeoutMs="3000",
         touchIntervalMs="250",
     )
     pool = ConsumerPool(opts)
@@ -305,7 +307,7 @@ def test_touch_keeps_a_slow_batch_in_flight(nsqd_proc: NsqdProcess) -> None:
     try:
         wait_for(lambda: pool.buffered() == 50, "50 buffered")
         assert pool.take(1, 20, 10**9) == 20
-        time.sleep(2.5)  # a "batch" far longer than msg_timeout: TOUCH keeps everything ours
+        time.sleep(6.5)  # a "batch" far longer than msg_timeout: TOUCH keeps everything ours
         assert pool.buffered() == 30  # nothing timed out and came back
         pool.commit(1)
         pool.take(2, 100, 10**9)
