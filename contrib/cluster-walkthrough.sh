@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A three-process NSQ cluster on one machine: one nsqlookupd and two nsqd that register with it.
-# docs/operations.md walks through it; tests/integration/test_operations.py runs it as written.
+# docs/operations.md walks through it; tests/system/test_operations.py runs it as written.
 #   contrib/cluster-walkthrough.sh [BIN_DIR]     (BIN_DIR: where nsqd/nsqlookupd are; .venv/bin)
 # Ports: BASE+0/1 nsqlookupd TCP/HTTP, BASE+10/11 and BASE+20/21 the two nsqd (BASE=14100).
 set -euo pipefail

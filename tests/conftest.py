@@ -1,9 +1,10 @@
 """Fixtures: a real nsqd on 127.0.0.1 port 0, run on its own event loop thread; and the tiers.
 
-The suite has four tiers, each a marker given by where a test lives (``TIERS``): ``unit`` (no
-server, no process: parsers, rules, the plan, milliseconds), ``integration`` (real servers over
-real sockets in this process or a few child processes), ``system`` (real NSQ clients, tools,
-Spark, a browser, packaging: whole programs), ``fault`` (kill -9, pauses, partitions, power loss
+The suite has four tiers, each a marker given by the folder a test lives in (``tier_of``):
+``tests/unit`` (mirroring ``src/``; no server, no process: parsers, rules, the plan,
+milliseconds), ``tests/integration`` (real servers over real sockets in this process or a few
+child processes), ``tests/system`` and ``tests/spark`` (real NSQ clients, tools, Spark, a
+browser, packaging: whole programs), ``tests/fault`` (kill -9, pauses, partitions, power loss
 of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
 ``scripts/test`` runs every tier in parallel workers (pytest-xdist): the tests that start many
 processes in five serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
@@ -154,42 +155,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     ]
 
 
-#: Tiers by file: (tier, the files in it). Anything else under tests/integration is
-#: ``integration``; tests/unit and the top-level checks are ``unit``.
-FAULT_FILES = {
-    "test_replication.py",
-    "test_replicated_channels.py",
-    "test_retained_faults.py",
-    "test_crash_safety.py",
-    "test_persistence_process.py",
-    "test_workers.py",
-    "test_damaged_copies.py",
-    "test_failover.py",
-}
-SYSTEM_FILES = {
-    "test_clients.py",
-    "test_tools.py",
-    "test_nsqadmin.py",
-    "test_packaging.py",
-    "test_operations.py",
-    "test_monitoring.py",
-    "test_cli_process.py",
-    "test_nsqd_process.py",
-    "test_client_guide.py",
-    "test_cluster_script.py",
-}
 TIERS = ("fault", "system", "integration", "unit")
 
 
 def tier_of(path: Path) -> str:
+    """A test's tier is its folder's: ``tests/fault``, ``tests/system`` (and ``tests/spark``),
+    ``tests/integration``; ``tests/unit`` (mirroring ``src/``) and the top-level checks are
+    ``unit``."""
     parts = path.parts
-    if "spark" in parts:
-        return "system"
-    if "integration" in parts:
-        if path.name in FAULT_FILES:
-            return "fault"
-        return "system" if path.name in SYSTEM_FILES else "integration"
-    return "unit"
+    for tier, folders in (("fault", ("fault",)), ("system", ("system", "spark"))):
+        if any(f in parts for f in folders):
+            return tier
+    return "integration" if "integration" in parts else "unit"
 
 
 #: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in

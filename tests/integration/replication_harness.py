@@ -46,7 +46,7 @@ ETCD = shutil.which("etcd") or str(
 
 
 #: Every node run with ``--workers=N``: a local attack on replicated nodes with workers
-#: (``PYNSQD_TEST_NODE_WORKERS=2 scripts/test tests/integration/test_replication.py``), not
+#: (``PYNSQD_TEST_NODE_WORKERS=2 scripts/test tests/fault/test_replication.py``), not
 #: the suite's (which runs them in ``test_workers.py``).
 NODE_WORKERS = int(os.environ.get("PYNSQD_TEST_NODE_WORKERS", "1"))
 

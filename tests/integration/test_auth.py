@@ -235,7 +235,7 @@ def test_commands_pipelined_after_auth_wait_for_it(server: ServerThread, authd: 
 
 
 # An authorization's expiry and the re-query it causes are tested on the fake clock:
-# tests/unit/test_auth_session.py.
+# tests/unit/server/test_auth_session.py.
 
 
 def test_stats_show_auth(server: ServerThread) -> None:

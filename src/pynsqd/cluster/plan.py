@@ -39,7 +39,7 @@ fetch tasks, channel adoption); nothing here touches a socket, a file or a clock
   keeps its copy (it takes its partition back when it returns); a node that leaves the
   assignment stops holding its copy.
 
-Past defects the kill -9 soaks found, each a case in ``tests/unit/test_plan.py``: a node
+Past defects the kill -9 soaks found, each a case in ``tests/unit/cluster/test_plan.py``: a node
 that took back a partition and failed must follow again on the next tick; a fetch stopped by a
 failed take-back must start again; a leadership of a previous registration must be released, not
 led; an out-of-sync copy must not campaign even when every in-sync member is dead; adoption

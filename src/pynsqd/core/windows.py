@@ -12,7 +12,7 @@ changes a channel's windows only through this module's functions (``track_partit
 object on first use; otherwise it reads it as a mapping.
 
 A channel of a topic that is not replicated has none (``Channel.windows`` is None: no cost).
-No I/O, no clock: tested in ``tests/unit/test_windows.py``.
+No I/O, no clock: tested in ``tests/unit/core/test_windows.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The byte transforms between the socket and the parser: TLS, then snappy or deflate.
 
-Each transform is sans-IO and stands alone (``tests/unit/test_transforms.py`` drives each one
+Each transform is sans-IO and stands alone (``tests/unit/server/test_transforms.py`` drives each one
 with nothing but bytes):
 
 - ``feed(wire) -> plain``: what the client sent, as far as it is complete.

@@ -15,7 +15,7 @@ from pynsqd.server.auth import Authorization, AuthState
 from pynsqd.server.auth_session import AuthSession
 from pynsqd.server.client_v2 import Pause
 
-from .fakeloop import FakeLoop
+from ..fakeloop import FakeLoop
 
 
 class Authd:

@@ -16,9 +16,9 @@ import pytest
 from pynsqd.client import lookup_topics
 
 from ..conftest import ServerThread
+from ..integration.lookupd_helpers import LookupdThread
+from ..integration.servers import AdminThread
 from ..waiting import wait_for
-from .lookupd_helpers import LookupdThread
-from .servers import AdminThread
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_nodes_a_node_page_and_history_across_requests(admin: AdminThread, clust
     assert admin.request("GET", "/api/nodes/127.0.0.1:1") == (404, {"message": "NODE_NOT_FOUND"})
     first = admin.request("GET", "/api/topics/orders")[1]["history"]
     assert len(first) >= 1 and first[-1][1:] == [8, 8]  # depth (topic + channels), messages
-    # (How samples accumulate and age is tests/unit/test_nsqadmin_history.py's, on a fake clock.)
+    # (How samples accumulate and age: tests/unit/nsqadmin/test_nsqadmin_history.py, fake clock.)
     again = admin.request("GET", "/api/topics/orders")[1]["history"]
     assert again[: len(first)] == first  # what a reloaded page draws first
 
@@ -690,7 +690,7 @@ def test_a_config_file_and_https_nodes(
     pages read an nsqd given as ``https://`` with the CA that signed it."""
     from pynsqd.nsqadmin.cli import parse_options
 
-    from .secure_client import Certs
+    from ..integration.secure_client import Certs
 
     certs = Certs(tmp_path)
     node = make_nsqd(**certs.server_options(https_address="127.0.0.1:0"))

@@ -154,8 +154,8 @@ def test_a_replicated_channel_marks_notes_and_screens_by_offset_id(
     from pynsqd.core.topic import Topic
     from pynsqd.core.windows import set_window
 
-    from .doubles import Consumer, Owner
-    from .fakeloop import FakeLoop
+    from ..doubles import Consumer, Owner
+    from ..fakeloop import FakeLoop
 
     loop = FakeLoop()
     topic = Topic("t", Owner(loop), loop, node_id=1, mem_queue_size=100, backend=DummyBackend())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pynsqd.server.busypoll import BusyPoll
 
-from .fakeloop import FakeLoop
+from ..fakeloop import FakeLoop
 
 
 def turn(loop: FakeLoop) -> int:

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..conftest import ServerThread
+from ..integration.lookupd_helpers import LookupdThread
+from ..integration.secure_client import AuthServer, Certs
 from ..waiting import wait_for
-from .lookupd_helpers import LookupdThread
-from .secure_client import AuthServer, Certs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,9 +29,9 @@ import pytest
 
 from ..conftest import ServerThread, http_request
 from ..disks import fill
+from ..integration.servers import drain, read_everything
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
-from .servers import drain, read_everything
 
 RETAINED_DURABLE = ("--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
 #: Messages the topic hands its channels per loop turn (core/topic.py DRAIN_BATCH).

@@ -10,8 +10,8 @@ from pynsqd.core.errors import NotInFlight, NotOwner
 from pynsqd.core.in_flight import InFlight
 from pynsqd.core.message import Message
 
-from .doubles import Consumer
-from .fakeloop import FakeLoop
+from ..doubles import Consumer
+from ..fakeloop import FakeLoop
 
 
 def msg(i: int) -> Message:

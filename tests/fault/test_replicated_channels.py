@@ -31,10 +31,8 @@ import pytest
 from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 
-from ..processes import ServerProcess
-from ..waiting import until, wait_for
-from .lookupd_helpers import http
-from .replication_harness import (
+from ..integration.lookupd_helpers import http
+from ..integration.replication_harness import (
     TOPIC,
     Cluster,
     Etcd,
@@ -49,8 +47,10 @@ from .replication_harness import (
     wait_in_sync,
     wait_leader,
 )
+from ..processes import ServerProcess
+from ..waiting import until, wait_for
 
-CONSUMER = Path(__file__).with_name("nsq_consumer.py")
+CONSUMER = Path(__file__).parents[1] / "integration" / "nsq_consumer.py"
 CHANNEL = "ch"
 MAX_IN_FLIGHT = 20
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..conftest import ServerThread
+from ..integration.replication_harness import Cluster, Etcd, replicate
 from ..processes import free_port
 from ..waiting import until, wait_for
 from ..wire import Conn
-from .replication_harness import Cluster, Etcd, replicate
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRIB = ROOT / "contrib"

@@ -16,8 +16,15 @@ import pytest
 
 from pynsqd.client.connection import Connection
 
+from ..integration.replication_harness import (
+    Cluster,
+    Etcd,
+    Node,
+    replicate,
+    wait_in_sync,
+    wait_leader,
+)
 from ..waiting import wait_for
-from .replication_harness import Cluster, Etcd, Node, replicate, wait_in_sync, wait_leader
 
 TOPIC = "orders"
 

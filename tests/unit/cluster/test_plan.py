@@ -2,7 +2,7 @@
 (``cluster/records.py``): each decision on its own, then whole elections, failovers and
 take-backs of three simulated nodes over a fake etcd (transactions, leases) on a fake clock,
 in milliseconds. The same rules run on real processes under kill -9 in
-``tests/integration/test_replication.py``."""
+``tests/fault/test_replication.py``."""
 
 from __future__ import annotations
 

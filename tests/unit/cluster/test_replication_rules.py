@@ -16,7 +16,7 @@ from pynsqd.core.message import Message
 from pynsqd.storage.epochs import EpochHistory
 from pynsqd.storage.topiclog import TopicLog
 
-from ..integration.replication_harness import History, check
+from ...integration.replication_harness import History, check
 
 ME = (1, "a")
 F2 = (2, "b")

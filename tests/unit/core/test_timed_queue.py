@@ -5,7 +5,7 @@ from __future__ import annotations
 from pynsqd.core.message import Message
 from pynsqd.core.timed_queue import TimedQueue
 
-from .fakeloop import FakeLoop
+from ..fakeloop import FakeLoop
 
 
 def _msg(i: int) -> Message:

@@ -9,8 +9,8 @@ from pynsqd.core.lending import Lending
 from pynsqd.core.message import Message
 from pynsqd.http.stats import merge_stats
 
-from .doubles import Consumer, _publish, _topic
-from .fakeloop import FakeLoop
+from ..doubles import Consumer, _publish, _topic
+from ..fakeloop import FakeLoop
 
 
 class Link:

@@ -32,7 +32,7 @@ from pynsqd.core.publish import (
 from pynsqd.core.topic import Topic
 from pynsqd.storage.topiclog import TopicLog
 
-from .fakeloop import FakeLoop
+from ..fakeloop import FakeLoop
 
 
 class Owner:

@@ -500,7 +500,7 @@ def test_workers_refuse_a_count_that_is_not_a_number() -> None:
 
 
 def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: Path) -> None:
-    from .lookupd_helpers import LookupdThread, get_json, http
+    from ..integration.lookupd_helpers import LookupdThread, get_json, http
 
     lookupd = LookupdThread()
     try:
@@ -665,7 +665,7 @@ def test_a_retained_topic_is_one_log_whichever_worker_takes_the_publish(data: Pa
     """With --retention-time, what is published through every worker (TCP PUB, MPUB, DPUB and
     HTTP) is one log with dense offsets, kept by one worker: offsets, reads, a rewind and a
     channel made at an offset answer the same through every worker, as one process."""
-    from .servers import read_everything
+    from ..integration.servers import read_everything
 
     flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
@@ -826,7 +826,7 @@ def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledg
         wait_for(lambda: len(acked) > count + 200, "publishes after the restart")
         pubs.stop()
         assert all(f.startswith(b"E_PUB_FAILED ") for f in pubs.refused), pubs.refused
-        from .servers import read_everything
+        from ..integration.servers import read_everything
 
         logged = {r.body for r in read_everything(node, "guarded")}
         assert acked <= logged, sorted(acked - logged)[:10]
@@ -873,7 +873,7 @@ def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its
         assert "Traceback" not in node.output()
         os.unlink(filler)
         assert call_on_worker(node, other, "POST", "/pub?topic=full", b"after")[0] == 200
-        from .servers import read_everything
+        from ..integration.servers import read_everything
 
         assert [r.body for r in read_everything(node, "full")] == [b"before", b"after"]
 
@@ -944,7 +944,7 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
 
     from pynsqd.cluster.fetch import FetchAnswer, FetchRequest
 
-    from .replication_harness import (
+    from ..integration.replication_harness import (
         Cluster,
         History,
         check,

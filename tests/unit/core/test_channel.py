@@ -12,8 +12,8 @@ from pynsqd.core.message import Message
 from pynsqd.protocol.errors import ClientError, FatalClientError
 from pynsqd.server.protocol_v2 import channel_error
 
-from .doubles import Consumer, _publish, _topic
-from .fakeloop import FakeLoop
+from ..doubles import Consumer, _publish, _topic
+from ..fakeloop import FakeLoop
 
 
 def test_rdy_is_a_window_never_decremented() -> None:

@@ -27,8 +27,8 @@ from pynsqd.protocol.frames import (
 from pynsqd.server.protocol_v2 import FLUSH_DELAY, ClientV2
 from pynsqd.server.workers.link import WorkerLink
 
-from .doubles import Context, Transport
-from .fakeloop import FakeLoop
+from ..doubles import Context, Transport
+from ..fakeloop import FakeLoop
 
 HEARTBEAT = Frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
 OK = Frame(FRAME_TYPE_RESPONSE, b"OK")

@@ -20,8 +20,8 @@ import pytest
 from pynsqd.client.connection import Connection
 from pynsqd.cluster.plan import rendezvous
 
+from ..integration.replication_harness import Cluster, Etcd, Node, replicate, wait_in_sync
 from ..waiting import wait_for
-from .replication_harness import Cluster, Etcd, Node, replicate, wait_in_sync
 
 TOPIC = "orders"
 

@@ -23,12 +23,12 @@ import pytest
 from pynsqd.client import Connection, lookup_topics
 
 from ..conftest import ServerThread
+from ..integration.lookupd_helpers import LookupdThread
+from ..integration.secure_client import Certs
+from ..integration.servers import BIN, tool
 from ..processes import NsqdProcess as Proc
 from ..processes import free_port
 from ..waiting import wait_for
-from .lookupd_helpers import LookupdThread
-from .secure_client import Certs
-from .servers import BIN, tool
 
 
 def test_to_nsq_then_nsq_tail(nsqd: ServerThread) -> None:

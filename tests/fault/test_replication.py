@@ -32,10 +32,7 @@ from pynsqd.protocol.log_record import decode_records
 
 from ..conftest import ServerThread, http_request
 from ..disks import fill, tmpfs
-from ..processes import NSQD
-from ..processes import NsqdProcess as Proc
-from ..waiting import until, wait_for
-from .replication_harness import (
+from ..integration.replication_harness import (
     Cluster,
     Etcd,
     History,
@@ -50,6 +47,9 @@ from .replication_harness import (
     wait_in_sync,
     wait_leader,
 )
+from ..processes import NSQD
+from ..processes import NsqdProcess as Proc
+from ..waiting import until, wait_for
 
 TOPIC = "orders"
 
@@ -217,7 +217,7 @@ def test_settings_are_checked_and_shown(cluster: Cluster) -> None:
 
 
 def test_nsqadmin_shows_each_partition_with_its_leader_and_lag(cluster: Cluster) -> None:
-    from .servers import AdminThread
+    from ..integration.servers import AdminThread
 
     replicate(cluster)
     assert cluster.node(2).http("POST", f"/pub?topic={TOPIC}", b"x") == (200, b"OK")
@@ -250,7 +250,7 @@ def test_nsqadmin_counts_what_was_published_across_a_failover(cluster: Cluster) 
     """Issue 54: after a node's death nsqadmin showed 1,376 of 1,501 messages published (the
     dead node's count went with it). A replicated topic's count is its partitions' committed
     offsets, whoever leads them now."""
-    from .servers import AdminThread
+    from ..integration.servers import AdminThread
 
     replicate(cluster)
     for n, count in ((1, 3), (2, 2), (3, 1)):
@@ -816,7 +816,7 @@ def test_replica_fetches_need_no_client_secret_when_nodes_use_auth(
     secret), the in-sync set stayed at the leader alone and every publish timed out. The
     nodes' fetches carry the cluster's secret (made in etcd by the first node to join); a
     fetch stream without it still needs a client's secret."""
-    from .secure_client import AuthServer
+    from ..integration.secure_client import AuthServer
 
     authd = AuthServer()
     cluster = Cluster(tmp_path, etcd, 3, f"--auth-http-address={authd.address}")
