@@ -544,7 +544,7 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
     leader's copy of partition 1 holds node 1's 3 records."""
     from selenium.webdriver.common.by import By
 
-    from .replication_harness import TOPIC, Cluster, replicate
+    from ..integration.replication_harness import TOPIC, Cluster, replicate
 
     nodes = Cluster(tmp_path, etcd, 3)
     admin = None
