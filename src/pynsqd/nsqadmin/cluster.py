@@ -86,10 +86,6 @@ _COPY_KEYS: dict[str, Any] = {
 }
 
 
-def _only(doc: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
-    return {k: doc[k] for k in keys if k in doc}
-
-
 def _copy_order(copy: dict[str, Any]) -> tuple[int, bool, str]:
     """By partition, its leader's copy first, then by node."""
     return copy["partition"], copy["role"] != "leader", copy["node"]
@@ -266,7 +262,9 @@ class Cluster:
                 for part in (t.get("replication") or {}).get("partitions") or []:
                     if part.get("role") == "leader":
                         partitions[part["partition"]] = {**part, "node": node}
-                    copies.append({**_COPY_KEYS, **_only(part, _COPY_KEYS), "node": node})
+                    copies.append(
+                        {k: part.get(k, v) for k, v in _COPY_KEYS.items()} | {"node": node}
+                    )
                 for c in t.get("channels") or []:
                     agg = channels.setdefault(
                         c["channel_name"],

@@ -68,12 +68,6 @@ def _whole(tlog: Readable, seg: Segment, start: int, end: int) -> bool:
     return False
 
 
-def _block(seg: Segment, offset: int) -> int:
-    """The file position of the index entry at or before ``offset``."""
-    i = bisect.bisect_right(seg.idx_off, offset) - 1
-    return seg.idx_pos[i] if i >= 0 else 0
-
-
 def check_offset(tlog: Readable, offset: int) -> None:
     if not tlog.earliest <= offset <= tlog.latest:
         raise OffsetOutOfRange(offset, tlog.earliest, tlog.latest)
@@ -107,7 +101,7 @@ def read_range(tlog: Readable, offset: int, max_messages: int, max_bytes: int) -
             continue
         if seg.unchecked is not None:
             # Checked before a header is read: the block the walk to ``offset`` starts in.
-            block = _block(seg, max(offset, seg.base))
+            block = seg.entry_before(max(offset, seg.base))
             if not _whole(tlog, seg, block, block + 1) and offset >= seg.next:
                 continue  # it ends before ``offset`` now: the rest of it is a gap
         start, first = seg.position(max(offset, seg.base))

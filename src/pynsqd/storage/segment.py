@@ -111,11 +111,15 @@ class Segment:
             for o, p, t in zip(self.idx_off, self.idx_pos, self.idx_ts, strict=True)
         )
 
+    def entry_before(self, offset: int) -> int:
+        """The file position of the index entry at or before ``offset`` (where a walk to it
+        starts)."""
+        i = bisect.bisect_right(self.idx_off, offset) - 1
+        return self.idx_pos[i] if i >= 0 else 0
+
     def position(self, offset: int) -> tuple[int, int]:
         """File position and offset of the first record at or after ``offset``."""
-        i = bisect.bisect_right(self.idx_off, offset) - 1
-        pos = self.idx_pos[i] if i >= 0 else 0
-        for rec_offset, _, rec_pos, _ in self.walk(pos, self.size):
+        for rec_offset, _, rec_pos, _ in self.walk(self.entry_before(offset), self.size):
             if rec_offset >= offset:
                 return rec_pos, rec_offset
         return self.size, self.next
