@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from pynsqd.internal import checks, flags
-from pynsqd.internal.flags import CommandLine, HelpRequested, UsageError
+from pynsqd.internal.flags import CommandLine, HelpRequested, UsageError, answer
 from pynsqd.internal.version import version_string
 from pynsqd.log import LOG_LEVELS, configure_logging
 from pynsqd.options import Options
@@ -84,12 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             print(version_string())
             return 0
         opts, warnings = resolve(command_line)
-    except HelpRequested as e:
-        sys.stdout.write(e.message)
-        return 0
     except UsageError as e:
-        print(f"nsqd: {e.message}", file=sys.stderr)
-        return e.exit_code
+        return answer(PROGRAM, e)
     # Imported here so that parsing never pays for (or depends on) the server.
     from pynsqd.server.workers.spec import WorkerSpec, worker_options
 

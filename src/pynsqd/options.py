@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 
 from .internal import checks
-from .internal.optiontable import opt
+from .internal.optiontable import config_file, listen, log_level, many, opt, verbose
 
 
 def default_node_id() -> int:
@@ -40,16 +40,10 @@ def _hostname() -> str:
 @dataclass
 class Options:
     # -- basic
-    config: str = opt("", "path to config file", kind="str")
-    log_level: str = opt(
-        "info",
-        "set log verbosity: debug, info, warn, error, or fatal",
-        check=checks.check_log_level,
-    )
+    config: str = config_file()
+    log_level: str = log_level()
     log_prefix: str = opt("[nsqd] ", "log message prefix")
-    verbose: bool = opt(
-        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
-    )
+    verbose: bool = verbose()
     node_id: int = opt(
         -1,
         "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
@@ -59,21 +53,9 @@ class Options:
     worker_id: bool = opt(
         False, "[deprecated] use --node-id", kind="deprecated_bool", deprecated="use --node-id"
     )
-    https_address: str = opt(
-        "0.0.0.0:4152",
-        "<addr>:<port> to listen on for HTTPS clients",
-        check=checks.listen_address(may_disable=True),
-    )
-    http_address: str = opt(
-        "0.0.0.0:4151",
-        '<addr>:<port> to listen on for HTTP clients ("" disables it)',
-        check=checks.listen_address(may_disable=True),
-    )
-    tcp_address: str = opt(
-        "0.0.0.0:4150",
-        "<addr>:<port> to listen on for TCP clients",
-        check=checks.listen_address(may_disable=False),
-    )
+    https_address: str = listen("0.0.0.0:4152", "HTTPS", may_disable=True)
+    http_address: str = listen("0.0.0.0:4151", "HTTP", may_disable=True, note=' ("" disables it)')
+    tcp_address: str = listen("0.0.0.0:4150", "TCP", may_disable=False)
     broadcast_address: str = opt(
         "", "address that will be registered with lookupd (defaults to the OS hostname)"
     )
@@ -87,18 +69,14 @@ class Options:
         "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)",
         check=checks.check_port,
     )
-    lookupd_tcp_addresses: list[str] = opt(
-        [],
-        "lookupd TCP address (may be given multiple times)",
-        kind="list",
+    lookupd_tcp_addresses: list[str] = many(
+        "lookupd TCP address",
         flag="lookupd-tcp-address",
         cfg="nsqlookupd_tcp_addresses",
         check=checks.check_lookupd_addresses,
     )
-    auth_http_addresses: list[str] = opt(
-        [],
-        "<addr>:<port> or a full url to query auth server (may be given multiple times)",
-        kind="list",
+    auth_http_addresses: list[str] = many(
+        "<addr>:<port> or a full url to query auth server",
         flag="auth-http-address",
         cfg="auth_http_addresses",
         check=checks.check_auth_addresses,
@@ -114,12 +92,7 @@ class Options:
         "", "region represents a larger domain, typically a geographic region"
     )
     topology_zone: str = opt("", "zone represents a smaller domain within a region")
-    enable_experiment: list[str] = opt(
-        [],
-        "enable experimental feature (may be given multiple times)",
-        kind="list",
-        cfg="enable_experiment",
-    )
+    enable_experiment: list[str] = many("enable experimental feature", cfg="enable_experiment")
     # -- disk queue
     data_path: str = opt("", "path to store disk-backed messages (default: the current directory)")
     mem_queue_size: int = opt(10000, "number of messages to keep in memory (per topic/channel)")

@@ -22,6 +22,7 @@ from .errors import NsqError, NsqLookupError
 from .options import ClientOptions
 
 __all__ = [
+    "CHANNEL_COUNTERS",
     "DamagedRecord",
     "LogChunk",
     "LogOffsetOutOfRange",
@@ -40,6 +41,18 @@ __all__ = [
     "topic_offsets",
     "topics_of",
 ]
+
+#: A channel's counters in nsqd's ``/stats`` that are summed over nodes (nsqadmin,
+#: ``nsq_stat``).
+CHANNEL_COUNTERS = (
+    "depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "requeue_count",
+    "timeout_count",
+    "message_count",
+)
 
 ACCEPT = "application/vnd.nsq; version=1.0"
 #: The header nsqd reads a log reader's auth secret from (``http/replay.py``).

@@ -77,40 +77,35 @@ class MessageQueue:
     def mem_depth(self) -> int:
         return len(self._mem)
 
-    def put_many(self, msgs: list[Message]) -> None:
-        """Publish: memory while there is room, then the backend; raises its OSError, and then
-        the messages that did not fit are not stored (the publisher is told it failed)."""
+    def _fill(self, msgs: list[Message]) -> list[Message]:
+        """Put what fits into memory; returns the messages that did not fit."""
         mem = self._mem
         room = self.mem_size - len(mem)
         if room >= len(msgs):
             mem.extend(msgs)
             if self.track_bytes:
                 self._added(msgs)
-            return
+            return []
         if room > 0:
             mem.extend(msgs[:room])
             if self.track_bytes:
                 self._added(msgs[:room])
-            msgs = msgs[room:]
-        self.backend.put_many(msgs)
+            return msgs[room:]
+        return msgs
+
+    def put_many(self, msgs: list[Message]) -> None:
+        """Publish: memory while there is room, then the backend; raises its OSError, and then
+        the messages that did not fit are not stored (the publisher is told it failed)."""
+        rest = self._fill(msgs)
+        if rest:
+            self.backend.put_many(rest)
 
     def keep_many(self, msgs: list[Message]) -> OSError | None:
         """Messages this queue must not lose (already acknowledged to their publisher): like
         ``put_many``, but if the backend fails they stay in memory past ``mem_size`` and the
         error is returned."""
-        mem = self._mem
-        room = self.mem_size - len(mem)
-        if room >= len(msgs):
-            mem.extend(msgs)
-            if self.track_bytes:
-                self._added(msgs)
-            return None
-        if room > 0:
-            mem.extend(msgs[:room])
-            if self.track_bytes:
-                self._added(msgs[:room])
-            msgs = msgs[room:]
-        return self._store(msgs)
+        rest = self._fill(msgs)
+        return self._store(rest) if rest else None
 
     def keep_raw(self, records: list[bytes]) -> OSError | None:
         """Encoded messages from another backend: stored as they are when memory is full; kept

@@ -22,7 +22,7 @@ from aiohttp.web_request import BaseRequest
 
 from ..internal import checks
 from ..internal.gotext import format_duration, parse_duration
-from ..internal.httpapi import HTTPError, Params, topic_arg
+from ..internal.httpapi import HTTPError, Params, channel_arg, topic_arg
 from ..internal.names import is_ephemeral, is_valid_name
 from ..log import LOGGER_NAME
 from .host import NSQDHost
@@ -112,12 +112,7 @@ class LifecycleAPI:
         topic = topic_arg(params)
         if not channel:
             return topic, ""
-        name = params.get("channel")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(name):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
-        return topic, name
+        return topic, channel_arg(params)
 
     async def get_topic(self, request: BaseRequest, params: Params) -> Any:
         topic, _ = self._names(params, channel=False)

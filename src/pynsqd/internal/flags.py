@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, field
@@ -39,6 +40,16 @@ class HelpRequested(UsageError):
 
     def __init__(self, text: str) -> None:
         super().__init__(text, exit_code=0)
+
+
+def answer(program: str, e: UsageError) -> int:
+    """Answer bad input as Go's programs do and return the exit code: the usage text on stdout
+    for ``-h``, else one line on stderr that names the program."""
+    if isinstance(e, HelpRequested):
+        sys.stdout.write(e.message)
+    else:
+        print(f"{program}: {e.message}", file=sys.stderr)
+    return e.exit_code
 
 
 # -- Go's strconv, as the flag package uses it ------------------------------------------------

@@ -66,9 +66,14 @@ def topic_channel_args(params: Params) -> tuple[str, str]:
         raise HTTPError(400, "MISSING_ARG_TOPIC")
     if not is_valid_name(topic):
         raise HTTPError(400, "INVALID_ARG_TOPIC")
+    return topic, channel_arg(params)
+
+
+def channel_arg(params: Params) -> str:
+    """The ``channel`` argument, checked."""
     channel = params.get("channel")
     if channel is None:
         raise HTTPError(400, "MISSING_ARG_CHANNEL")
     if not is_valid_name(channel):
         raise HTTPError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
+    return channel

@@ -41,6 +41,20 @@ def default_dead_letter(topic: str) -> str:
     return f"{base[:50]}-{digest}.dead"
 
 
+#: The characters Go's ``%q`` writes as a backslash escape.
+_GO_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+}
+
+
 def go_quote(raw: bytes) -> str:
     """Quote bytes the way Go's ``%q`` does for a byte slice converted to string.
 
@@ -53,24 +67,8 @@ def go_quote(raw: bytes) -> str:
         cp = ord(ch)
         if 0xDC80 <= cp <= 0xDCFF:  # an undecodable byte, carried by surrogateescape
             out.append(f"\\x{cp - 0xDC00:02x}")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\a":
-            out.append("\\a")
-        elif ch == "\b":
-            out.append("\\b")
-        elif ch == "\f":
-            out.append("\\f")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\v":
-            out.append("\\v")
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
         elif ch.isprintable() or ch == " ":
             out.append(ch)
         elif cp < 0x80:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, field, fields
 from typing import Any, Literal
 
+from .checks import check_log_level, listen_address
+
 Kind = Literal["str", "int", "float", "bool", "duration", "list", "floatlist", "deprecated_bool"]
 
 
@@ -52,6 +54,38 @@ def opt(
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def many(help: str, flag: str | None = None, **more: Any) -> Any:
+    """A repeatable option, a list: each ``--flag=value`` adds one (nsqd's
+    ``--lookupd-tcp-address``); ``more`` as for ``opt``."""
+    return opt([], f"{help} (may be given multiple times)", kind="list", flag=flag, **more)
+
+
+# -- the options every NSQ program has, declared once ----------------------------------------
+
+
+def config_file() -> Any:
+    return opt("", "path to config file", kind="str")
+
+
+def log_level() -> Any:
+    return opt(
+        "info", "set log verbosity: debug, info, warn, error, or fatal", check=check_log_level
+    )
+
+
+def verbose() -> Any:
+    return opt(False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level")
+
+
+def listen(default: str, clients: str, *, may_disable: bool, note: str = "") -> Any:
+    """``--tcp-address``, ``--http-address``, ...: where ``clients`` connect."""
+    return opt(
+        default,
+        f"<addr>:<port> to listen on for {clients} clients{note}",
+        check=listen_address(may_disable=may_disable),
+    )
 
 
 def option_fields(options: type[Any]) -> tuple[Field[Any], ...]:

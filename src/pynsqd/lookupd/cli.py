@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from ..internal.flags import HelpRequested, UsageError, parse_command_line, resolve
+from ..internal.flags import UsageError, answer, parse_command_line, resolve
 from ..internal.listener import is_unix_address
 from ..internal.version import version_string
 from ..log import configure_logging
@@ -44,12 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             print(version_string(PROGRAM))
             return 0
         opts, warnings = resolve(command_line, LookupdOptions, _validate)
-    except HelpRequested as e:
-        sys.stdout.write(e.message)
-        return 0
     except UsageError as e:
-        print(f"{PROGRAM}: {e.message}", file=sys.stderr)
-        return e.exit_code
+        return answer(PROGRAM, e)
     configure_logging(opts.log_level, opts.log_prefix)
     for warning in warnings:
         log.warning("%s", warning)

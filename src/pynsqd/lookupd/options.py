@@ -10,32 +10,17 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from ..internal import checks
-from ..internal.optiontable import opt
+from ..internal.optiontable import config_file, listen, log_level, opt, verbose
 
 
 @dataclass
 class LookupdOptions:
-    config: str = opt("", "path to config file", kind="str")
-    log_level: str = opt(
-        "info",
-        "set log verbosity: debug, info, warn, error, or fatal",
-        check=checks.check_log_level,
-    )
+    config: str = config_file()
+    log_level: str = log_level()
     log_prefix: str = opt("[nsqlookupd] ", "log message prefix")
-    verbose: bool = opt(
-        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
-    )
-    tcp_address: str = opt(
-        "0.0.0.0:4160",
-        "<addr>:<port> to listen on for TCP clients",
-        check=checks.listen_address(may_disable=False),
-    )
-    http_address: str = opt(
-        "0.0.0.0:4161",
-        "<addr>:<port> to listen on for HTTP clients",
-        check=checks.listen_address(may_disable=True),
-    )
+    verbose: bool = verbose()
+    tcp_address: str = listen("0.0.0.0:4160", "TCP", may_disable=False)
+    http_address: str = listen("0.0.0.0:4161", "HTTP", may_disable=True)
     broadcast_address: str = opt("", "address of this lookupd node, (default to the OS hostname)")
     inactive_producer_timeout: float = opt(
         300.0,

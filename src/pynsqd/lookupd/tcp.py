@@ -213,13 +213,7 @@ class LookupProtocolV1(asyncio.Protocol):
         assert peer is not None
         db = self.lookupd.db
         if cmd.channel:
-            key = Registration("channel", cmd.topic, cmd.channel)
-            removed, left = db.remove_producer(key, peer.id)
-            if removed:
-                self._log_db("UNREGISTER", key)
-            # an #ephemeral channel goes with its last producer
-            if left == 0 and is_ephemeral(cmd.channel):
-                db.remove_registration(key)
+            self._unregister(Registration("channel", cmd.topic, cmd.channel), peer.id)
             return _OK
         # A topic unregistration: normally its channels are gone already, hence the warning.
         for r in db.find_registrations("channel", cmd.topic, "*"):
@@ -231,13 +225,17 @@ class LookupProtocolV1(asyncio.Protocol):
                     cmd.topic,
                     r.subkey,
                 )
-        key = Registration("topic", cmd.topic, "")
-        removed, left = db.remove_producer(key, peer.id)
+        self._unregister(Registration("topic", cmd.topic, ""), peer.id)
+        return _OK
+
+    def _unregister(self, key: Registration, peer_id: str) -> None:
+        """One producer off ``key``; an #ephemeral topic or channel goes with its last one."""
+        db = self.lookupd.db
+        removed, left = db.remove_producer(key, peer_id)
         if removed:
             self._log_db("UNREGISTER", key)
-        if left == 0 and is_ephemeral(cmd.topic):
+        if left == 0 and is_ephemeral(key.subkey or key.key):
             db.remove_registration(key)
-        return _OK
 
     def _log_db(self, what: str, key: Registration) -> None:
         log.info(

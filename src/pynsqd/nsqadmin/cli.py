@@ -9,7 +9,7 @@ from typing import Any
 
 from ..internal import process
 from ..internal.checks import first_unreadable
-from ..internal.flags import HelpRequested, UsageError, load_config, parse_command_line
+from ..internal.flags import UsageError, answer, load_config, parse_command_line
 from ..internal.version import version_string
 from ..log import configure_logging
 from .options import AdminOptions
@@ -63,12 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         opts, warnings = parse_options(args)
-    except HelpRequested as e:
-        sys.stdout.write(e.message)
-        return 0
     except UsageError as e:
-        print(f"{PROGRAM}: {e.message}", file=sys.stderr)
-        return e.exit_code
+        return answer(PROGRAM, e)
     configure_logging(opts.log_level, opts.log_prefix)
     log = logging.getLogger("pynsqd.nsqadmin")
     for warning in warnings:

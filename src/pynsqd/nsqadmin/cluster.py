@@ -16,17 +16,10 @@ from typing import Any
 import aiohttp
 
 from ..client import ClientOptions, producer_address, producers_of, topics_of
+from ..client.cluster import CHANNEL_COUNTERS
 from .options import AdminOptions
 
-COUNTERS = (
-    "depth",
-    "backend_depth",
-    "in_flight_count",
-    "deferred_count",
-    "requeue_count",
-    "timeout_count",
-    "message_count",
-)
+COUNTERS = CHANNEL_COUNTERS
 
 
 def _field(key: str, row: dict[str, Any]) -> Any:

@@ -4,38 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..internal import checks
-from ..internal.optiontable import opt
+from ..internal.optiontable import config_file, listen, log_level, many, opt, verbose
 
 
 @dataclass
 class AdminOptions:
-    http_address: str = opt(
-        "0.0.0.0:4171",
-        "<addr>:<port> to listen on for HTTP clients",
-        check=checks.listen_address(may_disable=False),
-    )
+    http_address: str = listen("0.0.0.0:4171", "HTTP", may_disable=False)
     base_path: str = opt("/", "URL base path")
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
-        cfg="nsqlookupd_http_addresses",
+    lookupd_http_addresses: list[str] = many(
+        "lookupd HTTP address", flag="lookupd-http-address", cfg="nsqlookupd_http_addresses"
     )
-    nsqd_http_addresses: list[str] = opt(
-        [], "nsqd HTTP address (may be given multiple times)", kind="list", flag="nsqd-http-address"
-    )
+    nsqd_http_addresses: list[str] = many("nsqd HTTP address", flag="nsqd-http-address")
     acl_http_header: str = opt(
         "X-Forwarded-User", "HTTP header to check for authenticated admin users"
     )
-    admin_users: list[str] = opt(
-        [],
-        "admin user (may be given multiple times)",
-        kind="list",
-        flag="admin-user",
-        cfg="admin_users",
-    )
+    admin_users: list[str] = many("admin user", flag="admin-user", cfg="admin_users")
     notification_http_endpoint: str = opt(
         "",
         "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
@@ -51,7 +34,7 @@ class AdminOptions:
     allow_config_from_cidr: str = opt(
         "127.0.0.1/8", "A CIDR from which to allow HTTP requests to the /config endpoint"
     )
-    config: str = opt("", "path to config file", kind="str")
+    config: str = config_file()
     dev_static_dir: str = opt("", "(development use only)")
     graphite_url: str = opt("", "graphite HTTP address")
     proxy_graphite: bool = opt(False, "proxy HTTP requests to graphite")
@@ -74,12 +57,6 @@ class AdminOptions:
         "nsq.%s",
         "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)",
     )
-    verbose: bool = opt(
-        False, "[deprecated] has no effect, use --log-level", deprecated="use --log-level"
-    )
-    log_level: str = opt(
-        "info",
-        "set log verbosity: debug, info, warn, error, or fatal",
-        check=checks.check_log_level,
-    )
+    verbose: bool = verbose()
+    log_level: str = log_level()
     log_prefix: str = opt("[nsqadmin] ", "log message prefix")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -44,22 +45,7 @@ from ..core.errors import (
     TooManyConsumers,
 )
 from ..core.message import Message
-from ..protocol.commands import (
-    Auth,
-    ClientState,
-    Cls,
-    Dpub,
-    Fin,
-    Identify,
-    Identity,
-    Mpub,
-    Nop,
-    Pub,
-    Rdy,
-    Req,
-    Sub,
-    Touch,
-)
+from ..protocol import commands
 from ..protocol.errors import ClientError, FatalClientError, ProtocolError
 from ..protocol.frames import (
     CLOSE_WAIT_FRAME,
@@ -93,7 +79,7 @@ _LOW_WATER = 1024 * 1024
 
 
 #: The commands a connection runs, each by the handler named after it on the wire.
-COMMANDS = (Fin, Pub, Mpub, Dpub, Rdy, Req, Touch, Sub, Cls, Nop, Identify, Auth)
+COMMANDS = typing.get_args(commands.Command)
 
 
 class Heartbeat:
@@ -455,7 +441,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     # -- commands, named as on the wire ---------------------------------------------------
 
-    def IDENTIFY(self, cmd: Identify) -> None:
+    def IDENTIFY(self, cmd: commands.Identify) -> None:
         d = cmd.data
         self.identified(d)
         self.parser.idempotent = d.idempotent_publish
@@ -472,7 +458,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         if tls_v1 or codec is not None:
             self._upgrade.start(tls_v1, codec)
 
-    def SUB(self, cmd: Sub) -> None:
+    def SUB(self, cmd: commands.Sub) -> None:
         if self.nsqd.auth is not None and not self._authorized("SUB", cmd.topic, cmd.channel, cmd):
             return
         topic = self.nsqd.get_topic(cmd.topic)
@@ -506,7 +492,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         self.send_frame(OK_FRAME)
         self.resume()
 
-    def RDY(self, cmd: Rdy) -> None:
+    def RDY(self, cmd: commands.Rdy) -> None:
         self.rdy = cmd.ready_count
         if self.channel is not None:
             if self.in_flight_count >= self.rdy:
@@ -514,14 +500,14 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             else:
                 self.channel.schedule_pump()
 
-    def FIN(self, cmd: Fin) -> None:
+    def FIN(self, cmd: commands.Fin) -> None:
         assert self.channel is not None
         try:
             self.channel.finish_many(self, cmd.ids)
         except ChannelError as err:
             raise channel_error("FIN", err, b"") from None
 
-    def REQ(self, cmd: Req) -> None:
+    def REQ(self, cmd: commands.Req) -> None:
         assert self.channel is not None
         if cmd.timeout_ms != cmd.requested_ms:
             log.info(
@@ -536,38 +522,38 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         except ChannelError as err:
             raise channel_error("REQ", err, cmd.id) from None
 
-    def TOUCH(self, cmd: Touch) -> None:
+    def TOUCH(self, cmd: commands.Touch) -> None:
         assert self.channel is not None
         try:
             self.channel.touch(self, cmd.id)
         except ChannelError as err:
             raise channel_error("TOUCH", err, cmd.id) from None
 
-    def CLS(self, cmd: Cls) -> None:
+    def CLS(self, cmd: commands.Cls) -> None:
         self.rdy = 0
         self.send_frame(CLOSE_WAIT_FRAME)
 
-    def NOP(self, cmd: Nop) -> None:
+    def NOP(self, cmd: commands.Nop) -> None:
         pass
 
-    def PUB(self, cmd: Pub) -> None:
+    def PUB(self, cmd: commands.Pub) -> None:
         if self.nsqd.auth is not None and not self._authorized("PUB", cmd.topic, "", cmd):
             return
         self.publishing.publish("PUB", cmd.topic, [cmd.body], 0, cmd.identity)
 
-    def MPUB(self, cmd: Mpub) -> None:
+    def MPUB(self, cmd: commands.Mpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("MPUB", cmd.topic, "", cmd):
             return
         self.publishing.publish("MPUB", cmd.topic, cmd.bodies, 0, cmd.identity)
 
-    def DPUB(self, cmd: Dpub) -> None:
+    def DPUB(self, cmd: commands.Dpub) -> None:
         if self.nsqd.auth is not None and not self._authorized("DPUB", cmd.topic, "", cmd):
             return
         self.publishing.publish("DPUB", cmd.topic, [cmd.body], cmd.defer_ms, cmd.identity)
 
     # -- AUTH (auth_session.py) --------------------------------------------------------
 
-    def AUTH(self, cmd: Auth) -> None:
+    def AUTH(self, cmd: commands.Auth) -> None:
         if self.authed:
             raise FatalClientError("E_INVALID", "AUTH already set")
         if self.nsqd.auth is None:
@@ -585,7 +571,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     # -- for /stats ----------------------------------------------------------------------
 
     @property
-    def state(self) -> ClientState:
+    def state(self) -> commands.ClientState:
         return self.parser.state
 
 
@@ -598,7 +584,7 @@ def _describe(ev: object) -> str:
         return name
     fields: dict[str, object] = cast(Any, ev)._asdict()  # every command is a NamedTuple
     shown = [
-        f"{v.producer.decode()} {v.sequence}" if isinstance(v, Identity) else str(v)
+        f"{v.producer.decode()} {v.sequence}" if isinstance(v, commands.Identity) else str(v)
         for k, v in fields.items()
         if k not in ("body", "bodies", "data", "secret")
         and v is not None

@@ -92,58 +92,56 @@ class TLSTransform:
         return self.layer.eof
 
 
-class SnappyTransform:
-    """golang/snappy's framing format, both directions."""
+class _Codec:
+    """A compression transform: a stream decoder and encoder (``protocol/compression.py``)."""
 
     __slots__ = ("_decoder", "_encoder")
 
-    more = False
     eof = False
+
+    def __init__(
+        self, decoder: SnappyDecoder | DeflateDecoder, encoder: SnappyEncoder | DeflateEncoder
+    ) -> None:
+        self._decoder = decoder
+        self._encoder = encoder
+
+    def feed(self, data: bytes) -> bytes:
+        try:
+            return self._decoder.decode(data)
+        except StreamError as err:
+            raise TransformError(str(err)) from None
+
+    def encode(self, data: bytes) -> bytes:
+        return self._encoder.encode(data)
+
+    def outgoing(self) -> bytes:
+        return b""
+
+
+class SnappyTransform(_Codec):
+    """golang/snappy's framing format, both directions."""
+
+    __slots__ = ()
+
+    more = False
 
     def __init__(self) -> None:
-        self._decoder = SnappyDecoder()
-        self._encoder = SnappyEncoder()
-
-    def feed(self, data: bytes) -> bytes:
-        try:
-            return self._decoder.decode(data)
-        except StreamError as err:
-            raise TransformError(str(err)) from None
-
-    def encode(self, data: bytes) -> bytes:
-        return self._encoder.encode(data)
-
-    def outgoing(self) -> bytes:
-        return b""
+        super().__init__(SnappyDecoder(), SnappyEncoder())
 
 
-class DeflateTransform:
+class DeflateTransform(_Codec):
     """Raw DEFLATE at the negotiated level; output in bounded pieces (see ``more``)."""
 
-    __slots__ = ("_decoder", "_encoder", "level")
-
-    eof = False
+    __slots__ = ("_deflate", "level")
 
     def __init__(self, level: int) -> None:
+        self._deflate = DeflateDecoder()
+        super().__init__(self._deflate, DeflateEncoder(level))
         self.level = level
-        self._decoder = DeflateDecoder()
-        self._encoder = DeflateEncoder(level)
-
-    def feed(self, data: bytes) -> bytes:
-        try:
-            return self._decoder.decode(data)
-        except StreamError as err:
-            raise TransformError(str(err)) from None
-
-    def encode(self, data: bytes) -> bytes:
-        return self._encoder.encode(data)
-
-    def outgoing(self) -> bytes:
-        return b""
 
     @property
     def more(self) -> bool:
-        return self._decoder.more
+        return self._deflate.more
 
 
 class Pipeline:

@@ -462,29 +462,12 @@ class TopicLog:
                 end - 1,
             )
 
-    def offset_for_time(self, ts_ns: int) -> int:
-        return log_reader.offset_for_time(self, ts_ns)
-
-    def read_range(self, offset: int, max_messages: int, max_bytes: int) -> LogRange | None:
-        return log_reader.read_range(self, offset, max_messages, max_bytes)
-
-    def read_ranges(
-        self,
-        offset: int,
-        limit: int,
-        max_messages: int,
-        max_bytes: int,
-        max_segments: int = 1 << 30,
-    ) -> list[LogRange]:
-        return log_reader.read_ranges(self, offset, limit, max_messages, max_bytes, max_segments)
-
-    def read_messages(
-        self, offset: int, max_count: int, upto: int | None = None, out: list[int] | None = None
-    ) -> tuple[list[Message], int]:
-        return log_reader.read_messages(self, offset, max_count, upto, out)
-
-    def bodies_at(self, offsets: list[int]) -> list[bytes | None]:
-        return log_reader.bodies_at(self, offsets)
+    # The readers (``storage/log_reader.py``), as methods.
+    offset_for_time = log_reader.offset_for_time
+    read_range = log_reader.read_range
+    read_ranges = log_reader.read_ranges
+    read_messages = log_reader.read_messages
+    bodies_at = log_reader.bodies_at
 
     @property
     def handed(self) -> int:

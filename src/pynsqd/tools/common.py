@@ -10,7 +10,7 @@ from typing import Any
 
 from ..client import ClientOptions
 from ..internal.checks import parse_go_bool
-from ..internal.flags import HelpRequested, UsageError, parse_command_line
+from ..internal.flags import UsageError, answer, parse_command_line
 from ..internal.gotext import parse_duration
 from ..internal.version import version_string
 
@@ -27,12 +27,8 @@ def parse(program: str, options: type[Any], argv: list[str] | None) -> Any:
         opts = options()
         for name, value in command_line.values.items():
             setattr(opts, name, value)
-    except HelpRequested as e:
-        sys.stdout.write(e.message)
-        raise SystemExit(0) from None
     except UsageError as e:
-        print(f"{program}: {e.message}", file=sys.stderr)
-        raise SystemExit(e.exit_code) from None
+        raise SystemExit(answer(program, e)) from None
     return opts
 
 

@@ -30,7 +30,7 @@ from ..client import (
     lookup_producers,
 )
 from ..client.errors import check_names
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import ToolLog, go_client
 
 
@@ -45,15 +45,8 @@ class ConsumerOptions:
         kind="list",
         flag="consumer-opt",
     )
-    nsqd_tcp_addresses: list[str] = opt(
-        [], "nsqd TCP address (may be given multiple times)", kind="list", flag="nsqd-tcp-address"
-    )
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
-    )
+    nsqd_tcp_addresses: list[str] = many("nsqd TCP address", flag="nsqd-tcp-address")
+    lookupd_http_addresses: list[str] = many("lookupd HTTP address", flag="lookupd-http-address")
     lookupd_poll_interval: float = opt(
         60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
     )

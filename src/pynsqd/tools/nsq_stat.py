@@ -19,22 +19,14 @@ from ..client import (
     channel_stats,
     lookup_http_addresses,
 )
-from ..internal.optiontable import opt
+from ..client.cluster import CHANNEL_COUNTERS
+from ..internal.optiontable import many, opt
 from .common import parse
 
 PROGRAM = "nsq_stat"
 
 
-FIELDS = (
-    "depth",
-    "backend_depth",
-    "in_flight_count",
-    "deferred_count",
-    "requeue_count",
-    "timeout_count",
-    "message_count",
-    "client_count",
-)
+FIELDS = (*CHANNEL_COUNTERS, "client_count")
 
 
 @dataclass
@@ -45,18 +37,8 @@ class StatOptions:
     count: int = opt(0, "number of reports")
     http_client_connect_timeout: float = opt(2.0, "timeout for HTTP connect", kind="duration")
     http_client_request_timeout: float = opt(5.0, "timeout for HTTP request", kind="duration")
-    nsqd_http_addresses: list[str] = opt(
-        [],
-        "nsqd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="nsqd-http-address",
-    )
-    lookupd_http_addresses: list[str] = opt(
-        [],
-        "lookupd HTTP address (may be given multiple times)",
-        kind="list",
-        flag="lookupd-http-address",
-    )
+    nsqd_http_addresses: list[str] = many("nsqd HTTP address", flag="nsqd-http-address")
+    lookupd_http_addresses: list[str] = many("lookupd HTTP address", flag="lookupd-http-address")
 
 
 def _nodes(opts: StatOptions) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from queue import Empty, Queue
 
 from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import parse
 from .consumer import ConsumerOptions, Subscription, subscriptions
 
@@ -26,9 +26,7 @@ PROGRAM = "nsq_tail"
 
 @dataclass
 class TailOptions(ConsumerOptions):
-    topics: list[str] = opt(
-        [], "NSQ topic (may be given multiple times)", kind="list", flag="topic"
-    )
+    topics: list[str] = many("NSQ topic", flag="topic")
     channel: str = opt("", "NSQ channel")
     n: int = opt(0, "total messages to show (will wait if starved)")
     print_topic: bool = opt(False, "print topic name where message was received")

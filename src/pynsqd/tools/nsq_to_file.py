@@ -26,7 +26,7 @@ from queue import Empty
 from typing import BinaryIO
 
 from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError, lookup_topics
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import ToolLog, parse
 from .consumer import ConsumerOptions, Subscription, subscriptions
 
@@ -35,9 +35,7 @@ PROGRAM = "nsq_to_file"
 
 @dataclass
 class ToFileOptions(ConsumerOptions):
-    topics: list[str] = opt(
-        [], "nsq topic (may be given multiple times)", kind="list", flag="topic"
-    )
+    topics: list[str] = many("nsq topic", flag="topic")
     channel: str = opt("nsq_to_file", "nsq channel")
     output_dir: str = opt("/tmp", "directory to write output files to")
     work_dir: str = opt("", "directory for in-progress files before moving to output-dir")

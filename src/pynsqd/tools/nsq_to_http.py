@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from queue import Empty
 
 from ..client import NsqConnectionError, NsqError, NsqLookupError
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import parse
 from .consumer import ConsumerOptions, Subscription, subscriptions
 
@@ -57,12 +57,7 @@ class ToHttpOptions(ConsumerOptions):
         kind="list",
         flag="get",
     )
-    headers: list[str] = opt(
-        [],
-        "Custom header for HTTP requests (may be given multiple times)",
-        kind="list",
-        flag="header",
-    )
+    headers: list[str] = many("Custom header for HTTP requests", flag="header")
     content_type: str = opt("application/octet-stream", "the Content-Type used for POST requests")
     mode: str = opt(
         "hostpool",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from queue import Empty
 
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError, NsqLookupError
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import go_client, parse
 from .consumer import ConsumerOptions, subscriptions
 
@@ -40,18 +40,13 @@ MODES = ("round-robin", "hostpool", "epsilon-greedy")
 
 @dataclass
 class ToNsqOptions(ConsumerOptions):
-    topics: list[str] = opt(
-        [], "nsq topic (may be given multiple times)", kind="list", flag="topic"
-    )
+    topics: list[str] = many("nsq topic", flag="topic")
     channel: str = opt("nsq_to_nsq", "nsq channel")
     destination_topic: str = opt(
         "", "use this destination topic for all consumed topics (default is consumed topic name)"
     )
-    destination_nsqd_tcp_addresses: list[str] = opt(
-        [],
-        "destination nsqd TCP address (may be given multiple times)",
-        kind="list",
-        flag="destination-nsqd-tcp-address",
+    destination_nsqd_tcp_addresses: list[str] = many(
+        "destination nsqd TCP address", flag="destination-nsqd-tcp-address"
     )
     mode: str = opt(
         "hostpool",
@@ -63,11 +58,8 @@ class ToNsqOptions(ConsumerOptions):
     require_json_value: str = opt(
         "", "for JSON messages: only pass messages in which the required field has this value"
     )
-    whitelist_json_fields: list[str] = opt(
-        [],
-        "for JSON messages: pass this field (may be given multiple times)",
-        kind="list",
-        flag="whitelist-json-field",
+    whitelist_json_fields: list[str] = many(
+        "for JSON messages: pass this field", flag="whitelist-json-field"
     )
     status_every: int = opt(
         250, "the # of requests between logging status (per destination), 0 disables"

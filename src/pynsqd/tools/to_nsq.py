@@ -22,7 +22,7 @@ from typing import BinaryIO
 from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
 from ..client.errors import check_names
 from ..internal.names import is_valid_producer
-from ..internal.optiontable import opt
+from ..internal.optiontable import many, opt
 from .common import go_config, parse
 
 PROGRAM = "to_nsq"
@@ -41,12 +41,7 @@ class ToNsqOptions:
         kind="list",
         flag="producer-opt",
     )
-    nsqd_tcp_addresses: list[str] = opt(
-        [],
-        "destination nsqd TCP address (may be given multiple times)",
-        kind="list",
-        flag="nsqd-tcp-address",
-    )
+    nsqd_tcp_addresses: list[str] = many("destination nsqd TCP address", flag="nsqd-tcp-address")
     producer_id: str = opt(
         "",
         "pynsqd: publish record i with this producer id and sequence number i: retries "
