@@ -17,6 +17,7 @@ from pynsqd.protocol.frames import Frame, FrameReader
 from pynsqd.server.busypoll import BusyPoll
 from pynsqd.server.nsqd import protocol_config
 from pynsqd.server.protocol_v2 import ClientV2
+from pynsqd.server.workers.lone import LoneProcess
 
 from .fakeloop import FakeLoop
 
@@ -197,7 +198,7 @@ class Context:
         # Off: on the fake loop a spinning callback would keep run_ready going forever.
         self.busy_poll = BusyPoll(loop, 0)  # type: ignore[arg-type]
         self.replication = None
-        self.workers = None  # one process
+        self.workers = LoneProcess(self)  # type: ignore[arg-type]  # one process
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self._ids = 0

@@ -158,9 +158,7 @@ class API:
                 break
             outcome = publish.decide(topic, bodies, defer_ms, identity, replication=replication)
         if isinstance(outcome, publish.Forward):
-            workers = nsqd.workers
-            assert workers is not None
-            return await workers.admin.proxy(outcome.worker, request, raw)
+            return await nsqd.workers.admin.proxy(outcome.worker, request, raw)
         if isinstance(outcome, publish.WaitCommit):
             # A replicated topic: OK once committed (``cluster/replicator.py``), 503
             # PUB_FAILED with the reason after --replication-timeout (it may still commit).
@@ -201,10 +199,9 @@ class API:
         text = health(self.nsqd)
         if self.nsqd.health_error is not None:
             raise HTTPError(500, text)
-        workers = self.nsqd.workers
-        if workers is not None:  # --workers: the node is healthy when every worker is
-            for peer, line in await workers.admin.unhealthy_peers(request):
-                raise HTTPError(500, f"{line} (worker {peer})")
+        # --workers: the node is healthy when every worker is.
+        for peer, line in await self.nsqd.workers.admin.unhealthy_peers(request):
+            raise HTTPError(500, f"{line} (worker {peer})")
         return text
 
     async def info(self, request: BaseRequest, params: Params) -> Any:
@@ -315,8 +312,8 @@ class API:
         topics, producers = get_stats(
             nsqd, params.get("topic") or "", params.get("channel") or "", include_clients
         )
-        if nsqd.workers is not None:  # --workers: the node's figures, every worker's summed
-            topics, producers = await nsqd.workers.admin.combine_stats(request, topics, producers)
+        # --workers: the node's figures, every worker's summed.
+        topics, producers = await nsqd.workers.admin.combine_stats(request, topics, producers)
         memory = mem_stats() if include_mem else None
         if params.get("format") != "json":
             return print_stats(

@@ -89,15 +89,20 @@ class Rewinder(Protocol):
 
 
 class WorkersHost(Protocol):
-    """``--workers``: this worker's part in a node of several (``server/workers/peers.py``)."""
+    """``--workers``: this worker's part in a node of several (``server/workers/peers.py``);
+    in a single process, none (``server/workers/lone.py``)."""
 
-    def listener(
+    async def listen(
         self,
         name: str,
         factory: Callable[[], asyncio.BaseProtocol],
+        address: str,
         ssl_context: ssl.SSLContext | None = None,
-    ) -> SharedListener | None:
-        """The node's shared socket ``name`` (http, https) or this worker's (admin)."""
+        *,
+        serve: bool,
+    ) -> asyncio.Server | SharedListener | None:
+        """The node's socket ``name`` (http, https; shared by its workers) or this worker's
+        (admin); None where there is none (``--http-address=""``)."""
 
     @property
     def admin(self) -> AdminCalls: ...
@@ -204,4 +209,4 @@ class NSQDHost(Protocol):
         """``opts.lookupd_tcp_addresses`` was set through ``/config``."""
 
     @property
-    def workers(self) -> WorkersHost | None: ...
+    def workers(self) -> WorkersHost: ...

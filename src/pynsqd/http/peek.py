@@ -123,10 +123,7 @@ class PeekAPI:
     ) -> bool:
         """``--workers``: every other worker's answer merged into ``out`` (counts summed, each
         list ordered again and cut to ``n``); whether any worker had it."""
-        workers = self.nsqd.workers
-        if workers is None:
-            return found
-        answers = await workers.admin.peer_answers(request, request.path_qs)
+        answers = await self.nsqd.workers.admin.peer_answers(request, request.path_qs)
         for text in answers or []:
             try:
                 doc = jsonbound.loads(text)

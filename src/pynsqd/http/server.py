@@ -19,7 +19,7 @@ from aiohttp.web_response import Response, StreamResponse
 
 from ..internal import debug
 from ..internal.httpapi import Params
-from ..internal.listener import SharedListener, format_address, listen, split_host_port
+from ..internal.listener import SharedListener, format_address, split_host_port
 from ..internal.memstats import install_gc_timer
 from ..internal.router import (
     V1_HEADER,
@@ -81,7 +81,7 @@ class HTTPService(Router):
         self._web: web_server.Server | None = None
         self._server: asyncio.Server | SharedListener | None = None
         self._https_server: asyncio.Server | SharedListener | None = None
-        self._admin: SharedListener | None = None  # --workers: this worker's private socket
+        self._admin: asyncio.Server | SharedListener | None = None  # --workers: its own socket
         self._statsd_task: asyncio.Task[None] | None = None
         add = self.add
         add("GET", "/ping", "plain", api.ping)
@@ -131,23 +131,11 @@ class HTTPService(Router):
         install_gc_timer()
         opts = self.nsqd.opts
         workers = self.nsqd.workers
-        if workers is not None:  # the node's socket, shared by its workers, and this one's own
-            self._web = web = self.web_server(self.nsqd.loop)
-            self._admin = workers.listener("admin", web)
-            if self._admin is not None and serve:  # (worker 0 of a replicated node: joined)
-                await self._admin.start_serving()
-            self._server = workers.listener("http", web)
-            if self._server is not None:
-                if serve:
-                    await self._server.start_serving()
-                self.address = format_address(self._server.sockets[0])
-                if serve:
-                    log.info("HTTP: listening on %s", self.address)
-        elif opts.http_address:
-            self._web = self.web_server(self.nsqd.loop)
-            self._server = await listen(
-                self.nsqd.loop, self._web, opts.http_address, start_serving=serve
-            )
+        # --workers: the node's socket, shared by its workers, and this one's own.
+        self._web = web = self.web_server(self.nsqd.loop)
+        self._admin = await workers.listen("admin", web, "", serve=serve)
+        self._server = await workers.listen("http", web, opts.http_address, serve=serve)
+        if self._server is not None:
             self.address = format_address(self._server.sockets[0])
             if serve:
                 log.info("HTTP: listening on %s", self.address)
@@ -160,16 +148,9 @@ class HTTPService(Router):
         """The same API over TLS on --https-address; nsqd starts it when TLS is configured."""
         if self._web is None:
             self._web = self.web_server(self.nsqd.loop)
-        workers = self.nsqd.workers
-        shared = workers.listener("https", self._web, ssl_context) if workers is not None else None
-        if shared is not None:
-            self._https_server = shared
-            if serve:
-                await shared.start_serving()
-        else:
-            self._https_server = await listen(
-                self.nsqd.loop, self._web, address, ssl=ssl_context, start_serving=serve
-            )
+        self._https_server = await self.nsqd.workers.listen(
+            "https", self._web, address, ssl_context, serve=serve
+        )
         assert self._https_server is not None
         self.https_address = format_address(self._https_server.sockets[0])
         if serve:
@@ -213,8 +194,7 @@ class HTTPService(Router):
     # -- requests -------------------------------------------------------------------------
 
     def gate(self, request: BaseRequest) -> StreamResponse | None:
-        workers = self.nsqd.workers
-        if workers is not None and workers.admin.on_admin_socket(request):
+        if self.nsqd.workers.admin.on_admin_socket(request):
             return None  # another worker, or a client's call it passed on (checked there)
         if self.nsqd.opts.tls_required == "true" and not request.secure:
             # nsqd's plain-HTTP gate under --tls-required=true.
@@ -232,16 +212,16 @@ class HTTPService(Router):
             methods = {"GET": ("v1", handler), "PUT": ("v1", handler)}
             config = True
         workers = self.nsqd.workers
-        if methods is not None and workers is not None and (config or path in FANNED):
+        if methods is not None and (config or path in FANNED):
             # --workers: an admin call is made on every worker, answered once.
             methods = {
                 m: (kind, workers.admin.fanned(h) if m in ("POST", "PUT") else h)
                 for m, (kind, h) in methods.items()
             }
-        if methods is not None and workers is not None and path in ROUTED:
+        if methods is not None and path in ROUTED:
             # ... and one about a topic's log by the worker that keeps it (then fanned).
             methods = {m: (kind, workers.admin.routed(h)) for m, (kind, h) in methods.items()}
-        if methods is not None and workers is not None and path in ON_MEMBER:
+        if methods is not None and path in ON_MEMBER:
             methods = {m: (kind, workers.admin.on_member(h)) for m, (kind, h) in methods.items()}
         return methods
 
@@ -258,11 +238,10 @@ class HTTPService(Router):
         if self.registry is None:
             self.registry = metrics.make_registry(self.nsqd)
         body = metrics.render(self.registry)
-        workers = self.nsqd.workers
-        if workers is not None:  # --workers: the node's figures, every worker's summed
-            others = await workers.admin.peer_answers(request, "/metrics")
-            if others is not None:
-                body = metrics.merge_metrics([body, *others])
+        # --workers: the node's figures, every worker's summed.
+        others = await self.nsqd.workers.admin.peer_answers(request, "/metrics")
+        if others is not None:
+            body = metrics.merge_metrics([body, *others])
         resp = Response(status=200, body=body)
         resp.headers["Content-Type"] = metrics.CONTENT_TYPE
         return resp

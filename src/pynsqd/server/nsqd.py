@@ -23,7 +23,7 @@ from ..core.message import ENCODED_OVERHEAD, Message
 from ..core.topic import Topic
 from ..http.server import HTTPService
 from ..internal import process
-from ..internal.listener import SharedListener, format_address, listen
+from ..internal.listener import SharedListener, format_address
 from ..internal.names import is_ephemeral
 from ..options import Options, node_id_for_storage
 from ..protocol.identify import ProtocolConfig
@@ -43,6 +43,7 @@ from .lookup import Lookup
 from .metadata import NodeMetadata
 from .retention import Retention
 from .tls import server_context
+from .workers.lone import LoneProcess
 from .workers.peers import Workers
 from .workers.spec import WorkerSpec
 
@@ -92,7 +93,7 @@ class NSQD:
         self.tcp_server: asyncio.Server | SharedListener | None = None
         self.tcp_address = ""
         self.http: HTTPService | None = None
-        self._link_server: SharedListener | None = None
+        self._link_server: asyncio.Server | SharedListener | None = None
         self.http_address = ""
         self._client_seq = 0
         self.data_path = opts.data_path or os.getcwd()
@@ -101,15 +102,18 @@ class NSQD:
         self.storage_id = ""
         self.instance = secrets.token_hex(8)
         self._disk_backends: dict[str, DiskBackend] = {}
-        #: One worker of ``--workers N`` (``server/workers/peers.py``): None in a single process.
-        self.workers: Workers | None = Workers(self, worker) if worker is not None else None
+        #: The other workers of ``--workers N`` (``server/workers/peers.py``); in a single
+        #: process, none (``server/workers/lone.py``).
+        self.workers: Workers | LoneProcess = (
+            Workers(self, worker) if worker is not None else LoneProcess(self)
+        )
         self.retention = Retention(
             opts,
             self.data_path,
             on_write=self._backend_written,
             on_error=self.set_health_error,
             exiting=lambda: self.exiting,
-            placement=self.workers.placement if self.workers is not None else None,
+            placement=self.workers.placement,
         )
         #: Per-topic/channel lifecycle settings (pynsqd.settings.json); loaded by start().
         self.settings = SettingsStore(self.data_path, opts)
@@ -130,9 +134,7 @@ class NSQD:
         #: This process is the node's member of the cluster (``--etcd-endpoints``): a single
         #: process, or worker 0 of ``--workers N``, which keeps every retained topic's log
         #: then; the other workers pass their publishes to it (``Placement.keeper``).
-        self.cluster_member = bool(opts.etcd_endpoints) and (
-            self.workers is None or self.workers.is_lead
-        )
+        self.cluster_member = bool(opts.etcd_endpoints) and self.workers.is_lead
         #: Until the cluster's state is read, channels do not deliver and logs do not hand off
         #: (a replicated channel is restored from its checkpoint first).
         self._joining = self.cluster_member
@@ -144,8 +146,7 @@ class NSQD:
     @property
     def node_storage_id(self) -> str:
         """/info's ``storage_id``: the node's (``--workers``: one for every worker)."""
-        spec = self.workers.spec if self.workers is not None else None
-        return spec.storage if spec is not None and spec.storage else self.storage_id
+        return self.workers.storage_id(self.storage_id)
 
     def get_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
@@ -160,8 +161,6 @@ class NSQD:
                 ephemeral=is_ephemeral(name),
             )
             self.topics[name] = topic
-            if self.workers is not None and not topic.ephemeral:
-                topic.on_bounds = self.retention.bounds_changed
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
                 self.retention.attach(topic)
@@ -171,8 +170,7 @@ class NSQD:
             self.lookup.topic_created(topic)
             if not self.metadata.loading:
                 self.lookup.fetch_channels(topic)  # async: publishing is not held up
-                if self.workers is not None:
-                    self.workers.topic_created(name)
+                self.workers.topic_created(name)
             if not topic.ephemeral:
                 self.metadata.persist_soon()
         return topic
@@ -186,9 +184,8 @@ class NSQD:
             return False
         log.info("TOPIC(%s): deleting", name)
         self.lookup.topic_deleted(topic)
-        if self.workers is not None:
-            for ch in list(topic.channels.values()):
-                self.workers.detach(ch)
+        for ch in list(topic.channels.values()):
+            self.workers.detach(ch)
         topic.close(delete=True)
         self._disk_backends.pop(name, None)
         self.retention.forget(name)
@@ -223,17 +220,15 @@ class NSQD:
             )
         self.lifecycle.apply_channel(topic.name, ch)
         ch.held = self._joining
-        if self.workers is not None:
-            self.workers.attach(ch)
-            if not self.metadata.loading:
-                self.workers.channel_created(topic.name, name)
+        self.workers.attach(ch)
+        if not self.metadata.loading:
+            self.workers.channel_created(topic.name, name)
         if not ch.ephemeral:
             self.metadata.persist_soon()  # once the topic has added it
         return ch
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
-        if self.workers is not None:
-            self.workers.detach(channel)
+        self.workers.detach(channel)
         self._disk_backends.pop(f"{topic.name}:{channel.name}", None)
         log.info("TOPIC(%s): deleted channel(%s)", topic.name, channel.name)
         self.lookup.channel_deleted(topic, channel.name)
@@ -345,12 +340,12 @@ class NSQD:
 
     def add_client(self, client: ClientV2) -> None:
         self.clients[client.id] = client
-        if self.workers is not None and not client.is_link:
+        if not client.is_link:
             self.workers.client_count(1)
 
     def remove_client(self, client: ClientV2) -> None:
         gone = self.clients.pop(client.id, None) is not None
-        if gone and self.workers is not None and not client.is_link:
+        if gone and not client.is_link:
             self.workers.client_count(-1)
 
     def set_health_error(self, err: BaseException | None) -> None:
@@ -361,7 +356,7 @@ class NSQD:
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """Register with exactly these lookupds from now on (``PUT /config/...``)."""
         self.opts.lookupd_tcp_addresses = list(addresses)
-        if self.workers is not None and not self.workers.is_lead:
+        if not self.workers.is_lead:
             return  # worker 0 registers the node
         if not self.exiting and self.tcp_address:
             self.lookup.set_addresses(self.opts.lookupd_tcp_addresses)
@@ -398,17 +393,14 @@ class NSQD:
             # but takes no connection until it has joined: a publish can never be answered
             # before the node knows whether its partition is still its own.
             serve = not self.cluster_member
-            if self.workers is not None:
-                self.tcp_server = self.workers.listener("tcp", lambda: ClientV2(self))
-                self._link_server = self.workers.listener("link", lambda: WorkerLink(self))
-                assert self.tcp_server is not None and self._link_server is not None
-                if serve:  # worker 0 of a replicated node takes its peers' links once joined
-                    await self._link_server.start_serving()
-                    await self.tcp_server.start_serving()
-            else:
-                self.tcp_server = await listen(
-                    self.loop, lambda: ClientV2(self), self.opts.tcp_address, start_serving=serve
-                )
+            # --workers: worker 0 of a replicated node takes its peers' links once joined.
+            self._link_server = await self.workers.listen(
+                "link", lambda: WorkerLink(self), "", serve=serve
+            )
+            self.tcp_server = await self.workers.listen(
+                "tcp", lambda: ClientV2(self), self.opts.tcp_address, serve=serve
+            )
+            assert self.tcp_server is not None
         except BaseException:
             for topic in list(self.topics.values()):
                 with contextlib.suppress(OSError):
@@ -455,12 +447,9 @@ class NSQD:
             except BaseException:
                 await self.stop()
                 raise
-        if self.workers is not None:  # worker 0 registers once every worker serves
-            self.starting = "not every worker serves yet"
-            self.workers.started(self.lookup)
-        else:
-            self.starting = "registering with nsqlookupd"
-            self.lookup.register(self.opts.lookupd_tcp_addresses, self.ready)
+        # Ready once registered with nsqlookupd (--workers: worker 0 registers once every
+        # worker serves).
+        self.workers.started(self.lookup)
 
     def ready(self) -> None:
         """Serving, and at every nsqlookupd (or it failed to answer): ``/ping`` says OK."""
@@ -483,10 +472,9 @@ class NSQD:
         self.exiting = True
         if self.replication is not None:
             await self.replication.stop()
-        if self.workers is not None:
-            await self.workers.stop()
-            if self._link_server is not None:
-                self._link_server.close()
+        await self.workers.stop()
+        if self._link_server is not None:
+            self._link_server.close()
         await self.lookup.close()
         if self.tcp_server is not None:
             log.info("TCP: closing %s", self.tcp_address)

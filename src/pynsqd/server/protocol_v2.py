@@ -474,8 +474,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             cmd.topic,
             cmd.channel,
         )
-        workers = self.nsqd.workers
-        made = workers.subscribed(channel) if workers else None
+        made = self.nsqd.workers.subscribed(channel)
         if made is not None and not made.done():
             # --workers: OK once every worker has the channel, so that a message published
             # through any worker after the OK is the channel's (nsqd's promise for a SUB),

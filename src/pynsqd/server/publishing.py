@@ -47,7 +47,7 @@ class PublishHost(Protocol):
     @property
     def replication(self) -> Replicator | None: ...
     @property
-    def workers(self) -> Forwarding | None: ...
+    def workers(self) -> Forwarding: ...
     def get_topic(self, name: str) -> Topic: ...
     def set_health_error(self, err: BaseException | None) -> None: ...
 
@@ -150,7 +150,6 @@ class Publishing:
         behind it."""
         conn = self.conn
         workers = conn.nsqd.workers
-        assert workers is not None
         ident = None if identity is None else (identity.producer.decode(), identity.sequence)
         if cmd == "PUB":
             data = encode.pub(topic_name, bodies[0], ident)

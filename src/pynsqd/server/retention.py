@@ -149,6 +149,8 @@ class Retention:
         """A topic was created: give it its log if it retains; if it does not but its log
         still holds a backlog, move that to its queue."""
         seconds, size = self.setting(topic.name)
+        if self.placement.count > 1:  # a bound set later may move it to its keeper
+            topic.on_bounds = self.bounds_changed
         self.placement.place(topic, retained=bool(seconds or size))
         if not (seconds or size) or topic.kept_by is not None:
             # No log here: none wanted, or another worker of this node keeps it (a log left

@@ -12,6 +12,8 @@ The package, by concept (uvicorn's ``supervisors/`` is the model):
 - ``relay.py``: a channel's links to the other workers' copies (lent messages,
   ``core/lending.py``); ``forward.py``: publishes to a topic another worker keeps.
 - ``link.py``: the serving side of a link from another worker (``WorkerLink``).
+- ``lone.py``: the other workers when there are none (``LoneProcess``): ``nsqd.workers`` in a
+  single process.
 
 Nothing is imported here: ``cli`` and the supervisor load ``spec.py`` alone.
 """

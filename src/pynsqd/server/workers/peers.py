@@ -35,6 +35,7 @@ from ...internal.listener import SharedListener
 from ...internal.names import is_ephemeral
 from .admin import AdminLinks
 from .forward import Done, Forwarder
+from .lone import own_listener
 from .placement import Placement
 from .relay import Relay
 from .spec import ConnectionCounts, WorkerSpec
@@ -50,6 +51,8 @@ class WorkerNode(Protocol):
 
     opts: Options
     loop: asyncio.AbstractEventLoop
+    #: Why ``/ping`` does not say OK yet (None: ready).
+    starting: str | None
 
     @property
     def topics(self) -> dict[str, Topic]: ...
@@ -70,7 +73,8 @@ def inherited_socket(fd: int) -> socket.socket:
 
 
 class Workers:
-    """This worker's view of the others (``nsqd.workers``; None without ``--workers``)."""
+    """This worker's view of the others (``nsqd.workers``; ``lone.LoneProcess`` without
+    ``--workers``)."""
 
     def __init__(self, nsqd: WorkerNode, spec: WorkerSpec) -> None:
         self.nsqd = nsqd
@@ -114,9 +118,33 @@ class Workers:
     def forward(self, peer: int, command: bytes, done: Done) -> None:
         self.forwarder.send(peer, command, done)
 
+    def storage_id(self, own: str) -> str:
+        """The node's storage id (``/info``): the supervisor's directory's, for every worker."""
+        return self.spec.storage or own
+
     # -- sockets --------------------------------------------------------------------------
 
-    def listener(
+    async def listen(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        address: str,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        serve: bool,
+    ) -> SharedListener | asyncio.Server | None:
+        """The node's socket ``name`` (tcp, http, https), bound once by the supervisor, or
+        this worker's own (link, admin); one the supervisor did not bind is this worker's on
+        ``address`` ("": none). ``serve`` False: no connection is taken until its
+        ``start_serving``."""
+        shared = self._shared(name, factory, ssl_context)
+        if shared is None:
+            return await own_listener(self.loop, factory, address, ssl_context, serve=serve)
+        if serve:
+            await shared.start_serving()
+        return shared
+
+    def _shared(
         self,
         name: str,
         factory: Callable[[], asyncio.BaseProtocol],
@@ -150,6 +178,7 @@ class Workers:
         """Serving: tell the supervisor, hear from it when every worker serves (``s``: worker 0
         registers the node with nsqlookupd, then says so) and when the node is ready (``R``),
         and stop when it goes (its end of a pipe closes)."""
+        self.nsqd.starting = "not every worker serves yet"
         self._report("serving")
         go = self.spec.fds.get("go")
         if go is None:  # not started by a supervisor

@@ -1,0 +1,134 @@
+"""The other workers when there are none: one nsqd process, without ``--workers``.
+
+``nsqd.workers`` is never None. In a single process it is a ``LoneProcess``, the null object of
+``peers.Workers``: nsqd, its connections and its HTTP API speak to the other workers the same
+way at any worker count, and here each answer is what a lone nsqd does (it listens on its own
+addresses, keeps every topic's log, makes admin calls here alone, answers ``/stats`` for
+itself). Nothing here is asked of another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...internal.listener import listen
+from .placement import Placement
+
+if TYPE_CHECKING:
+    from aiohttp.web import StreamResponse
+    from aiohttp.web_request import BaseRequest
+
+    from ...core.channel import Channel
+    from .peers import Registrar, WorkerNode
+
+Handler = Callable[..., Any]
+Json = dict[str, Any]
+
+
+async def own_listener(
+    loop: asyncio.AbstractEventLoop,
+    factory: Callable[[], asyncio.BaseProtocol],
+    address: str,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    serve: bool,
+) -> asyncio.Server | None:
+    """A socket of this process's own on ``address`` ("": none); ``serve`` False binds it
+    (its address is known) and takes no connection until its ``start_serving``."""
+    if not address:
+        return None
+    return await listen(loop, factory, address, ssl=ssl_context, start_serving=serve)
+
+
+class LoneAdmin:
+    """HTTP between the workers, with none: every call is made here alone."""
+
+    @staticmethod
+    def on_admin_socket(request: BaseRequest) -> bool:
+        return False
+
+    @staticmethod
+    def fanned(handler: Handler) -> Handler:
+        return handler
+
+    routed = on_member = fanned
+
+    @staticmethod
+    async def peer_answers(request: BaseRequest, path_qs: str) -> list[bytes] | None:
+        return None
+
+    @staticmethod
+    async def unhealthy_peers(request: BaseRequest) -> list[tuple[int, str]]:
+        return []
+
+    @staticmethod
+    async def combine_stats(
+        request: BaseRequest, topics: list[Json] | None, producers: list[Json] | None
+    ) -> tuple[list[Json] | None, list[Json] | None]:
+        return topics, producers
+
+    @staticmethod
+    async def proxy(peer: int, request: BaseRequest, body: bytes | None) -> StreamResponse:
+        raise AssertionError("a lone process keeps every topic: nothing is passed on")
+
+
+class LoneProcess:
+    """``nsqd.workers`` in a single process (``peers.Workers`` with ``--workers N``)."""
+
+    #: Every topic is kept here: a node of one worker.
+    placement = Placement()
+    #: This process registers with nsqlookupd, and is the node's member of a cluster.
+    is_lead = True
+    admin = LoneAdmin()
+
+    def __init__(self, nsqd: WorkerNode) -> None:
+        self.nsqd = nsqd
+
+    def storage_id(self, own: str) -> str:
+        """The node's storage id (``/info``): this process's directory's."""
+        return own
+
+    async def listen(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        address: str,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        serve: bool,
+    ) -> asyncio.Server | None:
+        """The socket ``name`` (tcp, http, https) on its flag's ``address``."""
+        return await own_listener(self.nsqd.loop, factory, address, ssl_context, serve=serve)
+
+    def started(self, lookup: Registrar) -> None:
+        """Serving: ready once nsqlookupd has it (or failed to answer)."""
+        self.nsqd.starting = "registering with nsqlookupd"
+        lookup.register(self.nsqd.opts.lookupd_tcp_addresses, self.nsqd.ready)
+
+    # Topics, channels and clients concern no other process.
+    def topic_created(self, name: str) -> None:
+        pass
+
+    def channel_created(self, topic: str, channel: str) -> None:
+        pass
+
+    def attach(self, channel: Channel) -> None:
+        pass
+
+    def detach(self, channel: Channel) -> None:
+        pass
+
+    def client_count(self, delta: int) -> None:
+        pass
+
+    def subscribed(self, channel: Channel) -> asyncio.Future[Any] | None:
+        return None
+
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
+        raise AssertionError("a lone process keeps every topic: nothing is forwarded")
+
+    async def stop(self) -> None:
+        pass
