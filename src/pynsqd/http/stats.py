@@ -222,7 +222,7 @@ def get_stats(
 
 # -- a node of several workers (``--workers``) ---------------------------------------------
 
-#: The user agent of a connection between workers (``server/workers/relay.py``): not a client.
+#: The user agent of a connection between workers (``server/workers/dial.py``): not a client.
 _LINK_AGENT_PREFIX = "pynsqd-worker-link/"
 
 

@@ -10,7 +10,9 @@ The package, by concept (uvicorn's ``supervisors/`` is the model):
 - ``admin.py``: HTTP between workers: an admin call made on every worker, a call answered by the
   worker that keeps a topic's log or by worker 0, ``/stats`` and ``/ping`` for the node.
 - ``relay.py``: a channel's links to the other workers' copies (lent messages,
-  ``core/lending.py``); ``forward.py``: publishes to a topic another worker keeps.
+  ``core/lending.py``); ``forward.py``: publishes to a topic another worker keeps; both are
+  made of ``dial.py``'s ``PeerLink``, the client side of a link (one IDENTIFY, one frame
+  splitter).
 - ``link.py``: the serving side of a link from another worker (``WorkerLink``).
 - ``lone.py``: the other workers when there are none (``LoneProcess``): ``nsqd.workers`` in a
   single process.

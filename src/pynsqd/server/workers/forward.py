@@ -23,11 +23,12 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ...protocol import encode
-from ...protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, FrameReader
-from .relay import LINK_AGENT
+from .dial import PeerLink
+
+if TYPE_CHECKING:
+    from ...core.message import Message
 
 log = logging.getLogger("pynsqd")
 
@@ -56,83 +57,51 @@ class ForwardHost(Protocol):
     def link_path(self, peer: int) -> str: ...
 
 
-class ForwardLink(asyncio.Protocol):
+class ForwardLink(PeerLink):
     """One producer connection to the worker that keeps some retained topics' logs."""
 
     def __init__(self, peer: int, lost: Callable[[ForwardLink], None]) -> None:
-        self.peer = peer
+        super().__init__(peer)
         self._lost = lost
-        self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader()
         #: Commands sent (or to send once connected), oldest first: their ``done``.
         self._waiting: collections.deque[Done] = collections.deque()
-        #: Commands written before the connection was made.
-        self._pending: list[bytes] = []
-        self.closed = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self._waiting.appendleft(lambda err: None)  # the IDENTIFY's OK
-        self.transport.write(
-            b"  V2"
-            + encode.identify(
-                {
-                    "client_id": "worker-forward",
-                    "hostname": "worker",
-                    "user_agent": LINK_AGENT,
-                    "feature_negotiation": False,
-                    "heartbeat_interval": -1,
-                    "idempotent_publish": True,
-                }
-            )
-            + b"".join(self._pending)
-        )
-        self._pending.clear()
+    def identity(self) -> dict[str, Any]:
+        return {"client_id": "worker-forward", "heartbeat_interval": -1, "idempotent_publish": True}
+
+    def connected(self) -> None:
+        self._waiting.appendleft(lambda err: None)  # the IDENTIFY's OK, answered first
 
     def send(self, command: bytes, done: Done) -> None:
         if self.closed:
             done(NOT_SENT)
             return
         self._waiting.append(done)
-        if self.transport is None:
-            self._pending.append(command)
-        else:
-            self.transport.write(command)
+        self.write(command)
 
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed(data)
-        try:
-            frames = self.reader.frames()
-        except ValueError as err:
-            log.error("WORKERS: forward link to worker %d: %s", self.peer, err)
-            self.close()
+    def answered(self, data: bytes, *, error: bool) -> None:
+        if not self._waiting:
+            log.error("WORKERS: forward link to worker %d: an answer no one asked", self.peer)
             return
-        for frame in frames:
-            if frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == b"_heartbeat_":
-                continue
-            if not self._waiting:
-                log.error("WORKERS: forward link to worker %d: an answer no one asked", self.peer)
-                continue
-            done = self._waiting.popleft()
-            done(frame.data if frame.frame_type == FRAME_TYPE_ERROR else None)
+        self._waiting.popleft()(data if error else None)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def received(self, msgs: list[Message]) -> None:
+        log.error("WORKERS: forward link to worker %d: a message on a producer link", self.peer)
+        self.close()
+
+    def lost(self) -> None:
         self.fail(SENT_LOST)
+
+    def dial_failed(self, err: OSError) -> None:
+        log.warning("WORKERS: forward link to worker %d failed - %s", self.peer, err)
+        self.fail(NOT_SENT)  # nothing was written to it
 
     def fail(self, why: bytes) -> None:
         self.closed = True
-        self.transport = None
-        self._pending.clear()
         waiting, self._waiting = self._waiting, collections.deque()
         self._lost(self)
         for done in waiting:
             done(why)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-        else:
-            self.closed = True
 
 
 class Forwarder:
@@ -141,28 +110,13 @@ class Forwarder:
     def __init__(self, host: ForwardHost) -> None:
         self.host = host
         self.links: dict[int, ForwardLink] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     def send(self, peer: int, command: bytes, done: Done) -> None:
         link = self.links.get(peer)
         if link is None:
             link = self.links[peer] = ForwardLink(peer, self._lost)
-            self._connect(link)
+            link.dial(self.host.loop, self.host.link_path(peer))
         link.send(command, done)
-
-    def _connect(self, link: ForwardLink) -> None:
-        path = self.host.link_path(link.peer)
-
-        async def connect() -> None:
-            try:
-                await self.host.loop.create_unix_connection(lambda: link, path)
-            except OSError as err:
-                log.warning("WORKERS: forward link to worker %d failed - %s", link.peer, err)
-                link.fail(NOT_SENT)  # nothing was written to it
-
-        task = self.host.loop.create_task(connect())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _lost(self, link: ForwardLink) -> None:
         if self.links.get(link.peer) is link:

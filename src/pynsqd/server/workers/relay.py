@@ -34,20 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ... import __version__
 from ...core.message import Message
 from ...protocol import encode
-from ...protocol.frames import (
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_MESSAGE,
-    MESSAGE_FIXED,
-    MESSAGE_OVERHEAD,
-)
-
-_FRAME_HEADER = struct.Struct(">ll")
+from .dial import PeerLink
 
 if TYPE_CHECKING:
     from ...core.channel import Channel
@@ -69,9 +60,6 @@ class RelayHost(Protocol):
 
 log = logging.getLogger("pynsqd")
 
-#: The user agent of a link: the other worker's /stats leaves these connections out of the
-#: node's figures (they are the node talking to itself).
-LINK_AGENT = f"pynsqd-worker-link/{__version__}"
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
 #: Messages a link keeps waiting here from a worker whose copy has no consumers of its own.
@@ -88,114 +76,65 @@ class ServedLink(Protocol):
     def tell_consumers(self, has: bool) -> None: ...
 
 
-class Link(asyncio.Protocol):
+class Link(PeerLink):
     """One consumer connection to another worker's copy of the channel."""
 
     def __init__(self, relay: Relay, peer: int) -> None:
+        super().__init__(peer)
         self.relay = relay
-        self.peer = peer
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
         #: Messages this link brought that are not FIN'd or REQ'd yet (the other worker's
         #: in-flight count for this connection).
         self.outstanding = 0
         self.rdy = -1  # the first set_rdy is always sent: the other worker answers it
         #: Whether the other worker's copy has consumers of its own; None until it says.
         self.peer_consumers: bool | None = None
-        self.closed = False
+        ch = relay.channel
+        self.write(encode.sub(ch.topic.name, ch.name))
 
-    # -- the connection -------------------------------------------------------------------
+    # -- the connection (``dial.PeerLink``) -----------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        ch = self.relay.channel
-        opts = self.relay.workers.opts
-        self.transport.write(
-            b"  V2"
-            + encode.identify(
-                {
-                    "client_id": f"worker-{self.relay.workers.index}",
-                    "hostname": "worker",
-                    "user_agent": LINK_AGENT,
-                    "feature_negotiation": False,
-                    "output_buffer_timeout": -1,
-                    "msg_timeout": int(opts.max_msg_timeout * 1000),
-                }
-            )
-            + encode.sub(ch.topic.name, ch.name)
-        )
+    def identity(self) -> dict[str, Any]:
+        return {
+            "client_id": f"worker-{self.relay.workers.index}",
+            "output_buffer_timeout": -1,
+            "msg_timeout": int(self.relay.workers.opts.max_msg_timeout * 1000),
+        }
+
+    def connected(self) -> None:
         self.relay.demand_changed()
 
-    def data_received(self, data: bytes) -> None:
-        # Message frames straight into Messages (no Frame objects: a link carries many).
-        buf = self.buf
-        buf += data
-        pos, end = 0, len(buf)
-        msgs: list[Message] = []
-        header = _FRAME_HEADER.unpack_from
-        fixed = MESSAGE_FIXED.unpack_from
-        while end - pos >= 8:
-            size, ftype = header(buf, pos)
-            if size < 4 + (MESSAGE_OVERHEAD if ftype == FRAME_TYPE_MESSAGE else 0):
-                log.error("WORKERS: link to worker %d sent a bad frame (%d bytes)", self.peer, size)
-                self.close()
-                return
-            stop = pos + 4 + size
-            if stop > end:
-                break
-            start = pos + 8
-            if ftype == FRAME_TYPE_MESSAGE:
-                ts, attempts = fixed(buf, start)
-                msgs.append(
-                    Message(
-                        bytes(buf[start + 10 : start + 26]),
-                        bytes(buf[start + 26 : stop]),
-                        ts,
-                        attempts,
-                    )
-                )
-            elif ftype == FRAME_TYPE_ERROR:
-                # E_FIN_FAILED and friends: the other worker timed the message out first.
-                log.debug("WORKERS: link to worker %d: %r", self.peer, bytes(buf[start:stop]))
-            elif buf[start:stop] == b"_heartbeat_":
-                self._write(encode.nop())
-            elif buf[start : start + len(_SYNCED)] == _SYNCED:
-                self.relay.peer_told(self, buf[stop - 1] == 0x31, synced=True)
-            elif buf[start : start + len(_CONSUMERS)] == _CONSUMERS:
-                self.relay.peer_told(self, buf[stop - 1] == 0x31, synced=False)
-            pos = stop
-        if pos:
-            del buf[:pos]
-        if msgs:
-            self.outstanding += len(msgs)
-            self.relay.lend(msgs, self)
+    def received(self, msgs: list[Message]) -> None:
+        self.outstanding += len(msgs)
+        self.relay.lend(msgs, self)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.transport = None
+    def answered(self, data: bytes, *, error: bool) -> None:
+        if error:
+            # E_FIN_FAILED and friends: the other worker timed the message out first.
+            log.debug("WORKERS: link to worker %d: %r", self.peer, data)
+        elif data.startswith(_SYNCED):
+            self.relay.peer_told(self, data.endswith(b"1"), synced=True)
+        elif data.startswith(_CONSUMERS):
+            self.relay.peer_told(self, data.endswith(b"1"), synced=False)
+
+    def lost(self) -> None:
         self.relay.link_lost(self)
 
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+    def dial_failed(self, err: OSError) -> None:
+        log.debug("WORKERS: link to worker %d failed - %s", self.peer, err)
+        self.relay.link_lost(self)
 
     # -- commands (core.lending.Lender) ---------------------------------------------------
 
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
-
     def fin(self, ids: list[bytes]) -> None:
         self.outstanding -= len(ids)
-        self._write(b"".join([b"FIN " + i + b"\n" for i in ids]))
+        self.write(b"".join([b"FIN " + i + b"\n" for i in ids]))
 
     def req(self, msg_id: bytes, timeout_ms: int) -> None:
         self.outstanding -= 1
-        self._write(encode.req(msg_id, timeout_ms))
+        self.write(encode.req(msg_id, timeout_ms))
 
     def touch(self, msg_id: bytes) -> None:
-        self._write(encode.touch(msg_id))
+        self.write(encode.touch(msg_id))
 
     def set_rdy(self, n: int) -> None:
         if n != self.rdy and self.transport is not None and not self.closed:
@@ -242,17 +181,7 @@ class Relay:
     def _open(self, peer: int) -> None:
         link = Link(self, peer)
         self.links[peer] = link
-        path = self.workers.link_path(peer)
-
-        async def connect() -> None:
-            try:
-                await self.workers.loop.create_unix_connection(lambda: link, path)
-            except OSError as err:
-                log.debug("WORKERS: link to worker %d failed - %s", peer, err)
-                link.closed = True
-                self.link_lost(link)
-
-        self.workers.loop.create_task(connect())
+        link.dial(self.workers.loop, self.workers.link_path(peer))
 
     # -- what the other workers hold -------------------------------------------------------
 
@@ -376,4 +305,4 @@ class Relay:
         self._release()
 
 
-__all__ = ["LINK_AGENT", "Link", "Relay"]
+__all__ = ["Link", "Relay"]
