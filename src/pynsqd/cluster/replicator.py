@@ -34,7 +34,6 @@ from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .checkpoints import CHECKPOINT_EVERY, ChannelHost, Checkpoints
 from .etcd import Compare, EtcdError, delete_op, every, put_op
-from .fetch import FetchAnswer, FetchRequest
 from .follower import Following
 from .gate import PublishGate
 from .leader import Leading
@@ -511,13 +510,6 @@ class Replicator:
         """Call ``done(None)`` once offsets below ``end`` are committed, ``done(reason)`` when
         they could not be in ``--replication-timeout`` (they may still be)."""
         self.leading.wait(topic, end, done)
-
-    async def fetch(self, topic: str, origin: int, req: FetchRequest) -> FetchAnswer:
-        """A follower's fetch (``Leading.fetch``)."""
-        return await self.leading.fetch(topic, origin, req)
-
-    def stream_closed(self, topic: str, origin: int, req: FetchRequest) -> None:
-        self.leading.stream_closed(topic, origin, req)  # a follower's stream ended after req
 
     def read_log(self, topic: str, origin: int) -> TopicLog | None:
         """A partition's log for plain readers (``partition=`` on ``/topic/log``)."""

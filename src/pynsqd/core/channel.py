@@ -169,12 +169,17 @@ class Channel:
         """IDs that left flight: a copy waiting behind each goes to the head of the queue."""
         back = self.ledger.release(ids)
         if back:
-            err = self.queue.put_front(back)
-            if err is not None:
-                self._kept_in_memory(len(back), err)
-            elif self.keeper is not None:
-                self.keeper.settled([m.id for m in back])  # stored again
+            self._store_again(back, front=True)
             self.schedule_pump()
+
+    def _store_again(self, msgs: list[Message], *, front: bool = False) -> None:
+        """Messages back from flight or deferral, queued again (``front``: at its head): the
+        keeper hears they are stored (if the backend fails they stay in memory, said once)."""
+        err = self.queue.put_front(msgs) if front else self.queue.keep_many(msgs)
+        if err is not None:
+            self._kept_in_memory(len(msgs), err)
+        elif self.keeper is not None and msgs:
+            self.keeper.settled([m.id for m in msgs])
 
     # -- input ----------------------------------------------------------------------------
 
@@ -195,21 +200,17 @@ class Channel:
                     self._defer_until_ns(m)
         # With a keeper (--mem-queue-size=0) a DPUB is stored like any message, with its due
         # time: read back, it waits in the timed queue until due, kept by the keeper.
-        err = None
-        if plain:
-            err = self.queue.keep_many(plain)
-            if err is not None:
-                self._kept_in_memory(len(plain), err)
-            if self.clients:
-                self.schedule_pump()
-        return err
+        return self._queued(len(plain), self.queue.keep_many(plain)) if plain else None
 
     def put_raw(self, records: list[bytes]) -> OSError | None:
         """Encoded messages moved from the topic's backend (never deferred); as ``put_many``."""
         self.message_count += len(records)
-        err = self.queue.keep_raw(records)
+        return self._queued(len(records), self.queue.keep_raw(records))
+
+    def _queued(self, n: int, err: OSError | None) -> OSError | None:
+        """``n`` new messages are queued (or held in memory: ``err``): offered to consumers."""
         if err is not None:
-            self._kept_in_memory(len(records), err)
+            self._kept_in_memory(n, err)
         if self.clients:
             self.schedule_pump()
         return err
@@ -346,10 +347,6 @@ class Channel:
 
     # -- consumer commands ----------------------------------------------------------------
 
-    def finish(self, client: ConsumerLike, msg_id: bytes) -> None:
-        """FIN one message; raises NotInFlight or NotOwner."""
-        self.finish_many(client, [msg_id])
-
     def finish_many(self, client: ConsumerLike, ids: list[bytes]) -> None:
         """FIN a run of ids (one pipelined read's worth), the one body of FIN. The ids before
         the first that is not this client's to finish are finished; that one raises
@@ -393,11 +390,7 @@ class Channel:
             if self.keeper is not None:
                 self.keeper.deferred(msg_id, time.time_ns() + int(timeout * 1e9))
         else:
-            err = self.queue.keep_many([msg])
-            if err is not None:
-                self._kept_in_memory(1, err)
-            elif self.keeper is not None:
-                self.keeper.settled([msg_id])  # stored again
+            self._store_again([msg])
             self.bounds.count_over(1)
         if self.ledger.behind:
             self._release([msg_id])
@@ -415,45 +408,19 @@ class Channel:
     # -- timeouts and deferrals -----------------------------------------------------------
 
     def _on_due(self, msgs: list[Message]) -> None:
-        ready: list[Message] = []
-        timed_out: dict[int, int] = {}
-        owners: dict[int, ConsumerLike] = {}
         lending = self.lending
-        for msg in msgs:
-            client = msg.client
-            if client is not None:  # an in-flight message whose deadline passed
-                del self.in_flight[msg.id]
-                msg.client = None
-                timed_out[client.id] = timed_out.get(client.id, 0) + 1
-                owners[client.id] = client
-                if lending is not None and lending.give_back(msg):
-                    continue
-            elif msg.id not in self.deferred:
-                continue  # a second copy deferred under the same ID already came due
-            elif msg.defer_until_ns:  # a DPUB: due by the wall clock
-                left_ns = msg.defer_until_ns - time.time_ns()
-                if left_ns > 0:  # a hair early by the wall clock: not yet
-                    self.tq.push(msg, self.loop.time() + left_ns / 1e9 + TICK)
-                    continue
-                msg.defer_until_ns = 0
-                del self.deferred[msg.id]
-            else:
-                del self.deferred[msg.id]  # a REQ with a timeout
-            ready.append(msg)
-        for cid, n in timed_out.items():
-            owners[cid].released(n)
-            self.timeout_count += n
-        if timed_out and self.windows is not None:
+        ready, timed_out = self.ledger.due(msgs, None if lending is None else lending.give_back)
+        for client, n in timed_out.items():
+            client.released(n)
+        count = sum(timed_out.values())
+        self.timeout_count += count
+        if count and self.windows is not None:
             self.windows.note_attempts(ready)
-        err = self.queue.keep_many(ready)
-        if err is not None:
-            self._kept_in_memory(len(ready), err)
-        elif self.keeper is not None and ready:
-            self.keeper.settled([m.id for m in ready])  # stored again
-        if timed_out:
-            self.bounds.count_over(sum(timed_out.values()))
-        if self.ledger.behind and timed_out:
-            self._release([m.id for m in ready if m.id in self.ledger.behind])
+        self._store_again(ready)
+        if count:
+            self.bounds.count_over(count)
+            if self.ledger.behind:
+                self._release([m.id for m in ready if m.id in self.ledger.behind])
         self.schedule_pump()
 
     # -- consumers ------------------------------------------------------------------------
@@ -495,11 +462,7 @@ class Channel:
         self.requeue_count += len(mine)
         if self.windows is not None:
             self.windows.note_attempts(mine)
-        err = self.queue.put_front(mine)
-        if err is not None:
-            self._kept_in_memory(len(mine), err)
-        elif self.keeper is not None:
-            self.keeper.settled([m.id for m in mine])  # stored again
+        self._store_again(mine, front=True)
         self.bounds.count_over(len(mine))
         if self.ledger.behind:
             self._release([m.id for m in mine])
@@ -509,15 +472,11 @@ class Channel:
 
     def pause(self) -> None:
         self.paused = True
-        self._metadata_changed()
+        self.topic.metadata_changed()  # nsqd.dat keeps the paused flag
 
     def unpause(self) -> None:
         self.paused = False
         self.schedule_pump()
-        self._metadata_changed()
-
-    def _metadata_changed(self) -> None:
-        # nsqd persists nsqd.dat on pause/unpause.
         self.topic.metadata_changed()
 
     def empty(self) -> None:

@@ -14,19 +14,21 @@ this class only keeps the books, with the FIN loop inline (a call per FIN costs 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Container, Iterable
 
 from .errors import ChannelError, NotInFlight, NotOwner
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
-from .timed_queue import Scheduler, TimedQueue
+from .timed_queue import TICK, Scheduler, TimedQueue
 
 __all__ = ["InFlight"]
 
 
 class InFlight:
-    __slots__ = ("behind", "deferred", "flying", "tq")
+    __slots__ = ("behind", "deferred", "flying", "loop", "tq")
 
     def __init__(self, loop: Scheduler, on_due: Callable[[list[Message]], None]) -> None:
+        self.loop = loop
         self.flying: dict[bytes, Message] = {}
         self.deferred: dict[bytes, Message] = {}
         self.behind: dict[bytes, list[Message]] = {}
@@ -96,6 +98,37 @@ class InFlight:
                 sink(now_ns - msg.timestamp)
         self.tq.removed(done)
         return done, err
+
+    def due(
+        self, msgs: list[Message], give_back: Callable[[Message], bool] | None
+    ) -> tuple[list[Message], dict[ConsumerLike, int]]:
+        """What the timed queue says came due: in-flight messages past their deadline leave
+        flight (timed out, counted by consumer; ``give_back`` takes one another worker lent,
+        ``core/lending.py``), deferred ones whose time came leave deferral; returns those to
+        queue again and the timeouts."""
+        ready: list[Message] = []
+        timed_out: dict[ConsumerLike, int] = {}
+        for msg in msgs:
+            client = msg.client
+            if client is not None:  # an in-flight message whose deadline passed
+                del self.flying[msg.id]
+                msg.client = None
+                timed_out[client] = timed_out.get(client, 0) + 1
+                if give_back is not None and give_back(msg):
+                    continue
+            elif msg.id not in self.deferred:
+                continue  # a second copy deferred under the same ID already came due
+            elif msg.defer_until_ns:  # a DPUB: due by the wall clock
+                left_ns = msg.defer_until_ns - time.time_ns()
+                if left_ns > 0:  # a hair early by the wall clock: not yet
+                    self.tq.push(msg, self.loop.time() + left_ns / 1e9 + TICK)
+                    continue
+                msg.defer_until_ns = 0
+                del self.deferred[msg.id]
+            else:
+                del self.deferred[msg.id]  # a REQ with a timeout
+            ready.append(msg)
+        return ready, timed_out
 
     def land(self, msg: Message) -> None:
         """``msg`` leaves flight (a REQ): no longer anyone's, no deadline."""

@@ -137,14 +137,14 @@ class ReplicationAPI:
                     await ws.send_bytes(FetchAnswer(400, "INVALID_ARG_FETCH").encode())
                     log.warning("CLUSTER: fetch stream for %s/%d refused - %s", name, origin, err)
                     break
-                answer = await replication.fetch(name, origin, req)
+                answer = await replication.leading.fetch(name, origin, req)  # a follower's fetch
                 await ws.send_bytes(answer.encode())
         except ConnectionError:
             pass  # the follower went: it reconnects, here or to the next leader
         finally:
             self.streams.discard(ws)
             if req is not None:
-                replication.stream_closed(name, origin, req)
+                replication.leading.stream_closed(name, origin, req)
             await ws.close()
         return ws
 

@@ -18,6 +18,7 @@ import aiohttp
 from ..client import ClientOptions, producer_address, producers_of, topics_of
 from ..client.cluster import CHANNEL_COUNTERS
 from .options import AdminOptions
+from .views import channel_view, node_view, topic_view
 
 COUNTERS = CHANNEL_COUNTERS
 
@@ -64,24 +65,6 @@ PEEK_KINDS = {
 
 #: How long a node that stopped answering is still listed, as down (then it is forgotten).
 FORGET_DOWN_AFTER = 3600.0
-
-
-#: What the topic page shows of each copy of a replicated partition (``/api/topics/<t>``:
-#: ``copies``), with the value a node too old to report it gets.
-_COPY_KEYS: dict[str, Any] = {
-    "partition": 0,
-    "role": "",
-    "earliest": 0,
-    "latest": 0,
-    "committed": 0,
-    "bytes": 0,
-    "segments": 0,
-}
-
-
-def _copy_order(copy: dict[str, Any]) -> tuple[int, bool, str]:
-    """By partition, its leader's copy first, then by node."""
-    return copy["partition"], copy["role"] != "leader", copy["node"]
 
 
 class Cluster:
@@ -227,104 +210,11 @@ class Cluster:
 
     async def topic(self, name: str) -> dict[str, Any] | None:
         stats, errors = await self.stats()
-        nodes: list[dict[str, Any]] = []
-        channels: dict[str, dict[str, Any]] = {}
-        partitions: dict[int, dict[str, Any]] = {}
-        #: A replicated topic: every copy of every partition, on whichever node holds it.
-        copies: list[dict[str, Any]] = []
-        for node, s in stats.items():
-            for t in s.get("topics") or []:
-                if t["topic_name"] != name:
-                    continue
-                chans = t.get("channels") or []
-                row = {
-                    "node": node,
-                    "depth": t.get("depth", 0),
-                    "backend_depth": t.get("backend_depth", 0),
-                    "message_count": t.get("message_count", 0),
-                    "message_bytes": t.get("message_bytes", 0),
-                    "channels": len(chans),
-                    "in_flight_count": sum(c.get("in_flight_count", 0) for c in chans),
-                    "deferred_count": sum(c.get("deferred_count", 0) for c in chans),
-                    "paused": t.get("paused"),
-                }
-                if "log" in t:
-                    row["log"] = t["log"]
-                nodes.append(row)
-                # A replicated topic: each partition as the node leading it reports it.
-                for part in (t.get("replication") or {}).get("partitions") or []:
-                    if part.get("role") == "leader":
-                        partitions[part["partition"]] = {**part, "node": node}
-                    copies.append(
-                        {k: part.get(k, v) for k, v in _COPY_KEYS.items()} | {"node": node}
-                    )
-                for c in t.get("channels") or []:
-                    agg = channels.setdefault(
-                        c["channel_name"],
-                        {
-                            "channel": c["channel_name"],
-                            **dict.fromkeys(COUNTERS, 0),
-                            "clients": 0,
-                            "paused": False,
-                        },
-                    )
-                    for k in COUNTERS:
-                        agg[k] += c.get(k, 0)
-                    agg["clients"] += len(c.get("clients") or [])
-                    agg["paused"] = agg["paused"] or bool(c.get("paused"))
-        if not nodes:
-            return None
-        # A replicated topic: what was published is its partitions' committed offsets, whoever
-        # leads them now (a dead node's own count is gone with it).
-        published = sum(p.get("committed", 0) for p in partitions.values())
-        return {
-            "topic": name,
-            "depth": sum(n["depth"] for n in nodes),
-            "message_count": published or sum(n["message_count"] for n in nodes),
-            "paused": any(n["paused"] for n in nodes),
-            "nodes": nodes,
-            "channels": [channels[c] for c in sorted(channels)],
-            "partitions": [partitions[p] for p in sorted(partitions)],
-            "copies": sorted(
-                copies, key=lambda c: (c["partition"], c["role"] != "leader", c["node"])
-            ),
-            "errors": errors,
-        }
+        return topic_view(name, stats, errors)
 
     async def channel(self, topic: str, name: str) -> dict[str, Any] | None:
         stats, errors = await self.stats()
-        nodes: list[dict[str, Any]] = []
-        clients: list[dict[str, Any]] = []
-        for node, s in stats.items():
-            for t in s.get("topics") or []:
-                if t["topic_name"] != topic:
-                    continue
-                for c in t.get("channels") or []:
-                    if c["channel_name"] != name:
-                        continue
-                    nodes.append(
-                        {
-                            "node": node,
-                            **{k: c.get(k, 0) for k in COUNTERS},
-                            "clients": len(c.get("clients") or []),
-                            "paused": c.get("paused"),
-                            "e2e": c.get("e2e_processing_latency"),
-                            "lifecycle": c.get("lifecycle"),
-                        }
-                    )
-                    for cl in c.get("clients") or []:
-                        clients.append({"node": node, **cl})
-        if not nodes:
-            return None
-        return {
-            "topic": topic,
-            "channel": name,
-            **{k: sum(n[k] for n in nodes) for k in COUNTERS},
-            "paused": any(n["paused"] for n in nodes),
-            "nodes": nodes,
-            "clients": clients,
-            "errors": errors,
-        }
+        return channel_view(topic, name, stats, errors)
 
     async def peek(
         self, topic: str, channel: str, nodes: list[str], n: int = 20
@@ -454,42 +344,7 @@ class Cluster:
                 "clients": [],
                 "errors": [*errors, f"nsqd {name}: {e}"],
             }
-        topics, channels, clients = [], [], []
-        for t in s.get("topics") or []:
-            chans = t.get("channels") or []
-            topics.append(
-                {
-                    "topic": t["topic_name"],
-                    "depth": t.get("depth", 0),
-                    "backend_depth": t.get("backend_depth", 0),
-                    "message_count": t.get("message_count", 0),
-                    "channels": len(chans),
-                    "paused": bool(t.get("paused")),
-                    "log": t.get("log"),
-                }
-            )
-            for c in chans:
-                channels.append(
-                    {
-                        "topic": t["topic_name"],
-                        "channel": c["channel_name"],
-                        **{k: c.get(k, 0) for k in COUNTERS},
-                        "clients": len(c.get("clients") or []),
-                        "paused": bool(c.get("paused")),
-                    }
-                )
-                for cl in c.get("clients") or []:
-                    clients.append({"topic": t["topic_name"], "channel": c["channel_name"], **cl})
-        return {
-            "node": name,
-            "version": s.get("version", ""),
-            "health": s.get("health", ""),
-            "start_time": s.get("start_time", 0),
-            "topics": topics,
-            "channels": channels,
-            "clients": clients,
-            "errors": errors,
-        }
+        return node_view(name, s, errors)
 
     async def inactive_topics(self, lookupds: list[dict[str, Any]]) -> list[str]:
         """Topics nsqlookupd knows (``/topics``) that no registered node lists: Go's /lookup

@@ -25,7 +25,7 @@ def test_rdy_is_a_window_never_decremented() -> None:
     _publish(loop, topic, 5)
     first = c.take()
     assert len(first) == 2 and c.in_flight_count == 2
-    ch.finish(c, first[0].id)
+    ch.finish_many(c, [first[0].id])
     loop.run_ready()
     assert len(c.take()) == 1  # one FIN opens the window by one
     assert c.rdy == 2
@@ -114,10 +114,10 @@ def test_fin_errors_are_non_fatal_and_exact() -> None:
     _publish(loop, topic, 1)
     (m,) = a.take()
     with pytest.raises(NotOwner) as owner:
-        ch.finish(b, m.id)
+        ch.finish_many(b, [m.id])
     assert owner.value.msg_id == m.id
     with pytest.raises(NotInFlight):
-        ch.finish(a, b"0000000000000000")
+        ch.finish_many(a, [b"0000000000000000"])
     with pytest.raises(NotInFlight) as second:
         ch.finish_many(a, [m.id, m.id])  # the first is finished, the second is not in flight
     assert second.value.msg_id == m.id and a.finish_count == 1
@@ -247,7 +247,7 @@ def test_spilled_messages_are_not_starved() -> None:
         loop.run_ready()
         (m,) = c.take()
         seen.append(m.body)
-        ch.finish(c, m.id)
+        ch.finish_many(c, [m.id])
         topic.put_bodies([b"new%d" % i])  # steady load keeps memory full
         loop.run_ready()
     assert any(b.startswith(b"m") and int(b[1:]) >= 4 for b in seen), seen
