@@ -13,7 +13,6 @@ import logging
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
@@ -76,10 +75,7 @@ class HTTPService(Router):
         self.nsqd = nsqd
         self.api = api = API(nsqd)
         self.registry: CollectorRegistry | None = None  # made by the first scrape
-        self.address = ""
         self.https_address = ""
-        self._web: web_server.Server | None = None
-        self._server: asyncio.Server | SharedListener | None = None
         self._https_server: asyncio.Server | SharedListener | None = None
         self._admin: asyncio.Server | SharedListener | None = None  # --workers: its own socket
         self._statsd_task: asyncio.Task[None] | None = None

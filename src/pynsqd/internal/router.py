@@ -24,6 +24,7 @@ from aiohttp.web_response import Response, StreamResponse
 from ..internal.gotext import go_json
 from . import debug
 from .httpapi import HTTPError, Params
+from .listener import SharedListener, format_address, listen
 
 V1_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
@@ -146,6 +147,28 @@ class Router:
     def __init__(self, logger: logging.Logger) -> None:
         self.routes: dict[str, Methods] = {}
         self._log = logger
+        #: ``serve_on``'s socket and its address (nsqlookupd's, nsqadmin's API).
+        self.address = ""
+        self._web: web_server.Server | None = None
+        self._server: asyncio.Server | SharedListener | None = None
+
+    async def serve_on(self, loop: asyncio.AbstractEventLoop, address: str) -> None:
+        """Serve these routes on ``address`` (``HTTP: listening on ...``)."""
+        self._web = self.web_server(loop)
+        self._server = await listen(loop, self._web, address)
+        self.address = format_address(self._server.sockets[0])
+        self._log.info("HTTP: listening on %s", self.address)
+
+    async def close(self) -> None:
+        """Stop ``serve_on``'s socket; requests under way get a second to finish."""
+        if self._server is not None:
+            self._log.info("HTTP: closing %s", self.address)
+            self._server.close()
+        if self._web is not None:
+            await self._web.shutdown(1.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
 
     def add(self, method: str, path: str, kind: Kind, handler: Handler) -> None:
         self.routes.setdefault(path, {})[method] = (kind, handler)

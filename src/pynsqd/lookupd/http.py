@@ -12,12 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 
 from .. import NSQD_VERSION
 from ..internal.httpapi import HTTPError, Params, topic_channel_args
-from ..internal.listener import format_address, listen
 from ..internal.names import is_valid_name
 from ..internal.router import Router
 from .registration_db import Registration, filter_by_active
@@ -55,9 +53,6 @@ class LookupdHTTP(Router):
         super().__init__(log)
         self.lookupd = lookupd
         self.db = lookupd.db
-        self.address = ""
-        self._web: web_server.Server | None = None
-        self._server: asyncio.Server | None = None
         add = self.add
         add("GET", "/ping", "plain", self.ping)
         add("GET", "/info", "v1", self.info)
@@ -76,21 +71,10 @@ class LookupdHTTP(Router):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str) -> None:
-        loop = self.lookupd.loop
-        self._web = self.web_server(loop)
-        self._server = await listen(loop, self._web, address)
-        self.address = format_address(self._server.sockets[0])
-        log.info("HTTP: listening on %s", self.address)
+        await self.serve_on(self.lookupd.loop, address)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            log.info("HTTP: closing %s", self.address)
-            self._server.close()
-        if self._web is not None:
-            await self._web.shutdown(1.0)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await self.close()
 
     # -- requests -------------------------------------------------------------------------
 
@@ -155,13 +139,7 @@ class LookupdHTTP(Router):
                 data.setdefault(f"{r.category}:{r.key}:{r.subkey}", []).append(
                     {
                         "id": peer.id,
-                        "hostname": peer.hostname,
-                        "broadcast_address": peer.broadcast_address,
-                        "tcp_port": peer.tcp_port,
-                        "http_port": peer.http_port,
-                        "version": peer.version,
-                        "topology_zone": peer.topology_zone,
-                        "topology_region": peer.topology_region,
+                        **{k: v for k, v in peer.as_json().items() if k != "remote_address"},
                         "last_update": peer.last_update_ns,
                         "tombstoned": p.tombstoned,
                         "tombstoned_at": p.tombstoned_at_ns,
@@ -195,7 +173,7 @@ class LookupdHTTP(Router):
         log.info("DB: setting tombstone for producer@%s of topic(%s)", node, topic)
         for p in self.db.find_producers("topic", topic, ""):
             peer = p.peer_info
-            if f"{peer.broadcast_address}:{peer.http_port}" == node:
+            if f"{peer.node.broadcast_address}:{peer.node.http_port}" == node:
                 p.tombstone()
         return None
 

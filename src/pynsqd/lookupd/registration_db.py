@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol.lookup import Identify
+
 
 @dataclass(frozen=True, slots=True)
 class Registration:
@@ -31,30 +33,26 @@ class Registration:
 
 @dataclass(slots=True)
 class PeerInfo:
-    """An identified nsqd. ``id`` is the connection's remote address."""
+    """An identified nsqd. ``id`` is the connection's remote address; ``node`` what it said of
+    itself in its IDENTIFY."""
 
     id: str
     remote_address: str
-    broadcast_address: str
-    tcp_port: int
-    http_port: int
-    version: str
-    hostname: str = ""
-    topology_zone: str = ""
-    topology_region: str = ""
+    node: Identify
     last_update_ns: int = field(default_factory=time.time_ns)
 
     def as_json(self) -> dict[str, Any]:
         """``PeerInfo`` as nsqlookupd marshals it (its struct's field order)."""
+        node = self.node
         return {
             "remote_address": self.remote_address,
-            "hostname": self.hostname,
-            "broadcast_address": self.broadcast_address,
-            "tcp_port": self.tcp_port,
-            "http_port": self.http_port,
-            "version": self.version,
-            "topology_zone": self.topology_zone,
-            "topology_region": self.topology_region,
+            "hostname": node.hostname,
+            "broadcast_address": node.broadcast_address,
+            "tcp_port": node.tcp_port,
+            "http_port": node.http_port,
+            "version": node.version,
+            "topology_zone": node.topology_zone,
+            "topology_region": node.topology_region,
         }
 
 

@@ -105,13 +105,7 @@ class LookupProtocolV1(asyncio.Protocol):
         for r in db.lookup_registrations(peer.id):
             removed, _left = db.remove_producer(r, peer.id)
             if removed:
-                log.info(
-                    "DB: client(%s) UNREGISTER category:%s key:%s subkey:%s",
-                    self.remote,
-                    r.category,
-                    r.key,
-                    r.subkey,
-                )
+                self._log_db("UNREGISTER", r)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -162,24 +156,14 @@ class LookupProtocolV1(asyncio.Protocol):
 
     def identify(self, cmd: Identify) -> bytes:
         lookupd = self.lookupd
-        peer = PeerInfo(
-            id=self.remote,
-            remote_address=self.remote,
-            broadcast_address=cmd.broadcast_address,
-            tcp_port=cmd.tcp_port,
-            http_port=cmd.http_port,
-            version=cmd.version,
-            hostname=cmd.hostname,
-            topology_zone=cmd.topology_zone,
-            topology_region=cmd.topology_region,
-        )
+        peer = PeerInfo(id=self.remote, remote_address=self.remote, node=cmd)
         log.info(
             "CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s",
             self.remote,
-            peer.broadcast_address,
-            peer.tcp_port,
-            peer.http_port,
-            peer.version,
+            cmd.broadcast_address,
+            cmd.tcp_port,
+            cmd.http_port,
+            cmd.version,
         )
         self.peer_info = peer
         if lookupd.db.add_producer(_CLIENT, Producer(peer)):

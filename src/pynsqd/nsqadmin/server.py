@@ -17,13 +17,11 @@ from importlib import resources
 from typing import Any
 
 import aiohttp
-from aiohttp import web_server
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response
 from yarl import URL
 
 from ..internal.httpapi import HTTPError, Params
-from ..internal.listener import format_address, listen
 from ..internal.names import is_valid_name
 from ..internal.optiontable import config_key, option_fields
 from ..internal.router import Methods, Router
@@ -78,9 +76,6 @@ class AdminService(Router):
         self.base = "/" + opts.base_path.strip("/") if opts.base_path.strip("/") else ""
         self.cluster = Cluster(opts)
         self.history = History()
-        self.address = ""
-        self._server: asyncio.Server | None = None
-        self._web: web_server.Server | None = None
         add = self.add
         add("GET", "/ping", "plain", self._ping)
         add("GET", "/api/nodes", "v1", self._nodes)
@@ -338,16 +333,8 @@ class AdminService(Router):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._web = self.web_server(loop)
-        self._server = await listen(loop, self._web, self.opts.http_address)
-        self.address = format_address(self._server.sockets[0])
-        log.info("HTTP: listening on %s", self.address)
+        await self.serve_on(asyncio.get_running_loop(), self.opts.http_address)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        if self._web is not None:
-            await self._web.shutdown(1.0)
+        await self.close()
         await self.cluster.close()

@@ -146,59 +146,58 @@ def _decode(body: bytes) -> dict[str, Any]:
     return fields
 
 
+def _invalid(reason: str) -> FatalClientError:
+    return FatalClientError("E_BAD_BODY", f"IDENTIFY {reason}")
+
+
+def _setting(
+    f: dict[str, Any], key: str, default: int, low: int, high: int, off: int | None = 0
+) -> int:
+    """A client's setting ``key`` as nsqd checks it: 0 (or none) keeps ``default``, -1 turns
+    it off (``off``; where it cannot be, -1 is out of range), else it must be within
+    ``[low, high]``."""
+    value = f.get(key, 0)
+    if value == -1 and off is not None:
+        return off
+    if value == 0:
+        return default
+    if low <= value <= high:
+        return value  # type: ignore[no-any-return]
+    raise _invalid(f"{key.replace('_', ' ')} ({value}) is invalid")
+
+
 def parse_identify(body: bytes, config: ProtocolConfig) -> IdentifyData:
     """Decode and validate an IDENTIFY body; raises ``E_BAD_BODY`` as nsqd would."""
     f = _decode(body)
 
-    def invalid(reason: str) -> FatalClientError:
-        return FatalClientError("E_BAD_BODY", f"IDENTIFY {reason}")
-
-    heartbeat = config.heartbeat_interval_ms
-    hb = f.get("heartbeat_interval", 0)
-    if hb == -1:
-        heartbeat = 0
-    elif hb == 0:
-        pass
-    elif 1000 <= hb <= config.max_heartbeat_interval_ms:
-        heartbeat = hb
-    else:
-        raise invalid(f"heartbeat interval ({hb}) is invalid")
-
+    heartbeat = _setting(
+        f,
+        "heartbeat_interval",
+        config.heartbeat_interval_ms,
+        1000,
+        config.max_heartbeat_interval_ms,
+    )
     # Timeout is checked before size, as in nsqd's SetOutputBuffer.
-    buf_timeout = config.output_buffer_timeout_ms
-    obt = f.get("output_buffer_timeout", 0)
-    if obt == -1:
+    buf_timeout = _setting(
+        f,
+        "output_buffer_timeout",
+        config.output_buffer_timeout_ms,
+        config.min_output_buffer_timeout_ms,
+        config.max_output_buffer_timeout_ms,
+    )
+    buf_size = _setting(
+        f, "output_buffer_size", config.output_buffer_size, 64, config.max_output_buffer_size, 1
+    )
+    if f.get("output_buffer_size") == -1:  # no buffering: every frame written at once
         buf_timeout = 0
-    elif obt == 0:
-        pass
-    elif config.min_output_buffer_timeout_ms <= obt <= config.max_output_buffer_timeout_ms:
-        buf_timeout = obt
-    else:
-        raise invalid(f"output buffer timeout ({obt}) is invalid")
-    buf_size = config.output_buffer_size
-    obs = f.get("output_buffer_size", 0)
-    if obs == -1:
-        buf_size = 1
-        buf_timeout = 0
-    elif obs == 0:
-        pass
-    elif 64 <= obs <= config.max_output_buffer_size:
-        buf_size = obs
-    else:
-        raise invalid(f"output buffer size ({obs}) is invalid")
 
     sample_rate = f.get("sample_rate", 0)
     if sample_rate < 0 or sample_rate > 99:
-        raise invalid(f"sample rate ({sample_rate}) is invalid")
+        raise _invalid(f"sample rate ({sample_rate}) is invalid")
 
-    msg_timeout = config.msg_timeout_ms
-    mt = f.get("msg_timeout", 0)
-    if mt == 0:
-        pass
-    elif 1000 <= mt <= config.max_msg_timeout_ms:
-        msg_timeout = mt
-    else:
-        raise invalid(f"msg timeout ({mt}) is invalid")
+    msg_timeout = _setting(
+        f, "msg_timeout", config.msg_timeout_ms, 1000, config.max_msg_timeout_ms, off=None
+    )
 
     return IdentifyData(
         client_id=f.get("client_id", ""),

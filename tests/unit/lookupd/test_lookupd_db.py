@@ -18,10 +18,11 @@ from pynsqd.lookupd.registration_db import (
     RegistrationDB,
     filter_by_active,
 )
+from pynsqd.protocol.lookup import Identify
 
 
 def peer(pid: str) -> PeerInfo:
-    return PeerInfo(pid, pid, "host", 4150, 4151, "1.3.0")
+    return PeerInfo(pid, pid, Identify("host", 4150, 4151, "1.3.0"))
 
 
 def test_add_remove_keeps_keys() -> None:

@@ -1,10 +1,11 @@
 """The other workers when there are none: one nsqd process, without ``--workers``.
 
-``nsqd.workers`` is never None. In a single process it is a ``LoneProcess``, the null object of
-``peers.Workers``: nsqd, its connections and its HTTP API speak to the other workers the same
-way at any worker count, and here each answer is what a lone nsqd does (it listens on its own
-addresses, keeps every topic's log, makes admin calls here alone, answers ``/stats`` for
-itself). Nothing here is asked of another process.
+``nsqd.workers`` is never None. In a single process it is a ``LoneProcess``: nsqd, its
+connections and its HTTP API speak to the other workers the same way at any worker count, and
+here each answer is what a lone nsqd does (it listens on its own addresses, keeps every topic's
+log, makes admin calls here alone, answers ``/stats`` for itself). ``peers.Workers`` is a
+``LoneProcess`` whose answers the other workers change; ``listen`` is the one place a worker or
+a lone process gets a listening socket. Nothing here is asked of another process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...internal.listener import listen
+from ...internal.listener import SharedListener, listen
 from .placement import Placement
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from aiohttp.web_request import BaseRequest
 
     from ...core.channel import Channel
+    from .admin import AdminLinks
     from .peers import Registrar, WorkerNode
 
 Handler = Callable[..., Any]
@@ -76,16 +78,19 @@ class LoneAdmin:
 
 
 class LoneProcess:
-    """``nsqd.workers`` in a single process (``peers.Workers`` with ``--workers N``)."""
-
-    #: Every topic is kept here: a node of one worker.
-    placement = Placement()
-    #: This process registers with nsqlookupd, and is the node's member of a cluster.
-    is_lead = True
-    admin = LoneAdmin()
+    """``nsqd.workers`` in a single process; ``peers.Workers``, with ``--workers N``, is one
+    too, with the answers the other workers change."""
 
     def __init__(self, nsqd: WorkerNode) -> None:
         self.nsqd = nsqd
+        #: Every topic is kept here: a node of one worker.
+        self.placement = Placement()
+        self.admin: LoneAdmin | AdminLinks = LoneAdmin()
+
+    @property
+    def is_lead(self) -> bool:
+        """This process registers with nsqlookupd, and is the node's member of a cluster."""
+        return True
 
     def storage_id(self, own: str) -> str:
         """The node's storage id (``/info``): this process's directory's."""
@@ -99,9 +104,23 @@ class LoneProcess:
         ssl_context: ssl.SSLContext | None = None,
         *,
         serve: bool,
-    ) -> asyncio.Server | None:
-        """The socket ``name`` (tcp, http, https) on its flag's ``address``."""
-        return await own_listener(self.nsqd.loop, factory, address, ssl_context, serve=serve)
+    ) -> SharedListener | asyncio.Server | None:
+        """The socket ``name`` (tcp, http, https; link and admin between workers) on its
+        flag's ``address`` ("": none), or the node's, which the supervisor bound once
+        (``_shared``); ``serve`` False: no connection is taken until its
+        ``start_serving``."""
+        shared = self._shared(name, factory, ssl_context)
+        if shared is None:
+            return await own_listener(self.nsqd.loop, factory, address, ssl_context, serve=serve)
+        if serve:
+            await shared.start_serving()
+        return shared
+
+    def _shared(
+        self, name: str, factory: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext | None
+    ) -> SharedListener | None:
+        """A socket the supervisor bound for every worker (none: a lone process)."""
+        return None
 
     def started(self, lookup: Registrar) -> None:
         """Serving: ready once nsqlookupd has it (or failed to answer)."""

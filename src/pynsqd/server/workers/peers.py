@@ -35,7 +35,7 @@ from ...internal.listener import SharedListener
 from ...internal.names import is_ephemeral
 from .admin import AdminLinks
 from .forward import Done, Forwarder
-from .lone import own_listener
+from .lone import LoneProcess
 from .placement import Placement
 from .relay import Relay
 from .spec import ConnectionCounts, WorkerSpec
@@ -72,12 +72,12 @@ def inherited_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=fd)
 
 
-class Workers:
+class Workers(LoneProcess):
     """This worker's view of the others (``nsqd.workers``; ``lone.LoneProcess`` without
     ``--workers``)."""
 
     def __init__(self, nsqd: WorkerNode, spec: WorkerSpec) -> None:
-        self.nsqd = nsqd
+        super().__init__(nsqd)
         self.spec = spec
         self.index = spec.index
         self.opts = nsqd.opts
@@ -87,7 +87,7 @@ class Workers:
         #: Where a topic is kept (``placement.py``).
         self.placement = Placement(spec.index, spec.count, clustered=bool(self.opts.etcd_endpoints))
         #: HTTP between the workers (``admin.py``).
-        self.admin = AdminLinks(
+        self.admin: AdminLinks = AdminLinks(
             self.opts,
             self.index,
             spec.admins,
@@ -124,31 +124,8 @@ class Workers:
 
     # -- sockets --------------------------------------------------------------------------
 
-    async def listen(
-        self,
-        name: str,
-        factory: Callable[[], asyncio.BaseProtocol],
-        address: str,
-        ssl_context: ssl.SSLContext | None = None,
-        *,
-        serve: bool,
-    ) -> SharedListener | asyncio.Server | None:
-        """The node's socket ``name`` (tcp, http, https), bound once by the supervisor, or
-        this worker's own (link, admin); one the supervisor did not bind is this worker's on
-        ``address`` ("": none). ``serve`` False: no connection is taken until its
-        ``start_serving``."""
-        shared = self._shared(name, factory, ssl_context)
-        if shared is None:
-            return await own_listener(self.loop, factory, address, ssl_context, serve=serve)
-        if serve:
-            await shared.start_serving()
-        return shared
-
     def _shared(
-        self,
-        name: str,
-        factory: Callable[[], asyncio.BaseProtocol],
-        ssl_context: ssl.SSLContext | None = None,
+        self, name: str, factory: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext | None
     ) -> SharedListener | None:
         fd = self.spec.fds.get(name)
         if fd is None:
@@ -156,7 +133,7 @@ class Workers:
         # The node's TCP port: a worker with more than its share of clients lets the others
         # take the next one (HTTP's connections are short-lived: taken as they come).
         admit = self.admit if name == "tcp" and self._counts is not None else None
-        listener = SharedListener(self.loop, inherited_socket(fd), factory, ssl_context, admit)
+        listener = SharedListener(self.loop, inherited_socket(fd), factory, context, admit)
         self._listeners.append(listener)
         return listener
 
