@@ -29,14 +29,11 @@ log = logging.getLogger("pynsqd")
 class Handing(Protocol):
     """What the hand-off needs of its topic (``core/topic.Topic``)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def loop(self) -> Scheduler: ...
-    @property
-    def log(self) -> MessageLog | None: ...
-    @property
-    def channels(self) -> dict[str, Channel]: ...
+    name: str
+    loop: Scheduler
+    log: MessageLog | None
+    channels: dict[str, Channel]
+
     def schedule_drain(self) -> None: ...
     def fan_out(self, msgs: list[Message], *, mixed: bool = False) -> OSError | None: ...
 

@@ -66,14 +66,11 @@ GONE = _Gone()
 class Borrower(Protocol):
     """What lent messages need of the channel they are delivered by (``core/channel.py``)."""
 
-    @property
-    def loop(self) -> Scheduler: ...
-    @property
-    def clients(self) -> dict[int, ConsumerLike]: ...
-    @property
-    def in_flight(self) -> dict[bytes, Message]: ...
-    @property
-    def tq(self) -> TimedQueue: ...
+    loop: Scheduler
+    clients: dict[int, ConsumerLike]
+    in_flight: dict[bytes, Message]
+    tq: TimedQueue
+
     @property
     def queue(self) -> OwnQueue: ...
     def fly_own(self, client: ConsumerLike, n: int) -> list[Message]:

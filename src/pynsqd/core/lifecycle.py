@@ -37,20 +37,20 @@ log = logging.getLogger("pynsqd")
 
 
 class Named(Protocol):
-    @property
-    def name(self) -> str: ...
+    name: str
 
 
 class Held(Replicated, Protocol):
     """What the lifecycle reads and changes of its channel (``core/channel.Channel``): what
     replication does (its queue, timed queue, deferred set and windows), and its names."""
 
-    @property
-    def name(self) -> str: ...
+    name: str
+
     @property
     def topic(self) -> Named: ...
-    @property
-    def loop(self) -> Scheduler: ...
+
+    loop: Scheduler
+
     @property
     def depth(self) -> int: ...
 

@@ -59,8 +59,8 @@ class ConsumerLike(Protocol):
     sample_rate: int
     write_paused: bool
 
-    @property
-    def in_flight_count(self) -> int: ...
+    in_flight_count: int
+
     def send_messages(self, msgs: list[Message]) -> None:
         """Hand ``msgs`` to the consumer (its ``in_flight_count`` grows by them)."""
 

@@ -130,10 +130,10 @@ class Replicated(Protocol):
 
     @property
     def queue(self) -> MessageQueue: ...
-    @property
-    def tq(self) -> TimedQueue: ...
-    @property
-    def deferred(self) -> dict[bytes, Message]: ...
+
+    tq: TimedQueue
+    deferred: dict[bytes, Message]
+
     def schedule_pump(self) -> None: ...
 
 

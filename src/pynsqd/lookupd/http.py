@@ -30,12 +30,9 @@ if TYPE_CHECKING:
 class HTTPHost(Protocol):
     """What the HTTP API needs of nsqlookupd (``NSQLookupd``)."""
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def opts(self) -> LookupdOptions: ...
-    @property
-    def db(self) -> RegistrationDB: ...
+    loop: asyncio.AbstractEventLoop
+    opts: LookupdOptions
+    db: RegistrationDB
 
 
 log = logging.getLogger("pynsqd.lookupd")

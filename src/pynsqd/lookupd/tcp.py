@@ -35,20 +35,17 @@ if TYPE_CHECKING:
 class TCPHost(Protocol):
     """What a V1 connection needs of nsqlookupd (``NSQLookupd``)."""
 
-    @property
-    def db(self) -> RegistrationDB: ...
-    @property
-    def clients(self) -> set[LookupProtocolV1]: ...
-    @property
-    def opts(self) -> LookupdOptions: ...
+    db: RegistrationDB
+    clients: set[LookupProtocolV1]
+    opts: LookupdOptions
+
     @property
     def real_tcp_port(self) -> int: ...
     @property
     def real_http_port(self) -> int: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def hostname(self) -> str: ...
+
+    version: str
+    hostname: str
 
 
 log = logging.getLogger("pynsqd.lookupd")

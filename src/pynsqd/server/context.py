@@ -37,20 +37,14 @@ class ChannelsEverywhere(Protocol):
 
 
 class ConnectionContext(Protocol):
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def opts(self) -> Options: ...
-    @property
-    def protocol_config(self) -> ProtocolConfig: ...
-    @property
-    def auth(self) -> AuthClient | None: ...
-    @property
-    def tls_context(self) -> ssl.SSLContext | None: ...
-    @property
-    def busy_poll(self) -> BusyPoll: ...
-    @property
-    def replication(self) -> Replicator | None: ...
+    loop: asyncio.AbstractEventLoop
+    opts: Options
+    protocol_config: ProtocolConfig
+    auth: AuthClient | None
+    tls_context: ssl.SSLContext | None
+    busy_poll: BusyPoll
+    replication: Replicator | None
+
     @property
     def workers(self) -> ChannelsEverywhere: ...
 

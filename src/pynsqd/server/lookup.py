@@ -58,12 +58,10 @@ if TYPE_CHECKING:
 class LookupHost(Protocol):
     """What the registration needs of nsqd: its loop, options, address and topics."""
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def opts(self) -> Options: ...
-    @property
-    def tcp_address(self) -> str: ...
+    loop: asyncio.AbstractEventLoop
+    opts: Options
+    tcp_address: str
+
     @property
     def topics(self) -> Mapping[str, Topic]: ...
 

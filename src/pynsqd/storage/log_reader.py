@@ -42,10 +42,9 @@ class OffsetOutOfRange(Exception):
 class Readable(Protocol):
     """What a read needs of its log (``TopicLog``)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def log(self) -> logging.Logger: ...
+    name: str
+    log: logging.Logger
+
     @property
     def segments(self) -> list[Segment]: ...
     @property

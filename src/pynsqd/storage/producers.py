@@ -112,10 +112,8 @@ def remove_after(directory: str, end: int) -> None:
 class IndexedLog(log_reader.Readable, Protocol):
     """What the index needs of its log (``TopicLog``)."""
 
-    @property
-    def directory(self) -> str: ...
-    @property
-    def retention_time(self) -> float: ...
+    directory: str
+    retention_time: float
 
 
 class ProducerIndex:

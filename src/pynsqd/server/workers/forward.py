@@ -50,10 +50,9 @@ NOT_SENT = (
 class ForwardHost(Protocol):
     """What the forward links need of their worker (``server/workers.Workers``)."""
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def index(self) -> int: ...
+    loop: asyncio.AbstractEventLoop
+    index: int
+
     def link_path(self, peer: int) -> str: ...
 
 

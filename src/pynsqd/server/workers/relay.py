@@ -48,12 +48,10 @@ if TYPE_CHECKING:
 class RelayHost(Protocol):
     """What a relay needs of its worker (``server/workers.Workers``)."""
 
-    @property
-    def opts(self) -> Options: ...
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def index(self) -> int: ...
+    opts: Options
+    loop: asyncio.AbstractEventLoop
+    index: int
+
     def peers(self) -> list[int]: ...
     def link_path(self, peer: int) -> str: ...
 
