@@ -340,15 +340,17 @@ class Connection:
 
     def fin_many(self, ids: Iterable[bytes]) -> None:
         """FIN every id in one write (FIN has no response unless it fails)."""
-        data = b"".join([b"FIN " + i + b"\n" for i in ids])
-        if data:
-            self._send(data)
+        self._send_each(b"FIN ", ids)
 
     def touch(self, msg_id: bytes) -> None:
         self._send(encode.touch(msg_id))
 
     def touch_many(self, ids: Iterable[bytes]) -> None:
-        data = b"".join([b"TOUCH " + i + b"\n" for i in ids])
+        self._send_each(b"TOUCH ", ids)
+
+    def _send_each(self, command: bytes, ids: Iterable[bytes]) -> None:
+        """``command`` for every id, in one write."""
+        data = b"".join([command + i + b"\n" for i in ids])
         if data:
             self._send(data)
 

@@ -363,10 +363,7 @@ class API:
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         # The core persists the pause flag in nsqd.dat, as nsqd does after this call.
-        if pause:
-            topic.pause()
-        else:
-            topic.unpause()
+        (topic.pause if pause else topic.unpause)()
         return None
 
     async def topic_pause(self, request: BaseRequest, params: Params) -> Any:
@@ -415,10 +412,7 @@ class API:
         channel = topic.channels.get(channel_name)
         if channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        if pause:
-            channel.pause()
-        else:
-            channel.unpause()
+        (channel.pause if pause else channel.unpause)()
         return None
 
     async def channel_pause(self, request: BaseRequest, params: Params) -> Any:

@@ -110,10 +110,18 @@ def check_auth_http_request_method(value: str) -> str:
     raise ValueError("--auth-http-request-method must be post or get")
 
 
-def check_port(value: int) -> int:
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number [0,65535]")
-    return value
+def within(low: int, high: int, words: str) -> Callable[[int], int]:
+    """The check of a number that must be within ``[low, high]``; ``words`` say so."""
+
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise ValueError(words)
+        return value
+
+    return check
+
+
+check_port = within(0, 65535, "must be a port number [0,65535]")
 
 
 def check_host_port(value: str, *, port_zero: bool) -> str:
@@ -181,10 +189,7 @@ def check_bound_policy(value: str) -> str:
     return value
 
 
-def check_max_attempts(value: int) -> int:
-    if not 0 <= value <= 65535:
-        raise ValueError("must be [0,65535]")
-    return value
+check_max_attempts = within(0, 65535, "must be [0,65535]")
 
 
 def check_percentiles(values: list[float]) -> list[float]:
@@ -244,10 +249,7 @@ def check_lease_ttl(value: float) -> float:
     return value
 
 
-def check_replicas(value: int) -> int:
-    if not 1 <= value <= 7:
-        raise ValueError("must be 1-7")
-    return value
+check_replicas = within(1, 7, "must be 1-7")
 
 
 def choice(*allowed: str) -> Callable[[str], str]:

@@ -339,16 +339,24 @@ class V2Parser:
             return None, -1
         return body, start + 4 + size
 
-    def _sized_body(self, cmd: str, start: int) -> tuple[bytes | None, int]:
-        """The body of IDENTIFY, AUTH or MPUB, bounded by --max-body-size."""
+    def _body_size(self, cmd: str, start: int) -> int | None:
+        """The size of the body of IDENTIFY, AUTH or MPUB at ``start``, bounded by
+        --max-body-size (None: not all here yet)."""
         size = self._body_len(start)
         if size is None:
-            return None, -1
+            return None
         limit = self.config.max_body_size
         if size > limit:
             raise FatalClientError("E_BAD_BODY", f"{cmd} body too big {size} > {limit}")
         if size <= 0:
             raise FatalClientError("E_BAD_BODY", f"{cmd} invalid body size {size}")
+        return size
+
+    def _sized_body(self, cmd: str, start: int) -> tuple[bytes | None, int]:
+        """The body of IDENTIFY or AUTH."""
+        size = self._body_size(cmd, start)
+        if size is None:
+            return None, -1
         body = self._body(start + 4, size)
         if body is None:
             return None, -1
@@ -500,14 +508,9 @@ class V2Parser:
         # nsqd repeats the code inside the description here; clients may match on it.
         topic = self._topic("MPUB", params, 2, "E_BAD_TOPIC ")
         identity = self._identity("MPUB", params, 2)
-        size = self._body_len(start)
+        size = self._body_size("MPUB", start)
         if size is None:
             return None, -1
-        limit = self.config.max_body_size
-        if size > limit:
-            raise FatalClientError("E_BAD_BODY", f"MPUB body too big {size} > {limit}")
-        if size <= 0:
-            raise FatalClientError("E_BAD_BODY", f"MPUB invalid body size {size}")
         after = start + 4 + size
         if len(self._src) < after:
             self._need = after

@@ -455,6 +455,13 @@ class NSQD:
         """Serving, and at every nsqlookupd (or it failed to answer): ``/ping`` says OK."""
         self.starting = None
 
+    async def _clients_closed(self) -> None:
+        """Until every closing client's transport has closed (at most about a second)."""
+        for _ in range(100):
+            if not self.clients:
+                return
+            await asyncio.sleep(0.01)
+
     async def _stop_after_failed_start(self) -> None:
         """A start that failed says one thing, its FATAL line (``internal/process.py``): the
         closing of what it had opened is done without its INFO lines."""
@@ -486,17 +493,11 @@ class NSQD:
         for client in list(self.clients.values()):
             client.close_for_exit()
         # Let the transports finish closing, so every client's in-flight messages are back.
-        for _ in range(100):
-            if not self.clients:
-                break
-            await asyncio.sleep(0.01)
+        await self._clients_closed()
         # A client that does not read cannot hold shutdown: drop what it has not taken.
         for client in list(self.clients.values()):
             client.abort()
-        for _ in range(100):
-            if not self.clients:
-                break
-            await asyncio.sleep(0.01)
+        await self._clients_closed()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         self.metadata.close()

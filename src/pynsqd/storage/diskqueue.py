@@ -509,16 +509,27 @@ class DiskQueue:
                 names.append(os.path.join(self.data_path, entry))
         first_err: OSError | None = None
         for fn in names:
-            try:
-                os.remove(fn)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self._log.error("DISKQUEUE(%s) failed to remove %s - %s", self.name, fn, exc)
-                first_err = first_err or exc
+            err = self.remove_file(fn)
+            first_err = first_err or err
         self._depth = 0
         if first_err is not None:
             raise first_err
+
+    def remove_file(self, path: str) -> OSError | None:
+        """Remove one of this queue's files (gone already: fine); a failure is logged and
+        returned."""
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.file_failed("remove", path, exc)
+            return exc
+        return None
+
+    def file_failed(self, what: str, path: str, err: OSError) -> None:
+        """One of this queue's files could not be ``what`` (written, read, ...): one line."""
+        self._log.error("DISKQUEUE(%s) failed to %s %s - %s", self.name, what, path, err)
 
     # -- file names -----------------------------------------------------------------------
 

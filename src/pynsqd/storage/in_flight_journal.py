@@ -308,22 +308,13 @@ class InFlightJournal:
         try:
             write_atomic(self.path, data + bytes(cap - len(data)))
         except OSError as exc:  # the old file stays: only stale marks are kept longer
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to write %s - %s", self.dq.name, self.path, exc
-            )
+            self.dq.file_failed("write", self.path, exc)
             return
         self._records = len(recs)
 
     def _remove(self) -> None:
         self._close_fd()
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to remove %s - %s", self.dq.name, self.path, exc
-            )
+        self.dq.remove_file(self.path)
         self._gen = (self._gen + 1) & 0xFFFFFFFF
         self._records = 0
         self._cap = 0
@@ -336,7 +327,7 @@ class InFlightJournal:
         except FileNotFoundError:
             return b""
         except OSError as exc:
-            self.dq._log.error("DISKQUEUE(%s) failed to read %s - %s", self.dq.name, self.path, exc)
+            self.dq.file_failed("read", self.path, exc)
             return b""
 
     def _load(self) -> None:

@@ -173,9 +173,7 @@ class DiskBackend:
             if self._due_fd is not None and self._due_dirty:
                 os.fsync(self._due_fd)
         except OSError as exc:
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to sync %s - %s", self.dq.name, self._due_path, exc
-            )
+            self.dq.file_failed("sync", self._due_path, exc)
         finally:
             self._close_due_fd()
             if self.journal is not None:
@@ -260,12 +258,7 @@ class DiskBackend:
                 self._due_dirty = False
         except OSError as exc:
             # The messages themselves can still be stored: they would only come back early.
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to write due times to %s - %s",
-                self.dq.name,
-                self._due_path,
-                exc,
-            )
+            self.dq.file_failed("write due times to", self._due_path, exc)
             self._close_due_fd()
 
     def _rewrite_due(self) -> None:
@@ -296,12 +289,7 @@ class DiskBackend:
         except FileNotFoundError:
             return
         except OSError as exc:
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to read due times from %s - %s",
-                self.dq.name,
-                self._due_path,
-                exc,
-            )
+            self.dq.file_failed("read due times from", self._due_path, exc)
             return
         now = time.time_ns()
         due: dict[bytes, int] = {}
@@ -322,9 +310,7 @@ class DiskBackend:
         try:
             self._rewrite_due()  # compact, and drop a torn last record
         except OSError as exc:
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to rewrite %s - %s", self.dq.name, self._due_path, exc
-            )
+            self.dq.file_failed("rewrite", self._due_path, exc)
 
     def _quarantine_due(self, data: bytes, bad: int) -> None:
         bad_path = self._due_path + ".bad"
@@ -340,21 +326,14 @@ class DiskBackend:
             with open(bad_path, "wb") as f:
                 f.write(data)
         except OSError as exc:
-            self.dq._log.error("DISKQUEUE(%s) failed to write %s - %s", self.dq.name, bad_path, exc)
+            self.dq.file_failed("write", bad_path, exc)
 
     def _drop_due(self) -> None:
         self._due = {}
         self._close_due_fd()
         self._due_records = 0
         self._due_dirty = False
-        try:
-            os.remove(self._due_path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self.dq._log.error(
-                "DISKQUEUE(%s) failed to remove %s - %s", self.dq.name, self._due_path, exc
-            )
+        self.dq.remove_file(self._due_path)
 
     def _close_due_fd(self) -> None:
         if self._due_fd is not None:
