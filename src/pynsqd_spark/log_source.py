@@ -15,6 +15,7 @@ nsqlookupd) is ``pynsqd.client``'s: this module keeps only the Spark side.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -38,6 +39,7 @@ from pynsqd.client import (
     RangeUnreadable,
     find_nodes,
     read_range,
+    report_reader,
     survey_logs,
     topic_offsets,
 )
@@ -46,6 +48,8 @@ from .channel_source import SOURCE_SCHEMA
 from .options import LogOptions, NsqOptionError
 
 log = logging.getLogger("pynsqd_spark.log")
+#: How long a commit's report to a node (its lag in /stats) may take, seconds.
+REPORT_TIMEOUT = 2.0
 
 LOG_SCHEMA = StructType([*SOURCE_SCHEMA.fields, StructField("offset", LongType())])
 _ARROW_SCHEMA = to_arrow_schema(LOG_SCHEMA, timezone="UTC")
@@ -126,6 +130,19 @@ def retained_everywhere(options: Mapping[str, str]) -> str | None:
         return str(e)
 
 
+def _retention_of(address: str, opts: LogOptions) -> str:
+    """`` (retention time T, bytes B: ...)``: the setting that removed records, as the node
+    says it now ("" when it does not answer)."""
+    try:
+        doc = topic_offsets(address, opts.topic, opts.http)
+    except (NsqError, ConnectionError, OSError, ValueError):
+        return ""
+    return (
+        f" (retention time {doc.get('retention_time')}, bytes {doc.get('retention_bytes')}: "
+        f"POST /topic/retention?topic={opts.topic} sets it)"
+    )
+
+
 def fetch(
     node: str,
     opts: LogOptions,
@@ -143,7 +160,7 @@ def fetch(
     def pruned(address: str, first: int, stop: int) -> None:
         message = (
             f"nsq log source: nsqd {address} topic {opts.topic}: offsets {first}-{stop - 1} "
-            f"were removed by retention before they were read"
+            f"were removed by retention{_retention_of(address, opts)} before they were read"
         )
         if opts.fail_on_data_loss:
             raise NsqDataLoss(message + " (failOnDataLoss=false skips them)")
@@ -365,7 +382,26 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_partition(partition, self.opts)
 
     def commit(self, end: dict[str, int]) -> None:
-        pass  # nothing to acknowledge: the offsets live in Spark's checkpoint
+        """A batch is committed: the offsets live in Spark's checkpoint, and each log's node
+        is told (``POST /topic/reader``) so that its ``/stats``, ``/metrics`` and nsqadmin show
+        the query (``readerName``) and its lag. A node that does not answer within
+        ``REPORT_TIMEOUT`` is told at the next commit; nothing read changes."""
+        http = dataclasses.replace(self.opts.http, timeout=REPORT_TIMEOUT)
+        for key, offset in _rekey(end, self._logs).items():
+            n = self._logs.get(key)
+            if n is None:
+                continue
+            try:
+                report_reader(
+                    n.address,
+                    self.opts.topic,
+                    self.opts.reader_name,
+                    offset,
+                    http,
+                    partition=n.partition,
+                )
+            except (NsqError, ConnectionError, OSError, ValueError) as e:
+                log.debug("nsq log source: commit not reported to %s - %s", n.address, e)
 
 
 class NsqLogBatchReader(DataSourceReader):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -294,6 +295,7 @@ LOG_OPTIONS = (
     "maxOffsetsPerTrigger",
     "minPartitions",
     "failOnDataLoss",
+    "readerName",
     "readRetryTimeoutMs",
     "readRetryBackoffMs",
     "authSecret",
@@ -328,6 +330,9 @@ class LogOptions:
     #: restarting) before the task fails; the first wait between tries (doubling, at most 2 s).
     read_retry_timeout_ms: int = 60_000
     read_retry_backoff_ms: int = 100
+    #: ``readerName``: what a streaming query is called in the nodes' ``/stats`` (its committed
+    #: offsets and lag); by default ``spark-<topic>-`` and a digest of its options.
+    reader_name: str = ""
 
     @property
     def http(self) -> ClientOptions:
@@ -383,6 +388,7 @@ class LogOptions:
             auth_secret_env=None if o.get("authSecret") else o.get("authSecretEnv"),
             read_retry_timeout_ms=o.integer("readRetryTimeoutMs", 60_000),
             read_retry_backoff_ms=o.integer("readRetryBackoffMs", 100, 1),
+            reader_name=o.get("readerName") or _reader_name(topic, options),
             client=ClientOptions(
                 timeout=o.integer("timeoutMs", 30000, 1) / 1000,
                 tls=tls,
@@ -393,6 +399,14 @@ class LogOptions:
                 auth_secret=o.get("authSecret"),
             ),
         )
+
+
+def _reader_name(topic: str, options: Mapping[str, str]) -> str:
+    """A query's default ``readerName``: its topic and a digest of its options (the same
+    query, restarted, is the same reader; secrets are left out)."""
+    kept = sorted((k.lower(), v) for k, v in options.items() if "secret" not in k.lower())
+    digest = hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:8]
+    return f"spark-{topic}-{digest}"
 
 
 def _offsets_option(

@@ -211,6 +211,49 @@ def test_stats_and_metrics_show_the_log(make_nsqd: Callable[..., ServerThread]) 
     assert 'nsq_topic_log_latest_offset{topic="t"} 2.0' in metrics
 
 
+def test_a_reader_that_keeps_its_own_offsets_shows_with_its_lag(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """``POST /topic/reader`` (what the Spark log source calls at each commit): /stats and
+    /metrics show the reader's committed offset and lag, which follow the log as it grows."""
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.mpub("t", [b"m"] * 10)
+        c.pub("plain", b"x")
+    status, doc = get_json(server, "/topic/reader?topic=t&reader=etl%20job&offset=4", "POST")
+    assert (status, doc) == (200, {"reader": "etl job", "committed": 4, "lag": 6})
+    with server.connect() as c:
+        c.mpub("t", [b"m"] * 5)
+    _, stats = get_json(server, "/stats?format=json&topic=t")
+    readers = stats["topics"][0]["log"]["readers"]
+    assert [(r["reader"], r["committed"], r["lag"]) for r in readers] == [("etl job", 4, 11)]
+    metrics = http_request(server, "GET", "/metrics")[1].decode()
+    assert 'nsq_log_reader_lag{partition="",reader="etl job",topic="t"} 11.0' in metrics
+    assert 'nsq_log_reader_committed_offset{partition="",reader="etl job",topic="t"} 4.0' in metrics
+    # A later commit moves it; the reader caught up has no lag.
+    assert get_json(server, "/topic/reader?topic=t&reader=etl%20job&offset=15", "POST")[1] == {
+        "reader": "etl job",
+        "committed": 15,
+        "lag": 0,
+    }
+    # Bad reports are refused with nsqd's kind of answer, and change nothing.
+    assert http_request(server, "POST", "/topic/retention?topic=plain&time=0&bytes=0")[0] == 200
+    for query, answer in (
+        ("topic=t&offset=1", "MISSING_ARG_READER"),
+        ("topic=t&reader=&offset=1", "INVALID_ARG_READER"),
+        ("topic=t&reader=" + "r" * 129 + "&offset=1", "INVALID_ARG_READER"),
+        ("topic=t&reader=a%0Ab&offset=1", "INVALID_ARG_READER"),
+        ("topic=t&reader=r&offset=-1", "INVALID_ARG_OFFSET"),
+        ("topic=t&reader=r&offset=16", "OFFSET_OUT_OF_RANGE"),
+        ("topic=plain&reader=r&offset=0", "TOPIC_NOT_RETAINED"),
+        ("topic=nope&reader=r&offset=0", "TOPIC_NOT_FOUND"),
+    ):
+        status, doc = get_json(server, "/topic/reader?" + query, "POST")
+        assert status in (400, 404) and doc["message"] == answer, (query, doc)
+    _, stats = get_json(server, "/stats?format=json&topic=t")
+    assert [r["reader"] for r in stats["topics"][0]["log"]["readers"]] == ["etl job"]
+
+
 def test_retention_by_size_prunes_whole_segments(make_nsqd: Callable[..., ServerThread]) -> None:
     server = make_nsqd(retention_bytes=20_000, max_bytes_per_file=4096)
     with server.connect() as c:

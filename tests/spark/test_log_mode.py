@@ -115,7 +115,12 @@ def test_trigger_available_now_reads_what_was_there_in_bounded_batches_and_stops
 ) -> None:
     node = retained(start_nsqd)
     node.publish("t", [b"a%04d" % i for i in range(250)])
-    df = log_reader(spark, node, stream=True).option("maxOffsetsPerTrigger", "70").load()
+    df = (
+        log_reader(spark, node, stream=True)
+        .option("maxOffsetsPerTrigger", "70")
+        .option("readerName", "offsets-etl")
+        .load()
+    )
     query = (
         df.select("offset")
         .writeStream.format("parquet")
@@ -133,6 +138,11 @@ def test_trigger_available_now_reads_what_was_there_in_bounded_batches_and_stops
     assert sizes == [70, 70, 70, 40]
     offsets = sorted(r.offset for r in spark.read.parquet(str(tmp_path / "out")).collect())
     assert offsets == list(range(250))
+    # The node shows the query as a reader of its log: what it committed, and its lag.
+    stats = node.topic_stats("t") or {}
+    readers = [(r["reader"], r["committed"], r["lag"]) for r in stats["log"]["readers"]]
+    print(readers)
+    assert readers == [("offsets-etl", 250, 0)]
 
 
 def _make_prunable(node: NsqdProcess, n: int) -> int:
@@ -157,7 +167,9 @@ def test_records_pruned_before_they_were_read_fail_or_are_skipped(
     node.publish("t", [b"seed"])  # creates the topic (no channel yet: nothing prunable)
     earliest = _make_prunable(node, 400)
     start = json.dumps({node.http_address: 0})
-    with pytest.raises(Exception, match=r"offsets 0-\d+ were removed by retention"):
+    # The error names the range and the setting that removed it.
+    removed = r"offsets 0-\d+ were removed by retention \(retention time [^,]+, bytes 20000"
+    with pytest.raises(Exception, match=removed):
         log_reader(spark, node).option("startingOffsets", start).load().count()
     rows = (
         log_reader(spark, node)

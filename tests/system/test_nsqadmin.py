@@ -571,6 +571,17 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
         followers = browser.find_elements(By.XPATH, "//table[@id='log-copies']//tr[td[1]='1']")
         assert len(followers) == 2, "the two live copies of partition 1"
         _shot(browser, "topic-copies")
+        # Issue 55 item 4: a reader that keeps its own offsets (a Spark query) reports its
+        # commit to the new leader's copy; the page shows it with its lag.
+        lead = next(n for n in nodes.nodes if f"127.0.0.1:{n.proc.http_port}" == leader)  # type: ignore[union-attr]
+        query = f"/topic/reader?topic={TOPIC}&reader=orders-etl&offset=1&partition=1"
+        assert lead.http("POST", query)[0] == 200
+        browser.get(f"http://127.0.0.1:{admin.port}/topics/{TOPIC}")
+        row = "//table[@id='log-readers']//tr[td[1]='orders-etl']"
+        _wait(browser).until(lambda d: d.find_elements(By.XPATH, row))
+        cells = [td.text for td in browser.find_elements(By.XPATH, f"{row}/td")]
+        assert cells[1:5] == [leader, "1", "1", "2"], cells  # node, partition, committed, lag
+        _shot(browser, "topic-readers")
     finally:
         if admin is not None:
             admin.stop()

@@ -32,6 +32,7 @@ from .cluster import (
     producer_address,
     producers_of,
     read_log,
+    report_reader,
     topic_offsets,
     topics_of,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "producers_of",
     "read_log",
     "read_range",
+    "report_reader",
     "survey_logs",
     "topic_offsets",
     "topics_of",

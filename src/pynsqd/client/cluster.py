@@ -38,6 +38,7 @@ __all__ = [
     "producer_address",
     "producers_of",
     "read_log",
+    "report_reader",
     "topic_offsets",
     "topics_of",
 ]
@@ -106,12 +107,12 @@ def _url(address: str, path: str, query: dict[str, str], *, tls: bool = False) -
     return f"{base}{path}" + (f"?{qs}" if qs else "")
 
 
-def _get(url: str, opts: ClientOptions) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, opts: ClientOptions, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     """(status, lower-cased headers, body). Raises OSError when the node cannot be reached."""
     headers = {"Accept": ACCEPT}
     if opts.auth_secret:
         headers[SECRET_HEADER] = opts.auth_secret
-    req = urllib.request.Request(url, headers=headers)
+    req = urllib.request.Request(url, headers=headers, method=method)
     context = opts.shared_ssl_context() if url.startswith("https:") else None
     try:
         with urllib.request.urlopen(req, timeout=opts.timeout, context=context) as r:
@@ -333,11 +334,33 @@ def channel_depth(http_address: str, topic: str, channel: str, timeout: float = 
     return None if c is None else int(c.get("depth", 0))
 
 
-def _node_get(node: str, path: str, query: dict[str, str], opts: ClientOptions) -> Any:
+def _node_get(
+    node: str, path: str, query: dict[str, str], opts: ClientOptions, method: str = "GET"
+) -> Any:
     try:
-        return _get(_url(node, path, query, tls=opts.tls), opts)
+        return _get(_url(node, path, query, tls=opts.tls), opts, method)
     except OSError as e:
         raise ConnectionError(f"nsqd {node} unreachable - {e}") from None
+
+
+def report_reader(
+    node: str,
+    topic: str,
+    reader: str,
+    offset: int,
+    opts: ClientOptions,
+    *,
+    partition: int | None = None,
+) -> None:
+    """``POST /topic/reader``: a reader that keeps its own offsets tells the node it has
+    committed the log (or its copy of ``partition``) below ``offset``, for its lag in
+    ``/stats``. Raises NodeHTTPError with the node's own error, ConnectionError."""
+    query = {"topic": topic, "reader": reader, "offset": str(offset)}
+    if partition is not None:
+        query["partition"] = str(partition)
+    status, _, body = _node_get(node, "/topic/reader", query, opts, "POST")
+    if status != 200:
+        raise NodeHTTPError(node, status, body.decode(errors="replace"))
 
 
 def topic_offsets(

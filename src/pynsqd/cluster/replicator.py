@@ -549,4 +549,4 @@ class Replicator:
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
         (``report.describe``)."""
-        return describe(topic, self.partitions, self.state)
+        return describe(topic, self.partitions, self.state, time.time())

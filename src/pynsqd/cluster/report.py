@@ -13,9 +13,10 @@ from .records import ClusterState, PartKey, Tombstone
 
 
 def describe(
-    topic: str, partitions: Mapping[PartKey, Partition], state: ClusterState
+    topic: str, partitions: Mapping[PartKey, Partition], state: ClusterState, now: float
 ) -> list[dict[str, Any]]:
-    """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds."""
+    """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
+    (``now``: the wall clock, for its readers)."""
     out = []
     for (name, origin), p in sorted(partitions.items()):
         if name != topic:
@@ -38,6 +39,8 @@ def describe(
                 "segments": p.log.segment_count,
                 "follower_lag": lags,
                 "checkpoints": checkpoints(state, name, origin),
+                # Readers of this copy that keep their own offsets (``storage/readers.py``).
+                "readers": p.log.readers.describe(p.log.visible, now),
             }
         )
     return out

@@ -10,6 +10,7 @@ Names follow Prometheus conventions: an ``nsq_`` namespace, ``_total`` on counte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -219,15 +220,34 @@ class NSQCollector:
             "Leader: records a follower has yet to acknowledge",
             labels=["topic", "partition", "follower"],
         )
+        by_reader = ["topic", "partition", "reader"]
+        committed = GaugeMetricFamily(
+            "nsq_log_reader_committed_offset",
+            "A reader that keeps its own offsets (a Spark query): the offset it committed",
+            labels=by_reader,
+        )
+        behind_by = GaugeMetricFamily(
+            "nsq_log_reader_lag",
+            "A reader's records not yet committed (latest - committed)",
+            labels=by_reader,
+        )
         replication = nsqd.replication
-        if replication is not None:
-            for name in sorted(nsqd.topics):
-                for part in replication.describe(name):
-                    pl = [name, str(part["partition"]), part["role"]]
-                    for fam, value in part_fams:
-                        fam.add_metric(pl, value(part))
-                    for follower, behind in sorted(part["follower_lag"].items()):
-                        lag.add_metric([name, str(part["partition"]), follower], behind)
+        now = time.time()
+        for name in sorted(nsqd.topics):
+            parts = replication.describe(name) if replication is not None else []
+            for part in parts:
+                pl = [name, str(part["partition"]), part["role"]]
+                for fam, value in part_fams:
+                    fam.add_metric(pl, value(part))
+                for follower, behind in sorted(part["follower_lag"].items()):
+                    lag.add_metric([name, str(part["partition"]), follower], behind)
+            kept = nsqd.retention.get(name)
+            readers = [(str(p["partition"]), r) for p in parts for r in p["readers"]] or [
+                ("", r) for r in (kept.readers.describe(kept.visible, now) if kept else [])
+            ]
+            for partition, r in readers:
+                committed.add_metric([name, partition, str(r["reader"])], r["committed"])
+                behind_by.add_metric([name, partition, str(r["reader"])], r["lag"])
         for fams in (
             topic_fams,
             log_fams,
@@ -237,8 +257,7 @@ class NSQCollector:
             part_fams,
         ):
             yield from (fam for fam, _ in fams)
-        yield lag
-        yield from (t_e2e, c_e2e)
+        yield from (lag, committed, behind_by, t_e2e, c_e2e)
 
 
 def _add_quantiles(metric: Metric, labels: dict[str, str], result: dict[str, object]) -> None:

@@ -16,6 +16,10 @@
   TOO_MANY_LOG_READERS`` when none is left), and a reader that takes no part of the body for
   ``WRITE_TIMEOUT`` is disconnected, so a stalled reader never pins files or the space of
   pruned segments.
+- ``POST /topic/reader?topic=T&reader=NAME&offset=N[&partition=P]``: a reader that keeps its own
+  offsets (a Spark query in log mode) reports that it has committed the log below N; ``/stats``
+  (the topic's ``log`` and its partitions: ``readers``), ``/metrics`` and nsqadmin show it
+  with its lag. It moves, holds and prunes nothing (``storage/readers.py``).
 - ``POST /topic/retention?topic=T[&time=24h][&bytes=N]``: the topic's own retention (kept across
   restarts); both 0 stops its log and removes it.
 - ``POST /channel/rewind?topic=T&channel=C&offset=N`` (or ``&timestamp=<unix ms>``): every
@@ -37,6 +41,7 @@ import logging
 import os
 import re
 import resource
+import time
 from typing import Any
 
 from aiohttp.web_request import BaseRequest
@@ -47,6 +52,7 @@ from ..internal.gotext import format_duration, parse_duration
 from ..internal.httpapi import HTTPError, Params, topic_arg
 from ..internal.names import is_valid_name
 from ..log import LOGGER_NAME
+from ..storage.readers import MAX_NAME as MAX_READER_NAME
 from ..storage.topiclog import LogRange, OffsetOutOfRange, TopicLog
 from .host import NSQDHost
 
@@ -259,6 +265,23 @@ class ReplayAPI:
             for fd, _ in files:
                 os.close(fd)
         return resp
+
+    async def reader(self, request: BaseRequest, params: Params) -> Any:
+        """``POST /topic/reader``: a reader that keeps its own offsets (a Spark query) says
+        what it has committed; ``/stats`` shows it with its lag (``storage/readers.py``)."""
+        name = self._topic_name(params)
+        await self._authorize(request, params, name)
+        reader = params.get("reader")
+        if reader is None:
+            raise HTTPError(400, "MISSING_ARG_READER")
+        if not 0 < len(reader) <= MAX_READER_NAME or not reader.isprintable():
+            raise HTTPError(400, "INVALID_ARG_READER")
+        topic_log = self._partition_log(name, params)
+        offset = _uint(params, "offset")
+        if offset > topic_log.latest:
+            raise self._out_of_range(OffsetOutOfRange(offset, topic_log.earliest, topic_log.latest))
+        topic_log.readers.commit(reader, offset, time.time())
+        return {"reader": reader, "committed": offset, "lag": max(0, topic_log.visible - offset)}
 
     async def retention(self, request: BaseRequest, params: Params) -> Any:
         name = self._topic_name(params)

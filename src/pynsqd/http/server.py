@@ -61,7 +61,14 @@ FANNED = frozenset(
 )
 #: Calls about a topic's log that ``--workers`` has the worker that keeps it answer.
 ROUTED = frozenset(
-    {"/topic/offsets", "/topic/log", "/topic/retention", "/channel/rewind", "/channel/create"}
+    {
+        "/topic/offsets",
+        "/topic/log",
+        "/topic/retention",
+        "/topic/reader",
+        "/channel/rewind",
+        "/channel/create",
+    }
 )
 #: ... and, on a replicated node, the calls about the cluster: by worker 0, its member.
 ON_MEMBER = frozenset({"/info", "/topic/replication", "/topic/replicate"})
@@ -99,6 +106,7 @@ class HTTPService(Router):
         add("GET", "/topic/offsets", "v1", replay.offsets)
         add("GET", "/topic/log", "v1", replay.read)
         add("POST", "/topic/retention", "v1", replay.retention)
+        add("POST", "/topic/reader", "v1", replay.reader)
         add("POST", "/channel/rewind", "v1", replay.rewind)
         replication = self.replication_api = ReplicationAPI(nsqd)
         add("GET", "/topic/replication", "v1", replication.get)

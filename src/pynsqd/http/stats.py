@@ -176,6 +176,9 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
             # Idempotent publishes answered OK without a new record (core/dedup.py).
             "duplicate_count": topic.duplicate_count,
         }
+        kept = nsqd.retention.get(topic.name)
+        if kept is not None:  # readers that keep their own offsets (a Spark query): their lag
+            stats["log"]["readers"] = kept.readers.describe(kept.visible, time.time())
         replication = nsqd.replication
         settings = replication.settings_for(topic.name) if replication is not None else None
         if replication is not None and settings is not None and settings.replicated:

@@ -33,6 +33,7 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
     partitions: dict[int, dict[str, Any]] = {}
     #: A replicated topic: every copy of every partition, on whichever node holds it.
     copies: list[dict[str, Any]] = []
+    readers: list[dict[str, Any]] = []
     for node, s in stats.items():
         for t in s.get("topics") or []:
             if t["topic_name"] != name:
@@ -53,10 +54,16 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
                 row["log"] = t["log"]
             nodes.append(row)
             # A replicated topic: each partition as the node leading it reports it.
-            for part in (t.get("replication") or {}).get("partitions") or []:
+            parts = (t.get("replication") or {}).get("partitions") or []
+            for part in parts:
                 if part.get("role") == "leader":
                     partitions[part["partition"]] = {**part, "node": node}
                 copies.append({k: part.get(k, v) for k, v in _COPY_KEYS.items()} | {"node": node})
+            # Readers that keep their own offsets (a Spark query), per partition or log.
+            found = [(p["partition"], r) for p in parts for r in p.get("readers") or []] or [
+                ("", r) for r in (t.get("log") or {}).get("readers") or []
+            ]
+            readers += [{**r, "node": node, "partition": p} for p, r in found]
             for c in t.get("channels") or []:
                 agg = channels.setdefault(
                     c["channel_name"],
@@ -84,7 +91,8 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
         "nodes": nodes,
         "channels": [channels[c] for c in sorted(channels)],
         "partitions": [partitions[p] for p in sorted(partitions)],
-        "copies": sorted(copies, key=lambda c: (c["partition"], c["role"] != "leader", c["node"])),
+        "copies": sorted(copies, key=_copy_order),
+        "readers": sorted(readers, key=lambda r: (r["reader"], str(r["partition"]), r["node"])),
         "errors": errors,
     }
 

@@ -57,6 +57,7 @@ from . import durable, log_reader, log_records, producers
 from .atomic import write_atomic
 from .handed import HandedPosition
 from .log_reader import OffsetOutOfRange
+from .readers import Readers
 from .segment import INDEX_INTERVAL, LogRange, Segment
 from .segment_files import SegmentFiles
 from .synced_mark import SyncedMark
@@ -114,6 +115,8 @@ class TopicLog:
         self.on_append: Callable[[], None] | None = None
         #: How far the channels have been handed the records (``storage/handed.py``).
         self.hand_off = HandedPosition(directory, self.name, logger, sync_every <= 1)
+        #: Readers that keep their own offsets, as they report them (``storage/readers.py``).
+        self.readers = Readers()
         #: A replicated partition's high watermark: readers and channels see offsets below it
         #: only. None: not replicated, all is visible. Only ``cluster/partition.py`` moves it
         #: (``commit_to``; a test holds it to that).

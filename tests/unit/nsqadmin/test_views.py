@@ -24,7 +24,13 @@ def _stats(depth: int, role: str, committed: int, clients: int) -> dict[str, Any
                 ],
                 "replication": {
                     "partitions": [
-                        {"partition": 1, "role": role, "committed": committed, "latest": 9}
+                        {
+                            "partition": 1,
+                            "role": role,
+                            "committed": committed,
+                            "latest": 9,
+                            "readers": [{"reader": "q", "committed": 6, "lag": committed - 6}],
+                        }
                     ]
                 },
             }
@@ -57,7 +63,21 @@ def test_a_topic_is_summed_over_its_nodes_and_counts_what_its_leaders_committed(
         }
     ]
     assert view["errors"] == ["nsqd c:3: down"]
+    # A reader that keeps its own offsets, as each copy it reported to shows it.
+    assert [(r["node"], r["partition"], r["reader"], r["lag"]) for r in view["readers"]] == [
+        ("a:1", 1, "q", 1),
+        ("b:2", 1, "q", 3),
+    ]
     assert topic_view("other", STATS, []) is None
+
+
+def test_a_plain_retained_log_shows_its_readers() -> None:
+    t = {"topic_name": "t", "log": {"readers": [{"reader": "q", "committed": 2, "lag": 5}]}}
+    view = topic_view("t", {"a:1": {"topics": [t]}}, [])
+    assert view is not None
+    assert view["readers"] == [
+        {"reader": "q", "committed": 2, "lag": 5, "node": "a:1", "partition": ""}
+    ]
 
 
 def test_a_channel_is_summed_and_lists_every_client_with_its_node() -> None:
