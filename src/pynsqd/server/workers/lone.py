@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...internal.listener import SharedListener, listen
 from .placement import Placement
@@ -23,8 +23,29 @@ if TYPE_CHECKING:
     from aiohttp.web_request import BaseRequest
 
     from ...core.channel import Channel
+    from ...core.topic import Topic
+    from ...options import Options
     from .admin import AdminLinks
-    from .peers import Registrar, WorkerNode
+
+
+class WorkerNode(Protocol):
+    """What a worker's part needs of its nsqd (``server/nsqd.NSQD``)."""
+
+    opts: Options
+    loop: asyncio.AbstractEventLoop
+    #: Why ``/ping`` does not say OK yet (None: ready).
+    starting: str | None
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+    def ready(self) -> None: ...
+
+
+class Registrar(Protocol):
+    """The node's registration with nsqlookupd (``server/lookup.Lookup``)."""
+
+    def register(self, addresses: list[str], then: Callable[[], None]) -> None: ...
+
 
 Handler = Callable[..., Any]
 Json = dict[str, Any]

@@ -28,41 +28,20 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ...core.lending import Lending
 from ...internal.listener import SharedListener
 from ...internal.names import is_ephemeral
 from .admin import AdminLinks
 from .forward import Done, Forwarder
-from .lone import LoneProcess
+from .lone import LoneProcess, Registrar, WorkerNode
 from .placement import Placement
 from .relay import Relay
 from .spec import ConnectionCounts, WorkerSpec
 
 if TYPE_CHECKING:
     from ...core.channel import Channel
-    from ...core.topic import Topic
-    from ...options import Options
-
-
-class WorkerNode(Protocol):
-    """What a worker's part needs of its nsqd (``server/nsqd.NSQD``)."""
-
-    opts: Options
-    loop: asyncio.AbstractEventLoop
-    #: Why ``/ping`` does not say OK yet (None: ready).
-    starting: str | None
-
-    @property
-    def topics(self) -> dict[str, Topic]: ...
-    def ready(self) -> None: ...
-
-
-class Registrar(Protocol):
-    """The node's registration with nsqlookupd (``server/lookup.Lookup``)."""
-
-    def register(self, addresses: list[str], then: Callable[[], None]) -> None: ...
 
 
 log = logging.getLogger("pynsqd")
