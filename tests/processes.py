@@ -28,6 +28,8 @@ NSQD = str(BIN / "nsqd")
 #: "TCP: listening on 127.0.0.1:4150", "HTTP: listening on /tmp/x.sock", "HTTPS: ..."
 LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
+#: How long a server process that is alive may take to say it listens (seconds).
+START_GUARD = 120.0
 #: Every process started and not yet reaped: ``reap_all`` kills what a failing test left.
 _LIVE: list[subprocess.Popen[bytes]] = []
 
@@ -65,7 +67,9 @@ class ServerProcess:
             self.addresses.update(LISTENING.findall(text))
             return wanted <= self.addresses.keys()
 
-        wait_for(listening, f"{script} to listen")
+        # A hang guard, not a wait on time: an exit fails at once, and a start under the whole
+        # suite's load (4 workers importing, a replicated node joining its cluster) took 25 s.
+        wait_for(listening, f"{script} to listen", START_GUARD)
 
     def output(self) -> str:
         """What this run logged (the file may hold earlier runs' lines too)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -50,6 +51,8 @@ from .options import LogOptions, NsqOptionError
 log = logging.getLogger("pynsqd_spark.log")
 #: How long a commit's report to a node (its lag in /stats) may take, seconds.
 REPORT_TIMEOUT = 2.0
+#: How often an unchanged commit is reported again, seconds.
+REPORT_EVERY = 60.0
 
 LOG_SCHEMA = StructType([*SOURCE_SCHEMA.fields, StructField("offset", LongType())])
 _ARROW_SCHEMA = to_arrow_schema(LOG_SCHEMA, timezone="UTC")
@@ -302,6 +305,8 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None
         #: Each log (by identity) as last found: where to read it.
         self._logs: dict[str, NodeLog] = {}
+        #: What each log's node was last told the query committed, and when to tell it again.
+        self._reported: dict[str, tuple[int, float]] = {}
 
     def _survey(self, start: Mapping[str, int] | None = None) -> dict[str, NodeLog]:
         """The logs found now: through the given nodes and nsqlookupd, and where the logs the
@@ -334,6 +339,7 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = {k: n.latest for k, n in logs.items()}
         if start is None:
             return latest
+        self._report(start)  # where the last batch ended: it is committed when the next is planned
         # A checkpoint written when the offsets were keyed by address: by identity from now.
         start = _rekey(start, logs)
         # Never behind where the query is (a node that lost its log does not move it back); a
@@ -382,15 +388,26 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_partition(partition, self.opts)
 
     def commit(self, end: dict[str, int]) -> None:
-        """A batch is committed: the offsets live in Spark's checkpoint, and each log's node
-        is told (``POST /topic/reader``) so that its ``/stats``, ``/metrics`` and nsqadmin show
-        the query (``readerName``) and its lag. A node that does not answer within
-        ``REPORT_TIMEOUT`` is told at the next commit; nothing read changes."""
+        """A batch is committed (the offsets live in Spark's checkpoint): reported
+        (``_report``)."""
+        self._report(end)
+
+    def _report(self, committed: Mapping[str, int]) -> None:
+        """Each log's node is told what the query (``readerName``) has committed
+        (``POST /topic/reader``), so that its ``/stats``, ``/metrics`` and nsqadmin show the
+        query and its lag: at a commit, and when the next batch is planned from where the last
+        one ended (Spark commits a batch to its source only when it plans the next, so a
+        query's last batch would otherwise never show). Only a change is sent, or the same
+        offset again after ``REPORT_EVERY`` (a node forgets a reader after a day); a node that
+        does not answer within ``REPORT_TIMEOUT`` is told next time. Nothing read changes."""
+        now = time.monotonic()
         http = dataclasses.replace(self.opts.http, timeout=REPORT_TIMEOUT)
-        for key, offset in _rekey(end, self._logs).items():
+        for key, offset in _rekey(dict(committed), self._logs).items():
             n = self._logs.get(key)
-            if n is None:
+            last = self._reported.get(key)
+            if n is None or (last is not None and last[0] == offset and now < last[1]):
                 continue
+            self._reported[key] = (offset, now + REPORT_EVERY)
             try:
                 report_reader(
                     n.address,
@@ -401,6 +418,7 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     partition=n.partition,
                 )
             except (NsqError, ConnectionError, OSError, ValueError) as e:
+                self._reported.pop(key, None)
                 log.debug("nsq log source: commit not reported to %s - %s", n.address, e)
 
 

@@ -35,7 +35,7 @@ from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
 from pynsqd.protocol.log_record import decode_records
 
-from ..processes import NSQD, free_port
+from ..processes import NSQD, START_GUARD, free_port
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
 
@@ -281,7 +281,7 @@ class NsProc:
             return len(ports) == 2
 
         try:
-            wait_for(listening, "nsqd to listen in its namespace")
+            wait_for(listening, "nsqd to listen in its namespace", START_GUARD)
         except BaseException:
             self.p.kill()
             self.p.wait(timeout=20)

@@ -141,7 +141,6 @@ def test_trigger_available_now_reads_what_was_there_in_bounded_batches_and_stops
     # The node shows the query as a reader of its log: what it committed, and its lag.
     stats = node.topic_stats("t") or {}
     readers = [(r["reader"], r["committed"], r["lag"]) for r in stats["log"]["readers"]]
-    print(readers)
     assert readers == [("offsets-etl", 250, 0)]
 
 

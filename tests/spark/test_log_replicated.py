@@ -16,6 +16,7 @@ from pynsqd_spark.log_source import fetch
 from pynsqd_spark.options import LogOptions
 
 from ..integration.replication_harness import Cluster, Etcd, replicate, wait_in_sync, wait_leader
+from ..waiting import wait_for
 from .helpers import TOPIC, Driver, log_stream, publish, start_driver, to_parquet
 
 #: Queries across kills of leaders and the driver, on a loaded machine: minutes, not seconds.
@@ -95,11 +96,32 @@ def test_a_stream_goes_on_across_a_leader_kill_exactly_once(
         wait_in_sync(cluster, TOPIC, 1)
         want += publish(cluster, "e", 300)
         query.processAllAvailable()
+        # Issue 55 item 4: the nodes show the query as a reader of every partition, caught up
+        # (each copy it reported its commits to: the partition's leader when it was planned).
+        wait_for(lambda: _reader_lags(cluster) == {1: 0, 2: 0, 3: 0}, "the query's lag", 60)
     finally:
         query.stop()
     got = [r.body for r in spark.read.parquet(str(out)).collect()]
     twice = [b for b, k in Counter(got).items() if k > 1]
     assert twice == [] and sorted(got) == sorted(want), f"{len(set(want) - set(got))} missing"
+
+
+def _reader_lags(cluster: Cluster) -> dict[int, int]:
+    """The query's lag on each partition, as the nodes' /stats show it (the freshest report
+    of each partition, wherever it went)."""
+    latest: dict[int, tuple[float, int]] = {}
+    for n in cluster.live():
+        status, body = n.http("GET", f"/stats?format=json&topic={TOPIC}")
+        if status != 200:
+            continue
+        for t in json.loads(body).get("topics") or []:
+            for p in (t.get("replication") or {}).get("partitions") or []:
+                for r in p.get("readers") or []:
+                    if r["reader"].startswith(f"spark-{TOPIC}-"):
+                        at, _ = latest.get(p["partition"], (-1.0, 0))
+                        if r["updated"] > at:
+                            latest[p["partition"]] = (r["updated"], r["lag"])
+    return {k: lag for k, (_, lag) in sorted(latest.items())}
 
 
 @pytest.mark.timeout(900)
