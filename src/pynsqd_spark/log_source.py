@@ -408,18 +408,21 @@ class NsqLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if n is None or (last is not None and last[0] == offset and now < last[1]):
                 continue
             self._reported[key] = (offset, now + REPORT_EVERY)
-            try:
-                report_reader(
-                    n.address,
-                    self.opts.topic,
-                    self.opts.reader_name,
-                    offset,
-                    http,
-                    partition=n.partition,
-                )
-            except (NsqError, ConnectionError, OSError, ValueError) as e:
-                self._reported.pop(key, None)
-                log.debug("nsq log source: commit not reported to %s - %s", n.address, e)
+            # Every in-sync copy of a replicated partition: whichever leads it later shows
+            # the query where it is (a copy that led once is not left with a stale report).
+            for address in n.replicas or (n.address,):
+                try:
+                    report_reader(
+                        address,
+                        self.opts.topic,
+                        self.opts.reader_name,
+                        offset,
+                        http,
+                        partition=n.partition,
+                    )
+                except (NsqError, ConnectionError, OSError, ValueError) as e:
+                    self._reported.pop(key, None)
+                    log.debug("nsq log source: commit not reported to %s - %s", address, e)
 
 
 class NsqLogBatchReader(DataSourceReader):

@@ -579,7 +579,7 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
         browser.get(f"http://127.0.0.1:{admin.port}/topics/{TOPIC}")
         row = "//table[@id='log-readers']//tr[td[1]='orders-etl']"
         _wait(browser).until(lambda d: d.find_elements(By.XPATH, row))
-        cells = [td.text for td in browser.find_elements(By.XPATH, f"{row}/td")]
+        cells = _steady(lambda: [td.text for td in browser.find_elements(By.XPATH, f"{row}/td")])
         assert cells[1:5] == [leader, "1", "1", "2"], cells  # node, partition, committed, lag
         _shot(browser, "topic-readers")
     finally:

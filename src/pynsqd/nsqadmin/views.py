@@ -33,7 +33,7 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
     partitions: dict[int, dict[str, Any]] = {}
     #: A replicated topic: every copy of every partition, on whichever node holds it.
     copies: list[dict[str, Any]] = []
-    readers: list[dict[str, Any]] = []
+    readers: dict[tuple[str, Any], dict[str, Any]] = {}
     for node, s in stats.items():
         for t in s.get("topics") or []:
             if t["topic_name"] != name:
@@ -63,7 +63,11 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
             found = [(p["partition"], r) for p in parts for r in p.get("readers") or []] or [
                 ("", r) for r in (t.get("log") or {}).get("readers") or []
             ]
-            readers += [{**r, "node": node, "partition": p} for p, r in found]
+            for p, r in found:  # each reader's freshest report of each partition, or log
+                key = (r["reader"], p if p != "" else f"log of {node}")
+                seen = readers.get(key)
+                if seen is None or r.get("updated", 0) > seen.get("updated", 0):
+                    readers[key] = {**r, "node": node, "partition": p}
             for c in t.get("channels") or []:
                 agg = channels.setdefault(
                     c["channel_name"],
@@ -92,7 +96,7 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
         "channels": [channels[c] for c in sorted(channels)],
         "partitions": [partitions[p] for p in sorted(partitions)],
         "copies": sorted(copies, key=_copy_order),
-        "readers": sorted(readers, key=lambda r: (r["reader"], str(r["partition"]), r["node"])),
+        "readers": [readers[k] for k in sorted(readers, key=lambda k: (k[0], str(k[1])))],
         "errors": errors,
     }
 

@@ -7,7 +7,7 @@ from typing import Any
 from pynsqd.nsqadmin.views import channel_view, node_view, topic_view
 
 
-def _stats(depth: int, role: str, committed: int, clients: int) -> dict[str, Any]:
+def _stats(depth: int, role: str, committed: int, clients: int, at: float) -> dict[str, Any]:
     return {
         "topics": [
             {
@@ -29,7 +29,9 @@ def _stats(depth: int, role: str, committed: int, clients: int) -> dict[str, Any
                             "role": role,
                             "committed": committed,
                             "latest": 9,
-                            "readers": [{"reader": "q", "committed": 6, "lag": committed - 6}],
+                            "readers": [
+                                {"reader": "q", "committed": 6, "lag": committed - 6, "updated": at}
+                            ],
                         }
                     ]
                 },
@@ -38,7 +40,7 @@ def _stats(depth: int, role: str, committed: int, clients: int) -> dict[str, Any
     }
 
 
-STATS = {"a:1": _stats(2, "follower", 7, 1), "b:2": _stats(3, "leader", 9, 2)}
+STATS = {"a:1": _stats(2, "follower", 7, 1, 5.0), "b:2": _stats(3, "leader", 9, 2, 8.0)}
 
 
 def test_a_topic_is_summed_over_its_nodes_and_counts_what_its_leaders_committed() -> None:
@@ -63,20 +65,22 @@ def test_a_topic_is_summed_over_its_nodes_and_counts_what_its_leaders_committed(
         }
     ]
     assert view["errors"] == ["nsqd c:3: down"]
-    # A reader that keeps its own offsets, as each copy it reported to shows it.
+    # A reader that keeps its own offsets: its freshest report of each partition (a copy
+    # that led once keeps an older one).
     assert [(r["node"], r["partition"], r["reader"], r["lag"]) for r in view["readers"]] == [
-        ("a:1", 1, "q", 1),
-        ("b:2", 1, "q", 3),
+        ("b:2", 1, "q", 3)
     ]
     assert topic_view("other", STATS, []) is None
 
 
-def test_a_plain_retained_log_shows_its_readers() -> None:
+def test_plain_retained_logs_show_their_readers_node_by_node() -> None:
+    """Each node's own log is another log: a reader of two nodes is two rows."""
     t = {"topic_name": "t", "log": {"readers": [{"reader": "q", "committed": 2, "lag": 5}]}}
-    view = topic_view("t", {"a:1": {"topics": [t]}}, [])
+    view = topic_view("t", {"a:1": {"topics": [t]}, "b:2": {"topics": [t]}}, [])
     assert view is not None
     assert view["readers"] == [
-        {"reader": "q", "committed": 2, "lag": 5, "node": "a:1", "partition": ""}
+        {"reader": "q", "committed": 2, "lag": 5, "node": "a:1", "partition": ""},
+        {"reader": "q", "committed": 2, "lag": 5, "node": "b:2", "partition": ""},
     ]
 
 
