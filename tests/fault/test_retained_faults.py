@@ -233,6 +233,53 @@ def post(server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
     return status, json.loads(body) if body.startswith(b"{") else {}
 
 
+def test_reader_reports_racing_publishes_retention_off_and_a_delete_get_defined_answers(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """``POST /topic/reader`` (issue 55 item 4) raced against publishes, the topic's log being
+    removed and made again, and the topic's deletion: every answer is OK or a defined 4xx
+    (never a 500, never a hang), and the node serves on."""
+    server = make_nsqd(retention_time=HOUR)
+    with server.connect() as c:
+        c.pub("t", b"first")
+    answers: Counter[str] = Counter()
+    done = threading.Event()
+
+    def report() -> None:
+        offset = 0
+        while not done.is_set():
+            status, doc = post(server, f"/topic/reader?topic=t&reader=racer&offset={offset}")
+            answers[f"{status} {doc.get('message', 'OK')}"] += 1
+            offset = offset + 1 if status == 200 else 0
+
+    def publish() -> None:
+        with server.connect() as c:
+            while not done.is_set():
+                c.mpub("t", [b"m"] * 10)
+
+    threads = [threading.Thread(target=report), threading.Thread(target=publish)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: answers["200 OK"] >= 20, "reports taken under load")
+        for path in (
+            "/topic/retention?topic=t&time=0&bytes=0",  # the log removed: TOPIC_NOT_RETAINED
+            "/topic/retention?topic=t&time=1h",  # and made again: reports taken again
+            "/topic/delete?topic=t",  # gone (a publish makes it again)
+        ):
+            before = sum(answers.values())
+            assert http_request(server, "POST", path)[0] == 200, path
+            wait_for(lambda b=before: sum(answers.values()) >= b + 20, f"reports after {path}")
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+    allowed = {"200 OK", "400 TOPIC_NOT_RETAINED", "404 TOPIC_NOT_FOUND", "400 OFFSET_OUT_OF_RANGE"}
+    assert set(answers) <= allowed, answers
+    assert answers["200 OK"] > 20 and answers["400 TOPIC_NOT_RETAINED"] > 0, answers
+    assert http_request(server, "GET", "/ping") == (200, b"OK")
+
+
 def test_a_rewound_copy_of_a_message_in_flight_is_delivered_after_it(
     make_nsqd: Callable[..., ServerThread],
 ) -> None:
