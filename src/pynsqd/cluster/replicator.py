@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Protocol
 
 from ..log import LOGGER_NAME
@@ -245,8 +245,7 @@ class Replicator:
             if self._unreadable.get(key) != rev:
                 self._unreadable[key] = rev
                 log.error("CLUSTER: ignoring unreadable key %s - %s", key, why)
-        self.state = state
-        self.plan.note_beats(state, self.now())
+        held = self._take(state)
         for topic, settings in state.settings.items():
             if settings.replicated and topic in self.host.topics:
                 self.checkpoints.track(self.host.topics[topic])
@@ -256,13 +255,8 @@ class Replicator:
                     self.publishing.write_defaults(name)
         for place in self.plan.to_place(state, self._retained, self.now()):
             await self._place(place)
-        held: set[PartKey] = set()
-        for part, rec in state.parts.items():
-            replicas = self.plan.replicas(rec)
-            if replicas is None:
-                continue
-            held.add(part)
-            p = self._partition(part[0], part[1], list(replicas))
+        for part, p in held.items():
+            rec = state.parts[part]
             if p is None:
                 continue
             if rec.isr is not None:
@@ -293,6 +287,21 @@ class Replicator:
         self.publishing.wake_writable()  # a partition taken back takes its publishes
         if self._deleting:
             await self._delete_keys()
+
+    def _take(self, state: ClusterState) -> dict[PartKey, Partition | None]:
+        """The cluster as read, and a copy for each partition it places on this node, in one
+        step with no await between: a publish never finds its partition in the state with no
+        copy here yet (it was refused as held elsewhere while the tick campaigned for another
+        partition, the moment a new topic's placement was read). ``None``: an own partition
+        of a topic this node does not retain."""
+        self.state = state
+        self.plan.note_beats(state, self.now())
+        held: dict[PartKey, Partition | None] = {}
+        for part, rec in state.parts.items():
+            replicas = self.plan.replicas(rec)
+            if replicas is not None:
+                held[part] = self._partition(part[0], part[1], list(replicas))
+        return held
 
     async def _replace(self, p: Partition, rec: PartRecords, replace: Replace) -> None:
         """The leader's new assignment of ``p``, guarded by the one it read and by its
@@ -365,7 +374,7 @@ class Replicator:
         self.leading.unwatch(p)
         self.plan.forget([key])
 
-    def _drop_unassigned(self, state: ClusterState, held: set[PartKey]) -> None:
+    def _drop_unassigned(self, state: ClusterState, held: Container[PartKey]) -> None:
         """Copies this node holds of partitions whose assignment no longer names it (the
         leader re-placed them while this node was gone): no longer fetched or served. The
         files stay (a later assignment may name this node again)."""

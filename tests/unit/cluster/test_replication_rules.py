@@ -446,6 +446,50 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
         replicator.publishing.gate("t")
 
 
+def test_a_new_topics_placement_is_read_with_its_copy_so_a_publish_waits_not_fails(
+    tmp_path: Path,
+) -> None:
+    """Found by CI (test_failover): the tick read a new topic's placement, then awaited a
+    campaign for another partition before it made this node's copy; a publish in between
+    found the partition in the state but no copy here and was refused as held elsewhere. The
+    state and the copies it places here are now taken in one step: the publish appends to the
+    copy and waits for its commit."""
+    from pynsqd.cluster.records import Assignment, ClusterState, PartRecords, Stored
+    from pynsqd.cluster.replicator import Replicator
+    from pynsqd.cluster.settings import ReplicationSettings
+    from pynsqd.options import Options
+
+    tlog = TopicLog(
+        str(tmp_path / "l"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+
+    class Host:
+        opts = Options(etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1)
+        topics: dict[str, object] = {}
+        data_path = str(tmp_path)
+        http_address = "127.0.0.1:4151"
+        tcp_address = "127.0.0.1:4150"
+
+        class retention:
+            @staticmethod
+            def get(name: str) -> TopicLog | None:
+                return tlog if name == "t" else None
+
+            @staticmethod
+            def open_replica(topic: str, origin: int) -> TopicLog:
+                raise AssertionError("not used")
+
+    replicator = Replicator(Host())  # type: ignore[arg-type]
+    replicator.ready = True
+    state = ClusterState()
+    state.settings["t"] = ReplicationSettings(2, 2, "all", "fsync")
+    state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2)), 1))
+    held = replicator._take(state)
+    assert set(held) == {("t", 1)} and held[("t", 1)] is replicator.partitions[("t", 1)]
+    # Not "held elsewhere": appended, and answered once the partition commits it.
+    assert replicator.publishing.gate("t") is True
+
+
 def test_etcd_history_is_compacted_to_what_the_previous_round_saw() -> None:
     """Every COMPACT_EVERY seconds the plan compacts to the revision it saw a round before
     (history a round deep is kept; the first round only looks)."""
