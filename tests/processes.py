@@ -184,6 +184,28 @@ def free_offset(ports: Iterable[int], low: int = 10_000) -> int:
     raise AssertionError(f"no free ports for {ports} in 50 tries")
 
 
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                found.add(child)
+                todo.append(child)
+    return {p for p in found if alive(p)}
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie not yet reaped is not)."""
     try:

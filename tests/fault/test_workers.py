@@ -26,7 +26,7 @@ import pytest
 from pynsqd.internal.listener import port_free
 
 from ..disks import fill, tmpfs
-from ..processes import NsqdProcess, alive
+from ..processes import NsqdProcess, alive, descendants
 from ..waiting import wait_for
 from ..wire import Conn, node_of
 
@@ -443,8 +443,14 @@ def test_sigterm_stops_every_worker_and_flushes_what_they_hold(data: Path) -> No
     with started(data, "--workers=2") as node:  # messages in memory (--mem-queue-size 10000)
         published = publish_spread(node, "kept", 20, 5)
         pids = list(worker_pids(node).values())
+        # The workers, forked by the supervisor's fork server (and multiprocessing's
+        # resource tracker): every process it made ends with it.
+        below = descendants(node.p.pid)
+        assert set(pids) < below and len(below) >= 3, (pids, below)
         assert node.stop() == 0
         assert not any(alive(p) for p in pids)
+        # The fork server and the tracker see the supervisor's end of their pipes close.
+        wait_for(lambda: not any(alive(p) for p in below), "the fork server to end")
     with started(data, "--workers=2", name="again") as node, node.connect() as c:
         c.identify()
         c.sub("kept", "ch", rdy=50)
@@ -460,6 +466,7 @@ def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
 
     with started(data, "--workers=2") as node:
         pids = list(worker_pids(node).values())
+        below = descendants(node.p.pid)  # the workers, the fork server that made them, ...
         idle = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=10)
         idle.request("GET", "/ping")
         assert idle.getresponse().read() == b"OK"  # kept open, idle
@@ -472,6 +479,7 @@ def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
         )
         assert any(alive(p) for p in pids)  # a worker still stopping: it had let them go
         wait_for(lambda: not any(alive(p) for p in pids), "the workers to stop")
+        wait_for(lambda: not any(alive(p) for p in below), "the fork server to end")
         assert "the supervisor is gone; stopping" in node.output()
         idle.close()
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp.web import StreamResponse
 from aiohttp.web_request import BaseRequest
 
-from ..cluster.replicator import Replicator
 from ..core.channel import Channel
 from ..core.replay import Replayed
 from ..core.topic import Topic
@@ -23,6 +22,9 @@ from ..options import Options
 from ..protocol.commands import ClientState
 from ..protocol.identify import ProtocolConfig
 from ..storage.topiclog import TopicLog
+
+if TYPE_CHECKING:
+    from ..cluster.replicator import Replicator
 
 Json = dict[str, Any]
 Handler = Callable[[BaseRequest, Any], Awaitable[Any]]

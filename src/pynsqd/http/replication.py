@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType
 from aiohttp.web_request import BaseRequest
@@ -25,12 +25,14 @@ from aiohttp.web_ws import WebSocketResponse
 
 from ..cluster.etcd import EtcdError
 from ..cluster.fetch import MAX_REQUEST_BYTES, REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
-from ..cluster.replicator import Replicator
 from ..cluster.settings import ReplicationSettings, SettingsError
 from ..internal.httpapi import HTTPError, Params, topic_arg
 from ..log import LOGGER_NAME
 from .host import NSQDHost
 from .replay import authorize_log_read, partition_id
+
+if TYPE_CHECKING:
+    from ..cluster.replicator import Replicator
 
 log = logging.getLogger(LOGGER_NAME)
 

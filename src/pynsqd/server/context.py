@@ -11,7 +11,6 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..cluster.replicator import Replicator
 from ..core.channel import Channel
 from ..core.topic import Topic
 from ..options import Options
@@ -20,6 +19,7 @@ from .auth import AuthClient
 from .busypoll import BusyPoll
 
 if TYPE_CHECKING:
+    from ..cluster.replicator import Replicator
     from .protocol_v2 import ClientV2
 
 

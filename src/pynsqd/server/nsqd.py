@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import NSQD_VERSION, __version__
-from ..cluster.replicator import Replicator
 from ..core.backend import BackendQueue, DummyBackend
 from ..core.channel import Channel
 from ..core.e2e import E2ELatency
@@ -48,6 +47,7 @@ from .workers.peers import Workers
 from .workers.spec import WorkerSpec
 
 if TYPE_CHECKING:
+    from ..cluster.replicator import Replicator
     from .protocol_v2 import ClientV2
 
 log = logging.getLogger("pynsqd")
@@ -429,6 +429,8 @@ class NSQD:
             self.https_address = self.http.https_address
         self._sync_timer = self.loop.call_later(self.opts.sync_timeout, self._sync_disk_queues)
         if self.cluster_member:
+            from ..cluster.replicator import Replicator  # only a replicated node pays for it
+
             self.replication = Replicator(self)
             try:
                 await self.replication.start()
