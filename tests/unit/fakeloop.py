@@ -99,6 +99,14 @@ class FakeLoop:
                 if not h.cancelled:
                     h.callback()
 
+    def run_turn(self) -> None:
+        """Run the callbacks ready now, as one turn of a real loop; what they schedule waits
+        for the next turn."""
+        batch, self._soon = self._soon, []
+        for h in batch:
+            if not h.cancelled:
+                h.callback()
+
     def advance(self, seconds: float) -> None:
         """Move the clock, firing due timers in order (and what they schedule)."""
         end = self.now + seconds

@@ -53,6 +53,7 @@ class TopicOwner(Protocol):
 
 class Topic:
     __slots__ = (
+        "_behind",
         "_drain_pending",
         "_owner",
         "bound_policy",
@@ -104,6 +105,11 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self._drain_pending = False
+        #: Messages published behind a backlog since the last drain: the next drain hands
+        #: over that many on top of its batch, so a backlog shrinks however fast publishers
+        #: add to it (one batch a turn fell behind 16 MPUB connections at once, and the
+        #: channels' consumers starved with RDY to spare).
+        self._behind = 0
         self.on_channel_added: Callable[[Channel], None] | None = None
         #: The retained log of a replayable topic; None: no retention (no cost).
         self.log: MessageLog | None = None
@@ -246,6 +252,7 @@ class Topic:
                 raise err
         else:
             self.queue.put_many(msgs)
+            self._behind += len(msgs)
             self.schedule_drain()
 
     def publish_existing(self, msgs: list[Message]) -> None:
@@ -333,6 +340,7 @@ class Topic:
             if err is not None:
                 raise err
             return end
+        self._behind += len(msgs)
         self.schedule_drain()
         return end
 
@@ -362,23 +370,26 @@ class Topic:
             return
         queue = self.queue
         tlog = self.log
+        # A batch per turn, and what publishers added meanwhile: the backlog never grows
+        # because of the drain (what channels cannot deliver waits in their own queues).
+        n, self._behind = DRAIN_BATCH + self._behind, 0
         if tlog is not None and not len(queue):
-            # The backlog in the log, a batch per turn: handed over first, the position moved
-            # after (saved at the end of the turn), so a crash repeats a batch, never skips one.
-            batch, nxt = tlog.read_messages(tlog.handed, DRAIN_BATCH)
+            # The backlog in the log: handed over first, the position moved after (saved at
+            # the end of the turn), so a crash repeats a batch, never skips one.
+            batch, nxt = tlog.read_messages(tlog.handed, n)
             first = tlog.handed
             err = self.hand_off.hand_over(batch, first) if batch else None
             self.hand_off.handed_to(nxt, first if err is not None else None)
         elif queue.mem_depth:
             # DPUBs waiting here may be mixed with plain messages.
-            self.fan_out(queue.take_memory(DRAIN_BATCH), mixed=True)
+            self.fan_out(queue.take_memory(n), mixed=True)
         else:
             # From disk to disk: channels take the records still encoded, unless they have
             # room in memory. The topic's read is held until every channel has stored them, so
             # a crash at any instant leaves each message in the topic or in every channel (a
             # channel that cannot write keeps them in memory: see Channel.put_raw).
             backend = queue.backend
-            records = backend.read_raw(DRAIN_BATCH, hold=True)
+            records = backend.read_raw(n, hold=True)
             try:
                 if records:
                     for ch in self.channels.values():
