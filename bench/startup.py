@@ -2,6 +2,9 @@
 N``) and, where given, Go nsqd, alternating, several rounds, medians (issue 53 item 2).
 
     .venv/bin/python bench/startup.py [--rounds 7] [--workers 4] [--go-nsqd PATH]
+                                      [--compare OTHER_NSQD]
+
+``--compare`` starts another pynsqd (an older checkout's, say) beside, alternating.
 
 Each start gets a fresh data directory and free ports; the clock starts just before exec and
 stops at the first ``200 OK`` from ``/ping`` (polled every millisecond over a fresh
@@ -79,11 +82,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--nsqd", default=str(ROOT / ".venv" / "bin" / "nsqd"))
     parser.add_argument("--go-nsqd", default="", help="Go nsqd's binary, to start beside")
+    parser.add_argument("--compare", default="", help="another pynsqd, to start beside")
     args = parser.parse_args()
     servers: dict[str, list[str]] = {
         "pynsqd": [args.nsqd],
         f"pynsqd --workers {args.workers}": [args.nsqd, f"--workers={args.workers}"],
     }
+    if args.compare:
+        servers["other"] = [args.compare]
+        servers[f"other --workers {args.workers}"] = [args.compare, f"--workers={args.workers}"]
     if args.go_nsqd:
         servers["Go nsqd"] = [args.go_nsqd]
     times: dict[str, list[float]] = {name: [] for name in servers}
