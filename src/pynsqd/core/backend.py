@@ -31,6 +31,11 @@ class MessageLog(Protocol):
     def set_dedup(self, records: int, window_ns: int) -> None:
         """Its window (the topic's settings)."""
 
+    def sync_wait(self, end: int) -> Callable[[Callable[[str | None], None]], None] | None:
+        """What the OK of records below ``end`` waits for (``--sync-every=1``'s group commit:
+        an fsync that covers them); None: nothing (synced already, or synced in ``append``,
+        or in the background as ``--sync-every`` allows)."""
+
     @property
     def committed(self) -> int | None:
         """A replicated partition's high watermark; None: not replicated."""

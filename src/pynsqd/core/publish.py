@@ -17,8 +17,9 @@ the cluster's state. The outcomes, in the order they are decided:
 - ``Refused(...)``: the gate, the dedup index, a bound or the disk refused it; nothing of it is
   stored, except where the refusal says otherwise (a failed hand-off to a channel: the records are
   in the log).
-- ``WaitCommit(end)``: a replicated topic: the records are in the log and the OK waits for them
-  to commit (``Replicator.wait``).
+- ``WaitCommit(end, wait)``: the records are in the log and the OK waits (``wait(done)``) for
+  them to commit (a replicated topic: ``Replicator.wait``), for an fsync that covers them
+  (``--sync-every=1``: the group commit, ``storage/group_sync.py``), or for both in turn.
 - ``Done(end)``: stored (and committed where that is asked); ``end`` is the log's offset past
   the publish (-1: the topic keeps no log).
 
@@ -30,7 +31,9 @@ command's name filled in) and the HTTP status and text. The shells (``server/pro
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol.errors import FatalClientError
@@ -81,9 +84,15 @@ class Done:
     written: int = 0
 
 
+#: A wait the shell starts: ``wait(done)``, then ``done(None)`` (OK) or ``done(reason)``.
+Wait = Callable[[Callable[[str | None], None]], None]
+
+
 @dataclass(frozen=True, slots=True)
 class WaitCommit:
     end: int
+    #: What the OK waits for (this module's docstring).
+    wait: Wait
     duplicates: int = 0
     written: int = 0
 
@@ -125,6 +134,16 @@ class Replication(Protocol):
     @property
     def publishing(self) -> Gate: ...
     def committed(self, topic: str, end: int) -> bool: ...
+    def wait(self, topic: str, end: int, done: Callable[[str | None], None]) -> None: ...
+
+
+def _in_turn(first: Wait, second: Wait) -> Wait:
+    """``first``, then ``second``: OK once both are; the first failure's reason."""
+
+    def wait(done: Callable[[str | None], None]) -> None:
+        first(lambda why: done(why) if why is not None else second(done))
+
+    return wait
 
 
 def decide(
@@ -175,8 +194,14 @@ def decide(
     except OSError as err:
         return Refused(Refusal.DISK, str(err), error=err)
     written = len(bodies) - dups
+    wait: Wait | None = None
     if waits and replication is not None and end > 0 and not replication.committed(topic.name, end):
-        return WaitCommit(end, dups, written)
+        wait = partial(replication.wait, topic.name, end)
+    synced = topic.log.sync_wait(end) if topic.log is not None else None
+    if synced is not None:  # --sync-every=1: the group commit
+        wait = synced if wait is None else _in_turn(wait, synced)
+    if wait is not None:
+        return WaitCommit(end, wait, dups, written)
     return Done(end, dups, written)
 
 

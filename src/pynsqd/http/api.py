@@ -160,11 +160,11 @@ class API:
         if isinstance(outcome, publish.Forward):
             return await nsqd.workers.admin.proxy(outcome.worker, request, raw)
         if isinstance(outcome, publish.WaitCommit):
-            # A replicated topic: OK once committed (``cluster/replicator.py``), 503
-            # PUB_FAILED with the reason after --replication-timeout (it may still commit).
-            assert replication is not None
+            # OK once committed (a replicated topic: ``cluster/replicator.py``; 503 PUB_FAILED
+            # with the reason after --replication-timeout, it may still commit) and, under
+            # --sync-every=1, once an fsync covers it (``storage/group_sync.py``).
             end = outcome.end
-            why = await self._until(partial(replication.wait, topic_name, end))
+            why = await self._until(outcome.wait)
             outcome = (
                 publish.Done(end, outcome.duplicates) if why is None else publish.not_committed(why)
             )

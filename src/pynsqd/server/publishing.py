@@ -6,7 +6,8 @@ connection while an outcome waits, so that later commands wait behind it and the
 in order:
 
 - ``Done``: OK (counted in the client's ``pub_counts``).
-- ``WaitCommit``: ``Pause.COMMIT`` until ``Replicator.wait`` answers: OK, or the failure.
+- ``WaitCommit``: ``Pause.COMMIT`` until its wait answers (the commit, the fsync): OK, or the
+  failure.
 - ``Forward``: ``Pause.FORWARD`` until the keeping worker answers (``server/workers/forward.py``).
 - ``WaitWritable``: ``Pause.WRITABLE`` until ``PublishGate.when_writable``; decided again.
 - ``Refused``: the error from ``core/publish.REFUSALS``; fatal, as nsqd's are.
@@ -102,9 +103,8 @@ class Publishing:
             conn.published(topic_name, outcome.written)
             conn.send_frame(OK_FRAME)
         elif isinstance(outcome, decision.WaitCommit):
-            assert replication is not None
             conn.published(topic_name, outcome.written)
-            self.wait_commit(cmd, topic_name, outcome.end, replication)
+            self.wait_commit(cmd, outcome.wait)
         elif isinstance(outcome, decision.Forward):
             self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
         elif isinstance(outcome, decision.WaitWritable):
@@ -125,10 +125,11 @@ class Publishing:
             self.conn.nsqd.set_health_error(refused.error)
         return decision.tcp_error(cmd, refused)
 
-    def wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
-        """OK once the records are on enough replicas: later commands wait behind it."""
+    def wait_commit(self, cmd: str, wait: decision.Wait) -> None:
+        """OK once the records are committed (on enough replicas, on disk): later commands
+        wait behind it."""
         self.conn.pause(Pause.COMMIT)
-        replication.wait(topic_name, end, lambda why: self._committed(cmd, why))
+        wait(lambda why: self._committed(cmd, why))
 
     def _committed(self, cmd: str, why: str | None) -> None:
         conn = self.conn
@@ -218,7 +219,7 @@ class LinkPublishing(Publishing):
         err = super().refused(cmd, refused)
         return ClientError(err.code, err.desc)
 
-    def wait_commit(self, cmd: str, topic_name: str, end: int, replication: Replicator) -> None:
+    def wait_commit(self, cmd: str, wait: decision.Wait) -> None:
         slot: list[bytes | None] = [None]
         self.in_order.append(slot)
 
@@ -228,7 +229,7 @@ class LinkPublishing(Publishing):
                 frame = encode_error(self.refused(cmd, decision.not_committed(why)).wire)
             self._answer(slot, frame)
 
-        replication.wait(topic_name, end, committed)
+        wait(committed)
 
     def _answer(self, slot: list[bytes | None], frame: bytes) -> None:
         """A publish committed (or failed): its answer, then every known one behind it, are

@@ -32,6 +32,7 @@ from ..core.message import Message
 from ..core.replay import Conflict
 from ..core.topic import Topic
 from ..options import Options
+from ..storage.group_sync import GroupSync
 from ..storage.topiclog import (
     RETENTION_FILE,
     TopicLog,
@@ -85,6 +86,9 @@ class Retention:
         self.replicas: dict[str, TopicLog] = {}
         #: The rewinds of these logs' channels (``server/rewind.py``).
         self.rewinds = Rewinds(exiting)
+        #: ``--sync-every=1``: the topics' logs fsync as a group commit, off the loop
+        #: (``storage/group_sync.py``); a replica's copy keeps the replication's own fsyncs.
+        self.group = GroupSync() if opts.sync_every <= 1 else None
 
     def directory(self, name: str) -> str:
         return os.path.join(self.data_path, f"{name}.log")
@@ -180,6 +184,7 @@ class Retention:
 
     def _serve(self, topic: Topic, topic_log: TopicLog) -> None:
         topic_log.on_write = self._on_write
+        topic_log.group = self.group
         topic_log.prune()
         topic.log = topic_log
         self.logs[topic.name] = topic_log
@@ -339,6 +344,9 @@ class UnavailableLog:
 
     def set_dedup(self, records: int, window_ns: int) -> None:
         pass
+
+    def sync_wait(self, end: int) -> None:
+        return None
 
     def identities(self) -> Dedup:
         raise OSError(self.err.errno, f"the topic's log is unavailable - {self.err.strerror}")

@@ -48,6 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from ..core.dedup import Dedup
@@ -55,6 +56,7 @@ from ..core.message import Message
 from ..protocol.log_record import Damaged
 from . import durable, log_reader, log_records, producers
 from .atomic import write_atomic
+from .group_sync import GroupSync, SyncWaits
 from .handed import HandedPosition
 from .log_reader import OffsetOutOfRange
 from .readers import Readers
@@ -123,6 +125,11 @@ class TopicLog:
         self._committed: int | None = None
         #: The end of what the last fsync covered (``fsync_end``).
         self.synced = 0
+        #: ``--sync-every=1`` as a group commit (``storage/group_sync.py``): appends ask this
+        #: engine for an fsync off the loop, and publishes wait for it (``wait_synced``).
+        #: None: the fsync runs in ``append``, before the OK (a replica's copy, a test's log).
+        self.group: GroupSync | None = None
+        self.sync_waits = SyncWaits()
         #: Bumped when records are taken back (``truncate``, ``restart_at``): an fsync job
         #: from before then covers records that are no longer these.
         self._generation = 0
@@ -300,6 +307,7 @@ class TopicLog:
             self._committed = min(self._committed, self.latest)
         self.synced = min(self.synced, self.latest)
         self._unsynced = 0
+        self.sync_waits.fail(f"its records were taken back (the log was truncated to {offset})")
         durable.fsync(self.files.fd)  # the state above is the file's, whether or not this fails
         if self.unsafe_from is not None and offset <= self.unsafe_from:
             self.unsafe_from = None
@@ -318,6 +326,7 @@ class TopicLog:
         producers.remove_after(self.directory, -1)  # of records this log will no longer hold
         self.files.empty_at(offset)
         self.hand_off.handed = self.synced = offset
+        self.sync_waits.fail(f"its records were taken back (the log starts again at {offset})")
         self.mark.advance(offset)
         self._generation += 1
         self.unsafe_from = None
@@ -357,6 +366,31 @@ class TopicLog:
         if end > self.synced:
             self.synced = end
             self.mark.advance(end)
+            self.sync_waits.reached(end)
+
+    def sync_wait(self, end: int) -> Callable[[Callable[[str | None], None]], None] | None:
+        """What the OK of records below ``end`` waits for: an fsync of the group commit that
+        covers them; None without one (synced, or synced in ``append``)."""
+        if self.group is None or self.synced >= end:
+            return None
+        return partial(self.wait_synced, end)
+
+    def wait_synced(self, end: int, done: Callable[[str | None], None]) -> None:
+        """``done(None)`` once an fsync covers every record below ``end`` (at once if one has),
+        or ``done(reason)`` if the one that would have failed (the records are written; their
+        durability is not known) or the log closed first."""
+        if self.synced >= end:
+            done(None)
+        elif self.unsafe_from is not None and end > self.unsafe_from:
+            # After a failed fsync the kernel may call the next one clean having dropped the
+            # pages (``unsafe_from``): nothing past it is known durable until a restart
+            # scans the log again, so nothing past it is answered OK.
+            done(
+                f"written, but an earlier fsync of this log failed: nothing from offset "
+                f"{self.unsafe_from} on is known to be on disk until nsqd restarts"
+            )
+        else:
+            self.sync_waits.add(end, done)
 
     def _request_sync(self) -> None:
         """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
@@ -365,7 +399,10 @@ class TopicLog:
         ``take_sync_error``): the records first, then the hand-off position, so the position
         never runs ahead of them."""
         if self.sync_every <= 1:
-            self.sync()
+            if self.group is None:
+                self.sync()
+            else:
+                self.group.request(self)
             return
         fds = [os.dup(self.files.fd)] if self._unsynced and self.files.fd >= 0 else []
         self._unsynced = 0
@@ -383,6 +420,10 @@ class TopicLog:
         if job.generation == self._generation:
             start = max(job.start, self.earliest)
             self.unsafe_from = start if self.unsafe_from is None else min(self.unsafe_from, start)
+        self.sync_waits.fail(
+            f"written, but the fsync that would cover it failed ({err}): it may not survive a "
+            "power loss"
+        )
 
     def take_sync_error(self) -> OSError | None:
         """The error of the last failed background sync, if any (reported once)."""
@@ -400,6 +441,7 @@ class TopicLog:
         self.mark.advance(self.latest)
         self.hand_off.sync()
         self._slot.failed = False
+        self.sync_waits.reached(self.synced)
 
     def sync_if_due(self) -> None:
         """``--sync-timeout``: the records and the hand-off position saved since the last
@@ -505,6 +547,7 @@ class TopicLog:
             if self.files.fd >= 0:
                 self.sync()
         finally:
+            self.sync_waits.fail("the topic's log closed before an fsync covered it")
             self.files.close()
             self.hand_off.close()
             self.mark.close()

@@ -1,0 +1,125 @@
+"""Group commit: ``--sync-every=1`` for retained logs without an fsync per publish on the loop.
+
+Theory of operation. nsqd's ``--sync-every=1`` fsyncs after every write, before the OK. Done
+on the event loop, one fsync per PUB or MPUB stalls every client for its length (0.4 ms on this
+machine's disk, milliseconds on others), and sixteen publishers pay sixteen fsyncs a turn. Here
+a log's append only asks (``request``); the fsync runs on the loop's executor, one in flight
+per log, on a duplicate of the active segment's descriptor (then the hand-off position's), and
+covers every record appended before it started. Appends that come while it runs ask again: the
+next fsync starts when it ends and covers all of them at once (Kafka's and Redpanda's group
+commit). A publish's OK waits for an fsync that covers its records (``TopicLog.wait_synced``,
+carried by ``core/publish``'s ``WaitCommit``), so the promise is nsqd's: answered OK means on
+disk. A failed fsync fails the publishes that waited on it (their records were written, their
+durability is not known: ``TopicLog.sync_failed``, ``/ping``), and the next request tries again.
+
+Replicated partitions keep their own fsyncs (``cluster/leader.py``, ``cluster/follower.py``:
+the commit point waits on them); a replicated topic's publish under ``--sync-every=1`` waits for
+both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import durable
+
+if TYPE_CHECKING:
+    from .topiclog import SyncJob, TopicLog
+
+__all__ = ["GroupSync", "SyncWaits"]
+
+log = logging.getLogger("pynsqd")
+
+
+def fsync_all(fds: list[int]) -> None:
+    """fsync ``fds`` in order (off the loop), closing each; the first failure is raised once
+    every descriptor is closed."""
+    try:
+        for fd in fds:
+            durable.fsync(fd)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class GroupSync:
+    """The fsyncs of the logs of one event loop (a worker's)."""
+
+    def __init__(self, fsync: Callable[[list[int]], None] = fsync_all) -> None:
+        #: Runs on the executor (a test gives one that fails, as a disk's EIO would).
+        self._fsync = fsync
+        self._running: set[TopicLog] = set()
+        self._again: set[TopicLog] = set()
+        #: fsyncs run, and appends they covered: the group's size is ``appends / fsyncs``.
+        self.fsyncs = 0
+        self.requests = 0
+
+    def request(self, tlog: TopicLog) -> None:
+        """``tlog`` appended: an fsync now, or as soon as the one in flight ends."""
+        self.requests += 1
+        if tlog in self._running:
+            self._again.add(tlog)
+            return
+        self._start(tlog)
+
+    def _start(self, tlog: TopicLog) -> None:
+        self._again.discard(tlog)
+        job = tlog.fsync_job()
+        if job is None:
+            return
+        fds = [job.fd]
+        handed = tlog.hand_off.dup_unsynced()
+        if handed is not None:
+            fds.append(handed)
+        self._running.add(tlog)
+        self.fsyncs += 1
+        done = asyncio.get_running_loop().run_in_executor(None, self._fsync, fds)
+        done.add_done_callback(lambda f: self._done(tlog, job, f))
+
+    def _done(self, tlog: TopicLog, job: SyncJob, done: asyncio.Future[None]) -> None:
+        self._running.discard(tlog)
+        err = None if done.cancelled() else done.exception()
+        if err is None and not done.cancelled():
+            tlog.synced_to(job)
+        else:
+            why = err if isinstance(err, OSError) else OSError(f"fsync did not run ({err!r})")
+            log.error("TOPICLOG(%s): fsync failed - %s", tlog.name, why)
+            tlog.sync_failed(why, job)
+        if tlog in self._again:
+            self._start(tlog)
+
+
+class SyncWaits:
+    """One log's publishes waiting for an fsync that covers their records, by end offset."""
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Callable[[str | None], None]]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, end: int, done: Callable[[str | None], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (end, self._seq, done))
+
+    def reached(self, synced: int) -> None:
+        """An fsync covered everything below ``synced``: those waiting on it are answered."""
+        heap = self._heap
+        while heap and heap[0][0] <= synced:
+            heapq.heappop(heap)[2](None)
+
+    def fail(self, why: str) -> None:
+        """No fsync will cover them (it failed, or the log closed): each is told why."""
+        heap, self._heap = self._heap, []
+        for _end, _seq, done in sorted(heap):
+            done(why)
