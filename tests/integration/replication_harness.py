@@ -467,31 +467,42 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
         if n.proc is not None:
             n.proc.p.wait(timeout=20)
             n.proc.log_file.close()
+    segments = [
+        seg
+        for n in cluster.nodes
+        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]
+    ]
+    return lose_unsynced(segments, ledger)
+
+
+def lose_unsynced(segments: list[Path], ledger: Path) -> int:
+    """Each segment zeroed after the end its last fsync covered (``storage/durable.py`` records
+    them in ``ledger``): what losing the page cache does to an append-only file. The processes
+    are dead. Returns the bytes taken away (other than zeros); the ledger then holds the sizes
+    now on disk."""
     durable: dict[str, int] = {}
     if ledger.exists():
         for line in ledger.read_text().splitlines():
             path, _, size = line.rpartition("\t")
             durable[path] = int(size)
     lost = 0
-    for n in cluster.nodes:
-        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]:
-            keep = durable.get(str(seg), 0)
-            size = seg.stat().st_size
-            if size > keep:
-                # What was written after the last fsync is gone: zeros in its place (what a
-                # file with zeros written ahead, ``TopicLog.preallocate``, is left with; XFS
-                # leaves a grown file so too). The recovery takes a zero tail as the end.
-                with seg.open("r+b") as f:
-                    f.seek(keep)
-                    gone = f.read()
-                    f.seek(keep)
-                    f.write(bytes(size - keep))
-                lost += len(gone) - gone.count(0)
+    for seg in segments:
+        keep = durable.get(str(seg), 0)
+        size = seg.stat().st_size
+        if size > keep:
+            # What was written after the last fsync is gone: zeros in its place (what a
+            # file with zeros written ahead, ``TopicLog.preallocate``, is left with; XFS
+            # leaves a grown file so too). The recovery takes a zero tail as the end.
+            with seg.open("r+b") as f:
+                f.seek(keep)
+                gone = f.read()
+                f.seek(keep)
+                f.write(bytes(size - keep))
+            lost += len(gone) - gone.count(0)
     ledger.write_text("")  # the sizes now on disk are the durable ones
-    for n in cluster.nodes:
-        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]:
-            with ledger.open("a") as f:
-                f.write(f"{seg}\t{seg.stat().st_size}\n")
+    with ledger.open("a") as f:
+        for seg in segments:
+            f.write(f"{seg}\t{seg.stat().st_size}\n")
     return lost
 
 
