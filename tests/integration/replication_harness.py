@@ -483,8 +483,8 @@ def lose_unsynced(segments: list[Path], ledger: Path) -> int:
     durable: dict[str, int] = {}
     if ledger.exists():
         for line in ledger.read_text().splitlines():
-            path, _, size = line.rpartition("\t")
-            durable[path] = int(size)
+            path, _, synced = line.rpartition("\t")
+            durable[path] = int(synced)
     lost = 0
     for seg in segments:
         keep = durable.get(str(seg), 0)

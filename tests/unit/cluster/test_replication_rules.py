@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,6 +18,9 @@ from pynsqd.storage.epochs import EpochHistory
 from pynsqd.storage.topiclog import TopicLog
 
 from ...integration.replication_harness import History, check
+
+if TYPE_CHECKING:
+    from pynsqd.cluster.replicator import Replicator
 
 ME = (1, "a")
 F2 = (2, "b")
@@ -400,23 +404,10 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
     assert replicator.publishing.gate("retained") is False  # the state says: not replicated
 
 
-def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
-    tmp_path: Path,
-) -> None:
-    """A replicated topic's first publishes come before its partition is placed (they wait
-    for it): they were handed to channels at once, uncommitted. And a node back with an empty
-    disk re-creates the topic while its partition lives on elsewhere: its publishes went into
-    a log about to be truncated to the leader's."""
-    from pynsqd.cluster.gate import PublishRefused
-    from pynsqd.cluster.records import Assignment, PartRecords, Stored
+def node_one(tmp_path: Path, logs: dict[str, TopicLog]) -> Replicator:
+    """Node 1's replicator, joined, over a host that retains ``logs`` (and no replica)."""
     from pynsqd.cluster.replicator import Replicator
-    from pynsqd.cluster.settings import ReplicationSettings
     from pynsqd.options import Options
-
-    tlog = TopicLog(
-        str(tmp_path / "l"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
-    )
-    tlog.append([Message(b"%016d" % 1, b"before replication", 1)])
 
     class Host:
         opts = Options(etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1)
@@ -428,7 +419,7 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
         class retention:
             @staticmethod
             def get(name: str) -> TopicLog | None:
-                return tlog
+                return logs.get(name)
 
             @staticmethod
             def open_replica(topic: str, origin: int) -> TopicLog:
@@ -436,6 +427,25 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
     replicator.ready = True
+    return replicator
+
+
+def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A replicated topic's first publishes come before its partition is placed (they wait
+    for it): they were handed to channels at once, uncommitted. And a node back with an empty
+    disk re-creates the topic while its partition lives on elsewhere: its publishes went into
+    a log about to be truncated to the leader's."""
+    from pynsqd.cluster.gate import PublishRefused
+    from pynsqd.cluster.records import Assignment, PartRecords, Stored
+    from pynsqd.cluster.settings import ReplicationSettings
+
+    tlog = TopicLog(
+        str(tmp_path / "l"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
+    )
+    tlog.append([Message(b"%016d" % 1, b"before replication", 1)])
+    replicator = node_one(tmp_path, {"t": tlog})
     replicator.state.settings["t"] = ReplicationSettings(3, 2, "all", "fsync")
     assert tlog.visible == 1
     assert replicator.publishing.gate("t") is True  # waits for its placement, then for its commit
@@ -455,32 +465,12 @@ def test_a_new_topics_placement_is_read_with_its_copy_so_a_publish_waits_not_fai
     state and the copies it places here are now taken in one step: the publish appends to the
     copy and waits for its commit."""
     from pynsqd.cluster.records import Assignment, ClusterState, PartRecords, Stored
-    from pynsqd.cluster.replicator import Replicator
     from pynsqd.cluster.settings import ReplicationSettings
-    from pynsqd.options import Options
 
     tlog = TopicLog(
         str(tmp_path / "l"), segment_bytes=1 << 20, sync_every=1, logger=logging.getLogger()
     )
-
-    class Host:
-        opts = Options(etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1)
-        topics: dict[str, object] = {}
-        data_path = str(tmp_path)
-        http_address = "127.0.0.1:4151"
-        tcp_address = "127.0.0.1:4150"
-
-        class retention:
-            @staticmethod
-            def get(name: str) -> TopicLog | None:
-                return tlog if name == "t" else None
-
-            @staticmethod
-            def open_replica(topic: str, origin: int) -> TopicLog:
-                raise AssertionError("not used")
-
-    replicator = Replicator(Host())  # type: ignore[arg-type]
-    replicator.ready = True
+    replicator = node_one(tmp_path, {"t": tlog})
     state = ClusterState()
     state.settings["t"] = ReplicationSettings(2, 2, "all", "fsync")
     state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2)), 1))
