@@ -27,12 +27,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..options import Options
-from ..storage.durable import fsync_close
-from ..storage.topiclog import OffsetOutOfRange, SyncJob, TopicLog
+from ..storage.group_sync import GroupSync
+from ..storage.topiclog import OffsetOutOfRange, TopicLog
 from .etcd import Compare, put_op
 from .fetch import FetchAnswer, FetchRequest
 from .membership import Membership
@@ -70,8 +71,8 @@ class Leading:
         #: Read the cluster now (the replicator's): a follower outside the in-sync set
         #: caught up, so the set can grow this round.
         self.kick: Callable[[], None] = lambda: None
-        self._syncing: set[PartitionKey] = set()
-        self._sync_again: set[PartitionKey] = set()
+        #: The partitions' group fsyncs (durability=fsync).
+        self._fsyncs = GroupSync()
         #: Set on an append or a new HW: the followers' waiting fetches answer.
         self._appended: dict[PartitionKey, asyncio.Event] = {}
         #: Publishes to a replicated topic whose partition is not placed yet, by topic.
@@ -197,45 +198,19 @@ class Leading:
                 self.advance(p)
 
     def kick_sync(self, p: Partition) -> None:
-        key = (p.topic, p.origin)
+        """durability=fsync: the partition's records to disk, a group fsync off the loop
+        (``storage/group_sync.py``; started from the append itself, before the followers'
+        fetches are answered); each one that ends moves the commit point if it can. A failed
+        one is logged and stops the commit point below what it covered
+        (``TopicLog.unsafe_from``): publishes past it fail after --replication-timeout and
+        /ping says why; a restart scans the log again."""
         if p.settings.durability != "fsync" or p.log.synced >= p.log.latest:
             return
-        if key in self._syncing:
-            self._sync_again.add(key)
-            return
-        self._start_sync(p)
+        self._fsyncs.request(p.log, partial(self._synced, p))
 
-    def _start_sync(self, p: Partition) -> None:
-        """Submit the fsync now, from the append itself: before the followers' fetches are
-        answered, not after (a task would start it one turn of the loop later)."""
-        job = p.log.fsync_job()
-        if job is None:
-            return
-        key = (p.topic, p.origin)
-        self._syncing.add(key)
-        self._sync_again.discard(key)
-        done = asyncio.get_running_loop().run_in_executor(None, fsync_close, job.fd)
-        done.add_done_callback(lambda f: self._synced(p, job, f))
-
-    def _synced(self, p: Partition, job: SyncJob, done: asyncio.Future[None]) -> None:
-        key = (p.topic, p.origin)
-        self._syncing.discard(key)
-        err = None if done.cancelled() else done.exception()
-        if done.cancelled() or err is not None:
-            # Not synced: the next append or tick tries again; nothing commits past it.
-            log.error("CLUSTER: partition %s: fsync failed - %s", p.name, err or "cancelled")
-            if isinstance(err, OSError):
-                # What it covered may be gone from the page cache while the next fsync says
-                # clean: the commit point stops below it (``TopicLog.unsafe_from``); publishes
-                # past it fail after --replication-timeout and /ping says why. A restart
-                # scans the log again.
-                p.log.sync_failed(err, job)
-            return
-        p.log.synced_to(job)
+    def _synced(self, p: Partition) -> None:
         if p.role is Role.LEADER:
             self.advance(p)
-        if key in self._sync_again:
-            self._start_sync(p)
 
     # -- the followers' fetches -----------------------------------------------------------
 

@@ -12,9 +12,10 @@ carried by ``core/publish``'s ``WaitCommit``), so the promise is nsqd's: answere
 disk. A failed fsync fails the publishes that waited on it (their records were written, their
 durability is not known: ``TopicLog.sync_failed``, ``/ping``), and the next request tries again.
 
-Replicated partitions keep their own fsyncs (``cluster/leader.py``, ``cluster/follower.py``:
-the commit point waits on them); a replicated topic's publish under ``--sync-every=1`` waits for
-both.
+A replicated partition's leader runs its group fsync (durability=fsync) on an engine of its
+own of this class (``cluster/leader.py``: ``then`` moves its commit point); a follower fsyncs
+before it acknowledges (``cluster/follower.py``). A replicated topic's publish under
+``--sync-every=1`` waits for the commit, then for this engine's fsync.
 """
 
 from __future__ import annotations
@@ -57,13 +58,18 @@ class GroupSync:
         self._fsync = fsync
         self._running: set[TopicLog] = set()
         self._again: set[TopicLog] = set()
+        #: What to do once the next fsync of a log has ended, well or not (``request``).
+        self._then: dict[TopicLog, Callable[[], None]] = {}
         #: fsyncs run, and appends they covered: the group's size is ``appends / fsyncs``.
         self.fsyncs = 0
         self.requests = 0
 
-    def request(self, tlog: TopicLog) -> None:
-        """``tlog`` appended: an fsync now, or as soon as the one in flight ends."""
+    def request(self, tlog: TopicLog, then: Callable[[], None] | None = None) -> None:
+        """``tlog`` appended: an fsync now, or as soon as the one in flight ends; ``then``
+        runs once that fsync has ended (its outcome is the log's: ``synced``)."""
         self.requests += 1
+        if then is not None:
+            self._then[tlog] = then
         if tlog in self._running:
             self._again.add(tlog)
             return
@@ -73,6 +79,9 @@ class GroupSync:
         self._again.discard(tlog)
         job = tlog.fsync_job()
         if job is None:
+            then = self._then.pop(tlog, None)
+            if then is not None:
+                then()
             return
         fds = [job.fd]
         handed = tlog.hand_off.dup_unsynced()
@@ -92,7 +101,12 @@ class GroupSync:
             why = err if isinstance(err, OSError) else OSError(f"fsync did not run ({err!r})")
             log.error("TOPICLOG(%s): fsync failed - %s", tlog.name, why)
             tlog.sync_failed(why, job)
-        if tlog in self._again:
+        again = tlog in self._again
+        # Kept for the next fsync when one is asked for already; done with otherwise.
+        then = self._then.get(tlog) if again else self._then.pop(tlog, None)
+        if then is not None:
+            then()
+        if again:
             self._start(tlog)
 
 

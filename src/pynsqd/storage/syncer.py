@@ -15,10 +15,11 @@ One error contract: a failed job is logged, and its error is kept on the slot un
 skip its own. A synchronous sync (``--sync-every=1``, a roll, a close) first ``cancel``s the
 waiting job (its snapshot is older) and waits for a running one.
 
-Replication's fsyncs (a leader's group fsync, a follower's before it acknowledges) run on the
-event loop's executor instead, one in flight per partition and partitions in parallel (this
-engine runs one job at a time, and a coalesced job would drop a completion the commit point
-waits for); they keep this contract: a failure is ``report``ed on the log's slot (``/ping``),
+The fsyncs that answers wait for (``--sync-every=1``'s group commit of a retained log, a
+replicated leader's group fsync: ``storage/group_sync.py``; a follower's before it
+acknowledges) run on the event loop's executor instead, one in flight per log and logs in
+parallel (this engine runs one job at a time, and a coalesced job would drop a completion a
+waiting OK or the commit point needs); they keep this contract: a failure is ``report``ed on the log's slot (``/ping``),
 and nothing that waits on durability moves past it (``TopicLog.fsync_job``).
 """
 
