@@ -19,8 +19,9 @@ The fsyncs that answers wait for (``--sync-every=1``'s group commit of a retaine
 replicated leader's group fsync: ``storage/group_sync.py``; a follower's before it
 acknowledges) run on the event loop's executor instead, one in flight per log and logs in
 parallel (this engine runs one job at a time, and a coalesced job would drop a completion a
-waiting OK or the commit point needs); they keep this contract: a failure is ``report``ed on the log's slot (``/ping``),
-and nothing that waits on durability moves past it (``TopicLog.fsync_job``).
+waiting OK or the commit point needs); they keep this contract: a failure is ``report``ed on
+the log's slot (``/ping``), and nothing that waits on durability moves past it
+(``TopicLog.fsync_job``).
 """
 
 from __future__ import annotations
