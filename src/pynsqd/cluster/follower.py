@@ -29,7 +29,8 @@ import aiohttp
 
 from ..log import LOGGER_NAME
 from ..storage.durable import fsync_close
-from ..storage.topiclog import SyncJob, TopicLog
+from ..storage.group_sync import SyncJob
+from ..storage.topiclog import TopicLog
 from .fetch import REPLICA_SECRET_HEADER, FetchAnswer, FetchRequest
 from .membership import Membership
 from .partition import Partition, Role

@@ -26,14 +26,11 @@ import heapq
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import NamedTuple, Protocol
 
 from . import durable
 
-if TYPE_CHECKING:
-    from .topiclog import SyncJob, TopicLog
-
-__all__ = ["GroupSync", "SyncWaits"]
+__all__ = ["GroupSync", "SyncJob", "SyncWaits", "Syncable"]
 
 log = logging.getLogger("pynsqd")
 
@@ -50,21 +47,48 @@ def fsync_all(fds: list[int]) -> None:
                 os.close(fd)
 
 
+class SyncJob(NamedTuple):
+    """An fsync of a log's active segment to run off the event loop (``TopicLog.fsync_job``):
+    a duplicate descriptor, the end offset it covers, and the log's generation when it was
+    taken (a truncation or restart since then makes it stale: ``synced_to`` ignores it)."""
+
+    fd: int
+    start: int
+    end: int
+    generation: int
+
+
+class HandOff(Protocol):
+    def dup_unsynced(self) -> int | None: ...
+
+
+class Syncable(Protocol):
+    """What the engine needs of a log (``storage/topiclog.TopicLog``)."""
+
+    name: str
+
+    @property
+    def hand_off(self) -> HandOff: ...
+    def fsync_job(self) -> SyncJob | None: ...
+    def synced_to(self, job: SyncJob) -> None: ...
+    def sync_failed(self, err: OSError, job: SyncJob) -> None: ...
+
+
 class GroupSync:
     """The fsyncs of the logs of one event loop (a worker's)."""
 
     def __init__(self, fsync: Callable[[list[int]], None] = fsync_all) -> None:
         #: Runs on the executor (a test gives one that fails, as a disk's EIO would).
         self._fsync = fsync
-        self._running: set[TopicLog] = set()
-        self._again: set[TopicLog] = set()
+        self._running: set[Syncable] = set()
+        self._again: set[Syncable] = set()
         #: What to do once the next fsync of a log has ended, well or not (``request``).
-        self._then: dict[TopicLog, Callable[[], None]] = {}
+        self._then: dict[Syncable, Callable[[], None]] = {}
         #: fsyncs run, and appends they covered: the group's size is ``appends / fsyncs``.
         self.fsyncs = 0
         self.requests = 0
 
-    def request(self, tlog: TopicLog, then: Callable[[], None] | None = None) -> None:
+    def request(self, tlog: Syncable, then: Callable[[], None] | None = None) -> None:
         """``tlog`` appended: an fsync now, or as soon as the one in flight ends; ``then``
         runs once that fsync has ended (its outcome is the log's: ``synced``)."""
         self.requests += 1
@@ -75,7 +99,7 @@ class GroupSync:
             return
         self._start(tlog)
 
-    def _start(self, tlog: TopicLog) -> None:
+    def _start(self, tlog: Syncable) -> None:
         self._again.discard(tlog)
         job = tlog.fsync_job()
         if job is None:
@@ -92,7 +116,7 @@ class GroupSync:
         done = asyncio.get_running_loop().run_in_executor(None, self._fsync, fds)
         done.add_done_callback(lambda f: self._done(tlog, job, f))
 
-    def _done(self, tlog: TopicLog, job: SyncJob, done: asyncio.Future[None]) -> None:
+    def _done(self, tlog: Syncable, job: SyncJob, done: asyncio.Future[None]) -> None:
         self._running.discard(tlog)
         err = None if done.cancelled() else done.exception()
         if err is None and not done.cancelled():

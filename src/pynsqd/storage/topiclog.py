@@ -49,14 +49,13 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
 
 from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol.log_record import Damaged
 from . import durable, log_reader, log_records, producers
 from .atomic import write_atomic
-from .group_sync import GroupSync, SyncWaits
+from .group_sync import GroupSync, SyncJob, SyncWaits
 from .handed import HandedPosition
 from .log_reader import OffsetOutOfRange
 from .readers import Readers
@@ -69,20 +68,8 @@ __all__ = [
     "INDEX_INTERVAL",
     "LogRange",
     "OffsetOutOfRange",
-    "SyncJob",
     "TopicLog",
 ]
-
-
-class SyncJob(NamedTuple):
-    """An fsync of a log's active segment to run off the event loop (``TopicLog.fsync_job``):
-    a duplicate descriptor, the end offset it covers, and the log's generation when it was
-    taken (a truncation or restart since then makes it stale: ``synced_to`` ignores it)."""
-
-    fd: int
-    start: int
-    end: int
-    generation: int
 
 
 class TopicLog:
