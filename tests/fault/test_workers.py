@@ -458,6 +458,32 @@ def test_sigterm_stops_every_worker_and_flushes_what_they_hold(data: Path) -> No
         assert sorted(b for _, b, _ in got) == sorted(published)
 
 
+def test_a_worker_is_started_again_after_its_fork_server_was_killed(data: Path) -> None:
+    """Workers are forked from a fork server the supervisor started (``supervisor.py``). With
+    that process killed too, a killed worker is still started again (multiprocessing starts
+    a new fork server), and the node serves on."""
+    with started(data, "--workers=2") as node:
+        workers = set(worker_pids(node).values())
+        server = [  # the workers are forked from it: their command lines are its own
+            p
+            for p in descendants(node.p.pid) - workers
+            if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert len(server) == 1, server
+        os.kill(server[0], signal.SIGKILL)
+        wait_for(lambda: not alive(server[0]), "the fork server gone")
+        before = worker_pids(node)
+        os.kill(before[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(node).get(1, before[1]) != before[1], "worker 1 restarted")
+        assert "cannot keep worker" not in node.output()
+        published = publish_spread(node, "again", 10, 2)
+        with node.connect() as c:
+            c.identify()
+            c.sub("again", "ch", rdy=50)
+            got = consume(c, len(published))
+        assert sorted(b for _, b, _ in got) == sorted(published)
+
+
 def test_workers_stop_when_the_supervisor_is_killed(data: Path) -> None:
     """The node's ports are free as soon as the workers see their supervisor gone, before
     they have finished stopping (found by nsqjs's suite, which starts the next nsqd on the

@@ -282,6 +282,17 @@ class Supervisor:
                 os.write(fd, word)
 
     async def _keep(self, i: int) -> None:
+        """Worker ``i`` kept running until the node stops. If keeping it fails (a bug, or the
+        fork server gone and not to be started again), the node stops with exit 1 and one
+        ERROR line, rather than going on without that worker."""
+        try:
+            await self._keep_running(i)
+        except Exception as err:
+            log.error("WORKERS: cannot keep worker %d running (%r); stopping", i, err)
+            self.failure = 1
+            self.stop.set()
+
+    async def _keep_running(self, i: int) -> None:
         loop = asyncio.get_running_loop()
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
