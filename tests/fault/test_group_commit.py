@@ -17,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from pynsqd.protocol import encode
+from pynsqd.protocol.frames import FRAME_TYPE_RESPONSE
 from pynsqd.protocol.log_record import decode_records
 from pynsqd.storage.durable import LEDGER_ENV
 
+from ..disks import fill
 from ..integration.replication_harness import lose_unsynced
 from ..processes import NsqdProcess as Proc
 from ..waiting import wait_for
@@ -28,20 +31,27 @@ DURABLE = ("--retention-time=1h", "--sync-every=1")
 
 
 class Publisher(threading.Thread):
-    """MPUBs batches on its own connection until the server dies; ``acked`` gets what was
-    answered OK."""
+    """MPUBs batches on its own connection until the server dies or refuses one; ``acked``
+    gets what was answered OK, ``answer`` the first answer that was not OK."""
 
-    def __init__(self, proc: Proc, name: str, acked: set[bytes], lock: threading.Lock) -> None:
+    def __init__(
+        self, proc: Proc, name: str, acked: set[bytes], lock: threading.Lock, topic: str = "t"
+    ) -> None:
         super().__init__(daemon=True)
-        self.proc, self.tag, self.acked, self.lock = proc, name, acked, lock
+        self.proc, self.tag, self.acked, self.lock, self.topic = proc, name, acked, lock, topic
         self.count = 0
+        self.answer = b""
 
     def run(self) -> None:
         ends = (OSError, ConnectionError, AssertionError, struct.error)
         with contextlib.suppress(*ends), self.proc.connect() as c:
             for b in range(1_000_000):
                 batch = [b"%s-%07d" % (self.tag.encode(), b * 20 + i) for i in range(20)]
-                c.mpub("t", batch)  # returns once OK arrived
+                c.send(encode.mpub(self.topic, batch))
+                frame = c.read_frame()
+                if frame.frame_type != FRAME_TYPE_RESPONSE or frame.data != b"OK":
+                    self.answer = frame.data
+                    return
                 with self.lock:
                     self.acked.update(batch)
                 self.count += len(batch)
@@ -93,3 +103,69 @@ def test_every_publish_answered_ok_survives_a_power_loss(
     assert not acked - held, f"{len(acked - held)} of {len(acked)} acknowledged lost"
     # The fault bit: records written but not yet covered by an fsync were taken away.
     assert lost > 0
+
+
+def test_a_full_disk_refuses_with_nsqds_error_and_loses_nothing_acknowledged(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The disk fills under eight publishers: each gets OK or nsqd's E_MPUB_FAILED (the write
+    failed, nothing of it stored), never a hang; once there is room again publishing goes
+    on, and every OK is in the log after a restart."""
+    log = tmp_path / "nsqd.log"
+    proc = Proc(small_disk, log, *DURABLE)
+    acked: set[bytes] = set()
+    lock = threading.Lock()
+    publishers = [Publisher(proc, f"p{i}", acked, lock) for i in range(8)]
+    for p in publishers:
+        p.start()
+    wait_for(lambda: all(p.count >= 100 for p in publishers), "every publisher's OKs")
+    filler = fill(small_disk)
+    for p in publishers:
+        p.join(30)
+        assert not p.is_alive(), "a publisher still waiting for its answer"
+        assert p.answer.startswith(b"E_MPUB_FAILED"), p.answer
+    assert proc.http("GET", "/ping")[0] == 500
+    filler.unlink()
+    again = Publisher(proc, "again", acked, lock)
+    again.start()
+    wait_for(lambda: again.count >= 100, "publishing again once there is room")
+    proc.stop(signal.SIGTERM)
+    again.join(10)
+    proc = Proc(small_disk, log, *DURABLE)
+    try:
+        held = read_log(proc)
+    finally:
+        proc.stop()
+    assert not acked - held, f"{len(acked - held)} of {len(acked)} acknowledged lost"
+
+
+def test_publishes_waiting_for_their_fsync_race_the_topics_deletion(tmp_path: Path) -> None:
+    """Publishers wait for group fsyncs while the topic is deleted again and again: each
+    answer is OK or a defined error, none hangs, and the node serves on."""
+    data, log = tmp_path / "data", tmp_path / "nsqd.log"
+    data.mkdir()
+    proc = Proc(data, log, *DURABLE)
+    try:
+        lock = threading.Lock()
+        rounds = []
+        for r in range(5):
+            acked: set[bytes] = set()
+            publishers = [Publisher(proc, f"r{r}p{i}", acked, lock) for i in range(4)]
+            for p in publishers:
+                p.start()
+            wait_for(lambda ps=publishers: any(p.count for p in ps), "a publish taken")
+            status, body = proc.http("POST", "/topic/delete?topic=t")
+            assert status in (200, 404), (status, body)
+            rounds.append([p for p in publishers])
+        for publishers in rounds:
+            for p in publishers:
+                p.join(0.1)
+        # Those still publishing (to the topic made again) are stopped by the node's stop;
+        # those that were answered otherwise got a defined error.
+        for publishers in rounds:
+            for p in publishers:
+                assert not p.answer or p.answer.startswith(b"E_"), p.answer
+        assert proc.http("GET", "/ping") == (200, b"OK")
+    finally:
+        assert proc.stop(signal.SIGTERM) == 0
+    assert "Traceback" not in log.read_text()
