@@ -73,6 +73,16 @@ def read_log(proc: Proc) -> set[bytes]:
     return bodies
 
 
+def all_there_after_a_restart(data: Path, log: Path, acked: set[bytes]) -> None:
+    """nsqd started again on ``data``: its log holds every record answered OK."""
+    proc = Proc(data, log, *DURABLE)
+    try:
+        held = read_log(proc)
+    finally:
+        proc.stop()
+    assert not acked - held, f"{len(acked - held)} of {len(acked)} acknowledged lost"
+
+
 def test_every_publish_answered_ok_survives_a_power_loss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,12 +105,7 @@ def test_every_publish_answered_ok_survives_a_power_loss(
         for p in publishers:
             p.join(10)
         lost += lose_unsynced(list(data.glob("*.log/*.log")), ledger)
-    proc = Proc(data, log, *DURABLE)
-    try:
-        held = read_log(proc)
-    finally:
-        proc.stop()
-    assert not acked - held, f"{len(acked - held)} of {len(acked)} acknowledged lost"
+    all_there_after_a_restart(data, log, acked)
     # The fault bit: records written but not yet covered by an fsync were taken away.
     assert lost > 0
 
@@ -131,12 +136,7 @@ def test_a_full_disk_refuses_with_nsqds_error_and_loses_nothing_acknowledged(
     wait_for(lambda: again.count >= 100, "publishing again once there is room")
     proc.stop(signal.SIGTERM)
     again.join(10)
-    proc = Proc(small_disk, log, *DURABLE)
-    try:
-        held = read_log(proc)
-    finally:
-        proc.stop()
-    assert not acked - held, f"{len(acked - held)} of {len(acked)} acknowledged lost"
+    all_there_after_a_restart(small_disk, log, acked)
 
 
 def test_publishes_waiting_for_their_fsync_race_the_topics_deletion(tmp_path: Path) -> None:
