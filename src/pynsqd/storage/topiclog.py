@@ -380,7 +380,8 @@ class TopicLog:
             self.sync_waits.add(end, done)
 
     def _request_sync(self) -> None:
-        """With ``--sync-every=1`` the OK must follow the fsync: now. Otherwise an fsync costs
+        """With ``--sync-every=1`` the OK must follow the fsync: now, or, with a group commit
+        engine (``group``), off the loop with the OK waiting for it. Otherwise an fsync costs
         milliseconds the loop owes every client, so the background engine runs it on
         duplicates of the descriptors (``storage/syncer.py``; its failure is reported by
         ``take_sync_error``): the records first, then the hand-off position, so the position
