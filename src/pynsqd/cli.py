@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None and count > 1:
         from pynsqd.server.workers.supervisor import run_supervisor
 
-        return run_supervisor(opts, args, count, main)
+        return run_supervisor(opts, args, count)
     from pynsqd.server.nsqd import run
 
     return run(opts, worker)

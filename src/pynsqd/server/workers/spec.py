@@ -47,10 +47,6 @@ class WorkerSpec:
         raw = os.environ.get(cls.ENV)
         if not raw:
             return None
-        return cls.from_json(raw)
-
-    @classmethod
-    def from_json(cls, raw: str) -> WorkerSpec:
         return cls(**json.loads(raw))
 
 

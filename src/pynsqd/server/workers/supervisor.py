@@ -4,12 +4,8 @@ N workers running.
 Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` and
 ``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
 (mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
-``admin`` (HTTP between workers). Workers are forked from a fork server (``multiprocessing``'s
-``forkserver``) started first, which has imported the server once (``PRELOAD``): a worker
-(re)starts in milliseconds instead of paying Python's imports again (about 0.4 s of a core
-each, which four workers paid at once). A worker is ``nsqd`` with the same arguments, the
-descriptors (passed over the fork server's socket), and a ``WorkerSpec`` in ``PYNSQD_WORKER``
-(``spec.py``).
+``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
+arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``spec.py``).
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
@@ -34,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -42,10 +37,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, reduction
-from multiprocessing.process import BaseProcess
-from typing import Any
+from collections.abc import Iterator
 
 from ...internal.listener import (
     is_unix_address,
@@ -65,34 +57,6 @@ RESTART_BACKOFF_MAX = 5.0
 #: A worker that ran this long before exiting is restarted at once.
 STABLE_AFTER = 10.0
 STOP_GRACE = 60.0
-#: What the fork server imports before it forks a worker: the server, whole.
-PRELOAD = ["pynsqd.cli", "pynsqd.server.nsqd"]
-
-
-class _Passed:
-    """A descriptor a worker inherits: sent over the fork server's socket when the worker
-    is started (``reduction.DupFd``), a plain number again in the worker."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        return (_received, (reduction.DupFd(self.fd),))
-
-
-def _received(dup: Any) -> int:
-    return int(dup.detach())
-
-
-def _worker(
-    main: Callable[[list[str]], int], argv: list[str], spec: str, fds: dict[str, int]
-) -> None:
-    """A forked worker's body: ``main`` (the ``nsqd`` command's) with the supervisor's
-    arguments, as its worker."""
-    started = WorkerSpec.from_json(spec)
-    started.fds = fds
-    os.environ[WorkerSpec.ENV] = started.to_env()
-    sys.exit(main(argv))
 
 
 def bind(address: str) -> socket.socket:
@@ -118,24 +82,16 @@ def bind(address: str) -> socket.socket:
 
 
 class Supervisor:
-    def __init__(
-        self, opts: Options, argv: list[str], count: int, main: Callable[[list[str]], int]
-    ) -> None:
+    def __init__(self, opts: Options, argv: list[str], count: int) -> None:
         self.opts = opts
         self.argv = argv
-        #: What a worker runs: the ``nsqd`` command's body (``cli.main``), which knows it is a
-        #: worker by its ``PYNSQD_WORKER``.
-        self.main = main
         self.count = count
         self.shared: dict[str, socket.socket] = {}
         self.private: list[dict[str, socket.socket]] = []
         self.links: list[str] = []
         self.admins: list[str] = []
         self.private_dir = ""
-        self.procs: dict[int, BaseProcess] = {}
-        self._forks = multiprocessing.get_context("forkserver")
-        #: One worker handed to the fork server at a time.
-        self._forking = asyncio.Lock()
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
@@ -235,12 +191,12 @@ class Supervisor:
             tasks += [loop.create_task(self._keep(i)) for i in range(1, self.count)]
         await self.stop.wait()
         for proc in list(self.procs.values()):
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
         _done, pending = await asyncio.wait(tasks, timeout=STOP_GRACE)
         if pending:
             for proc in list(self.procs.values()):
-                with contextlib.suppress(ProcessLookupError, ValueError):
+                with contextlib.suppress(ProcessLookupError):
                     proc.kill()
             await asyncio.wait(pending)
         loop.remove_reader(self._ready_r)
@@ -282,33 +238,17 @@ class Supervisor:
                 os.write(fd, word)
 
     async def _keep(self, i: int) -> None:
-        """Worker ``i`` kept running until the node stops. If keeping it fails (a bug, or the
-        fork server gone and not to be started again), the node stops with exit 1 and one
-        ERROR line, rather than going on without that worker."""
-        try:
-            await self._keep_running(i)
-        except Exception as err:
-            log.error("WORKERS: cannot keep worker %d running (%r); stopping", i, err)
-            self.failure = 1
-            self.stop.set()
-
-    async def _keep_running(self, i: int) -> None:
         loop = asyncio.get_running_loop()
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
             with self._starting(i) as (fds, spec):
-                passed = {name: _Passed(fd) for name, fd in fds.items()}
-                proc = self._forks.Process(
-                    target=_worker,
-                    args=(self.main, self.argv, spec.to_env(), passed),
-                    name=f"nsqd worker {i}",
+                env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
                 )
-                async with self._forking:
-                    # In a thread: the first start waits for the fork server's imports.
-                    await loop.run_in_executor(None, proc.start)
             self.procs[i] = proc
-            pid, started = proc.pid, loop.time()
-            code = await self._exited(proc)
+            started = loop.time()
+            code = await proc.wait()
             del self.procs[i]
             os.close(self._go.pop(i))
             self.counts.set(i, ConnectionCounts.DOWN)  # no longer takes connections
@@ -331,32 +271,12 @@ class Supervisor:
             log.error(
                 "WORKERS: worker %d (pid %d) ended (%s); starting it again%s",
                 i,
-                pid,
+                proc.pid,
                 how,
                 f" in {backoff:g}s" if backoff else "",
             )
             if backoff:
                 await wait_set(self.stop, backoff)
-
-    @staticmethod
-    async def _exited(proc: BaseProcess) -> int:
-        """``proc``'s exit code once it has exited (``-N``: killed by signal N)."""
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(proc.sentinel, readable)
-        try:
-            await ended
-        finally:
-            loop.remove_reader(proc.sentinel)
-        proc.join()
-        code = proc.exitcode
-        proc.close()
-        return code if code is not None else 1
 
     def close(self) -> None:
         for fd in (self._alive_w, self._alive_r, self._ready_r, self._ready_w):
@@ -370,14 +290,9 @@ class Supervisor:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def run_supervisor(
-    opts: Options, argv: list[str], count: int, main: Callable[[list[str]], int]
-) -> int:
-    """The console script's body for ``--workers N`` (N > 1); ``main`` is what each worker
-    runs (the console script's own body)."""
-    forkserver.set_forkserver_preload(PRELOAD)
-    forkserver.ensure_running()  # it imports the server while the supervisor binds
-    sup = Supervisor(opts, argv, count, main)
+def run_supervisor(opts: Options, argv: list[str], count: int) -> int:
+    """The console script's body for ``--workers N`` (N > 1)."""
+    sup = Supervisor(opts, argv, count)
     try:
         sup.bind_all()
     except OSError as err:
