@@ -1,15 +1,16 @@
 """This node in the cluster: its lease, its registration, its storage id, and the key layout.
 
 Theory of operation. At start the node takes a lease (``--etcd-lease-ttl``) and registers
-``<K>/nodes/<node-id>`` under it with a create-only txn: a second node with the same id is
-refused with one line. The previous incarnation of this node (same data directory and storage id)
-is replaced at once: its lease is revoked, which also drops the leaderships it held, so a restart
-fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease; when it
-cannot, the node stops committing (``lease_alive`` is judged when it is used), and once etcd says
-the lease is gone it steps down (``on_expired``), takes a new lease and registers again. Every
-``BEAT`` the node re-writes its registration (a txn guarded by its lease): the key's revision
-moves, and the others place new copies only on nodes whose beat they saw lately (a killed node
-stays registered until its lease lapses).
+``<K>/nodes/<node-id>`` under it with a create-only txn: a second node with the same id is refused
+with one line. The previous incarnation of this node (same data directory and storage id) is
+replaced at once: its lease is revoked, which also drops the leaderships it held, so a restart
+fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease (in a task
+of its own: a slow write never holds it up); when it cannot, the node stops committing
+(``lease_alive`` is judged when it is used), and once etcd says the lease is gone it steps down
+(``on_expired``), takes a new lease and registers again. Every ``BEAT`` the node re-writes its
+registration (a txn guarded by its lease): the key's revision moves, and the others place new
+copies only on nodes whose beat they saw lately (a killed node stays registered until its lease
+lapses).
 
 The keys and their records are declared in ``cluster/records.py``.
 """
@@ -180,17 +181,29 @@ class Membership:
         )
 
     async def keepalive_loop(self, on_expired: Callable[[], None]) -> None:
-        """Beat every ``BEAT`` and refresh the lease every TTL/3; ``on_expired`` (step down)
-        when etcd says it is gone, then register again."""
-        kept = self.now()
+        """Refresh the lease every TTL/3 and beat every ``BEAT``, each in its own task: a beat
+        is a write, which etcd answers after its fsync, and a slow disk there must not hold up
+        the lease's refresh (which it answers without one). ``on_expired`` (step down) when
+        etcd says the lease is gone, then register again."""
+        beats = asyncio.create_task(self._beat_loop())
+        try:
+            await self._refresh_loop(on_expired)
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+
+    async def _beat_loop(self) -> None:
         while True:
             await asyncio.sleep(min(BEAT, self.ttl / 3))
             if self.lease_alive:
                 with contextlib.suppress(EtcdError):  # the keepalive says what is wrong
                     await self.beat()
-            if self.now() - kept < self.ttl / 3 - BEAT / 2:
-                continue
-            sent = kept = self.now()
+
+    async def _refresh_loop(self, on_expired: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            sent = self.now()
             try:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as err:

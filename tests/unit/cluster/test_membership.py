@@ -1,0 +1,64 @@
+"""The node's lease kept apart from its beats: a registration re-write that etcd is slow to
+answer (a write waits for etcd's fsync; a lease refresh does not) must not hold up the lease's
+refresh, or a loaded disk expires the lease and the node steps down from every leadership
+(seen in a full suite run: a 6 MB record's publish failed with "the node's etcd lease
+expired")."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from pynsqd.cluster.membership import Membership
+from pynsqd.options import Options
+
+
+class SlowWritesEtcd:
+    """etcd whose writes (the beat's txn) never answer; its lease refreshes answer at once."""
+
+    def __init__(self) -> None:
+        self.keepalives = 0
+        self.txns = 0
+        self.refreshed = asyncio.Event()
+
+    async def txn(self, *args: Any) -> Any:
+        self.txns += 1
+        await asyncio.Event().wait()  # a write stuck behind a slow fsync
+
+    async def keepalive(self, lease: int) -> int:
+        self.keepalives += 1
+        if self.keepalives >= 3:
+            self.refreshed.set()
+        return 2
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_beat_etcd_is_slow_to_answer_does_not_hold_up_the_lease(tmp_path: Path) -> None:
+    async def run() -> tuple[int, int, bool]:
+        loop = asyncio.get_running_loop()
+        opts = Options(
+            etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1, etcd_lease_ttl=2
+        )
+        member = Membership(opts, str(tmp_path), "127.0.0.1:4151", "127.0.0.1:4150", now=loop.time)
+        etcd = SlowWritesEtcd()
+        member.etcd = etcd  # type: ignore[assignment]
+        member.lease, member.lease_until = 7, loop.time() + 1.5
+        expired: list[bool] = []
+        task = asyncio.create_task(member.keepalive_loop(lambda: expired.append(True)))
+        try:
+            # Three refreshes take about one TTL; the beat never answers.
+            await asyncio.wait_for(etcd.refreshed.wait(), 10)
+        except TimeoutError:
+            pass
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return etcd.keepalives, etcd.txns, member.lease_alive
+
+    keepalives, txns, alive = asyncio.run(run())
+    assert txns >= 1  # a beat was sent, and is still waiting
+    assert keepalives >= 3, f"{keepalives} lease refreshes while a beat waited"
+    assert alive
