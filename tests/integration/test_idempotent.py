@@ -41,10 +41,10 @@ def test_a_retried_publish_is_written_once_over_tcp_and_http(
     with identified(server) as c:
         c.send(encode.pub("t", b"a", ("p1", 0)))
         assert c.read_response() == b"OK"
-        c.send(encode.pub("t", b"a", ("p1", 0)))  # the retry
-        assert c.read_response() == b"OK"
+        c.send(encode.pub("t", b"a", ("p1", 0)))  # the retry: acknowledged, and said so
+        assert c.read_response() == b"OK DUPLICATES 1"
         c.send(encode.mpub("t", [b"a", b"b", b"c"], ("p1", 0)))  # overlaps: b, c are new
-        assert c.read_response() == b"OK"
+        assert c.read_response() == b"OK DUPLICATES 1"
         c.send(encode.dpub("t", 10, b"d", ("p1", 3)))
         assert c.read_response() == b"OK"
         c.send(encode.pub("t", b"x", ("p2", 7)))  # another producer starts anywhere
@@ -77,9 +77,9 @@ def test_consumers_get_each_message_once_and_without_its_identity(
     with server.connect() as sub:
         sub.sub("t", "c", rdy=10)
         with identified(server) as c:
-            for _ in range(3):
+            for i in range(3):
                 c.send(encode.mpub("t", [b"one", b"two"], ("p", 0)))
-                assert c.read_response() == b"OK"
+                assert c.read_response() == (b"OK DUPLICATES 2" if i else b"OK")
         got = sub.read_messages(2)
         assert [m.body for m in got] == [b"one", b"two"]
         # The channel was given these two and nothing else (its own count, not a wait).
@@ -223,7 +223,8 @@ def test_a_retry_after_a_million_other_records_and_a_kill_9_is_written_once(
         proc.stop()
         proc = Proc(data, log, *flags)
         with Connection(f"127.0.0.1:{proc.port}").connect() as c:
-            c.mpub("t", spark, identity=("spark-task-7", 0))  # the retry: OK
+            # The retry: OK, and the answer says every record was there.
+            assert c.mpub("t", spark, identity=("spark-task-7", 0)) == len(spark)
             with pytest.raises(NsqError, match="E_BAD_SEQUENCE"):
                 c.mpub("t", [b"skipped"], identity=("spark-task-7", 11))
         status, body = proc.http("GET", "/topic/offsets?topic=t")
@@ -247,7 +248,7 @@ def test_the_window_forgets_by_count(make_nsqd: Callable[..., ServerThread], rec
         c.send(encode.mpub("t", [b"%d" % i for i in range(10)], ("p", 0)))
         assert c.read_response() == b"OK"
         c.send(encode.pub("t", b"9", ("p", 9)))  # in the window: a duplicate
-        assert c.read_response() == b"OK"
+        assert c.read_response() == b"OK DUPLICATES 1"
         c.send(encode.pub("t", b"other", ("q", 0)))
         assert c.read_response() == b"OK"
     assert len(read_everything(server, "t")) == 11
@@ -257,10 +258,11 @@ def test_the_clients_publish_with_identities(make_nsqd: Callable[..., ServerThre
     server = make_nsqd(retention_time=HOUR)
     address = f"127.0.0.1:{server.tcp_port}"
     with Connection(address).connect() as conn:
-        conn.mpub("t", [b"a", b"b"], identity=("blocking", 0))
-        conn.mpub("t", [b"a", b"b"], identity=("blocking", 0))
-        conn.pub("t", b"c", identity=("blocking", 2))
-        conn.dpub("t", 5, b"c", identity=("blocking", 2))
+        # Each publish returns how many of its records the topic already had.
+        assert conn.mpub("t", [b"a", b"b"], identity=("blocking", 0)) == 0
+        assert conn.mpub("t", [b"a", b"b"], identity=("blocking", 0)) == 2
+        assert conn.pub("t", b"c", identity=("blocking", 2)) == 0
+        assert conn.dpub("t", 5, b"c", identity=("blocking", 2)) == 1
         with pytest.raises(ValueError, match="invalid producer id"):
             conn.pub("t", b"x", identity=("no spaces", 0))
         with pytest.raises(NsqError) as err:
@@ -270,9 +272,9 @@ def test_the_clients_publish_with_identities(make_nsqd: Callable[..., ServerThre
     async def aio() -> None:
         conn = await AsyncConnection.connect(address)
         try:
-            await conn.pub("t", b"d", identity=("aio", 0))
-            await conn.mpub("t", [b"d", b"e"], identity=("aio", 0))
-            await conn.dpub("t", 5, b"f", identity=("aio", 2))
+            assert await conn.pub("t", b"d", identity=("aio", 0)) == 0
+            assert await conn.mpub("t", [b"d", b"e"], identity=("aio", 0)) == 1
+            assert await conn.dpub("t", 5, b"f", identity=("aio", 2)) == 0
         finally:
             await conn.close()
 
@@ -295,14 +297,22 @@ def test_to_nsq_run_again_with_its_producer_id_writes_each_record_once(
     args = ("--topic=t", f"--nsqd-tcp-address=127.0.0.1:{server.tcp_port}", "--producer-id=load-1")
     first = tool("to_nsq", *args, stdin=b"a\nb\nc\n")
     assert first.returncode == 0, first.stderr
+    assert first.stderr == (
+        b"to_nsq: 3 records acknowledged on t as producer load-1 (sequences 0-2): 3 written\n"
+    )
     # The same input again, longer (the first run "died" after c): only d and e are new.
     again = tool("to_nsq", *args, stdin=b"a\nb\nc\nd\ne\n")
     assert again.returncode == 0, again.stderr
-    # What was acknowledged, not "published 5 messages" (issue 54: a re-run that wrote nothing
-    # new said it published them all).
+    # What was acknowledged and what of it was new, not "published 5 messages" (issue 54: a
+    # re-run that wrote nothing new said it published them all).
     assert again.stderr == (
-        b"to_nsq: 5 records acknowledged on t as producer load-1 (sequences 0-4; those an "
-        b"earlier run wrote were not written again)\n"
+        b"to_nsq: 5 records acknowledged on t as producer load-1 (sequences 0-4): 2 written, "
+        b"3 were already in the topic (not written again)\n"
+    )
+    third = tool("to_nsq", *args, stdin=b"a\nb\nc\nd\ne\n")
+    assert third.stderr == (
+        b"to_nsq: 5 records acknowledged on t as producer load-1 (sequences 0-4): 0 written, "
+        b"5 were already in the topic (not written again)\n"
     )
     records = read_everything(server, "t")
     assert [(r.body, r.sequence) for r in records] == [
@@ -313,7 +323,7 @@ def test_to_nsq_run_again_with_its_producer_id_writes_each_record_once(
         (b"e", 4),
     ]
     stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
-    assert stats["topics"][0]["log"]["duplicate_count"] == 3
+    assert stats["topics"][0]["log"]["duplicate_count"] == 8
     # nsq_log shows who published each record (its run of identities across reads too).
     shown = tool(
         "nsq_log",

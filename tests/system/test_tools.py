@@ -57,6 +57,37 @@ def test_to_nsq_says_how_many_records_were_acknowledged_when_one_is_refused(
     assert nsqd.call(lambda: nsqd.nsqd.topics["t"].message_count) == 2
 
 
+def test_to_nsq_says_how_many_records_were_acknowledged_when_its_connection_drops(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """Issue 54: when the connection dropped, the run did not say how far it got."""
+    nsqd = make_nsqd()
+    command = [sys.executable, "-m", "pynsqd.tools.to_nsq", "--topic=t"]
+    proc = subprocess.Popen(
+        [*command, f"--nsqd-tcp-address=127.0.0.1:{nsqd.tcp_port}"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(b"a\nb\nc\n")
+        proc.stdin.flush()
+        topics = nsqd.nsqd.topics
+        wait_for(
+            lambda: nsqd.call(lambda: "t" in topics and topics["t"].message_count == 3),
+            "three records published",
+        )
+        nsqd.stop()  # the node goes away: its connections drop
+        proc.stdin.write(b"d\ne\n")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 1
+    (line,) = err.decode().splitlines()
+    assert line.endswith("(record 4: not acknowledged; the 3 records before it were)"), line
+
+
 def test_nsq_tail_says_a_nodes_connection_error_once_while_it_retries(tmp_path: Path) -> None:
     """Issue 54: through nsqlookupd, a dead node still listed was retried every 15 s with an
     error line each time (go-nsq stays quiet). The error is said once; the retries go on. The

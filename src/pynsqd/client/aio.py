@@ -29,6 +29,7 @@ from ..protocol.frames import (
     FrameReader,
     Message,
     decode_message,
+    duplicates_in,
 )
 from .errors import (
     IDEMPOTENT,
@@ -104,39 +105,41 @@ class AsyncConnection:
                 continue
             return frame.data
 
-    async def _expect_ok(self) -> None:
+    async def _expect_ok(self) -> int:
+        """An OK: how many records it says were already there (``frames.ok_answer``)."""
         await self._writer.drain()
         reply = await self._response()
-        if reply != b"OK":
+        duplicates = duplicates_in(reply)
+        if duplicates is None:
             raise NsqError("E_INVALID", f"unexpected response {reply!r}", self.address)
+        return duplicates
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def pub(
-        self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None
-    ) -> None:
+    async def pub(self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None) -> int:
         """PUB; ``identity``: (producer id, sequence number) of an idempotent publish to a
-        retained topic (pynsqd): a retry with the same identity is written once."""
+        retained topic (pynsqd): a retry with the same identity is written once. Returns how
+        many of the records the topic already had (acknowledged, not written again)."""
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
         self._writer.write(encode.pub(topic, body, identity))
-        await self._expect_ok()
+        return await self._expect_ok()
 
     async def mpub(
         self, topic: str, bodies: Sequence[bytes], *, identity: tuple[str, int] | None = None
-    ) -> None:
+    ) -> int:
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
         self._writer.write(encode.mpub(topic, bodies, identity))
-        await self._expect_ok()
+        return await self._expect_ok()
 
     async def dpub(
         self, topic: str, defer_ms: int, body: bytes, *, identity: tuple[str, int] | None = None
-    ) -> None:
+    ) -> int:
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
         self._writer.write(encode.dpub(topic, defer_ms, body, identity))
-        await self._expect_ok()
+        return await self._expect_ok()
 
     async def subscribe(self, topic: str, channel: str, rdy: int = 1) -> None:
         check_names(topic, channel, framing_only=True)

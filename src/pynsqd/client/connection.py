@@ -41,6 +41,7 @@ from ..protocol.frames import (
     OK,
     Frame,
     FrameReader,
+    duplicates_in,
 )
 from .errors import (
     IDEMPOTENT,
@@ -264,32 +265,36 @@ class Connection:
         self._send(b"".join(commands))
         return [self._read_response() for _ in commands]
 
-    def pub(self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None) -> None:
+    def pub(self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None) -> int:
         """PUB; ``identity``: (producer id, sequence number) of an idempotent publish to a
-        retained topic (pynsqd): a retry with the same identity is written once."""
+        retained topic (pynsqd): a retry with the same identity is written once. Returns how
+        many of the records the topic already had (acknowledged, not written again): 0 or 1."""
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
-        self._expect_ok(self.request(encode.pub(topic, body, identity)))
+        return self._expect_ok(self.request(encode.pub(topic, body, identity)))
 
     def mpub(
         self, topic: str, bodies: Sequence[bytes], *, identity: tuple[str, int] | None = None
-    ) -> None:
+    ) -> int:
         """MPUB; ``identity``: the producer and the first message's sequence number (the
-        others follow it)."""
+        others follow it). Returns how many of the records the topic already had."""
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
-        self._expect_ok(self.request(encode.mpub(topic, bodies, identity)))
+        return self._expect_ok(self.request(encode.mpub(topic, bodies, identity)))
 
     def dpub(
         self, topic: str, defer_ms: int, body: bytes, *, identity: tuple[str, int] | None = None
-    ) -> None:
+    ) -> int:
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
-        self._expect_ok(self.request(encode.dpub(topic, defer_ms, body, identity)))
+        return self._expect_ok(self.request(encode.dpub(topic, defer_ms, body, identity)))
 
-    def _expect_ok(self, resp: bytes) -> None:
-        if resp != OK:
+    def _expect_ok(self, resp: bytes) -> int:
+        """An OK: how many records it says were already there (``frames.ok_answer``)."""
+        duplicates = duplicates_in(resp)
+        if duplicates is None:
             raise NsqConnectionError(f"nsqd {self.address}: expected OK, got {resp!r}")
+        return duplicates
 
     # -- subscriber -----------------------------------------------------------------------
 

@@ -60,6 +60,24 @@ def message_frame_start(body_size: int) -> bytes:
 
 
 OK_FRAME = encode_response(OK)
+#: pynsqd: the answer to an identified publish (``PUB <topic> <producer> <sequence>``) some of
+#: whose records the log already held: acknowledged, not written again. Only a client that
+#: sends identities (which nsqd has not) gets it; every other answer is nsqd's ``OK``.
+OK_DUPLICATES = b"OK DUPLICATES "
+
+
+def ok_answer(duplicates: int) -> bytes:
+    """A publish's OK: ``OK``, or ``OK DUPLICATES <n>`` when ``n`` of its records were there."""
+    return OK if duplicates <= 0 else OK_DUPLICATES + b"%d" % duplicates
+
+
+def duplicates_in(answer: bytes) -> int | None:
+    """How many records an OK says were already there (0 for ``OK``); None: not an OK."""
+    if answer == OK:
+        return 0
+    if answer.startswith(OK_DUPLICATES) and answer[len(OK_DUPLICATES) :].isdigit():
+        return int(answer[len(OK_DUPLICATES) :])
+    return None
 HEARTBEAT_FRAME = encode_response(HEARTBEAT)
 CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
 

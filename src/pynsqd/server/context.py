@@ -31,9 +31,9 @@ class ChannelsEverywhere(Protocol):
         """Done once a SUB to ``channel`` may be answered: every worker has the channel, and
         what the others hold of it is here (None: nothing to wait for)."""
 
-    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
-        """Send a publish command to worker ``peer``; ``done(None)`` on its OK, else
-        ``done(error line)`` (``server/workers/forward.py``)."""
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes, bool], None]) -> None:
+        """Send a publish command to worker ``peer``; ``done(answer, error)``: its OK (which
+        may count duplicates), or an error line (``server/workers/forward.py``)."""
 
 
 class ConnectionContext(Protocol):

@@ -484,11 +484,12 @@ class ClientV2(ClientV2State, asyncio.Protocol):
             return
         self.send_frame(OK_FRAME)
 
-    def answer_ok(self) -> None:
-        """A paused command's OK; then the commands behind it go on."""
+    def answer_ok(self, frame: bytes = OK_FRAME) -> None:
+        """A paused command's OK (``frame``: a publish's may count duplicates); then the
+        commands behind it go on."""
         if self.closed:
             return
-        self.send_frame(OK_FRAME)
+        self.send_frame(frame)
         self.resume()
 
     def RDY(self, cmd: commands.Rdy) -> None:

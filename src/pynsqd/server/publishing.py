@@ -29,7 +29,7 @@ from ..core import publish as decision
 from ..protocol import encode
 from ..protocol.commands import Identity
 from ..protocol.errors import ClientError, FatalClientError, ProtocolError
-from ..protocol.frames import OK_FRAME, encode_error
+from ..protocol.frames import OK_FRAME, encode_error, encode_response, ok_answer
 from .client_v2 import Pause
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class Forwarding(Protocol):
-    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes, bool], None]) -> None:
         """Send a publish command to worker ``peer`` (``server/workers/forward.py``)."""
 
 
@@ -66,7 +66,7 @@ class Publisher(Protocol):
 
     def published(self, topic: str, n: int) -> None: ...
     def send_frame(self, frame: bytes) -> None: ...
-    def answer_ok(self) -> None: ...
+    def answer_ok(self, frame: bytes = ...) -> None: ...
     def pause(self, why: Pause) -> None: ...
     def resume(self) -> None: ...
     def fatal(self, err: ProtocolError) -> None: ...
@@ -101,10 +101,10 @@ class Publishing:
         )
         if isinstance(outcome, decision.Done):
             conn.published(topic_name, outcome.written)
-            conn.send_frame(OK_FRAME)
+            conn.send_frame(ok_frame(outcome.duplicates))
         elif isinstance(outcome, decision.WaitCommit):
             conn.published(topic_name, outcome.written)
-            self.wait_commit(cmd, outcome.wait)
+            self.wait_commit(cmd, outcome.wait, outcome.duplicates)
         elif isinstance(outcome, decision.Forward):
             self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
         elif isinstance(outcome, decision.WaitWritable):
@@ -125,16 +125,16 @@ class Publishing:
             self.conn.nsqd.set_health_error(refused.error)
         return decision.tcp_error(cmd, refused)
 
-    def wait_commit(self, cmd: str, wait: decision.Wait) -> None:
+    def wait_commit(self, cmd: str, wait: decision.Wait, duplicates: int = 0) -> None:
         """OK once the records are committed (on enough replicas, on disk): later commands
         wait behind it."""
         self.conn.pause(Pause.COMMIT)
-        wait(lambda why: self._committed(cmd, why))
+        wait(lambda why: self._committed(cmd, why, duplicates))
 
-    def _committed(self, cmd: str, why: str | None) -> None:
+    def _committed(self, cmd: str, why: str | None, duplicates: int) -> None:
         conn = self.conn
         if why is None:
-            conn.answer_ok()
+            conn.answer_ok(ok_frame(duplicates))
         elif not conn.closed:
             conn.fatal(self.refused(cmd, decision.not_committed(why)))
 
@@ -161,15 +161,15 @@ class Publishing:
             data = encode.mpub(topic_name, bodies, ident)
         count = len(bodies)
 
-        def done(err: bytes | None) -> None:
+        def done(answer: bytes, error: bool) -> None:
             if conn.closed:
                 return
-            if err is not None:
-                code, _, desc = err.decode(errors="replace").partition(" ")
+            if error:
+                code, _, desc = answer.decode(errors="replace").partition(" ")
                 conn.fatal(FatalClientError(code, desc))
                 return
             conn.published(topic_name, count)
-            conn.answer_ok()
+            conn.answer_ok(encode_response(answer))  # the keeper's OK, duplicates counted
 
         conn.pause(Pause.FORWARD)
         workers.forward(worker, data, done)
@@ -204,6 +204,12 @@ class Publishing:
             conn.resume()
 
 
+def ok_frame(duplicates: int) -> bytes:
+    """The OK of a publish: nsqd's, or (an identified publish) one that counts the records
+    the log already held."""
+    return OK_FRAME if duplicates <= 0 else encode_response(ok_answer(duplicates))
+
+
 class LinkPublishing(Publishing):
     """The publishes another worker forwards over its link (this module's docstring)."""
 
@@ -219,12 +225,12 @@ class LinkPublishing(Publishing):
         err = super().refused(cmd, refused)
         return ClientError(err.code, err.desc)
 
-    def wait_commit(self, cmd: str, wait: decision.Wait) -> None:
+    def wait_commit(self, cmd: str, wait: decision.Wait, duplicates: int = 0) -> None:
         slot: list[bytes | None] = [None]
         self.in_order.append(slot)
 
         def committed(why: str | None) -> None:
-            frame = OK_FRAME
+            frame = ok_frame(duplicates)
             if why is not None:
                 frame = encode_error(self.refused(cmd, decision.not_committed(why)).wire)
             self._answer(slot, frame)

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     interval = 1.0 / opts.rate if opts.rate > 0 else 0.0
     next_at = time.monotonic()
     sent = 0
+    #: --producer-id: publishes (a record to a node) the topic already had: not written again.
+    already = 0
     try:
         for record in _records(sys.stdin.buffer, delim):
             if interval:
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 next_at = max(next_at, now) + interval
             if opts.producer_id:
                 for i, conn in enumerate(conns):
-                    conns[i] = _pub_again(conn, client, opts, record, sent)
+                    conns[i], duplicates = _pub_again(conn, client, opts, record, sent)
+                    already += duplicates
             else:
                 for conn in conns:
                     conn.pub(opts.topic, record)
@@ -106,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         for conn in conns:
             conn.close()
     if opts.producer_id:
-        # The node answers OK for a record an earlier run wrote: acknowledged, not written again.
+        # A record an earlier run wrote is acknowledged, and the OK says it was there.
+        written = sent * len(conns) - already
         print(
             f"{PROGRAM}: {sent} records acknowledged on {opts.topic} as producer "
-            f"{opts.producer_id} (sequences 0-{sent - 1}; those an earlier run wrote were not "
-            "written again)"
+            f"{opts.producer_id} (sequences 0-{sent - 1}): {written} written"
+            + (f", {already} were already in the topic (not written again)" if already else "")
             if sent
             else f"{PROGRAM}: no records to publish",
             file=sys.stderr,
@@ -122,17 +126,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _pub_again(
     conn: Connection, client: ClientOptions, opts: ToNsqOptions, record: bytes, seq: int
-) -> Connection:
+) -> tuple[Connection, int]:
     """An idempotent PUB, retried on a new connection (a few times, backing off) when the
     connection breaks: the identity makes a retry of a publish that was written a no-op.
-    Returns the connection to go on with."""
+    Returns the connection to go on with, and 1 if the topic already had the record."""
     identity = (opts.producer_id, seq)
     for attempt in range(RETRIES + 1):
         try:
             if conn.closed:
                 conn = Connection(conn.address, client).connect()
-            conn.pub(opts.topic, record, identity=identity)
-            return conn
+            return conn, conn.pub(opts.topic, record, identity=identity)
         except NsqConnectionError as err:
             conn.close()
             if attempt == RETRIES:

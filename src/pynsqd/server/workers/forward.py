@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pynsqd")
 
-#: ``done(None)``: the keeper answered OK; ``done(line)``: its error line, or why no answer came.
-Done = Callable[[bytes | None], None]
+#: ``done(answer, error)``: the keeper's answer (its OK, which may count duplicates), or
+#: (``error``) its error line, or why no answer came.
+Done = Callable[[bytes, bool], None]
 
 #: The answer to a publish sent to the keeper whose link dropped before its answer came.
 SENT_LOST = (
@@ -69,11 +70,11 @@ class ForwardLink(PeerLink):
         return {"client_id": "worker-forward", "heartbeat_interval": -1, "idempotent_publish": True}
 
     def connected(self) -> None:
-        self._waiting.appendleft(lambda err: None)  # the IDENTIFY's OK, answered first
+        self._waiting.appendleft(lambda answer, error: None)  # the IDENTIFY's, first
 
     def send(self, command: bytes, done: Done) -> None:
         if self.closed:
-            done(NOT_SENT)
+            done(NOT_SENT, True)
             return
         self._waiting.append(done)
         self.write(command)
@@ -82,7 +83,7 @@ class ForwardLink(PeerLink):
         if not self._waiting:
             log.error("WORKERS: forward link to worker %d: an answer no one asked", self.peer)
             return
-        self._waiting.popleft()(data if error else None)
+        self._waiting.popleft()(data, error)
 
     def received(self, msgs: list[Message]) -> None:
         log.error("WORKERS: forward link to worker %d: a message on a producer link", self.peer)
@@ -100,7 +101,7 @@ class ForwardLink(PeerLink):
         waiting, self._waiting = self._waiting, collections.deque()
         self._lost(self)
         for done in waiting:
-            done(why)
+            done(why, True)
 
 
 class Forwarder:

@@ -167,7 +167,7 @@ class LoneProcess:
     def subscribed(self, channel: Channel) -> asyncio.Future[Any] | None:
         return None
 
-    def forward(self, peer: int, command: bytes, done: Callable[[bytes | None], None]) -> None:
+    def forward(self, peer: int, command: bytes, done: Callable[[bytes, bool], None]) -> None:
         raise AssertionError("a lone process keeps every topic: nothing is forwarded")
 
     async def stop(self) -> None:
