@@ -78,6 +78,8 @@ def duplicates_in(answer: bytes) -> int | None:
     if answer.startswith(OK_DUPLICATES) and answer[len(OK_DUPLICATES) :].isdigit():
         return int(answer[len(OK_DUPLICATES) :])
     return None
+
+
 HEARTBEAT_FRAME = encode_response(HEARTBEAT)
 CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
 
