@@ -350,10 +350,23 @@ def _sweep_rows(results: dict[str, Any], name: str, metrics: list[str], xlabel: 
     return rows
 
 
+def shown(path: str) -> str:
+    """A compared server's path as the docs show it: a path in this repository as it is, any
+    other as ``GO_NSQD`` (a reader's clone has no file of the machine that ran it)."""
+    inside = not Path(path).is_absolute() and not path.startswith("..")
+    return path if inside else "GO_NSQD"
+
+
 def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> None:
     meta = results["meta"]
-    other = meta.get("compare") or "(none)"
+    other = shown(meta.get("compare") or "(none)")
     name = meta.get("other_name", "other")
+    where = (
+        "the `nsqd` of NSQ's release (https://github.com/nsqio/nsq/releases/tag/v1.3.0), "
+        "given as `GO_NSQD`"
+        if other == "GO_NSQD"
+        else f"`{other}`"
+    )
     lines = [
         "# Performance: pynsqd beside Go nsqd",
         "",
@@ -361,7 +374,7 @@ def write_markdown(results: dict[str, Any], images: list[str], path: Path) -> No
         + (f"--compare {other}" if meta.get("compare") else "")
         + f"` on {meta['date']} ({meta['cores']} cores). Every point is a fresh server and data",
         "directory; the servers alternate. This machine's speed varies from minute to minute:",
-        f"read ratios measured side by side, not absolute figures. {name} is `{other}`. The",
+        f"read ratios measured side by side, not absolute figures. {name} is {where}. The",
         "README's benchmark table comes from this same run.",
         "",
     ]

@@ -19,7 +19,7 @@ machine's cores, which is the point of the ratio: three nodes and etcd on two co
 against it.
 
     .venv/bin/python bench/replication_bench.py --rounds 5 --runfor 5 \
-        --go-nsqd "$(../shared/tools/nsq-go)/nsqd"
+        --go-nsqd GO_NSQD     # Go nsqd 1.3.0's binary, from NSQ's release
 """
 
 from __future__ import annotations

@@ -52,3 +52,17 @@ def test_the_readme_benchmarks_come_from_the_run_in_docs_performance() -> None:
     table = readme[start : readme.index(curves.README_END)].strip()
     assert table == "\n".join(curves.readme_table(results))
     assert results["meta"]["date"] in (ROOT / "docs" / "performance.md").read_text()
+
+
+def test_the_docs_and_benchmarks_name_no_path_outside_the_repository() -> None:
+    """Issue 54: the performance docs told a new user to run a file of this machine's
+    (``/tmp/nsq-go-1.3.0/bin/nsqd``, ``../shared/tools/nsq-go``), which a clone does not have."""
+    outside = ("../shared", "/tmp/nsq-go", "/work/")
+    files = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("bench/*.py")]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if any(o in line for o in outside)
+    ]
+    assert found == [], "\n".join(found)
