@@ -571,6 +571,21 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
         followers = browser.find_elements(By.XPATH, "//table[@id='log-copies']//tr[td[1]='1']")
         assert len(followers) == 2, "the two live copies of partition 1"
         _shot(browser, "topic-copies")
+        # The replicated partitions' last column, in an operator's words (issue 54 item 5: it
+        # said "1: taken over by 3 below 125; 3: backlog from 125 to 125, ..."): the page's own
+        # function, on what /topic/replication gives for a partition whose consumers moved.
+        held = {
+            "1": {"adopted_by": 3, "end": 1250},
+            "3": {"c": {"low": 1250, "end": None, "done_ranges": 2}, "d": {"low": 7, "end": 9}},
+        }
+        assert browser.execute_script("return checkpoints(arguments[0])", held) == (
+            "node 1's consumers moved to node 3 (its messages up to offset 1,250); "
+            "node 3: c done up to offset 1,250 (and 2 later ranges), d done up to offset 7 of 9"
+        )
+        headers = [
+            th.text for th in browser.find_elements(By.XPATH, "//table[@id='partitions']//th")
+        ]
+        assert headers[-1] == "Where consumers are (per node and channel)", headers
         # Issue 55 item 4: a reader that keeps its own offsets (a Spark query) reports its
         # commit to the new leader's copy; the page shows it with its lag.
         lead = next(n for n in nodes.nodes if f"127.0.0.1:{n.proc.http_port}" == leader)  # type: ignore[union-attr]
