@@ -208,3 +208,7 @@ def test_the_walkthrough_stops_with_an_error_when_a_node_cannot_start(tmp_path: 
         status, out = run_walkthrough(walkthrough(directory, offset), directory)
     assert status not in (0, None), out
     assert "address already in use" in (directory / "n3.log").read_text(), out
+    # Said where the walk-through stopped, with the cause (issue 54: curl -sf said nothing).
+    said = out.split("\n---")[0]
+    assert "n2 ready" in said and "n3 did not start" in said, out
+    assert "address already in use" in said, out
