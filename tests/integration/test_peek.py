@@ -166,5 +166,37 @@ def test_the_nodes_answer_with_workers(tmp_path: Path) -> None:
         status, doc = peek(node, "/channel/peek?topic=spread&channel=c&n=1&order=newest")
         assert [r["body"] for r in doc["queued"]] == ["w3"]
         assert peek(node, "/channel/peek?topic=spread&channel=none")[0] == 404
+        # A consumer with room for two: the node's answer has each of the four once, queued
+        # or in flight (a message another worker lent waits on the consumer's worker: it was
+        # listed twice, in flight to the link there and to the consumer here, or not at all).
+        with node.connect() as consumer:
+            consumer.identify({"client_id": "first"})
+            consumer.sub("spread", "c", rdy=2)
+            first = consumer.read_messages(2)
+
+            def each_once() -> bool:
+                doc = peek(node, "/channel/peek?topic=spread&channel=c")[1]
+                queued = [r["body"] for r in doc["queued"]]
+                flying = [r["body"] for r in doc["in_flight"]]
+                return (
+                    sorted(queued + flying) == ["w0", "w1", "w2", "w3"]
+                    and sorted(flying) == sorted(m.body.decode() for m in first)
+                    and (doc["depth"], doc["in_flight_count"]) == (2, 2)
+                )
+
+            wait_for(each_once, "the node's answer to list each message once")
+        # One consumer, on one worker, takes all four (the other worker's lent to it): each
+        # is in flight once in the node's answer, to that consumer, and nothing is queued.
+        with node.connect() as consumer:
+            consumer.identify({"client_id": "peeker"})
+            consumer.sub("spread", "c", rdy=10)
+            got = consumer.read_messages(4)
+            status, doc = peek(node, "/channel/peek?topic=spread&channel=c")
+            assert status == 200, doc
+            flying = sorted(r["body"] for r in doc["in_flight"])
+            assert flying == sorted(m.body.decode() for m in got) == ["w0", "w1", "w2", "w3"], doc
+            (client,) = {r["client"] for r in doc["in_flight"]}  # the consumer's, not a link's
+            assert client.startswith("127.0.0.1:"), doc
+            assert doc["queued"] == [] and (doc["depth"], doc["in_flight_count"]) == (0, 4), doc
     finally:
         node.stop()

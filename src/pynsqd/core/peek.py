@@ -12,7 +12,8 @@ milliseconds (a deadline kept in loop time is converted with the clock pair the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,26 @@ def _ordered(
     return items[: req.n]
 
 
+def lent(msg: Message) -> bool:
+    """In flight to another worker's link (``--workers``): lent; that worker lists it (waiting
+    for a consumer there, or in flight to one), so the node's answer has it once."""
+    return msg.client is not None and msg.client.is_link
+
+
+def peek_lent(waiting: Sequence[Message], req: PeekRequest) -> dict[str, list[dict[str, Any]]]:
+    """The messages another worker lent this channel, waiting here for a consumer (in publish
+    order): queued on the node as much as the channel's own."""
+    order = reversed(waiting) if req.newest else iter(waiting)
+    out: dict[str, list[dict[str, Any]]] = {}
+    if "queued" in req.kinds:
+        out["queued"] = [row(m, req.body_max) for m in itertools.islice(order, req.n)]
+        order = reversed(waiting) if req.newest else iter(waiting)
+    if "requeued" in req.kinds:
+        again = (m for m in order if m.attempts > 1)
+        out["requeued"] = [row(m, req.body_max) for m in itertools.islice(again, req.n)]
+    return out
+
+
 def peek_queue(queue: Any, req: PeekRequest) -> dict[str, list[dict[str, Any]]]:
     """A topic's or channel's queued (and requeued: attempts > 0) messages."""
     out: dict[str, list[dict[str, Any]]] = {}
@@ -104,7 +125,7 @@ def peek_ledger(
             for due, m in _ordered(deferred, req, "due")
         ]
     if "in_flight" in req.kinds:
-        flying = [(due, m) for due, m in entries if m.client is not None]
+        flying = [(due, m) for due, m in entries if m.client is not None and not lent(m)]
         out["in_flight"] = [
             row(m, req.body_max)
             | {

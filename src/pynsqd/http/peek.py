@@ -29,7 +29,9 @@ from ..core.peek import (
     PEEK_MAX,
     Clock,
     PeekRequest,
+    lent,
     peek_ledger,
+    peek_lent,
     peek_queue,
 )
 from ..internal import jsonbound
@@ -87,12 +89,15 @@ class PeekAPI:
             found = False
         else:
             ledger = channel.ledger
+            waiting = channel.lending.queue if channel.lending is not None else ()
             out = {
-                "depth": channel.depth,
-                "in_flight_count": len(ledger.flying),
+                "depth": channel.depth + len(waiting),
+                "in_flight_count": sum(not lent(m) for m in ledger.flying.values()),
                 "deferred_count": len(ledger.deferred),
             }
             out |= peek_queue(channel.queue, req)
+            for kind, rows in peek_lent(waiting, req).items():
+                out[kind] += rows  # ordered and cut to n with the other workers' (``_node``)
             clock = Clock(self.nsqd.loop.time(), time.time_ns())
             out |= peek_ledger(ledger.tq.live_entries(), req, clock)
             for r in out.get("in_flight", []):

@@ -9,6 +9,7 @@ from pynsqd.core.peek import Clock, PeekRequest, body_view, peek_ledger
 
 class Client:
     id = 7
+    is_link = False
 
 
 def test_bodies_are_text_when_utf8_else_hex_and_cut() -> None:
