@@ -200,3 +200,45 @@ def test_the_nodes_answer_with_workers(tmp_path: Path) -> None:
             assert doc["queued"] == [] and (doc["depth"], doc["in_flight_count"]) == (0, 4), doc
     finally:
         node.stop()
+
+
+def test_a_message_requeued_then_dead_lettered_is_seen_at_each_step(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """Issue 55 item 3: requeued messages, and what went to the dead-letter topic, by the way a
+    message gets there (its attempts used up), not only a topic named so."""
+    server = make_nsqd(max_attempts=2)
+    poison = b"\xff\x00poison"  # binary: shown as hex
+    with server.connect() as c:
+        c.sub("t", "c", rdy=1)
+        with server.connect() as p:
+            p.pub("t", poison)
+        m = c.read_message()
+        c.rdy(0)
+        c.req(m.id, 0)  # back in the queue, attempted once
+        wait_for(
+            lambda: (
+                [r["id"] for r in peek(server, "/channel/peek?topic=t&channel=c")[1]["requeued"]]
+                == [m.id.decode()]
+            ),
+            "the requeued message to be listed",
+        )
+        (again,) = peek(server, "/channel/peek?topic=t&channel=c&kind=requeued")[1]["requeued"]
+        assert (again["attempts"], again["encoding"], again["body"]) == (1, "hex", poison.hex())
+        c.rdy(1)
+        m2 = c.read_message()
+        assert (m2.id, m2.attempts) == (m.id, 2)
+        c.req(m2.id, 0)  # its last attempt: dead-lettered
+        wait_for(
+            lambda: (
+                peek(server, "/topic/peek?topic=t.dead")[0] == 200
+                and peek(server, "/topic/peek?topic=t.dead")[1]["depth"] == 1
+            ),
+            "the message in the dead-letter topic",
+        )
+        c.expect_nothing()
+    status, doc = peek(server, "/topic/peek?topic=t.dead")
+    (dead,) = doc["queued"]
+    assert (dead["id"], dead["body"], dead["encoding"]) == (m.id.decode(), poison.hex(), "hex")
+    status, doc = peek(server, "/channel/peek?topic=t&channel=c")
+    assert (doc["depth"], doc["in_flight_count"], doc["queued"], doc["requeued"]) == (0, 0, [], [])
