@@ -237,8 +237,8 @@ def test_a_message_requeued_then_dead_lettered_is_seen_at_each_step(
             "the message in the dead-letter topic",
         )
         c.expect_nothing()
-    status, doc = peek(server, "/topic/peek?topic=t.dead")
+    doc = peek(server, "/topic/peek?topic=t.dead")[1]
     (dead,) = doc["queued"]
     assert (dead["id"], dead["body"], dead["encoding"]) == (m.id.decode(), poison.hex(), "hex")
-    status, doc = peek(server, "/channel/peek?topic=t&channel=c")
+    doc = peek(server, "/channel/peek?topic=t&channel=c")[1]
     assert (doc["depth"], doc["in_flight_count"], doc["queued"], doc["requeued"]) == (0, 0, [], [])

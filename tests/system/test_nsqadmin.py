@@ -582,9 +582,11 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
             "node 1's consumers moved to node 3 (its messages up to offset 1,250); "
             "node 3: c done up to offset 1,250 (and 2 later ranges), d done up to offset 7 of 9"
         )
-        headers = [
-            th.text for th in browser.find_elements(By.XPATH, "//table[@id='partitions']//th")
-        ]
+        headers = _steady(
+            lambda: [
+                th.text for th in browser.find_elements(By.XPATH, "//table[@id='partitions']//th")
+            ]
+        )
         assert headers[-1] == "Where consumers are (per node and channel)", headers
         # Issue 55 item 4: a reader that keeps its own offsets (a Spark query) reports its
         # commit to the new leader's copy; the page shows it with its lag.
