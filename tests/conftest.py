@@ -7,7 +7,7 @@ child processes), ``tests/system`` and ``tests/spark`` (real NSQ clients, tools,
 browser, packaging: whole programs), ``tests/fault`` (kill -9, pauses, partitions, power loss
 of real processes, a few cycles each; ``scripts/replication-faults`` runs them as soaks).
 ``scripts/test`` runs every tier in parallel workers (pytest-xdist): the tests that start many
-processes in seven serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
+processes in five serial lanes, first (``LANES``), the rest beside them; ``scripts/test -m
 unit`` runs one tier."""
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def tier_of(path: Path) -> str:
 
 
 #: Tests that start many processes (Spark's JVMs, three nodes and etcd under faults) run in
-#: seven serial lanes, one per worker of ``scripts/test`` (more workers: slower, as every lane
-#: waits on the two cores), while a worker whose lane is done takes the rest
+#: five serial lanes: at most five at once on 2 cores (more lanes, more workers: slower, as
+#: every lane waits on the two cores), while the other workers take the rest
 #: (``pytest_xdist_make_scheduler``). Each lane takes a few minutes.
 LANES = {
     "test_standalone.py": "spark-cluster",
@@ -182,12 +182,11 @@ LANES = {
     "test_crash_safety.py": "fault-2",
     "test_persistence_process.py": "fault-2",
     # Many processes each (a replicated cluster and its etcd; a supervisor and its workers):
-    # in order with each other, beside the two long lanes above (they were in those lanes,
-    # when a slow etcd write could hold a node's lease refresh and three clusters at once made
-    # leases lapse; a full run's last 100 s were then these files alone on an idle machine).
-    "test_cluster_script.py": "fault-3",
-    "test_workers.py": "fault-3",
-    "test_damaged_copies.py": "fault-3",
+    # run in order with the other fault files, not beside them on the two cores, where their
+    # load makes etcd leases lapse in the replication tests.
+    "test_cluster_script.py": "fault-2",
+    "test_workers.py": "fault-1",
+    "test_damaged_copies.py": "fault-1",
     "test_failover.py": "fault-2",
 }
 
