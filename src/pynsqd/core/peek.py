@@ -12,7 +12,6 @@ milliseconds (a deadline kept in loop time is converted with the clock pair the 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,14 +89,13 @@ def lent(msg: Message) -> bool:
 def peek_lent(waiting: Sequence[Message], req: PeekRequest) -> dict[str, list[dict[str, Any]]]:
     """The messages another worker lent this channel, waiting here for a consumer (in publish
     order): queued on the node as much as the channel's own."""
-    order = reversed(waiting) if req.newest else iter(waiting)
+    ordered = list(reversed(waiting)) if req.newest else list(waiting)
     out: dict[str, list[dict[str, Any]]] = {}
     if "queued" in req.kinds:
-        out["queued"] = [row(m, req.body_max) for m in itertools.islice(order, req.n)]
-        order = reversed(waiting) if req.newest else iter(waiting)
+        out["queued"] = [row(m, req.body_max) for m in ordered[: req.n]]
     if "requeued" in req.kinds:
-        again = (m for m in order if m.attempts > 1)
-        out["requeued"] = [row(m, req.body_max) for m in itertools.islice(again, req.n)]
+        again = [m for m in ordered if m.attempts > 1][: req.n]
+        out["requeued"] = [row(m, req.body_max) for m in again]
     return out
 
 

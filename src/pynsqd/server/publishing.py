@@ -29,7 +29,7 @@ from ..core import publish as decision
 from ..protocol import encode
 from ..protocol.commands import Identity
 from ..protocol.errors import ClientError, FatalClientError, ProtocolError
-from ..protocol.frames import OK_FRAME, encode_error, encode_response, ok_answer
+from ..protocol.frames import OK, OK_FRAME, encode_error, encode_response, ok_answer
 from .client_v2 import Pause
 
 if TYPE_CHECKING:
@@ -169,7 +169,8 @@ class Publishing:
                 conn.fatal(FatalClientError(code, desc))
                 return
             conn.published(topic_name, count)
-            conn.answer_ok(encode_response(answer))  # the keeper's OK, duplicates counted
+            # The keeper's OK as it came (it may count duplicates); the plain one is shared.
+            conn.answer_ok(OK_FRAME if answer == OK else encode_response(answer))
 
         conn.pause(Pause.FORWARD)
         workers.forward(worker, data, done)
