@@ -69,7 +69,8 @@ class Node:
         url = f"http://127.0.0.1:{self.http_port}/stats?format=json&topic={topic}"
         with urllib.request.urlopen(url, timeout=10) as r:
             doc = json.loads(r.read())
-        return next((t for t in doc["topics"] if t["topic_name"] == topic), None)
+        # nsqd answers ``"topics": null`` for a topic it does not have (yet).
+        return next((t for t in doc["topics"] or [] if t["topic_name"] == topic), None)
 
     def channel(self, topic: str, channel: str) -> dict[str, Any]:
         t = self.topic(topic)
