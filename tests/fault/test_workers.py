@@ -419,6 +419,9 @@ def test_messages_in_flight_from_a_killed_worker_come_again(data: Path) -> None:
         while not published <= seen and time.monotonic() < deadline:
             try:
                 m = c.read_message()
+                seen.add(m.body)
+                attempts[m.body] = m.attempts
+                c.fin(m.id)  # the connection's worker may be the one killed
             except (ConnectionError, OSError):
                 c.close()
                 wait_for(
@@ -430,10 +433,6 @@ def test_messages_in_flight_from_a_killed_worker_come_again(data: Path) -> None:
                 c = node.connect()
                 c.identify({"msg_timeout": 60000})
                 c.sub("inflight", "ch", rdy=30)
-                continue
-            seen.add(m.body)
-            attempts[m.body] = m.attempts
-            c.fin(m.id)
         c.close()
         assert not published - seen, (sorted(published - seen)[:20], node.output()[-3000:])
         assert attempts[held] >= 2  # delivered before the kill, and again after it
@@ -495,6 +494,33 @@ def test_one_worker_is_one_process_as_before(data: Path) -> None:
     finally:
         node.stop()
     assert not (data / "data" / "worker-0").exists()
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_are_forked_by_the_supervisor_and_forked_again_when_killed(data: Path) -> None:
+    """Each worker is the supervisor's own child, forked from it (the server imported once,
+    not again per worker: its command line is the supervisor's, never ``python -m pynsqd``);
+    one killed with kill -9 is forked again, and the node serves through it."""
+    with started(data, "--workers=2") as node:
+        supervisor = node.p.pid
+        pids = worker_pids(node)
+        own = Path(f"/proc/{supervisor}/cmdline").read_bytes()
+        for pid in pids.values():
+            assert _parent_of(pid) == supervisor
+            assert Path(f"/proc/{pid}/cmdline").read_bytes() == own
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(node).get(1, pids[1]) != pids[1], "worker 1 forked again")
+        again = worker_pids(node)[1]
+        assert _parent_of(again) == supervisor
+        bodies = publish_spread(node, "forked", 6, 3)  # over both workers
+        with node.connect() as c:
+            c.identify()
+            c.sub("forked", "ch", rdy=20)
+            assert sorted(b for _, b, _ in consume(c, len(bodies))) == sorted(bodies)
+        assert "Traceback" not in node.output()
 
 
 def test_workers_refuse_a_count_that_is_not_a_number() -> None:

@@ -4,8 +4,14 @@ N workers running.
 Theory of operation. The supervisor binds ``--tcp-address``, ``--http-address`` and
 ``--https-address`` itself (a port in use is its one FATAL line) and, in a private directory
 (mode 0700), each worker's two unix sockets: ``link`` (the V2 protocol between workers) and
-``admin`` (HTTP between workers). It starts each worker as ``python -m pynsqd`` with the same
-arguments, the descriptors, and a ``WorkerSpec`` in ``PYNSQD_WORKER`` (``spec.py``).
+``admin`` (HTTP between workers). It imports the server once, before its first worker, and
+makes each worker by forking itself (``fork_worker``): the child keeps only its descriptors,
+forgets the supervisor's event loop and signal handlers, and runs the server with its
+``WorkerSpec`` (``spec.py``), so a worker starts without importing anything again (the node's
+start-up: ``bench/startup.py``). The workers are the supervisor's own children, whose exits it
+sees through a pidfd each (``Forked.wait``). Where the kernel has no pidfd (Linux before 5.3),
+a worker is started as ``python -m pynsqd`` with the same arguments, the descriptors, and the
+spec in ``PYNSQD_WORKER``.
 Because the supervisor holds every listening socket, the node's ports never close while a worker
 restarts; a connection that arrives meanwhile waits in the kernel's queue for a live worker.
 
@@ -37,7 +43,9 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
+from typing import NoReturn, Protocol
 
 from ...internal.listener import (
     is_unix_address,
@@ -81,6 +89,113 @@ def bind(address: str) -> socket.socket:
     return sock
 
 
+class Worker(Protocol):
+    """A running worker as the supervisor uses it (``asyncio.subprocess.Process`` has it)."""
+
+    @property
+    def pid(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+    async def wait(self) -> int: ...
+
+
+class Forked:
+    """A worker forked by the supervisor, watched through its pidfd: readable once it exited.
+    ``wait`` reaps it and gives its exit code as ``asyncio``'s does (negative: the signal)."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._pidfd = pidfd
+        self.returncode: int | None = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            raise ProcessLookupError(self.pid)
+        signal.pidfd_send_signal(self._pidfd, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        if self.returncode is None:
+            loop = asyncio.get_running_loop()
+            exited: asyncio.Future[None] = loop.create_future()
+
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(self._pidfd, on_exit)
+            try:
+                await exited
+            finally:
+                loop.remove_reader(self._pidfd)
+            _, status = os.waitpid(self.pid, 0)
+            os.close(self._pidfd)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def preload() -> bool:
+    """Import the server here, once, before the first worker is forked (each worker then
+    starts with it imported); False where workers cannot be forked and watched (no pidfd),
+    and are started as new programs instead."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    import pynsqd.server.nsqd  # noqa: F401  (what every worker runs)
+
+    return True
+
+
+def fork_worker(opts: Options, fds: dict[str, int], spec: WorkerSpec) -> Forked:
+    """Worker ``spec.index``, forked from this process (``preload`` returned True)."""
+    pid = os.fork()
+    if pid == 0:
+        _run_forked(opts, fds, spec)
+    return Forked(pid, os.pidfd_open(pid))
+
+
+def _run_forked(opts: Options, fds: dict[str, int], spec: WorkerSpec) -> NoReturn:
+    """The forked child: only its own descriptors (the others' pipes and sockets closed: the
+    supervisor's death must reach it as the end of its ``alive`` pipe), none of the
+    supervisor's signal handling or event loop, then the server as ``cli.main`` runs it for
+    a worker. It never returns into the supervisor's code."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        keep = sorted({0, 1, 2, *fds.values()})
+        for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")], strict=True):
+            os.closerange(low + 1, high)
+        asyncio.events._set_running_loop(None)
+        asyncio.set_event_loop_policy(None)
+        import copy
+
+        from ...log import configure_logging
+        from ..nsqd import run
+        from .spec import worker_options
+
+        mine = copy.deepcopy(opts)
+        worker_options(mine, spec)
+        configure_logging(mine.log_level, mine.log_prefix)
+        code = run(mine, spec)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 class Supervisor:
     def __init__(self, opts: Options, argv: list[str], count: int) -> None:
         self.opts = opts
@@ -91,7 +206,9 @@ class Supervisor:
         self.links: list[str] = []
         self.admins: list[str] = []
         self.private_dir = ""
-        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.procs: dict[int, Worker] = {}
+        #: Workers are forked from this process (``preload``), else started as programs.
+        self.forks = False
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
@@ -242,10 +359,19 @@ class Supervisor:
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
             with self._starting(i) as (fds, spec):
-                env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "pynsqd", *self.argv, pass_fds=list(fds.values()), env=env
-                )
+                proc: Worker
+                if self.forks:
+                    proc = fork_worker(self.opts, fds, spec)
+                else:
+                    env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+                    proc = await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "pynsqd",
+                        *self.argv,
+                        pass_fds=list(fds.values()),
+                        env=env,
+                    )
             self.procs[i] = proc
             started = loop.time()
             code = await proc.wait()
@@ -300,4 +426,5 @@ def run_supervisor(opts: Options, argv: list[str], count: int) -> int:
         if sup.private_dir:
             shutil.rmtree(sup.private_dir, ignore_errors=True)
         return 1
+    sup.forks = preload()
     return asyncio.run(sup.run())
