@@ -693,11 +693,15 @@ def log_dirs_with_segments(data: Path, topic: str) -> list[int]:
     )
 
 
-def test_a_retained_topic_is_one_log_whichever_worker_takes_the_publish(data: Path) -> None:
-    """With --retention-time, what is published through every worker (TCP PUB, MPUB, DPUB and
-    HTTP) is one log with dense offsets, kept by one worker: offsets, reads, a rewind and a
-    channel made at an offset answer the same through every worker, as one process."""
-    from ..integration.servers import read_everything
+def test_a_retained_topic_is_a_partition_per_worker_read_and_rewound_by_partition(
+    data: Path,
+) -> None:
+    """With --retention-time, each worker appends what it takes (TCP PUB, MPUB, DPUB and HTTP)
+    to its own log: a partition named by its node id, with dense offsets of its own. Every
+    worker answers /topic/offsets with every partition; a read, a rewind or a channel made at
+    an offset names its partition (without one: PARTITION_REQUIRED), one made at a time is
+    made in every partition; together the partitions hold each message once."""
+    from ..integration.servers import offsets, read_partitions
 
     flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
@@ -711,40 +715,62 @@ def test_a_retained_topic_is_one_log_whichever_worker_takes_the_publish(data: Pa
             c.pub("kept", b"single")
             c.dpub("kept", 50, b"deferred")
         published |= {b"single", b"deferred"}
-        assert log_dirs_with_segments(data, "kept") == [keeper("kept", 3)]
+        assert log_dirs_with_segments(data, "kept") == [0, 1, 2]  # every worker appended
         answers = {call_on_worker(node, w, "GET", "/topic/offsets?topic=kept") for w in range(3)}
         ((status, text),) = answers  # the same answer from every worker
-        assert status == 200 and json.loads(text)["latest"] == len(published), text
-        records = read_everything(node, "kept")
-        assert sorted(r.body for r in records) == sorted(published)
-        assert [r.offset for r in records] == list(range(len(published)))
+        doc = json.loads(text)
+        base = doc["node_id"]
+        assert status == 200 and doc["latest"] == len(published), text
+        assert [p["partition"] for p in doc["partitions"]] == [base, base + 1, base + 2]
+        parts = read_partitions(node, "kept")
+        for p in doc["partitions"]:
+            records = parts[p["partition"]]
+            assert [r.offset for r in records] == list(range(p["latest"])), p
+            assert p["latest"] >= 4  # its worker's HTTP publishes at least
+        everything = [r.body for records in parts.values() for r in records]
+        assert sorted(everything) == sorted(published)  # each once
         (topic,) = node.stats()["topics"]
         assert topic["message_count"] == len(published)
-        assert topic["log"]["latest_offset"] == len(published)  # one log, not three
+        assert topic["log"]["latest_offset"] == len(published)
+        assert [p["partition"] for p in topic["log"]["partitions"]] == [base, base + 1, base + 2]
+        assert node.http("GET", "/topic/log?topic=kept&offset=0")[0] == 400
         with node.connect() as c:
             c.identify()
             c.sub("kept", "ch", rdy=40)
             got = consume(c, len(published))
             assert sorted(b for _, b, _ in got) == sorted(published)
-            # A rewind asked of a worker that does not keep the log is made by the one that
-            # does; the consumer (wherever it is) gets the records again.
-            other = (keeper("kept", 3) + 1) % 3
             status, text = call_on_worker(
-                node, other, "POST", "/channel/rewind?topic=kept&channel=ch&offset=10"
+                node, 0, "POST", "/channel/rewind?topic=kept&channel=ch&offset=1"
             )
-            assert status == 200 and json.loads(text)["count"] == len(published) - 10, text
-            again = consume(c, len(published) - 10)
-            assert sorted(b for _, b, _ in again) == sorted(r.body for r in records[10:])
+            assert status == 400 and b"PARTITION_REQUIRED" in text, text
+            # A partition's rewind, asked of a worker that does not own it, is made by its
+            # worker; the consumer (wherever it is) gets its records again.
+            last = base + 2
+            status, text = call_on_worker(
+                node, 0, "POST", f"/channel/rewind?topic=kept&channel=ch&offset=1&partition={last}"
+            )
+            again = [r.body for r in parts[last][1:]]
+            assert status == 200 and json.loads(text)["count"] == len(again), text
+            assert sorted(b for _, b, _ in consume(c, len(again))) == sorted(again)
+            c.expect_nothing()
+            # At a time: every partition's records from then.
+            status, text = call_on_worker(
+                node, 1, "POST", "/channel/rewind?topic=kept&channel=ch&timestamp=0"
+            )
+            assert status == 200 and json.loads(text)["count"] == len(published), text
+            assert sorted(b for _, b, _ in consume(c, len(published))) == sorted(published)
             c.expect_nothing()
         status, text = call_on_worker(
-            node, other, "POST", "/channel/create?topic=kept&channel=late&offset=5"
+            node, 2, "POST", f"/channel/create?topic=kept&channel=late&offset=2&partition={base}"
         )
-        assert status == 200 and json.loads(text)["count"] == len(published) - 5, text
+        late = [r.body for r in parts[base][2:]]
+        assert status == 200 and json.loads(text)["count"] == len(late), text
         with node.connect() as c:
             c.identify()
             c.sub("kept", "late", rdy=40)
-            late = consume(c, len(published) - 5)
-            assert sorted(b for _, b, _ in late) == sorted(r.body for r in records[5:])
+            assert sorted(b for _, b, _ in consume(c, len(late))) == sorted(late)
+            c.expect_nothing()
+        assert offsets(node, "kept")["latest"] == len(published)
 
 
 def test_per_topic_retention_and_idempotent_publishes_across_workers(data: Path) -> None:
@@ -840,33 +866,33 @@ class Publishing:
             t.join(30)
 
 
-def test_the_worker_that_keeps_a_log_killed_with_kill_9_loses_nothing_acknowledged(
+def test_a_worker_of_a_retained_topic_killed_with_kill_9_loses_nothing_acknowledged(
     data: Path,
 ) -> None:
-    """kill -9 of the keeper while publishes come through the other workers: each is answered
-    OK (in the log) or E_PUB_FAILED, never OK and lost; and an E_PUB_FAILED that says "publish
-    again" (not written) only for what is not in the log (issue 56: 33 of 33 such answers were
-    for publishes the keeper had written, which a publisher following the advice wrote
-    twice)."""
+    """kill -9 of a worker while four connections publish to a retained topic (each worker
+    appending to its own partition): each publish is answered OK (in a partition) or fails,
+    never OK and lost, and nothing is written twice; an E_PUB_FAILED that says "publish
+    again" (not written) only for what is in no partition (issue 56: such answers had been
+    given for written publishes)."""
+    from ..integration.servers import read_partitions
+
     flags = ("--workers=3", "--retention-time=1h", "--mem-queue-size=0", "--sync-every=1")
     with started(data, *flags) as node:
         pubs = Publishing(node, "guarded", "p", 4)
         acked = pubs.acked
         wait_for(lambda: len(acked) > 200, "publishes before the kill")
-        k = keeper("guarded", 3)
         before = worker_pids(node)
-        os.kill(before[k], signal.SIGKILL)
-        wait_for(lambda: worker_pids(node).get(k, before[k]) != before[k], "the keeper restarted")
+        os.kill(before[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(node).get(1, before[1]) != before[1], "worker 1 restarted")
         count = len(acked)
         wait_for(lambda: len(acked) > count + 200, "publishes after the restart")
         pubs.stop()
         assert all(f.startswith(b"E_PUB_FAILED ") for f in pubs.refused), pubs.refused
-        from ..integration.servers import read_everything
-
-        logged = {r.body for r in read_everything(node, "guarded")}
-        assert acked <= logged, sorted(acked - logged)[:10]
+        logged = [r.body for records in read_partitions(node, "guarded").values() for r in records]
+        assert acked <= set(logged), sorted(acked - set(logged))[:10]
+        assert len(logged) == len(set(logged))  # each written once
         said_not_written = {b for b, why in pubs.answers if b"publish again" in why}
-        assert not said_not_written & logged, [w for b, w in pubs.answers if b in logged]
+        assert not said_not_written & set(logged), [w for b, w in pubs.answers if b in logged]
 
 
 def encode_pub(topic: str, body: bytes) -> bytes:
@@ -875,31 +901,37 @@ def encode_pub(topic: str, body: bytes) -> bytes:
     return encode.pub(topic, body)
 
 
-def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its_error(
+def test_a_full_disk_under_one_workers_partition_fails_its_publishes_with_its_error(
     data: Path,
 ) -> None:
-    """The keeper's disk is full: a publish through another worker is refused with the
-    keeper's own answer (HTTP 503, TCP ``E_PUB_FAILED`` naming the disk), never an OK, and
-    nothing is written where a later read would miss it; room again, it is taken."""
-    k = keeper("full", 2)
-    other = 1 - k
+    """Worker k's disk is full: a retained publish it takes is refused with its own answer
+    (HTTP 503, TCP ``E_PUB_FAILED`` naming the disk), never an OK, while the other worker's
+    partition takes its publishes; the node's /ping names worker k; room again, k takes them."""
+    from ..integration.servers import read_partitions
+
+    k, other = 1, 0
     with (
         tmpfs(data / "data" / f"worker-{k}", "size=1m") as disk,
         started(data, "--workers=2", "--retention-time=1h", "--mem-queue-size=0") as node,
     ):
-        assert call_on_worker(node, other, "POST", "/pub?topic=full", b"before")[0] == 200
+        assert call_on_worker(node, k, "POST", "/pub?topic=full", b"before")[0] == 200
         filler = fill(disk)
-        status, text = call_on_worker(node, other, "POST", "/pub?topic=full", b"x" * 4000)
+        status, text = call_on_worker(node, k, "POST", "/pub?topic=full", b"x" * 4000)
         assert status == 503, (status, text)
-        conns = [node.connect() for _ in range(6)]  # some land on the other worker
+        assert call_on_worker(node, other, "POST", "/pub?topic=full", b"elsewhere")[0] == 200
+        conns = [node.connect() for _ in range(6)]  # some land on each worker
         try:
+            answers = []
             for c in conns:
                 c.identify()
                 c.send(encode_pub("full", b"y" * 4000))
             for c in conns:
-                err = c.read_error()
-                assert err.startswith(b"E_PUB_FAILED PUB failed "), err
-                assert b"No space left" in err, err
+                frame = c.read_frame()
+                answers.append(frame.data)
+            for answer in answers:
+                assert answer == b"OK" or (
+                    answer.startswith(b"E_PUB_FAILED PUB failed ") and b"No space left" in answer
+                ), answer
         finally:
             for c in conns:
                 c.close()
@@ -907,10 +939,13 @@ def test_a_full_disk_at_the_keeper_fails_publishes_through_every_worker_with_its
         assert status == 500 and body.endswith(b"(worker %d)" % k), body
         assert "Traceback" not in node.output()
         os.unlink(filler)
-        assert call_on_worker(node, other, "POST", "/pub?topic=full", b"after")[0] == 200
-        from ..integration.servers import read_everything
-
-        assert [r.body for r in read_everything(node, "full")] == [b"before", b"after"]
+        assert call_on_worker(node, k, "POST", "/pub?topic=full", b"after")[0] == 200
+        parts = read_partitions(node, "full")
+        oks = answers.count(b"OK")
+        assert sorted(len(r) for r in parts.values()) == sorted([2, 1 + oks])
+        bodies = [r.body for records in parts.values() for r in records]
+        assert {b"before", b"after", b"elsewhere"} <= set(bodies)
+        assert b"x" * 4000 not in bodies
 
 
 def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(

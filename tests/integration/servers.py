@@ -99,15 +99,38 @@ def read_log(
     return headers, list(decode_records(body, follow=follow))
 
 
-def read_everything(server: ServerThread | Proc, topic: str, offset: int = 0) -> list[LogRecord]:
+def read_everything(
+    server: ServerThread | Proc, topic: str, offset: int = 0, partition: int | None = None
+) -> list[LogRecord]:
     out: list[LogRecord] = []
+    named = "" if partition is None else f"&partition={partition}"
     while True:
         follow = follow_after(out[-1]) if out else None  # an MPUB's run may go on
-        headers, records = read_log(server, f"topic={topic}&offset={offset}", follow)
+        headers, records = read_log(server, f"topic={topic}&offset={offset}{named}", follow)
         out += records
         if not records:
             return out
         offset = int(headers["x-nsq-next-offset"])
+
+
+def offsets(server: ServerThread | Proc, topic: str) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        conn.request("GET", f"/topic/offsets?topic={topic}")
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 200, body
+        return dict(json.loads(body))
+    finally:
+        conn.close()
+
+
+def read_partitions(server: ServerThread | Proc, topic: str) -> dict[int, list[LogRecord]]:
+    """A ``--workers`` node's retained topic: every partition's records, by partition."""
+    return {
+        p["partition"]: read_everything(server, topic, partition=p["partition"])
+        for p in offsets(server, topic)["partitions"]
+    }
 
 
 def drain(server: ServerThread, topic: str, channel: str, n: int) -> list[bytes]:

@@ -8,10 +8,11 @@ the cluster's state. The outcomes, in the order they are decided:
 
 - ``Refused(EXITING)``: the topic is closing; ``Refused(IDENTITY)`` an identified publish whose
   last number would pass ``MAX_SEQUENCE`` (nothing of it is written).
-- ``Forward(worker)``: ``--workers``: another worker keeps the topic's log (a retained or bounded
-  topic); the publish is made there (``server/workers/forward.py`` for TCP,
-  ``AdminLinks.proxy`` for HTTP) and answered with its answer. A publish that came over a
-  link is never forwarded again.
+- ``Forward(worker)``: ``--workers``: another worker keeps the topic (a bounded topic, or a
+  retained one on a replicated node), or, for an identified publish to a retained topic, is
+  its producer's home (``home``: ``Placement.home``); the publish is made there
+  (``server/workers/forward.py`` for TCP, ``AdminLinks.proxy`` for HTTP) and answered with
+  its answer. A publish that came over a link is never forwarded again.
 - ``WaitWritable``: a replicated node taking its partition back; the shell waits for
   ``when_writable`` and decides again (the whole decision: the topic may have moved meanwhile).
 - ``Refused(...)``: the gate, the dedup index, a bound or the disk refused it; nothing of it is
@@ -154,13 +155,20 @@ def decide(
     *,
     replication: Replication | None = None,
     forwarded: bool = False,
+    home: Callable[[bytes], int | None] | None = None,
 ) -> Outcome:
     """The one publish decision (this module's docstring). ``identity``: an idempotent
-    publish's producer and first sequence number; ``forwarded``: it came over a worker link."""
+    publish's producer and first sequence number; ``forwarded``: it came over a worker link;
+    ``home``: the worker that makes a producer's publishes, when another (``--workers``)."""
     if topic.exiting:
         return Refused(Refusal.EXITING, "exiting")
-    if not forwarded and topic.kept_by is not None:
-        return Forward(topic.kept_by)
+    if not forwarded:
+        if topic.kept_by is not None:
+            return Forward(topic.kept_by)
+        if identity is not None and home is not None and topic.log is not None:
+            worker = home(identity[0])
+            if worker is not None:
+                return Forward(worker)
     if not bodies:
         return Done()
     if identity is not None and identity[1] + len(bodies) - 1 > MAX_SEQUENCE:

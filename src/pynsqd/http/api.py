@@ -146,7 +146,10 @@ class API:
             raise HTTPError(503, "EXITING")
         topic = nsqd.get_topic(topic_name)
         replication = nsqd.replication
-        outcome = publish.decide(topic, bodies, defer_ms, identity, replication=replication)
+        home = nsqd.workers.placement.home
+        outcome = publish.decide(
+            topic, bodies, defer_ms, identity, replication=replication, home=home
+        )
         while isinstance(outcome, publish.WaitWritable):
             # A partition this node is taking back: the publish waits for it (at most
             # --replication-timeout), then is decided again.
@@ -156,7 +159,9 @@ class API:
             if why is not None:
                 outcome = publish.not_committed(why)
                 break
-            outcome = publish.decide(topic, bodies, defer_ms, identity, replication=replication)
+            outcome = publish.decide(
+                topic, bodies, defer_ms, identity, replication=replication, home=home
+            )
         if isinstance(outcome, publish.Forward):
             return await nsqd.workers.admin.proxy(outcome.worker, request, raw)
         if isinstance(outcome, publish.WaitCommit):

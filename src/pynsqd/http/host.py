@@ -108,6 +108,18 @@ class WorkersHost(Protocol):
 
     @property
     def admin(self) -> AdminCalls: ...
+    @property
+    def placement(self) -> Homes: ...
+
+
+class Homes(Protocol):
+    """Where a topic or a producer's publishes are kept (``server/workers/placement.py``)."""
+
+    #: The node's workers.
+    count: int
+
+    def home(self, producer: bytes) -> int | None:
+        """The worker that makes ``producer``'s identified publishes, when another."""
 
 
 class AdminCalls(Protocol):

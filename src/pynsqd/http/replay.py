@@ -348,6 +348,13 @@ class ReplayAPI:
         the channel is created); None without them."""
         if params.get("offset") is None and params.get("timestamp") is None:
             return None
+        origin = partition_id(params)
+        if origin is not None and origin != self.nsqd.opts.node_id:
+            # --workers: another worker's partition starts there (``AdminLinks.routed``);
+            # this one, asked by it, makes the channel plain.
+            if self.nsqd.workers.placement.count > 1:
+                return None
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
         return self._start_offset(self._log(name), params)
 
 

@@ -179,6 +179,9 @@ def topic_stats(nsqd: NSQDHost, topic: Topic, channels: list[Json]) -> Json:
         kept = nsqd.retention.get(topic.name)
         if kept is not None:  # readers that keep their own offsets (a Spark query): their lag
             stats["log"]["readers"] = kept.readers.describe(kept.visible, time.time())
+        if nsqd.workers.placement.count > 1 and topic.kept_by is None:
+            # --workers: this worker's log is a partition of the node's (``merge_stats``).
+            stats["log"]["partition"] = nsqd.opts.node_id
         replication = nsqd.replication
         settings = replication.settings_for(topic.name) if replication is not None else None
         if replication is not None and settings is not None and settings.replicated:
@@ -263,6 +266,21 @@ def _merge_channels(a: list[Json], b: list[Json]) -> list[Json]:
     return [by[k] for k in sorted(by)]
 
 
+#: A log's figures that the node's answer sums over its partitions.
+_LOG_SUMS = ("earliest_offset", "latest_offset", "bytes", "segments", "duplicate_count")
+
+
+def _merge_logs(logs: list[Json]) -> Json:
+    """A topic's ``log`` for the node: one worker's as it is (a topic one worker keeps), or,
+    when each worker's log is a partition (``partition``), their sums and each partition."""
+    partitioned = sorted((lg for lg in logs if "partition" in lg), key=lambda lg: lg["partition"])
+    if not partitioned:
+        return logs[0]
+    out: Json = {key: sum(int(lg.get(key, 0)) for lg in partitioned) for key in _LOG_SUMS}
+    out["partitions"] = partitioned
+    return out
+
+
 def merge_stats(
     parts: list[tuple[list[Json] | None, list[Json] | None]],
 ) -> tuple[list[Json] | None, list[Json] | None]:
@@ -276,12 +294,15 @@ def merge_stats(
     producers: list[Json] = []
     seen_topics = False
     holders: dict[tuple[str, str], int] = {}
+    logs: dict[str, list[Json]] = {}
     for part_topics, part_producers in parts:
         if part_topics is not None:
             seen_topics = True
         for t in part_topics or []:
             t = dict(t, channels=[dict(c) for c in t.get("channels") or []])
             name = t["topic_name"]
+            if "log" in t:
+                logs.setdefault(name, []).append(t.pop("log"))
             for c in t["channels"]:
                 key = (name, c["channel_name"])
                 holders[key] = holders.get(key, 0) + 1
@@ -291,6 +312,8 @@ def merge_stats(
                 t["channels"] = _merge_channels([], t["channels"])
                 topics[name] = t
         producers.extend(p for p in part_producers or [] if not _is_link(p))
+    for name, kept in logs.items():
+        topics[name]["log"] = _merge_logs(kept)
     for t in topics.values():
         t["channels"] = [
             c for c in t["channels"] if holders[(t["topic_name"], c["channel_name"])] == len(parts)

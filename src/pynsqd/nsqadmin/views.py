@@ -60,9 +60,17 @@ def topic_view(name: str, stats: dict[str, Any], errors: list[str]) -> dict[str,
                     partitions[part["partition"]] = {**part, "node": node}
                 copies.append({k: part.get(k, v) for k, v in _COPY_KEYS.items()} | {"node": node})
             # Readers that keep their own offsets (a Spark query), per partition or log.
-            found = [(p["partition"], r) for p in parts for r in p.get("readers") or []] or [
-                ("", r) for r in (t.get("log") or {}).get("readers") or []
-            ]
+            logged = t.get("log") or {}
+            found = (
+                [(p["partition"], r) for p in parts for r in p.get("readers") or []]
+                # --workers: each worker's log is a partition of the node's.
+                or [
+                    (p["partition"], r)
+                    for p in logged.get("partitions") or []
+                    for r in p.get("readers") or []
+                ]
+                or [("", r) for r in logged.get("readers") or []]
+            )
             for p, r in found:  # each reader's freshest report of each partition, or log
                 key = (r["reader"], p if p != "" else f"log of {node}")
                 seen = readers.get(key)

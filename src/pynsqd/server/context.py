@@ -35,6 +35,14 @@ class ChannelsEverywhere(Protocol):
         """Send a publish command to worker ``peer``; ``done(answer, error)``: its OK (which
         may count duplicates), or an error line (``server/workers/forward.py``)."""
 
+    @property
+    def placement(self) -> Homes: ...
+
+
+class Homes(Protocol):
+    def home(self, producer: bytes) -> int | None:
+        """The worker that makes ``producer``'s identified publishes, when another."""
+
 
 class ConnectionContext(Protocol):
     loop: asyncio.AbstractEventLoop

@@ -35,11 +35,15 @@ from .client_v2 import Pause
 if TYPE_CHECKING:
     from ..cluster.replicator import Replicator
     from ..core.topic import Topic
+    from .context import Homes
 
 
 class Forwarding(Protocol):
     def forward(self, peer: int, command: bytes, done: Callable[[bytes, bool], None]) -> None:
         """Send a publish command to worker ``peer`` (``server/workers/forward.py``)."""
+
+    @property
+    def placement(self) -> Homes: ...
 
 
 class PublishHost(Protocol):
@@ -97,7 +101,13 @@ class Publishing:
         replication = nsqd.replication
         ident = None if identity is None else (identity.producer, identity.sequence)
         outcome = decision.decide(
-            topic, bodies, defer_ms, ident, replication=replication, forwarded=self.forwarded
+            topic,
+            bodies,
+            defer_ms,
+            ident,
+            replication=replication,
+            forwarded=self.forwarded,
+            home=nsqd.workers.placement.home,
         )
         if isinstance(outcome, decision.Done):
             conn.published(topic_name, outcome.written)

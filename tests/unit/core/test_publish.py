@@ -146,6 +146,23 @@ def test_a_topic_kept_by_another_worker_is_forwarded_unless_it_came_over_a_link(
     assert decide(topic, [b"a"], forwarded=True) == Done(-1, 0, 1)
 
 
+def test_an_identified_publish_goes_to_its_producers_home_worker(retained: Topic) -> None:
+    """--workers: a retained topic is every worker's, but a producer's sequence lives in one
+    partition: its publishes are made by its home worker (``Placement.home``); a plain one,
+    one that came over a link and one whose home is here are made here."""
+    homes = {b"far": 2, b"near": None}
+    home = homes.__getitem__
+    assert decide(retained, [b"a"], identity=(b"far", 1), home=home) == Forward(2)
+    assert retained.message_count == 0
+    assert decide(retained, [b"a"], identity=(b"far", 1), home=home, forwarded=True) == Done(
+        1, 0, 1
+    )
+    assert decide(retained, [b"b"], identity=(b"near", 1), home=home) == Done(2, 0, 1)
+    assert decide(retained, [b"c"], home=home) == Done(3, 0, 1)
+    plain = memory_topic()  # no log: refused here (identities need one), not forwarded
+    assert not isinstance(decide(plain, [b"a"], identity=(b"far", 1), home=home), Forward)
+
+
 def test_an_identified_publish_reports_its_duplicates(retained: Topic) -> None:
     assert decide(retained, [b"a", b"b"], identity=(b"p", 1)) == Done(2, 0, 2)
     # A retry of both and one more: the two are not written again.

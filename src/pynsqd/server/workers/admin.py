@@ -3,7 +3,12 @@
 Theory of operation. An admin call made to one worker is made here, then on every other worker,
 and answered once with this worker's answer (``fanned``; a worker killed while it held the call
 is asked again: admin calls are idempotent). A call about a topic's log is answered by the
-worker that keeps it (``routed``), a call about the cluster by worker 0, the node's member of it
+worker whose partition it names (``routed``: ``partition=<node id>``, each worker's log of a
+retained topic being a partition named by its node id; without it, ``/topic/offsets`` is every
+worker's answer in one, a rewind or a channel made at a time is made in every partition, and
+an offset alone is refused: ``PARTITION_REQUIRED``), or, for a topic one worker keeps (a
+bounded one; on a replicated node every retained one), by that worker; a call about the
+cluster by worker 0, the node's member of it
 (``on_member``; a follower's fetch stream is a websocket, passed on both ways); the client's
 request is passed on and its answer streamed back (``proxy``). ``/stats``, ``/metrics`` and
 ``/ping`` answer for the node: every worker's, summed (``combine_stats``, ``peer_answers``,
@@ -17,7 +22,7 @@ import asyncio
 import json
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...http.api import BODY_READ, read_body
@@ -62,6 +67,8 @@ class AdminLinks:
         *,
         clustered: bool,
         elsewhere: Callable[[str], int | None],
+        kept: Callable[[str], int | None] = lambda _: None,
+        storage: str = "",
     ) -> None:
         self._opts = opts
         self.index = index
@@ -71,6 +78,12 @@ class AdminLinks:
         self.clustered = clustered
         #: The worker that keeps a topic's log when it is another one (``Workers.elsewhere``).
         self.elsewhere = elsewhere
+        #: The worker that keeps a topic this worker has, when another (``Topic.kept_by``).
+        self.kept = kept
+        #: The node's storage id: what ``/topic/offsets`` names its partitions by.
+        self.storage = storage
+        #: The node's first node id: worker ``i``'s partitions are named ``base + i``.
+        self.base = (opts.node_id - index) % 1024
         #: Topics a peer's fan-out is making here: not announced back.
         self.quiet: set[str] = set()
         self._sessions: dict[int, ClientSession] = {}
@@ -207,25 +220,92 @@ class AdminLinks:
             503, "WORKER_UNAVAILABLE", {"reason": f"worker {peer}, {role}, did not answer"}
         )
 
+    def partitions(self) -> list[int]:
+        """This node's partition names (node ids), by worker."""
+        return [(self.base + i) % 1024 for i in range(len(self._admins))]
+
+    def worker_of(self, partition: str) -> int:
+        """The worker whose partition ``partition=`` names; 400 ``INVALID_ARG_PARTITION`` for
+        no node id, 404 ``PARTITION_NOT_FOUND`` for one that is not this node's."""
+        if not partition.isdigit() or len(partition) > 4 or int(partition) >= 1024:
+            raise HTTPError(400, "INVALID_ARG_PARTITION")
+        index = (int(partition) - self.base) % 1024
+        if index >= len(self._admins):
+            raise HTTPError(404, "PARTITION_NOT_FOUND", {"partitions": self.partitions()})
+        return index
+
     def routed(
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
     ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
-        """A call about a topic's log (offsets, reads, rewinds, retention, a channel made at
-        an offset) answered by the worker that keeps it (``Placement.keeper``)."""
+        """A call about a topic's log (offsets, reads, rewinds, a reader's commit, retention, a
+        channel made at an offset): this module's docstring."""
 
-        async def handler_on_the_keeper(request: BaseRequest, params: Any) -> Any:
+        async def handler_by_partition(request: BaseRequest, params: Any) -> Any:
             query = request.query
             topic = query.get("topic", "")
-            if request.path == "/channel/create" and not (
-                "offset" in query or "timestamp" in query
+            path = request.path
+            if self.from_worker(request) or (
+                path == "/channel/create" and not ("offset" in query or "timestamp" in query)
             ):
                 return await handler(request, params)  # a plain channel: made everywhere
-            keeper = self.elsewhere(topic) if topic else None
-            if keeper is None or self.from_worker(request):
-                return await handler(request, params)
-            return await self.proxy(keeper, request, None)
+            if self.clustered or (topic and self.kept(topic) is not None):
+                keeper = self.elsewhere(topic) if topic else None
+                if keeper is None:
+                    return await handler(request, params)
+                return await self.proxy(keeper, request, None)
+            if path == "/topic/retention":
+                return await handler(request, params)  # every partition's (fanned)
+            partition = query.get("partition")
+            if partition is not None:
+                worker = self.worker_of(partition)
+                if worker == self.index:
+                    return await handler(request, params)
+                return await self.proxy(worker, request, None)
+            if path == "/topic/offsets" or "timestamp" in query:
+                return await self.every_partition(request)
+            raise HTTPError(
+                400,
+                "PARTITION_REQUIRED",
+                {"reason": "an offset names one partition", "partitions": self.partitions()},
+            )
 
-        return handler_on_the_keeper
+        return handler_by_partition
+
+    async def every_partition(self, request: BaseRequest) -> Any:
+        """A call without ``partition=`` made of every worker's partition: ``/topic/offsets``
+        answers with each (``node_offsets``), a rewind or a channel made at a time with what
+        each put back, summed. A worker's refusal is the answer (a 404 only if every worker
+        gave one: a topic some worker has not made yet)."""
+        body = b""
+        if request.can_read_body:
+            read = await read_body(request, self._opts.max_body_size)
+            body = read or b""
+        calls = []
+        for i, partition in enumerate(self.partitions()):
+            query = dict(request.query, partition=str(partition))
+            path_qs = request.path + "?" + urllib.parse.urlencode(query)
+            calls.append(self._ask_again_if_dropped(i, request.method, path_qs, body))
+        answers = await asyncio.gather(*calls)
+        docs: list[tuple[int, dict[str, Any]]] = []
+        refusals: list[tuple[int, bytes]] = []
+        for i, (status, text) in enumerate(answers):
+            if status == 200:
+                docs.append(((self.base + i) % 1024, json.loads(text) if text else {}))
+            elif status <= 0:
+                raise HTTPError(503, "WORKER_UNAVAILABLE", {"reason": f"worker {i} did not answer"})
+            else:
+                refusals.append((status, text))
+        real = [r for r in refusals if r[0] != 404]
+        if real or not docs:
+            status, text = (real or refusals)[0]
+            doc = json.loads(text) if text.startswith(b"{") else {"message": text.decode()}
+            raise HTTPError(status, str(doc.pop("message", "")), doc)
+        if request.path == "/topic/offsets":
+            return node_offsets(docs, self.base, self.storage)
+        return {
+            "count": sum(int(d.get("count", 0)) for _, d in docs),
+            "partitions": [{"partition": p, **d} for p, d in docs],
+        }
 
     def on_member(
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
@@ -401,3 +481,41 @@ class AdminLinks:
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
+
+
+#: A partition's fields in ``node_offsets`` (each worker's own ``/topic/offsets``), summed
+#: at the top for the node.
+_SUMMED = ("earliest", "latest", "bytes", "segments")
+
+
+def node_offsets(
+    docs: Sequence[tuple[int, Mapping[str, Any]]], base: int, cluster: str
+) -> dict[str, Any]:
+    """The node's ``/topic/offsets`` from each worker's: every partition with its offsets
+    (``partitions``, each named by its worker's node id, as a replicated topic's answer names
+    its partitions, so a reader plans one range per partition), and at the top their sums and
+    the settings they share. ``cluster`` names the node (its storage id)."""
+    first = docs[0][1]
+    out: dict[str, Any] = {k: v for k, v in first.items() if k not in _SUMMED}
+    for key in _SUMMED:
+        out[key] = sum(int(d.get(key, 0)) for _, d in docs)
+    out.pop("offset", None)
+    out["cluster"] = out["storage_id"] = cluster or str(first.get("storage_id", ""))
+    out["node_id"] = base
+    out["partitions"] = [
+        {
+            "partition": partition,
+            "role": "leader",
+            "epoch": 0,
+            "isr": [base],
+            "earliest": d["earliest"],
+            "committed": d["latest"],
+            "latest": d["latest"],
+            "bytes": d.get("bytes", 0),
+            "storage_id": d.get("storage_id", ""),
+            **({"offset": d["offset"]} if "offset" in d else {}),
+        }
+        for partition, d in docs
+    ]
+    out["nodes"] = {}
+    return out

@@ -72,6 +72,8 @@ class Workers(LoneProcess):
             spec.admins,
             clustered=self.placement.clustered,
             elsewhere=self.placement.elsewhere,
+            kept=self._kept_by,
+            storage=spec.storage,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._alive_fd = spec.fds.get("alive", -1)
@@ -82,6 +84,12 @@ class Workers(LoneProcess):
         self.forwarder = Forwarder(self)
         #: The sockets this worker accepts on (its copies of the supervisor's).
         self._listeners: list[SharedListener] = []
+
+    def _kept_by(self, name: str) -> int | None:
+        """The worker that keeps topic ``name`` when another (a bounded topic; on a replicated
+        node, a retained one): ``Topic.kept_by``; None for a topic this worker does not have."""
+        topic = self.nsqd.topics.get(name)
+        return topic.kept_by if topic is not None else None
 
     @property
     def is_lead(self) -> bool:

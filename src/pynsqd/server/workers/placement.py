@@ -1,14 +1,20 @@
 """Where a topic is kept across the workers of a node (``--workers``): the one writer of
 ``Topic.kept_by``.
 
-Theory of operation. A retained topic's log is one worker's, so that its offsets, rewinds,
-dedup index and retention are those of one log, as with one process; a bounded topic (a bound on
-it or on a channel) is one worker's too, so that its bound is the node's. That worker is the
-topic's keeper (``keeper``: a hash of the name; on a replicated node worker 0, the cluster's
-member, keeps them all: any retained topic may be replicated, its settings are in etcd, which
-only worker 0 reads, and its partition is the node's one log of it). Every other worker sets
-``kept_by`` to it and passes the topic's publishes there (``core/publish.Forward``). A plain
-topic is every worker's own (``kept_by`` None). One process is a node of one worker
+Theory of operation. A retained topic is every worker's: each worker appends the publishes
+its connections take to its own log of it, a partition named by the worker's node id
+(``--node-id`` + its index), so appends, fsyncs and reads of one topic run on every core;
+offsets are per partition, and the node's HTTP answers name the partitions
+(``AdminLinks.routed``). An identified publish (a producer id and sequence) is made by its
+producer's home worker (``home``: a hash of the producer id), so a producer's sequence lives
+in one partition and a retry that reconnects to another worker meets the same dedup index.
+
+A bounded topic (a bound on it or on a channel) is one worker's, so that its bound is the
+node's: that worker is the topic's keeper (``keeper``: a hash of the name). On a replicated
+node worker 0, the cluster's member, keeps every retained topic too (any retained topic may be
+replicated, its settings are in etcd, which only worker 0 reads, and its partition is the
+node's one log of it). Every other worker sets ``kept_by`` to the keeper and passes the topic's
+publishes there (``core/publish.Forward``). One process is a node of one worker
 (``Placement()``): every topic is its own. No I/O: the caller says whether the topic retains.
 """
 
@@ -39,8 +45,17 @@ class Placement:
         keeper = self.keeper(topic)
         return None if keeper == self.index else keeper
 
+    def home(self, producer: bytes) -> int | None:
+        """The worker that makes ``producer``'s identified publishes when it is another one
+        (None: this one, or a node where the keeper makes them all)."""
+        if self.count == 1 or self.clustered:
+            return None
+        home = zlib.crc32(producer) % self.count
+        return None if home == self.index else home
+
     def place(self, topic: Topic, *, retained: bool) -> None:
         """Where ``topic`` lives now that it does (or does not) retain a log, by its bounds:
-        with its keeper if it retains or is bounded, else here. Messages a worker held before
-        stay there, delivered as before."""
-        topic.kept_by = self.elsewhere(topic.name) if retained or topic.bounded else None
+        with its keeper if it is bounded (or retains, on a replicated node), else here.
+        Messages a worker held before stay there, delivered as before."""
+        kept = topic.bounded or (retained and self.clustered)
+        topic.kept_by = self.elsewhere(topic.name) if kept else None
