@@ -110,8 +110,11 @@ def survey(
 
 def _rekey(offsets: Mapping[str, int], logs: Mapping[str, NodeLog]) -> dict[str, int]:
     """Offsets keyed by address (given by the user, or a checkpoint written before the query
-    keyed them by identity) keyed by the identity of the node at that address, where known."""
+    keyed them by identity) keyed by the identity of the node at that address, where known;
+    a key that is another name of a log (a ``--workers`` node's worker, whose log an older
+    version read as the node's one log: ``NodeLog.aliases``) keyed by that log's."""
     by_address = {n.address: n.key for n in logs.values()}
+    by_address.update({a: n.key for n in logs.values() for a in n.aliases})
     out: dict[str, int] = {}
     for k, v in offsets.items():
         key = k if k in logs else by_address.get(k, k)

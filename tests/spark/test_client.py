@@ -397,3 +397,25 @@ def test_a_workers_python_without_the_package_is_one_line() -> None:
         check_workers_python(other)
     with pytest.raises(RuntimeError, match=r"'no-such-python'"):
         check_workers_python("no-such-python")
+
+
+def test_a_checkpoint_keyed_by_a_workers_storage_id_goes_on_in_its_partition() -> None:
+    """A query of an older version read a ``--workers`` node's retained topic as one log, kept
+    by one worker, keyed by that worker's storage id; that log is now the worker's partition
+    (its offsets unchanged): the checkpoint's key is read as the partition's, not as a log that
+    is gone (which would start the partition again from ``startingOffsets``)."""
+    from pynsqd.client.logs import _partition
+    from pynsqd_spark.log_source import _rekey
+
+    entry = {"partition": 618, "role": "leader", "epoch": 0, "isr": [617], "earliest": 0}
+    logs = {
+        "node/617": _partition(
+            "node/617",
+            [("h:1", 617, {**entry, "partition": 617, "committed": 5, "storage_id": "w0"})],
+        ),
+        "node/618": _partition(
+            "node/618", [("h:1", 617, {**entry, "committed": 9, "storage_id": "w1"})]
+        ),
+    }
+    assert logs["node/618"].aliases == ("w1",)
+    assert _rekey({"w1": 7, "node/617": 2}, logs) == {"node/618": 7, "node/617": 2}

@@ -282,3 +282,74 @@ def test_offsets_keyed_by_address_are_taken_over_by_the_nodes_identity(
     assert (part.key, part.start, part.end) == (key, 40, 60)
     got = [r[4] for r in fetch(part.node, reader.opts, part.start, part.end, part.key)]
     assert got == [b"r%03d" % i for i in range(40, 60)]
+
+
+def _spread(node: NsqdProcess, topic: str, tag: str, conns: int = 8) -> list[bytes]:
+    """MPUBs from ``conns`` connections open at once: they spread over a --workers node's
+    workers, each appending to its own partition."""
+    from pynsqd.client import Connection
+
+    bodies: list[bytes] = []
+    opened = [Connection(node.tcp_address).connect() for _ in range(conns)]
+    try:
+        for i, c in enumerate(opened):
+            batch = [f"{tag}-{i}-{j}".encode() for j in range(25)]
+            c.mpub(topic, batch)
+            bodies += batch
+    finally:
+        for c in opened:
+            c.close()
+    return bodies
+
+
+def _offsets(node: NsqdProcess, topic: str) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    url = f"http://{node.http_address}/topic/offsets?topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
+def test_a_node_of_several_workers_is_read_partition_by_partition_exactly_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``--workers 2``: each worker's log of a retained topic is a partition of the node. A
+    batch read and a stream (stopped, more published, started again from its checkpoint) read
+    every partition's records once: none lost, none twice, offsets dense in each partition."""
+    node = NsqdProcess(tmp_path / "workers", "--workers=2", "--retention-time=1h")
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    try:
+        wait_for(lambda: b"OK" in _ping(node), "the node to be ready")
+        published = _spread(node, "t", "a")
+        parts = _offsets(node, "t")["partitions"]
+        assert len(parts) == 2 and all(p["latest"] > 0 for p in parts), parts
+        rows = read(spark, mode="log", topic="t", nsqdHttpAddresses=node.http_address).collect()
+        assert sorted(r.body for r in rows) == sorted(published)
+
+        def run() -> None:
+            query = to_parquet(log_stream(spark, node.http_address), out, checkpoint)
+            try:
+                query.processAllAvailable()
+            finally:
+                query.stop()
+
+        run()
+        published += _spread(node, "t", "b")
+        run()
+    finally:
+        node.stop()
+    got = spark.read.parquet(str(out)).collect()
+    assert sorted(r.body for r in got) == sorted(published)  # each once
+    assert len({r.offset for r in got}) < len(got)  # two partitions, offsets of their own
+
+
+def _ping(node: NsqdProcess) -> bytes:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{node.http_address}/ping", timeout=5) as r:
+            return bytes(r.read())
+    except (urllib.error.URLError, OSError):
+        return b""

@@ -680,6 +680,73 @@ def test_nsq_log_prints_a_retained_topic_from_an_offset_or_a_time_and_follows_it
     assert b"TOPIC_NOT_RETAINED" in res.stderr, res.stderr
 
 
+def test_nsq_log_reads_every_workers_partition_of_a_node_and_follows_them(
+    tmp_path: Path,
+) -> None:
+    """``--workers 2``: each worker keeps its own partition of a retained topic. Without
+    ``--partition`` nsq_log reads both (each line's JSON names its partition, offsets dense in
+    each), follows both, and an ``--offset`` number without ``--partition`` is one line
+    saying which partitions there are."""
+    node = Proc(tmp_path / "data", tmp_path / "nsqd.log", "--workers=2", "--retention-time=1h")
+    http = f"--nsqd-http-address=127.0.0.1:{node.http_port}"
+    try:
+        wait_for(lambda: node.http("GET", "/ping") == (200, b"OK"), "the node to be ready")
+        conns = [node.connect() for _ in range(6)]  # over both workers
+        try:
+            for i, c in enumerate(conns):
+                c.identify()
+                c.mpub("t", [f"m{i}-{j}".encode() for j in range(3)])
+        finally:
+            for c in conns:
+                c.close()
+        res = tool("nsq_log", "--topic=t", http, "--format=json")
+        assert res.returncode == 0, res.stderr
+        docs = [json.loads(line) for line in res.stdout.splitlines()]
+        assert sorted(d["body"] for d in docs) == sorted(
+            f"m{i}-{j}" for i in range(6) for j in range(3)
+        )
+        by_partition: dict[int, list[int]] = {}
+        for d in docs:
+            by_partition.setdefault(d["partition"], []).append(d["offset"])
+        assert len(by_partition) == 2, by_partition  # both workers took publishes
+        assert all(offs == list(range(len(offs))) for offs in by_partition.values())
+        res = tool("nsq_log", "--topic=t", http, "--offset=1")
+        assert res.returncode == 1 and res.stderr.count(b"\n") == 1
+        assert b"one partition per worker" in res.stderr and b"--partition" in res.stderr
+        (first, _) = sorted(by_partition)
+        res = tool("nsq_log", "--topic=t", http, "--offset=1", f"--partition={first}", "--n=1")
+        assert res.returncode == 0 and res.stdout.count(b"\n") == 1, res.stderr
+        # --since a time before the later publishes (whenever nsq_log gets to read the
+        # offsets): what each partition takes from then, as it arrives.
+        since = f"--since={int(time.time() * 1000)}"
+        follow = subprocess.Popen(
+            [*_tool_command("nsq_log"), "--topic=t", http, since, "--follow", "--n=6"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert follow.stdout is not None and follow.stderr is not None
+        lines = Lines(follow.stdout)
+        try:
+            later = [node.connect() for _ in range(6)]
+            try:
+                for i, c in enumerate(later):
+                    c.identify()
+                    c.pub("t", f"late{i}".encode())
+            finally:
+                for c in later:
+                    c.close()
+            assert sorted(lines.take(6)) == sorted(f"late{i}\n".encode() for i in range(6))
+            assert follow.wait(30) == 0
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+            follow.wait()
+            lines.close()
+            follow.stderr.close()
+    finally:
+        node.stop()
+
+
 def test_nsq_to_nsq_copies_filters_and_spreads_fin_after_the_destinations_ok(
     make_nsqd: Callable[..., ServerThread], tmp_path: Path
 ) -> None:

@@ -63,6 +63,9 @@ class NodeLog:
     instance: str = ""
     partition: int | None = None
     replicas: tuple[str, ...] = ()
+    #: Other names of this log: the storage id of the worker whose partition it is (a
+    #: ``--workers`` node), under which an older version's reader keyed it.
+    aliases: tuple[str, ...] = ()
 
 
 def survey_logs(
@@ -138,6 +141,9 @@ def _partition(key: str, entries: list[tuple[str, int, dict[str, Any]]]) -> Node
         max(int(e[2]["committed"]) for e in usable),
         partition=int(usable[0][2]["partition"]),
         replicas=tuple(dict.fromkeys(e[0] for e in usable)),
+        aliases=tuple(
+            dict.fromkeys(str(e[2]["storage_id"]) for e in entries if e[2].get("storage_id"))
+        ),
     )
 
 

@@ -6,7 +6,10 @@ checks every record's CRC (``pynsqd.client.read_log``), and prints each as a lin
 as JSON (``--format=json``: offset, timestamp in ns, id, attempts, and the body as text, or as
 ``body_base64`` when it is not UTF-8). ``--follow`` keeps reading as records are appended, like
 ``tail -f``; ``--n`` stops after that many. ``--partition`` reads a replicated topic's copy of
-another node's partition; ``--auth-secret`` and the TLS flags reach a guarded node.
+another node's partition, or one worker's partition of a node of several (``--workers``: each
+worker keeps its own log, with offsets of its own); without it such a node's partitions are
+read in turn (``partition`` in each JSON line). ``--auth-secret`` and the TLS flags reach a
+guarded node.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..client import (
     ClientOptions,
@@ -54,13 +58,33 @@ class LogOptions:
     tls_root_ca_file: str = opt("", "CA file to verify the node's certificate")
 
 
-def as_json(r: LogRecord) -> str:
+def _starts(
+    opts: LogOptions, doc: dict[str, Any], partition: int | None
+) -> dict[int | None, int] | None:
+    """Where to start in each partition to read: the one asked for (None: the node's own log);
+    on a node of several workers, every worker's partition (``/topic/offsets`` lists them, and
+    names no other node), each from its own earliest, latest or ``--since`` offset; None when
+    an ``--offset`` number is given there without ``--partition`` (it names no partition)."""
+    parts = doc.get("partitions")
+    key = "offset" if opts.since else opts.offset
+    if partition is not None or not parts or doc.get("nodes"):
+        if key in ("offset", "earliest", "latest"):
+            return {partition: int(doc[key])}
+        return {partition: int(opts.offset)}
+    if key not in ("offset", "earliest", "latest"):
+        return None
+    return {int(p["partition"]): int(p[key]) for p in parts}
+
+
+def as_json(r: LogRecord, partition: int | None = None) -> str:
     doc: dict[str, object] = {
         "offset": r.offset,
         "timestamp": r.timestamp,
         "id": r.id.decode("ascii", "replace"),
         "attempts": r.attempts,
     }
+    if partition is not None:  # a node of several workers: whose offset it is
+        doc["partition"] = partition
     if r.sequence >= 0:  # an idempotent publish's identity (docs/exactly-once.md)
         doc["producer"] = r.producer.decode("ascii", "replace")
         doc["sequence"] = r.sequence
@@ -90,45 +114,56 @@ def main(argv: list[str] | None = None) -> int:
     shown = 0
     try:
         doc = topic_offsets(node, opts.topic, client, opts.since or None, partition=partition)
-        if opts.since:
-            offset = int(doc["offset"])
-        elif opts.offset in ("earliest", "latest"):
-            offset = int(doc[opts.offset])
-        else:
-            offset = int(opts.offset)
-        after: Follow | None = None  # an MPUB's run of identities, across reads
+        starts = _starts(opts, doc, partition)
+        if starts is None:
+            print(
+                f"{PROGRAM}: topic {opts.topic} on {node} is one partition per worker "
+                f"({', '.join(str(p['partition']) for p in doc['partitions'])}), each with "
+                "offsets of its own: give --partition with --offset N",
+                file=sys.stderr,
+            )
+            return 1
+        several = len(starts) > 1
+        afters: dict[int | None, Follow | None] = dict.fromkeys(starts)  # MPUB runs
         while not opts.n or shown < opts.n:
-            try:
-                chunk = read_log(
-                    node, opts.topic, offset, client, partition=partition, follow=after
-                )
-            except LogOffsetOutOfRange as err:
-                if offset >= err.earliest:
-                    raise
-                print(
-                    f"{PROGRAM}: offsets {offset}-{err.earliest - 1} were removed by retention; "
-                    f"going on from {err.earliest}",
-                    file=sys.stderr,
-                )
-                offset = err.earliest
-                after = None
-                continue
-            after = follow_after(chunk.records[-1]) if chunk.records else after
-            for r in chunk.records:
-                out.write(
-                    (as_json(r) if opts.format == "json" else r.body.decode(errors="replace"))
-                    + "\n"
-                )
-                shown += 1
+            moved = False
+            for part, offset in list(starts.items()):
+                try:
+                    chunk = read_log(
+                        node, opts.topic, offset, client, partition=part, follow=afters[part]
+                    )
+                except LogOffsetOutOfRange as err:
+                    if offset >= err.earliest:
+                        raise
+                    print(
+                        f"{PROGRAM}: offsets {offset}-{err.earliest - 1}"
+                        f"{f' of partition {part}' if several else ''} were removed by "
+                        f"retention; going on from {err.earliest}",
+                        file=sys.stderr,
+                    )
+                    starts[part], afters[part], moved = err.earliest, None, True
+                    continue
+                if chunk.records:
+                    afters[part] = follow_after(chunk.records[-1])
+                for r in chunk.records:
+                    line = (
+                        as_json(r, part if several else None)
+                        if opts.format == "json"
+                        else r.body.decode(errors="replace")
+                    )
+                    out.write(line + "\n")
+                    shown += 1
+                    if opts.n and shown >= opts.n:
+                        break
+                out.flush()
                 if opts.n and shown >= opts.n:
                     break
-            out.flush()
-            if chunk.next > offset:
-                offset = chunk.next
-            elif opts.follow:
+                if chunk.next > offset:
+                    starts[part], moved = chunk.next, True
+            if not moved:
+                if not opts.follow:
+                    break
                 time.sleep(FOLLOW_POLL)
-            else:
-                break
     except NodeHTTPError as err:
         if "TOPIC_NOT_RETAINED" in err.text:
             print(
