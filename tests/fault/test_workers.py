@@ -558,15 +558,19 @@ def test_nsqlookupd_sees_one_node_with_every_workers_topics_and_channels(data: P
         lookupd.stop()
 
 
+@pytest.mark.parametrize("retained", [False, True], ids=["plain", "retained"])
 def test_workers_killed_at_random_instants_under_load_lose_nothing_acknowledged(
-    data: Path,
+    data: Path, retained: bool
 ) -> None:
     """Publishers on several connections publish without pause; workers are killed with
     kill -9 at random instants (three cycles); a publisher whose connection dies connects
     again (to whichever worker). Then one consumer drains the node: every message that was
-    acknowledged is there."""
+    acknowledged is there. Retained (a partition per worker): every acknowledged message is
+    in a partition too, once."""
 
     flags = ("--workers=3", "--mem-queue-size=0", "--sync-every=1")
+    if retained:
+        flags += ("--retention-time=1h",)
     with started(data, *flags) as node:
         acked: set[bytes] = set()
         lock = threading.Lock()
@@ -615,6 +619,13 @@ def test_workers_killed_at_random_instants_under_load_lose_nothing_acknowledged(
                 got.add(m.body)
                 c.fin(m.id)
         assert expected <= got
+        if retained:
+            from ..integration.servers import read_partitions
+
+            parts = read_partitions(node, "soak")
+            logged = [r.body for records in parts.values() for r in records]
+            assert expected <= set(logged) and len(logged) == len(set(logged))
+            assert len(parts) == 3
 
 
 def test_lifecycle_and_dpub_hold_per_message_on_the_worker_that_has_it(data: Path) -> None:
@@ -974,7 +985,7 @@ def test_retention_and_rewinds_raced_against_publishes_and_a_kill_lose_nothing(
             for path in (
                 "/topic/retention?topic=race&time=1h",
                 "/channel/config?topic=race&channel=ch&max_depth=1000000",  # kept by one
-                "/channel/rewind?topic=race&channel=ch&offset=0",
+                "/channel/rewind?topic=race&channel=ch&timestamp=0",  # every partition
                 "/topic/retention?topic=race&time=0&bytes=0",
                 "/channel/config?topic=race&channel=ch&max_depth=0",  # spread again
             ):
@@ -1175,3 +1186,31 @@ def consume_spread(node: NsqdProcess, topic: str, n_conns: int, want: int) -> li
         for c in conns:
             c.close()
     return got
+
+
+def test_a_log_read_of_every_partition_carries_the_readers_secret(data: Path) -> None:
+    """With --auth-http-address, /topic/offsets without a partition is asked of every worker:
+    each is asked with the reader's secret (the header form too), so a reader granted
+    subscribe gets every partition, and one without a secret is refused as by one process."""
+    from ..integration.secure_client import AuthServer
+
+    authd = AuthServer()  # grants publish and subscribe on topics matching ^allowed
+    flags = ("--workers=2", "--retention-time=1h", f"--auth-http-address={authd.address}")
+    try:
+        with started(data, *flags) as node:
+            path = "/topic/offsets?topic=allowed_t"
+            for w in range(2):
+                on_worker(node, w, "/topic/create?topic=allowed_t", b"")
+            status, text = call_on_worker(node, 0, "GET", path)
+            assert status == 401 and b"AUTH_REQUIRED" in text, text
+            conn = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=10)
+            try:
+                conn.request("GET", path, headers={"X-Nsq-Auth-Secret": "s3cret"})
+                r = conn.getresponse()
+                body = r.read()
+            finally:
+                conn.close()
+            assert r.status == 200, body
+            assert len(json.loads(body)["partitions"]) == 2
+    finally:
+        authd.close()

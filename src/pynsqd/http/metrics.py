@@ -242,8 +242,10 @@ class NSQCollector:
                 for follower, behind in sorted(part["follower_lag"].items()):
                     lag.add_metric([name, str(part["partition"]), follower], behind)
             kept = nsqd.retention.get(name)
+            # --workers: this worker's log is a partition of the node's, named by its node id.
+            own = str(nsqd.opts.node_id) if nsqd.workers.placement.count > 1 else ""
             readers = [(str(p["partition"]), r) for p in parts for r in p["readers"]] or [
-                ("", r) for r in (kept.readers.describe(kept.visible, now) if kept else [])
+                (own, r) for r in (kept.readers.describe(kept.visible, now) if kept else [])
             ]
             for partition, r in readers:
                 committed.add_metric([name, partition, str(r["reader"])], r["committed"])

@@ -107,9 +107,17 @@ class AdminLinks:
             self._sessions[peer] = session
         return session
 
-    async def _ask(self, peer: int, method: str, path_qs: str, body: bytes) -> tuple[int, bytes]:
+    async def _ask(
+        self,
+        peer: int,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes]:
         """Status 0: no answer in ``FAN_OUT_TIMEOUT``; ``DROPPED``: the connection went
-        without an answer (the worker was killed, or its socket is gone)."""
+        without an answer (the worker was killed, or its socket is gone). ``headers``: the
+        client's, passed on (its auth secret)."""
         import aiohttp
 
         try:
@@ -117,7 +125,7 @@ class AdminLinks:
                 method,
                 "http://worker" + path_qs,
                 data=body or None,
-                headers={WORKER_HEADER: str(self.index)},
+                headers={**(headers or {}), WORKER_HEADER: str(self.index)},
             ) as resp:
                 return resp.status, await resp.read()
         except TimeoutError as err:
@@ -126,13 +134,18 @@ class AdminLinks:
             return DROPPED, str(err).encode()
 
     async def _ask_again_if_dropped(
-        self, peer: int, method: str, path_qs: str, body: bytes
+        self,
+        peer: int,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes]:
         """An admin call made of a peer until it answers: one killed while it held the call
         (which it may or may not have made) is asked again, and the asking waits in its socket,
         which the supervisor holds, for the worker started in its place; that one has read its
         state from disk by then, and makes the call on it. Admin calls are idempotent."""
-        status, text = await self._ask(peer, method, path_qs, body)
+        status, text = await self._ask(peer, method, path_qs, body, headers)
         for _ in range(FAN_OUT_ATTEMPTS - 1):
             if status != DROPPED:
                 break
@@ -143,7 +156,7 @@ class AdminLinks:
                 peer,
                 text[:200].decode(errors="replace"),
             )
-            status, text = await self._ask(peer, method, path_qs, body)
+            status, text = await self._ask(peer, method, path_qs, body, headers)
         return status, text
 
     async def fan_out(self, method: str, path_qs: str, body: bytes) -> None:
@@ -280,11 +293,17 @@ class AdminLinks:
         if request.can_read_body:
             read = await read_body(request, self._opts.max_body_size)
             body = read or b""
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_HEADERS and k.lower() not in _PRIVATE_HEADERS
+        }
+        headers[CLIENT_HEADER] = client_address(request)  # for its log line
         calls = []
         for i, partition in enumerate(self.partitions()):
             query = dict(request.query, partition=str(partition))
             path_qs = request.path + "?" + urllib.parse.urlencode(query)
-            calls.append(self._ask_again_if_dropped(i, request.method, path_qs, body))
+            calls.append(self._ask_again_if_dropped(i, request.method, path_qs, body, headers))
         answers = await asyncio.gather(*calls)
         docs: list[tuple[int, dict[str, Any]]] = []
         refusals: list[tuple[int, bytes]] = []
