@@ -9,8 +9,8 @@ offsets are per partition, and the node's HTTP answers name the partitions
 producer's home worker (``home``: a hash of the producer id), so a producer's sequence lives
 in one partition and a retry that reconnects to another worker meets the same dedup index.
 
-A bounded topic (a bound on it or on a channel) is one worker's, so that its bound is the
-node's: that worker is the topic's keeper (``keeper``: a hash of the name). On a replicated
+A bounded topic that keeps no log (a bound on it or on a channel) is one worker's, so that
+its bound is the node's: that worker is the topic's keeper (``keeper``: a hash of the name). On a replicated
 node worker 0, the cluster's member, keeps every retained topic too (any retained topic may be
 replicated, its settings are in etcd, which only worker 0 reads, and its partition is the
 node's one log of it). Every other worker sets ``kept_by`` to the keeper and passes the topic's
@@ -55,7 +55,9 @@ class Placement:
 
     def place(self, topic: Topic, *, retained: bool) -> None:
         """Where ``topic`` lives now that it does (or does not) retain a log, by its bounds:
-        with its keeper if it is bounded (or retains, on a replicated node), else here.
-        Messages a worker held before stay there, delivered as before."""
-        kept = topic.bounded or (retained and self.clustered)
+        with its keeper if it is bounded and keeps no log (or retains, on a replicated node),
+        else here: a retained topic is a partition per worker, bounded or not (its backlog is
+        its log's, which retention bounds; a bound on it holds in each partition). Messages a
+        worker held before stay there, delivered as before."""
+        kept = (topic.bounded and not retained) or (retained and self.clustered)
         topic.kept_by = self.elsewhere(topic.name) if kept else None

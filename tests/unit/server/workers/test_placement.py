@@ -35,3 +35,15 @@ def test_placement_keeps_bounded_topics_with_one_worker_and_retained_ones_everyw
     assert homes[home] is None
     assert Placement().home(b"producer-7") is None  # one process
     assert replicated.home(b"producer-7") is None  # worker 0 keeps the topic
+
+
+def test_a_bound_keeps_a_plain_topic_with_its_keeper_but_not_a_retained_one() -> None:
+    topic = a_topic()
+    topic.max_depth = 10
+    topic.refresh_bounds()
+    keeper = Placement(0, 3).keeper(topic.name)
+    other = Placement((keeper + 1) % 3, 3)
+    other.place(topic, retained=False)
+    assert topic.kept_by == keeper  # its bound is the node's
+    other.place(topic, retained=True)
+    assert topic.kept_by is None  # a partition per worker; the bound holds in each
