@@ -239,7 +239,11 @@ class _Forwarding:
     """Worker A's side of ``--workers`` for ``--forward``: its publishes go over one link."""
 
     def __init__(self, link: object) -> None:
+        from pynsqd.server.workers.placement import Placement
+
         self.link = link
+        #: Worker A of two: where an identified publish's producer lives (none here).
+        self.placement = Placement(0, 2)
 
     def channel_everywhere(self, topic: str, channel: str) -> None:
         return None
@@ -249,7 +253,8 @@ class _Forwarding:
 
 
 class ForwardPubsub(Pubsub):
-    """``--forward``: the MPUB lands on worker A, which does not keep the retained topic's log:
+    """``--forward``: the MPUB lands on worker A, which does not keep the topic (a bounded one,
+    or a retained one on a replicated node):
     A passes it to worker B over a forward link (``server/workers/forward.py``) and answers with B's
     answer; both consumers are on B. What it adds to ``Pubsub`` is the hop. Two fake loops."""
 

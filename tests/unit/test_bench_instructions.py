@@ -11,7 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "instructions.py"
 
 
 def test_the_instruction_benchmark_harness_delivers_and_fins_every_message() -> None:
-    # Plain, every message crossing workers, every MPUB passed to the log's keeper.
+    # Plain, every message crossing workers, every MPUB passed to the worker that keeps the topic.
     for size, batch, extra in (
         (200, 200, ""),
         (10, 7, ""),
