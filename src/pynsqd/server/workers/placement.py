@@ -10,12 +10,13 @@ producer's home worker (``home``: a hash of the producer id), so a producer's se
 in one partition and a retry that reconnects to another worker meets the same dedup index.
 
 A bounded topic that keeps no log (a bound on it or on a channel) is one worker's, so that
-its bound is the node's: that worker is the topic's keeper (``keeper``: a hash of the name). On a replicated
-node worker 0, the cluster's member, keeps every retained topic too (any retained topic may be
-replicated, its settings are in etcd, which only worker 0 reads, and its partition is the
-node's one log of it). Every other worker sets ``kept_by`` to the keeper and passes the topic's
-publishes there (``core/publish.Forward``). One process is a node of one worker
-(``Placement()``): every topic is its own. No I/O: the caller says whether the topic retains.
+its bound is the node's: that worker is the topic's keeper (``keeper``: a hash of the name).
+On a replicated node worker 0, the cluster's member, keeps every retained topic too (any
+retained topic may be replicated, its settings are in etcd, which only worker 0 reads, and
+its partition is the node's one log of it). Every other worker sets ``kept_by`` to the
+keeper and passes the topic's publishes there (``core/publish.Forward``). One process is a
+node of one worker (``Placement()``): every topic is its own. No I/O: the caller says
+whether the topic retains.
 """
 
 from __future__ import annotations
