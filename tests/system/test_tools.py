@@ -4,6 +4,7 @@ directly and through a real nsqlookupd."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import signal
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from queue import Queue
 from typing import IO
@@ -460,6 +461,25 @@ def _stop(proc: subprocess.Popen[bytes], err: Lines, node: Proc) -> None:
     node.log_file.close()
 
 
+@contextlib.contextmanager
+def tool_output(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], Lines, Lines]]:
+    """A tool run with its stdout and stderr read line by line; killed (if it still runs)
+    and its pipes closed after."""
+    proc = subprocess.Popen(
+        [*_tool_command(args[0]), *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        yield proc, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        out.close()
+        err.close()
+
+
 def _tool_command(name: str) -> list[str]:
     path = BIN / name
     return [str(path)] if path.exists() else [sys.executable, "-m", f"pynsqd.tools.{name}"]
@@ -719,14 +739,11 @@ def test_nsq_log_reads_every_workers_partition_of_a_node_and_follows_them(
         # --since a time before the later publishes (whenever nsq_log gets to read the
         # offsets): what each partition takes from then, as it arrives.
         since = f"--since={int(time.time() * 1000)}"
-        follow = subprocess.Popen(
-            [*_tool_command("nsq_log"), "--topic=t", http, since, "--follow", "--n=6"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert follow.stdout is not None and follow.stderr is not None
-        lines = Lines(follow.stdout)
-        try:
+        with tool_output("nsq_log", "--topic=t", http, since, "--follow", "--n=6") as (
+            follow,
+            lines,
+            _,
+        ):
             later = [node.connect() for _ in range(6)]
             try:
                 for i, c in enumerate(later):
@@ -737,12 +754,6 @@ def test_nsq_log_reads_every_workers_partition_of_a_node_and_follows_them(
                     c.close()
             assert sorted(lines.take(6)) == sorted(f"late{i}\n".encode() for i in range(6))
             assert follow.wait(30) == 0
-        finally:
-            if follow.poll() is None:
-                follow.kill()
-            follow.wait()
-            lines.close()
-            follow.stderr.close()
     finally:
         node.stop()
 

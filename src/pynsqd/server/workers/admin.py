@@ -56,6 +56,18 @@ _WS_HOP_HEADERS = _HOP_HEADERS | {"upgrade"}
 _PRIVATE_HEADERS = frozenset({WORKER_HEADER.lower(), CLIENT_HEADER.lower()})
 
 
+def _passed_on(request: BaseRequest) -> dict[str, str]:
+    """A client's request's headers as passed on to another worker: none of one connection's,
+    none only a worker sets, and the client's address for the other worker's log line."""
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in _HOP_HEADERS and k.lower() not in _PRIVATE_HEADERS
+    }
+    headers[CLIENT_HEADER] = client_address(request)
+    return headers
+
+
 class AdminLinks:
     """This worker's HTTP calls to the others (``Workers.admin``)."""
 
@@ -114,57 +126,48 @@ class AdminLinks:
         path_qs: str,
         body: bytes,
         headers: Mapping[str, str] | None = None,
+        *,
+        again: bool = False,
     ) -> tuple[int, bytes]:
         """Status 0: no answer in ``FAN_OUT_TIMEOUT``; ``DROPPED``: the connection went
         without an answer (the worker was killed, or its socket is gone). ``headers``: the
-        client's, passed on (its auth secret)."""
+        client's, passed on (its auth secret). ``again``: an admin call made of a peer until
+        it answers (``FAN_OUT_ATTEMPTS``): one killed while it held the call (which it may or
+        may not have made) is asked again, and the asking waits in its socket, which the
+        supervisor holds, for the worker started in its place; that one has read its state
+        from disk by then, and makes the call on it. Admin calls are idempotent."""
         import aiohttp
 
-        try:
-            async with self._session(peer).request(
-                method,
-                "http://worker" + path_qs,
-                data=body or None,
-                headers={**(headers or {}), WORKER_HEADER: str(self.index)},
-            ) as resp:
-                return resp.status, await resp.read()
-        except TimeoutError as err:
-            return 0, str(err).encode() or b"timed out"
-        except (aiohttp.ClientError, OSError) as err:
-            return DROPPED, str(err).encode()
-
-    async def _ask_again_if_dropped(
-        self,
-        peer: int,
-        method: str,
-        path_qs: str,
-        body: bytes,
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, bytes]:
-        """An admin call made of a peer until it answers: one killed while it held the call
-        (which it may or may not have made) is asked again, and the asking waits in its socket,
-        which the supervisor holds, for the worker started in its place; that one has read its
-        state from disk by then, and makes the call on it. Admin calls are idempotent."""
-        status, text = await self._ask(peer, method, path_qs, body, headers)
-        for _ in range(FAN_OUT_ATTEMPTS - 1):
-            if status != DROPPED:
-                break
-            log.warning(
-                "WORKERS: %s %s on worker %d dropped (%s); asking again",
-                method,
-                path_qs,
-                peer,
-                text[:200].decode(errors="replace"),
-            )
-            status, text = await self._ask(peer, method, path_qs, body, headers)
-        return status, text
+        text = b""
+        for attempt in range(FAN_OUT_ATTEMPTS if again else 1):
+            if attempt:
+                log.warning(
+                    "WORKERS: %s %s on worker %d dropped (%s); asking again",
+                    method,
+                    path_qs,
+                    peer,
+                    text[:200].decode(errors="replace"),
+                )
+            try:
+                async with self._session(peer).request(
+                    method,
+                    "http://worker" + path_qs,
+                    data=body or None,
+                    headers={**(headers or {}), WORKER_HEADER: str(self.index)},
+                ) as resp:
+                    return resp.status, await resp.read()
+            except TimeoutError as err:
+                return 0, str(err).encode() or b"timed out"
+            except (aiohttp.ClientError, OSError) as err:
+                text = str(err).encode()
+        return DROPPED, text
 
     async def fan_out(self, method: str, path_qs: str, body: bytes) -> None:
         """Make the same call of every other worker; a worker that fails it is logged (one
         being restarted reads the change from its own disk or its peers' announcements)."""
         peers = self.peers()
         answers = await asyncio.gather(
-            *(self._ask_again_if_dropped(p, method, path_qs, body) for p in peers)
+            *(self._ask(p, method, path_qs, body, again=True) for p in peers)
         )
         for peer, (status, text) in zip(peers, answers, strict=True):
             if status <= 0 or status >= 500:
@@ -201,12 +204,7 @@ class AdminLinks:
                 if read is None:
                     raise HTTPError(413, "BODY_TOO_BIG")
                 body = read
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in _HOP_HEADERS and k.lower() not in _PRIVATE_HEADERS
-        }
-        headers[CLIENT_HEADER] = client_address(request)  # for its log line
+        headers = _passed_on(request)
         try:
             async with self._session(peer).request(
                 request.method, "http://worker" + request.path_qs, data=body, headers=headers
@@ -293,17 +291,12 @@ class AdminLinks:
         if request.can_read_body:
             read = await read_body(request, self._opts.max_body_size)
             body = read or b""
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in _HOP_HEADERS and k.lower() not in _PRIVATE_HEADERS
-        }
-        headers[CLIENT_HEADER] = client_address(request)  # for its log line
+        headers = _passed_on(request)
         calls = []
         for i, partition in enumerate(self.partitions()):
             query = dict(request.query, partition=str(partition))
             path_qs = request.path + "?" + urllib.parse.urlencode(query)
-            calls.append(self._ask_again_if_dropped(i, request.method, path_qs, body, headers))
+            calls.append(self._ask(i, request.method, path_qs, body, headers, again=True))
         answers = await asyncio.gather(*calls)
         docs: list[tuple[int, dict[str, Any]]] = []
         refusals: list[tuple[int, bytes]] = []
