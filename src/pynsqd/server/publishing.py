@@ -35,7 +35,11 @@ from .client_v2 import Pause
 if TYPE_CHECKING:
     from ..cluster.replicator import Replicator
     from ..core.topic import Topic
-    from .context import Homes
+
+
+class Homes(Protocol):
+    def home(self, producer: bytes) -> int | None:
+        """The worker that makes ``producer``'s identified publishes, when another."""
 
 
 class Forwarding(Protocol):
