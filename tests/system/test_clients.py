@@ -101,8 +101,8 @@ class Node:
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
     if request.param.startswith("4 workers"):  # nsqd --workers 4: one node over four processes
         (tmp_path / "data").mkdir()
-        # ", retained": every topic keeps a log, which one worker keeps; the clients'
-        # publishes landing on the other three are passed to it (server/workers/forward.py).
+        # ", retained": every topic keeps a log, a partition per worker: each worker appends
+        # the clients' publishes it takes to its own.
         retained = ["--retention-time=1h"] if request.param.endswith("retained") else []
         proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=4", *retained)
         try:
@@ -119,7 +119,10 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
             server.stop()
         return
     etcd = Etcd(tmp_path)
-    cluster = Cluster(tmp_path, etcd, 3, "--replicas=3")
+    # A lease that outlives a starved machine's gaps (the suite beside a busy loop on each
+    # core held a node's refresh past the fault tests' 2 s, and it stepped down mid-test):
+    # these tests are about the clients, the lease's expiry is the fault tests'.
+    cluster = Cluster(tmp_path, etcd, 3, "--replicas=3", "--etcd-lease-ttl=10s")
     try:
         n1 = cluster.node(1)
         assert n1.proc is not None
