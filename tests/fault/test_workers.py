@@ -1214,3 +1214,30 @@ def test_a_log_read_of_every_partition_carries_the_readers_secret(data: Path) ->
             assert len(json.loads(body)["partitions"]) == 2
     finally:
         authd.close()
+
+
+def test_a_partition_that_is_no_node_id_or_not_this_nodes_is_one_clear_answer(
+    data: Path,
+) -> None:
+    """``partition=`` on a node of several workers: a value that is no node id is 400
+    INVALID_ARG_PARTITION, another node's id 404 PARTITION_NOT_FOUND naming this node's, on
+    every log endpoint; never a 500 or a traceback."""
+    with started(data, "--workers=2", "--retention-time=1h") as node:
+        assert node.http("POST", "/topic/create?topic=t")[0] == 200
+        base = json.loads(node.http("GET", "/topic/offsets?topic=t")[1])["node_id"]
+        for path in (
+            "GET /topic/offsets?topic=t",
+            "GET /topic/log?topic=t&offset=0",
+            "POST /topic/reader?topic=t&reader=r&offset=0",
+            "POST /channel/rewind?topic=t&channel=c&offset=0",
+            "POST /channel/create?topic=t&channel=c&offset=0",
+        ):
+            method, url = path.split(" ")
+            for bad in ("abc", "-1", "1024", "99999", "1e3", ""):
+                status, text = node.http(method, f"{url}&partition={bad}")
+                assert status == 400 and b"INVALID_ARG_PARTITION" in text, (path, bad, text)
+            other = (base + 5) % 1024
+            status, text = node.http(method, f"{url}&partition={other}")
+            assert status == 404 and b"PARTITION_NOT_FOUND" in text, (path, text)
+            assert json.loads(text)["partitions"] == [base, (base + 1) % 1024]
+        assert "Traceback" not in node.output()
