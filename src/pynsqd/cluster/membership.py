@@ -25,7 +25,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..log import LOGGER_NAME
 from ..options import Options
@@ -53,6 +53,7 @@ class Membership:
         tcp_address: str,
         *,
         now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.opts = opts
         self.node_id = opts.node_id
@@ -60,6 +61,8 @@ class Membership:
         self.etcd = EtcdClient(opts.etcd_endpoints)
         self.ttl = int(opts.etcd_lease_ttl)
         self.now = now
+        #: How the refresh and beat loops wait (a test's clock moves without real time).
+        self.sleep = sleep
         self.data_path = data_path
         self.storage = storage_id(data_path)
         self.me: Member = (self.node_id, self.storage)
@@ -195,14 +198,14 @@ class Membership:
 
     async def _beat_loop(self) -> None:
         while True:
-            await asyncio.sleep(min(BEAT, self.ttl / 3))
+            await self.sleep(min(BEAT, self.ttl / 3))
             if self.lease_alive:
                 with contextlib.suppress(EtcdError):  # the keepalive says what is wrong
                     await self.beat()
 
     async def _refresh_loop(self, on_expired: Callable[[], None]) -> None:
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await self.sleep(self.ttl / 3)
             sent = self.now()
             try:
                 ttl = await self.etcd.keepalive(self.lease)

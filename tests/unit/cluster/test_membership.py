@@ -38,21 +38,33 @@ class SlowWritesEtcd:
 
 def test_a_beat_etcd_is_slow_to_answer_does_not_hold_up_the_lease(tmp_path: Path) -> None:
     async def run() -> tuple[int, int, bool]:
-        # Decided on what happened (refreshes sent, the lease's end moved), not on the clock:
-        # the wait is only a guard against a hang.
-        loop = asyncio.get_running_loop()
+        # A fake clock: each wait moves it and only yields, so the loops run through their
+        # TTL/3 periods without real time; decided on what happened (refreshes sent, the
+        # lease's end moved). The wait_for is only a guard against a hang.
+        clock = [0.0]
+
+        async def sleep(seconds: float) -> None:
+            clock[0] += seconds
+            await asyncio.sleep(0)
+
         opts = Options(
             etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1, etcd_lease_ttl=2
         )
-        member = Membership(opts, str(tmp_path), "127.0.0.1:4151", "127.0.0.1:4150", now=loop.time)
+        member = Membership(
+            opts,
+            str(tmp_path),
+            "127.0.0.1:4151",
+            "127.0.0.1:4150",
+            now=lambda: clock[0],
+            sleep=sleep,
+        )
         etcd = SlowWritesEtcd()
         member.etcd = etcd  # type: ignore[assignment]
-        member.lease, member.lease_until = 7, loop.time() + 1.5
+        member.lease, member.lease_until = 7, 1.5
         granted_until = member.lease_until
         expired: list[bool] = []
         task = asyncio.create_task(member.keepalive_loop(lambda: expired.append(True)))
         try:
-            # Three refreshes take about one TTL; the beat never answers.
             await asyncio.wait_for(etcd.refreshed.wait(), 60)
         except TimeoutError:
             pass
