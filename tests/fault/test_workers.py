@@ -1233,7 +1233,7 @@ def test_a_partition_that_is_no_node_id_or_not_this_nodes_is_one_clear_answer(
             "POST /channel/create?topic=t&channel=c&offset=0",
         ):
             method, url = path.split(" ")
-            for bad in ("abc", "-1", "1024", "99999", "1e3", ""):
+            for bad in ("abc", "-1", "1024", "99999", "1e3", "", "%C2%B2", "%D9%A3"):  # ², ٣
                 status, text = node.http(method, f"{url}&partition={bad}")
                 assert status == 400 and b"INVALID_ARG_PARTITION" in text, (path, bad, text)
             other = (base + 5) % 1024

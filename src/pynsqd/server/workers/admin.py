@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...http.api import BODY_READ, read_body
+from ...http.replay import partition_id
 from ...http.stats import merge_stats
 from ...internal.httpapi import HTTPError
 from ...internal.router import CLIENT_HEADER, WORKER_HEADER
@@ -235,12 +236,11 @@ class AdminLinks:
         """This node's partition names (node ids), by worker."""
         return [(self.base + i) % 1024 for i in range(len(self._admins))]
 
-    def worker_of(self, partition: str) -> int:
-        """The worker whose partition ``partition=`` names; 400 ``INVALID_ARG_PARTITION`` for
-        no node id, 404 ``PARTITION_NOT_FOUND`` for one that is not this node's."""
-        if not partition.isdigit() or len(partition) > 4 or int(partition) >= 1024:
-            raise HTTPError(400, "INVALID_ARG_PARTITION")
-        index = (int(partition) - self.base) % 1024
+    def worker_of(self, partition: int) -> int:
+        """The worker whose partition ``partition=`` names (a node id, checked by
+        ``http/replay.partition_id``); 404 ``PARTITION_NOT_FOUND`` for one that is not this
+        node's."""
+        index = (partition - self.base) % 1024
         if index >= len(self._admins):
             raise HTTPError(404, "PARTITION_NOT_FOUND", {"partitions": self.partitions()})
         return index
@@ -259,14 +259,18 @@ class AdminLinks:
                 path == "/channel/create" and not ("offset" in query or "timestamp" in query)
             ):
                 return await handler(request, params)  # a plain channel: made everywhere
-            if self.clustered or (topic and self.kept(topic) is not None):
-                keeper = self.elsewhere(topic) if topic else None
+            # A topic one worker keeps (a bounded one; on a replicated node, every retained
+            # one): its keeper answers.
+            keeper = (
+                (self.elsewhere(topic) if self.clustered else self.kept(topic)) if topic else None
+            )
+            if self.clustered or keeper is not None:
                 if keeper is None:
                     return await handler(request, params)
                 return await self.proxy(keeper, request, None)
             if path == "/topic/retention":
                 return await handler(request, params)  # every partition's (fanned)
-            partition = query.get("partition")
+            partition = partition_id(params)
             if partition is not None:
                 worker = self.worker_of(partition)
                 if worker == self.index:
