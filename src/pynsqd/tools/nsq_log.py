@@ -66,14 +66,15 @@ def _starts(
     names no other node), each from its own earliest, latest or ``--since`` offset; None when
     an ``--offset`` number is given there without ``--partition`` (it names no partition)."""
     parts = doc.get("partitions")
-    key = "offset" if opts.since else opts.offset
+    # The field of the answer that says where to start (None: --offset is a number).
+    named = (
+        "offset" if opts.since else opts.offset if opts.offset in ("earliest", "latest") else None
+    )
     if partition is not None or not parts or doc.get("nodes"):
-        if key in ("offset", "earliest", "latest"):
-            return {partition: int(doc[key])}
-        return {partition: int(opts.offset)}
-    if key not in ("offset", "earliest", "latest"):
+        return {partition: int(doc[named]) if named else int(opts.offset)}
+    if named is None:
         return None
-    return {int(p["partition"]): int(p[key]) for p in parts}
+    return {int(p["partition"]): int(p[named]) for p in parts}
 
 
 def as_json(r: LogRecord, partition: int | None = None) -> str:
