@@ -318,24 +318,7 @@ class Replicator:
         if not result.succeeded:
             return
         new = list(replace.assignment.replicas)
-        if replace.gone:
-            log.warning(
-                "CLUSTER: partition %s: node(s) %s gone for %gs: its copies re-placed, replicas "
-                "%s -> %s",
-                p.name,
-                list(replace.gone),
-                self.plan.replace_after,
-                p.replicas,
-                new,
-            )
-        else:
-            log.info("CLUSTER: partition %s: replicas %s -> %s", p.name, p.replicas, new)
-        if replace.same_host:
-            log.warning(
-                "CLUSTER: partition %s: fewer hosts than copies: replicas %s share a host",
-                p.name,
-                new,
-            )
+        _say_replaced(p.name, p.replicas, replace, self.plan.replace_after)
         p.replicas = new
 
     def topic_deleted(self, topic: str) -> None:
@@ -407,22 +390,7 @@ class Replicator:
 
     async def _place(self, place: Place) -> None:
         """This node's own partition of a replicated topic it retains: placed and led by it."""
-        if place.short:
-            log.warning(
-                "CLUSTER: topic %s wants %d replicas, %d nodes are live: placing on %s",
-                place.topic,
-                self.state.settings[place.topic].replicas,
-                len(place.assignment.replicas),
-                list(place.assignment.replicas),
-            )
-        if place.same_host:
-            log.warning(
-                "CLUSTER: topic %s: fewer hosts than copies: replicas %s share a host (hosts %s;"
-                " --host-label)",
-                place.topic,
-                list(place.assignment.replicas),
-                sorted(set(self.state.hosts().values())),
-            )
+        _say_placing(place, self.state)
         keys = self.member.keys
         assignment = keys.part(place.topic, self.node_id, "assignment")
         await self.member.etcd.txn(
@@ -559,3 +527,44 @@ class Replicator:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
         (``report.describe``)."""
         return describe(topic, self.partitions, self.state, time.time())
+
+
+def _say_placing(place: Place, state: ClusterState) -> None:
+    """What placing this node's own partition leaves short of the settings, in the log."""
+    if place.short:
+        log.warning(
+            "CLUSTER: topic %s wants %d replicas, %d nodes are live: placing on %s",
+            place.topic,
+            state.settings[place.topic].replicas,
+            len(place.assignment.replicas),
+            list(place.assignment.replicas),
+        )
+    if place.same_host:
+        log.warning(
+            "CLUSTER: topic %s: fewer hosts than copies: replicas %s share a host (hosts %s;"
+            " --host-label)",
+            place.topic,
+            list(place.assignment.replicas),
+            sorted(set(state.hosts().values())),
+        )
+
+
+def _say_replaced(name: str, old: list[int], replace: Replace, after: float) -> None:
+    """A leader's re-placement of its partition's copies, in the log."""
+    new = list(replace.assignment.replicas)
+    if replace.gone:
+        log.warning(
+            "CLUSTER: partition %s: node(s) %s gone for %gs: its copies re-placed, replicas "
+            "%s -> %s",
+            name,
+            list(replace.gone),
+            after,
+            old,
+            new,
+        )
+    else:
+        log.info("CLUSTER: partition %s: replicas %s -> %s", name, old, new)
+    if replace.same_host:
+        log.warning(
+            "CLUSTER: partition %s: fewer hosts than copies: replicas %s share a host", name, new
+        )

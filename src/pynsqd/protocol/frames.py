@@ -6,7 +6,8 @@ A message frame's data is ``[int64 timestamp ns][uint16 attempts][16-byte id][bo
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
@@ -57,6 +58,47 @@ def message_frame_start(body_size: int) -> bytes:
         body_size + 4 + MESSAGE_OVERHEAD, FRAME_TYPE_MESSAGE
     )
     return start
+
+
+class Framed(Protocol):
+    """What a message frame is made of (``core/message.Message``)."""
+
+    @property
+    def id(self) -> bytes: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+
+
+def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None]) -> int:
+    """Append the message frames of ``msgs`` to an output buffer, four parts each: the start
+    (by body size, cached), timestamp + attempts (packed once per run of messages that share
+    them: a publish shares its timestamp), the id and the body (packing each frame whole cost a
+    third more). Returns the bytes appended."""
+    starts = MESSAGE_FRAME_STARTS
+    fixed = MESSAGE_FIXED.pack
+    ts = attempts = -1
+    middle = b""
+    size = 0
+    for m in msgs:
+        body = m.body
+        n = len(body)
+        start = starts.get(n)
+        if start is None:
+            start = message_frame_start(n)
+        if m.timestamp != ts or m.attempts != attempts:
+            ts = m.timestamp
+            attempts = m.attempts
+            middle = fixed(ts, attempts)
+        append(start)
+        append(middle)
+        append(m.id)
+        append(body)
+        size += n
+    return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
 
 
 OK_FRAME = encode_response(OK)

@@ -50,12 +50,10 @@ from ..protocol.errors import ClientError, FatalClientError, ProtocolError
 from ..protocol.frames import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
-    MESSAGE_FIXED,
-    MESSAGE_FRAME_STARTS,
     OK_FRAME,
+    append_message_frames,
     encode_error,
     encode_response,
-    message_frame_start,
 )
 from ..protocol.parser import Event, V2Parser
 from .auth_session import AuthSession
@@ -359,31 +357,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
-        # A frame is four parts: its start (by body size, cached), timestamp + attempts (packed
-        # once per run of messages that share them: a publish shares its timestamp), the id and
-        # the body. Packing each frame whole cost a third more.
-        append = self.out.append
-        starts = MESSAGE_FRAME_STARTS
-        fixed = MESSAGE_FIXED.pack
-        ts = attempts = -1
-        middle = b""
-        size = 0
-        for m in msgs:
-            body = m.body
-            n = len(body)
-            start = starts.get(n)
-            if start is None:
-                start = message_frame_start(n)
-            if m.timestamp != ts or m.attempts != attempts:
-                ts = m.timestamp
-                attempts = m.attempts
-                middle = fixed(ts, attempts)
-            append(start)
-            append(middle)
-            append(m.id)
-            append(body)
-            size += n
-        self._out_bytes += size + 34 * len(msgs)
+        self._out_bytes += append_message_frames(msgs, self.out.append)
         self.sending(len(msgs))
         if (
             self._out_bytes >= self.output_buffer_size

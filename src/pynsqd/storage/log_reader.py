@@ -11,7 +11,7 @@ never delivered (``read_messages``). A gap after damaged records is skipped by e
 
 A closed segment opened from its saved index is checked before any of its records is walked
 or served, each index block once (``Segment.check``): a bad record found then is reported to
-the log (``Readable.damaged``: the segment ends before it, the rest is a gap, a replicated
+the log (``damaged``: the segment ends before it, the rest is a gap, a replicated
 copy fetches it again), so a byte-range copy never serves a record that fails its checksum.
 """
 
@@ -53,18 +53,44 @@ class Readable(Protocol):
     def latest(self) -> int: ...
     @property
     def visible(self) -> int: ...
-    def damaged(self, seg: Segment, at: log_record.Damaged) -> None: ...
+
+    holes: list[tuple[int, int]]
 
 
 def _whole(tlog: Readable, seg: Segment, start: int, end: int) -> bool:
     """Whether ``seg``'s records in the index blocks overlapping ``[start, end)`` are whole
     (``Segment.check``); if not, the log is told and the segment now ends before the first
     bad one."""
-    damaged = seg.check(start, end)
-    if damaged is None:
+    bad = seg.check(start, end)
+    if bad is None:
         return True
-    tlog.damaged(seg, damaged)
+    damaged(tlog, seg, bad)
     return False
+
+
+def damaged(tlog: Readable, seg: Segment, at: log_record.Damaged) -> None:
+    """A block of closed segment ``seg`` failed its check when first read
+    (``Segment.check``): the segment is scanned again from its first record, trusting
+    nothing of its index (a wrong index entry, not the records, may have failed). If the
+    scan stops before the segment's end, it ends there now, and the offsets from there to
+    the next segment are a gap every read skips (``holes``): never served. They count as
+    lost (``lost``): a replicated copy is cut there and fetches them again from a good
+    copy (``cluster/follower.py``), and a leader gives way to one first
+    (``cluster/plan.py``)."""
+    i = tlog.segments.index(seg)
+    seg.scan(truncate=False, log=tlog.log, name=tlog.name)
+    end = tlog.segments[i + 1].base if i + 1 < len(tlog.segments) else seg.next
+    if seg.next < end:
+        tlog.holes = sorted({*tlog.holes, (seg.next, end - 1)})
+        tlog.log.error(
+            "TOPICLOG(%s): segment %d failed its check when read (%s); offsets %d-%d are "
+            "lost here and never served (a replicated copy fetches them again)",
+            tlog.name,
+            seg.base,
+            at,
+            seg.next,
+            end - 1,
+        )
 
 
 def check_offset(tlog: Readable, offset: int) -> None:

@@ -52,7 +52,6 @@ from functools import partial
 
 from ..core.dedup import Dedup
 from ..core.message import Message
-from ..protocol.log_record import Damaged
 from . import durable, log_reader, log_records, producers
 from .atomic import write_atomic
 from .group_sync import GroupSync, SyncJob, SyncWaits
@@ -129,7 +128,7 @@ class TopicLog:
         #: use and kept up to date by every append after that (``storage/producers.py``).
         self.ids = producers.ProducerIndex(self)
         #: Gaps of damaged records in closed segments, found at open or when first read
-        #: (``damaged``): (first, last) offsets, ``lost``.
+        #: (``log_reader.damaged``): (first, last) offsets, ``lost``.
         self.holes: list[tuple[int, int]] = self.files.open()
         durable.fsync(self.files.fd)  # what a restart finds is what the log stands on
         self.synced = self.latest
@@ -466,36 +465,8 @@ class TopicLog:
 
     # -- reading --------------------------------------------------------------------------
 
-    # (``storage/log_reader.py``: the reads, each over this log)
-
-    def check_offset(self, offset: int) -> None:
-        log_reader.check_offset(self, offset)
-
-    def damaged(self, seg: Segment, at: Damaged) -> None:
-        """A block of closed segment ``seg`` failed its check when first read
-        (``Segment.check``): the segment is scanned again from its first record, trusting
-        nothing of its index (a wrong index entry, not the records, may have failed). If the
-        scan stops before the segment's end, it ends there now, and the offsets from there to
-        the next segment are a gap every read skips (``holes``): never served. They count as
-        lost (``lost``): a replicated copy is cut there and fetches them again from a good
-        copy (``cluster/follower.py``), and a leader gives way to one first
-        (``cluster/plan.py``)."""
-        i = self.segments.index(seg)
-        seg.scan(truncate=False, log=self.log, name=self.name)
-        end = self.segments[i + 1].base if i + 1 < len(self.segments) else seg.next
-        if seg.next < end:
-            self.holes = sorted({*self.holes, (seg.next, end - 1)})
-            self.log.error(
-                "TOPICLOG(%s): segment %d failed its check when read (%s); offsets %d-%d are "
-                "lost here and never served (a replicated copy fetches them again)",
-                self.name,
-                seg.base,
-                at,
-                seg.next,
-                end - 1,
-            )
-
     # The readers (``storage/log_reader.py``), as methods.
+    check_offset = log_reader.check_offset
     offset_for_time = log_reader.offset_for_time
     read_range = log_reader.read_range
     read_ranges = log_reader.read_ranges
