@@ -5,7 +5,9 @@ strict serializable) holds what the nodes of a cluster must agree on: who is a m
 each partition, its in-sync set, each topic's replication settings. pynsqd uses five calls of
 etcd's gRPC API, reached through the JSON gateway every etcd 3.4+ serves on its client URL
 (``POST /v3/...``): lease grant / keepalive / revoke, range, put, delete, txn and compaction
-(``compact``: the history of keys written often is dropped every few minutes). Keys and values
+(``compact``: the history of keys written often is dropped every few minutes), and one watch
+(``watch``: a hint that the cluster's state changed, so that it is read again at once rather
+than at the next tick; the state is always what a range read, never the events). Keys and values
 are bytes, base64 in JSON; 64-bit numbers are JSON strings; fields that are zero or false are left
 out of answers (so ``succeeded`` is absent when a txn's compares failed).
 
@@ -36,6 +38,7 @@ __all__ = [
     "EtcdError",
     "KeyValue",
     "TxnResult",
+    "WatchEvent",
     "delete_op",
     "every",
     "prefix_end",
@@ -328,6 +331,48 @@ class EtcdClient:
             ranges,
         )
 
+    # -- watching -------------------------------------------------------------------------
+
+    async def watch(
+        self,
+        prefix: str,
+        start_revision: int,
+        on_events: Callable[[list[WatchEvent]], None],
+    ) -> None:
+        """Watch the keys under ``prefix`` from ``start_revision``: ``on_events`` with each
+        batch of changes, until the stream ends (etcd cancelled it: a compacted revision, a
+        restart) or fails (``EtcdError``). One stream on the endpoint that answered last;
+        a message longer than ``WATCH_MESSAGE_MAX`` ends it (a watch here is a hint to read
+        the state again, never the state itself)."""
+        session = self._get_session()
+        endpoint = self.endpoints[self._current]
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": str(start_revision),
+            }
+        }
+        try:
+            async with session.post(
+                f"{endpoint}/v3/watch",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CALL_TIMEOUT),
+            ) as resp:
+                if resp.status != 200:
+                    raise EtcdError(f"etcd {endpoint} watch: HTTP {resp.status}")
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    while (end := buffer.find(b"\n")) >= 0:
+                        line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
+                        if line.strip() and not _watched(line, on_events):
+                            return
+                    if len(buffer) > WATCH_MESSAGE_MAX:
+                        raise EtcdError(f"etcd {endpoint} watch: a message over 16 MiB")
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise EtcdError(f"etcd {endpoint} watch: {type(err).__name__} {err}") from None
+
     async def wait_ready(self, timeout: float) -> None:
         """Until one endpoint answers a range (a start-up check with a clear error)."""
         deadline = asyncio.get_running_loop().time() + timeout
@@ -339,6 +384,42 @@ class EtcdClient:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.1)
+
+
+#: The longest watch message read (etcd sends one per batch of changes).
+WATCH_MESSAGE_MAX = 16 << 20
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change a watch saw: the key, whether it was deleted, and its version (1: made)."""
+
+    key: str
+    deleted: bool
+    version: int
+
+
+def _watched(line: bytes, on_events: Callable[[list[WatchEvent]], None]) -> bool:
+    """One message of a watch stream, its events passed on; False: the watch is over (etcd
+    cancelled it, or answered an error)."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        raise EtcdError(f"etcd watch: not JSON ({line[:80]!r})") from None
+    result = doc.get("result") if isinstance(doc, dict) else None
+    if not isinstance(result, dict):
+        return False  # {"error": ...}
+    events = [
+        WatchEvent(
+            _unb64(ev.get("kv", {}).get("key")).decode(errors="replace"),
+            ev.get("type") == "DELETE",
+            int(ev.get("kv", {}).get("version", 0)),
+        )
+        for ev in result.get("events") or []
+    ]
+    if events:
+        on_events(events)
+    return not result.get("canceled", False)
 
 
 async def every(

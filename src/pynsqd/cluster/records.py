@@ -97,6 +97,21 @@ class Keys:
     def secret(self) -> str:
         return f"{self.prefix}/secret"
 
+    def moves_partitions(self, key: str, deleted: bool, version: int) -> bool:
+        """Whether a change of ``key`` (seen by a watch) may change what a node does with a
+        partition, so that the cluster is read again at once: a leader, an in-sync set or an
+        assignment written or gone, a topic's settings, a node joining (version 1) or leaving
+        (deleted). Not a beat (a node's key re-written), a channels' checkpoint or the secret:
+        those change every few seconds and wait for the next tick."""
+        if not key.startswith(self.prefix + "/"):
+            return False
+        kind, _, rest = key[len(self.prefix) + 1 :].partition("/")
+        if kind == "parts":
+            return rest.rsplit("/", 1)[-1] in ("leader", "isr", "assignment")
+        if kind == "nodes":
+            return deleted or version == 1
+        return kind == "topics"
+
 
 @dataclass(frozen=True)
 class Stored(Generic[T]):

@@ -33,7 +33,7 @@ from ..options import Options
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .checkpoints import CHECKPOINT_EVERY, ChannelHost, Checkpoints
-from .etcd import Compare, EtcdError, delete_op, every, put_op
+from .etcd import Compare, EtcdError, WatchEvent, delete_op, every, put_op
 from .follower import Following
 from .gate import PublishGate
 from .leader import Leading
@@ -146,6 +146,8 @@ class Replicator:
         self._deleting: set[PartKey] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.compaction = Compaction(now)
+        #: The etcd revision the last ``_refresh`` read the cluster at (``_watch`` from there).
+        self.revision = 0
         #: The cluster's state has been read once: until then no retained topic is known
         #: unreplicated (``PublishGate.gate``).
         self.ready = False
@@ -192,6 +194,7 @@ class Replicator:
         self._tasks.append(
             asyncio.create_task(every(TICK, self._refresh, "read the cluster", self._wake))
         )
+        self._tasks.append(asyncio.create_task(self._watch()))
         self._tasks.append(
             asyncio.create_task(every(CHECKPOINT_EVERY, self.checkpoints.write, "checkpoint"))
         )
@@ -237,6 +240,7 @@ class Replicator:
     async def _refresh(self) -> None:
         keys = self.member.keys
         kvs, revision = await self.member.etcd.get_prefix(keys.prefix + "/")
+        self.revision = revision
         compact_to = self.compaction.due(revision)
         if compact_to is not None:
             await self.member.etcd.compact(compact_to)
@@ -287,6 +291,24 @@ class Replicator:
         self.publishing.wake_writable()  # a partition taken back takes its publishes
         if self._deleting:
             await self._delete_keys()
+
+    async def _watch(self) -> None:
+        """Read the cluster again as soon as a change that moves a partition is seen
+        (``Keys.moves_partitions``), not at the next tick: a follower fetches from a new
+        leader, a restarted node's take-back is acknowledged by its followers, a lease's end
+        is acted on, within a round trip. A hint only: the state is what ``_refresh`` reads,
+        which still runs every tick; a watch that fails or ends is opened again after one."""
+        keys = self.member.keys
+
+        def seen(events: list[WatchEvent]) -> None:
+            if any(keys.moves_partitions(e.key, e.deleted, e.version) for e in events):
+                self._wake.set()
+
+        while True:
+            # etcd's outage is said by the calls; the ticks go on meanwhile.
+            with contextlib.suppress(EtcdError):
+                await self.member.etcd.watch(keys.prefix + "/", self.revision + 1, seen)
+            await asyncio.sleep(TICK)
 
     def _take(self, state: ClusterState) -> dict[PartKey, Partition | None]:
         """The cluster as read, and a copy for each partition it places on this node, in one
