@@ -246,6 +246,16 @@ class Options:
     )
     max_req_timeout: float = opt(3600.0, "maximum requeuing timeout for a message", kind="duration")
     max_body_size: int = opt(5242880, "maximum size of a single command body", positive=True)
+    max_headers: int = opt(
+        16,
+        "pynsqd: most headers a message may carry (for clients that negotiate headers in IDENTIFY; 0: headers are refused)",
+        check=checks.within(0, 4096, "0 to 4096"),
+    )
+    max_header_bytes: int = opt(
+        4096,
+        "pynsqd: most bytes of a message's headers, names and values encoded",
+        check=checks.within(0, 65535, "0 to 65535"),
+    )
     # -- client overridable
     max_heartbeat_interval: float = opt(
         60.0,

@@ -67,6 +67,9 @@ PYNSQD_FLAGS = {
     "replica-lag-max",
     "replica-stall-max",
     "replica-replace-after",
+    # message headers, for clients that ask for them in IDENTIFY (docs/headers.md)
+    "max-headers",
+    "max-header-bytes",
 }
 
 

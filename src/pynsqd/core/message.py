@@ -8,6 +8,11 @@ from typing import Any, Protocol
 
 #: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
 _ENCODED_HEADER = struct.Struct(">qH")
+#: pynsqd: a stored message with headers (``protocol/headers.py``) has the timestamp's sign bit
+#: set (a real one never has: nanoseconds since 1970) and its body starts with
+#: ``[uint16 block length][block]``. Every other message is nsqd's encoding exactly.
+WITH_HEADERS = 1 << 63
+_BLOCK_LEN = struct.Struct(">H")
 ENCODED_OVERHEAD = 26
 MAX_ATTEMPTS = 0xFFFF
 #: The furthest a deferral may reach (ten years): a due time stored past it is corruption, and
@@ -90,16 +95,21 @@ class Message:
         "client",
         "defer_until_ns",
         "delivery_ts",
+        "headers",
         "id",
         "timestamp",
         "tq_seq",
     )
 
-    def __init__(self, msg_id: bytes, body: bytes, timestamp: int, attempts: int = 0) -> None:
+    def __init__(
+        self, msg_id: bytes, body: bytes, timestamp: int, attempts: int = 0, headers: bytes = b""
+    ) -> None:
         self.id = msg_id
         self.body = body
         self.timestamp = timestamp
         self.attempts = attempts
+        #: Its header block (``protocol/headers.py``); empty: none (nsqd's message).
+        self.headers = headers
         self.client: ConsumerLike | None = None
         self.delivery_ts = 0.0
         self.tq_seq = 0
@@ -107,7 +117,13 @@ class Message:
         self.defer_until_ns = 0
 
     @classmethod
-    def many(cls, ids: list[bytes], bodies: list[bytes], timestamp: int) -> list[Message]:
+    def many(
+        cls,
+        ids: list[bytes],
+        bodies: list[bytes],
+        timestamp: int,
+        headers: list[bytes] | None = None,
+    ) -> list[Message]:
         """Fresh messages for one publish, as ``Message(id, body, timestamp)`` makes them.
 
         Made by ``object.__new__`` from C and filled here in one loop: a fifth cheaper than
@@ -124,20 +140,35 @@ class Message:
             m.delivery_ts = 0.0
             m.tq_seq = 0
             m.defer_until_ns = 0
+            m.headers = b""
+        if headers is not None:
+            for m, block in zip(msgs, headers, strict=True):
+                m.headers = block
         return msgs
 
     def copy(self) -> Message:
         """A fresh copy for another channel: same id, body and timestamp; no channel state."""
-        m = Message(self.id, self.body, self.timestamp, self.attempts)
+        m = Message(self.id, self.body, self.timestamp, self.attempts, self.headers)
         m.defer_until_ns = self.defer_until_ns
         return m
 
     def encode(self) -> bytes:
-        """nsqd's encoding (``WriteTo``), as stored in the disk queue."""
+        """nsqd's encoding (``WriteTo``), as stored in the disk queue (with headers: see
+        ``WITH_HEADERS``)."""
+        if self.headers:
+            return self.encode_head() + self.body
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id + self.body
 
     def encode_head(self) -> bytes:
         """What precedes the body in :meth:`encode` (to write a large body without copying)."""
+        block = self.headers
+        if block:
+            return (
+                _ENCODED_HEADER.pack(self.timestamp - WITH_HEADERS, self.attempts)
+                + self.id
+                + _BLOCK_LEN.pack(len(block))
+                + block
+            )
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id
 
     def __repr__(self) -> str:
@@ -150,6 +181,7 @@ class Message:
             and self.body == other.body
             and self.timestamp == other.timestamp
             and self.attempts == other.attempts
+            and self.headers == other.headers
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -160,7 +192,15 @@ def decode_message(data: bytes) -> Message:
     if len(data) < ENCODED_OVERHEAD:
         raise ValueError(f"invalid message buffer size ({len(data)})")
     ts, attempts = _unpack_header(data)
-    return Message(data[10:26], data[26:], ts, attempts)
+    if ts >= 0:
+        return Message(data[10:26], data[26:], ts, attempts)
+    if len(data) < ENCODED_OVERHEAD + 2:
+        raise ValueError(f"invalid message buffer size ({len(data)}) for its headers")
+    (size,) = _BLOCK_LEN.unpack_from(data, 26)
+    if 28 + size > len(data):
+        raise ValueError(f"a header block of {size} bytes in a record of {len(data)}")
+    block = data[28 : 28 + size]
+    return Message(data[10:26], data[28 + size :], ts + WITH_HEADERS, attempts, block)
 
 
 _unpack_header = _ENCODED_HEADER.unpack_from

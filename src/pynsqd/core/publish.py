@@ -156,10 +156,12 @@ def decide(
     replication: Replication | None = None,
     forwarded: bool = False,
     home: Callable[[bytes], int | None] | None = None,
+    headers: list[bytes] | None = None,
 ) -> Outcome:
     """The one publish decision (this module's docstring). ``identity``: an idempotent
     publish's producer and first sequence number; ``forwarded``: it came over a worker link;
-    ``home``: the worker that makes a producer's publishes, when another (``--workers``)."""
+    ``home``: the worker that makes a producer's publishes, when another (``--workers``);
+    ``headers``: each message's header block (``protocol/headers.py``), None: none has any."""
     if topic.exiting:
         return Refused(Refusal.EXITING, "exiting")
     if not forwarded:
@@ -185,9 +187,9 @@ def decide(
         if replication is not None:
             waits = replication.publishing.gate(topic.name)
         if identity is None:
-            end = topic.put_bodies(bodies, defer_ms)
+            end = topic.put_bodies(bodies, defer_ms, headers)
         else:
-            dups, end = topic.put_identified(bodies, defer_ms, *identity)
+            dups, end = topic.put_identified(bodies, defer_ms, *identity, headers=headers)
     except NotYetWritable:
         return WaitWritable()
     except DedupError as err:

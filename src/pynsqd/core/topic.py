@@ -156,16 +156,19 @@ class Topic:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def put_bodies(self, bodies: list[bytes], defer_ms: int = 0) -> int:
-        """PUB, MPUB, DPUB: make messages with fresh IDs and publish them. Returns the log's
-        offset past them (-1: the topic keeps no log). Raises OSError (not stored) or QueueFull
-        (a bounded queue with policy reject has no room: nothing stored)."""
+    def put_bodies(
+        self, bodies: list[bytes], defer_ms: int = 0, headers: list[bytes] | None = None
+    ) -> int:
+        """PUB, MPUB, DPUB: make messages with fresh IDs (and ``headers``: their header
+        blocks) and publish them. Returns the log's offset past them (-1: the topic keeps no
+        log). Raises OSError (not stored) or QueueFull (a bounded queue with policy reject has
+        no room: nothing stored)."""
         if self.bounded:
             self._check_room(len(bodies), sum(map(len, bodies)))
         if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
             body = bodies[0]
             ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
-            one = [Message(ids[0], body, time.time_ns())]
+            one = [Message(ids[0], body, time.time_ns(), 0, headers[0] if headers else b"")]
             end = -1
             if self.log is not None:
                 end = self._put_logged(one)
@@ -179,7 +182,7 @@ class Topic:
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
-        msgs = Message.many(ids, bodies, ts)
+        msgs = Message.many(ids, bodies, ts, headers)
         if defer_ms:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
@@ -196,7 +199,12 @@ class Topic:
         return end
 
     def put_identified(
-        self, bodies: list[bytes], defer_ms: int, producer: bytes, first: int
+        self,
+        bodies: list[bytes],
+        defer_ms: int,
+        producer: bytes,
+        first: int,
+        headers: list[bytes] | None = None,
     ) -> tuple[int, int]:
         """An idempotent PUB, MPUB or DPUB (``core/dedup.py``): the messages numbered from
         ``first`` that the log already holds are not written again. Returns (how many were
@@ -222,7 +230,7 @@ class Topic:
             self._check_room(len(new), sum(map(len, new)))
         ts = now
         ids = self.guid.new_ids(len(new)) if self.origin is None else self._offset_ids(len(new))
-        msgs = Message.many(ids, new, ts)
+        msgs = Message.many(ids, new, ts, headers[dups:] if headers is not None else None)
         if defer_ms:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
@@ -261,7 +269,10 @@ class Topic:
             self._check_room(len(msgs), sum(len(m.body) for m in msgs))
         if self.origin is not None:  # a replicated topic's IDs say where a message is
             ids = self._offset_ids(len(msgs))
-            msgs = [Message(i, m.body, m.timestamp) for i, m in zip(ids, msgs, strict=True)]
+            msgs = [
+                Message(i, m.body, m.timestamp, 0, m.headers)
+                for i, m in zip(ids, msgs, strict=True)
+            ]
         if self.log is not None:
             self._put_logged(msgs)
         else:

@@ -40,6 +40,8 @@ class IdentifyData(NamedTuple):
     topology_zone: str
     #: pynsqd: PUB, MPUB and DPUB may name a producer and a sequence number.
     idempotent_publish: bool = False
+    #: pynsqd: bodies sent and messages received carry header blocks (``protocol/headers.py``).
+    headers: bool = False
 
 
 class Identify(NamedTuple):

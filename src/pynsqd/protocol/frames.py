@@ -71,6 +71,8 @@ class Framed(Protocol):
     def timestamp(self) -> int: ...
     @property
     def attempts(self) -> int: ...
+    @property
+    def headers(self) -> bytes: ...
 
 
 def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None]) -> int:
@@ -97,6 +99,28 @@ def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None
         append(middle)
         append(m.id)
         append(body)
+        size += n
+    return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
+
+
+_BLOCK_LEN = struct.Struct(">H")
+
+
+def append_message_frames_with_headers(
+    msgs: Sequence[Framed], append: Callable[[bytes], None]
+) -> int:
+    """``append_message_frames`` for a client that negotiated headers
+    (``protocol/headers.py``): each frame's body is ``[uint16 block length][block][body]``."""
+    size = 0
+    pack = _FRAME_HEADER.pack
+    for m in msgs:
+        block = m.headers
+        n = 2 + len(block) + len(m.body)
+        append(pack(n + 4 + MESSAGE_OVERHEAD, FRAME_TYPE_MESSAGE))
+        append(MESSAGE_FIXED.pack(m.timestamp, m.attempts))
+        append(m.id)
+        append(_BLOCK_LEN.pack(len(block)) + block)
+        append(m.body)
         size += n
     return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
 

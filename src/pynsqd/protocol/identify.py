@@ -32,6 +32,10 @@ class ProtocolConfig:
     tls_required: bool = False
     #: nsqd reads commands with a 16 KiB bufio.Reader: a longer line cannot be read.
     max_line_length: int = 16 * 1024
+    #: pynsqd: message headers (``protocol/headers.py``): most per message (0: a client that
+    #: asks is answered ``"headers": false``) and most bytes of a message's block.
+    max_headers: int = 0
+    max_header_bytes: int = 4096
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -57,6 +61,8 @@ _FIELDS: dict[str, str] = {
     # pynsqd (core/dedup.py): a JSON boolean, nothing else, not even null (a client asking in
     # another form would otherwise be left without it and its retries written twice)
     "idempotent_publish": "flag",
+    # pynsqd (protocol/headers.py): messages with headers, both ways
+    "headers": "flag",
 }
 
 
@@ -216,4 +222,5 @@ def parse_identify(body: bytes, config: ProtocolConfig) -> IdentifyData:
         topology_region=f.get("topology_region", ""),
         topology_zone=f.get("topology_zone", ""),
         idempotent_publish=f.get("idempotent_publish", False),
+        headers=f.get("headers", False),
     )

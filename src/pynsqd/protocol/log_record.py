@@ -15,7 +15,9 @@ Layout (big-endian)::
     uint16 flags: IDENTIFIED (0x8000): an idempotent publish's identity follows;
            IDENTIFIED_NEXT (0x4000): the next message of the same publish (below);
            CRC_OFFSET (0x2000): the checksum covers the offset (every record written
-           since 2026-11; a log written before has records without it, checked as written)
+           since 2026-11; a log written before has records without it, checked as written);
+           HEADERS (0x1000): the body starts with the message's header block
+           (``[uint16 length][block]``, ``protocol/headers.py``)
     uint32 deferral in ms (DPUB), else 0
     -- only with IDENTIFIED (``core/dedup.py``):
     uint8  producer id length (1..128)
@@ -45,6 +47,7 @@ __all__ = [
     "CRC_START",
     "FLAG_BITS",
     "HEAD",
+    "HEADERS",
     "HEADER_SIZE",
     "IDENTIFIED",
     "IDENTIFIED_NEXT",
@@ -84,8 +87,11 @@ IDENTIFIED = 0x8000
 IDENTIFIED_NEXT = 0x4000
 #: The flags bit of a record whose checksum covers its offset too (``crc_seed``).
 CRC_OFFSET = 0x2000
+#: The flags bit of a record whose message has headers: its body starts with their block.
+HEADERS = 0x1000
 #: Every flags bit of the record layout (the rest of the field is the message's attempts: 0).
-FLAG_BITS = IDENTIFIED | IDENTIFIED_NEXT | CRC_OFFSET
+FLAG_BITS = IDENTIFIED | IDENTIFIED_NEXT | CRC_OFFSET | HEADERS
+_BLOCK_LEN = struct.Struct(">H")
 #: (producer, sequence, offset) the next record continues, when it is IDENTIFIED_NEXT.
 Follow = tuple[bytes, int, int]
 #: Where the flags field is, from a record's start.
@@ -155,6 +161,18 @@ class LogRecord:
     #: An idempotent publish's identity (``core/dedup.py``); b"" and -1 without one.
     producer: bytes = b""
     sequence: int = -1
+    #: The message's header block (``protocol/headers.py``); b"": none.
+    headers: bytes = b""
+
+
+def split_headers(body: bytes) -> tuple[bytes, bytes] | None:
+    """A HEADERS record's body as (block, body); None when its block does not fit in it."""
+    if len(body) < 2:
+        return None
+    (size,) = _BLOCK_LEN.unpack_from(body)
+    if 2 + size > len(body):
+        return None
+    return body[2 : 2 + size], body[2 + size :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +197,15 @@ def encode_record(
     defer_ms: int,
     body: bytes,
     identity: tuple[bytes, int] | None = None,
+    headers: bytes = b"",
 ) -> tuple[bytes, bytes]:
-    """The record as (header, body): written together, the body is not copied here."""
+    """The record as (header, body): written together, the body is not copied here (it is
+    with ``headers``: the block goes before it)."""
     ext = b"" if identity is None else identity_ext(*identity)
     attempts |= CRC_OFFSET
+    if headers:
+        attempts |= HEADERS
+        body = _BLOCK_LEN.pack(len(headers)) + headers + body
     if ext:
         attempts |= IDENTIFIED
     tail = TAIL.pack(TAIL_FIXED + len(ext) + len(body), timestamp, msg_id, attempts, defer_ms)
@@ -240,8 +263,16 @@ def scan_records(
             producer, seq = follow[0], follow[1]
         follow = (producer, seq + 1, offset + 1) if seq >= 0 else None
         body = bytes(data[start:stop])
+        block = b""
+        if attempts & HEADERS:
+            split = split_headers(body)
+            if split is None:
+                return out, Damaged(pos, offset, "a bad header block")
+            block, body = split
         flags_off = attempts & ~FLAG_BITS
-        out.append(LogRecord(offset, ts, bytes(msg_id), flags_off, defer_ms, body, producer, seq))
+        out.append(
+            LogRecord(offset, ts, bytes(msg_id), flags_off, defer_ms, body, producer, seq, block)
+        )
         pos = stop
     return out, None
 

@@ -14,6 +14,7 @@ import time
 
 from ..core.message import ConsumerCounts
 from ..protocol.commands import IdentifyData
+from ..protocol.headers import HeaderLimits
 from ..protocol.identify import ProtocolConfig
 from .auth import AuthState
 
@@ -43,6 +44,7 @@ class ClientV2State(ConsumerCounts):
         self.topology_region = ""
         self.connect_ts = int(time.time())
         # -- negotiated settings -----------------------------------------------------------
+        self.config = config
         self.heartbeat_interval = config.heartbeat_interval_ms / 1000
         self.msg_timeout = msg_timeout
         self.output_buffer_size = config.output_buffer_size
@@ -63,6 +65,9 @@ class ClientV2State(ConsumerCounts):
         self.snappy = False
         self.deflate = False
         self.deflate_level = 0
+        #: pynsqd: IDENTIFY negotiated message headers (``protocol/headers.py``): its bodies
+        #: and messages carry header blocks; None: not negotiated.
+        self.headers: HeaderLimits | None = None
         # -- AUTH (set by the AUTH session) ------------------------------------------------
         self.auth_state: AuthState | None = None
 
@@ -78,6 +83,9 @@ class ClientV2State(ConsumerCounts):
         self.output_buffer_timeout = d.output_buffer_timeout_ms / 1000
         self.sample_rate = d.sample_rate
         self.msg_timeout = d.msg_timeout_ms / 1000
+        # Headers only where the client can learn it has them (the negotiation's answer).
+        if d.headers and d.feature_negotiation and self.config.max_headers > 0:
+            self.headers = HeaderLimits(self.config.max_headers, self.config.max_header_bytes)
 
     # -- counters, moved by what happened (nsqd's SendingMessage, FinishedMessage, ...) ------
 

@@ -98,7 +98,7 @@ class Lifecycles:
         if dl.exiting:
             return OSError(f"dead-letter topic {target} is being deleted")
         try:
-            dl.publish_existing([Message(m.id, m.body, m.timestamp) for m in msgs])
+            dl.publish_existing([Message(m.id, m.body, m.timestamp, 0, m.headers) for m in msgs])
         except (OSError, QueueFull) as err:
             return err
         log.info(

@@ -82,6 +82,10 @@ class NSQD:
         self.opts = opts
         self.loop = loop or asyncio.get_running_loop()
         self.protocol_config = protocol_config(opts)
+        if worker is not None and worker.count > 1:
+            # Headers do not cross the links between workers yet: a node of several workers
+            # answers a client that asks for them ``"headers": false`` (and HTTP refuses them).
+            self.protocol_config = dataclasses.replace(self.protocol_config, max_headers=0)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self.start_time = int(time.time())
@@ -250,7 +254,8 @@ class NSQD:
                 self.data_path,
                 max_bytes_per_file=opts.max_bytes_per_file,
                 min_msg_size=ENCODED_OVERHEAD,
-                max_msg_size=opts.max_msg_size + ENCODED_OVERHEAD,
+                # (a message with headers stores its block before its body)
+                max_msg_size=opts.max_msg_size + ENCODED_OVERHEAD + 2 + opts.max_header_bytes,
                 sync_every=opts.sync_every,
                 sync_timeout=opts.sync_timeout,
                 logger=log,

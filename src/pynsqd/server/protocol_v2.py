@@ -52,6 +52,7 @@ from ..protocol.frames import (
     HEARTBEAT_FRAME,
     OK_FRAME,
     append_message_frames,
+    append_message_frames_with_headers,
     encode_error,
     encode_response,
 )
@@ -357,7 +358,10 @@ class ClientV2(ClientV2State, asyncio.Protocol):
 
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
-        self._out_bytes += append_message_frames(msgs, self.out.append)
+        if self.headers is None:
+            self._out_bytes += append_message_frames(msgs, self.out.append)
+        else:
+            self._out_bytes += append_message_frames_with_headers(msgs, self.out.append)
         self.sending(len(msgs))
         if (
             self._out_bytes >= self.output_buffer_size

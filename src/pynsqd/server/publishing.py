@@ -26,10 +26,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..core import publish as decision
-from ..protocol import encode
+from ..protocol import encode, headers
 from ..protocol.commands import Identity
 from ..protocol.errors import ClientError, FatalClientError, ProtocolError
 from ..protocol.frames import OK, OK_FRAME, encode_error, encode_response, ok_answer
+from ..protocol.headers import HeaderLimits
 from .client_v2 import Pause
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class Publisher(Protocol):
     def nsqd(self) -> PublishHost: ...
 
     closed: bool
+    #: Negotiated message headers (``protocol/headers.py``); None: not negotiated.
+    headers: HeaderLimits | None
 
     def published(self, topic: str, n: int) -> None: ...
     def send_frame(self, frame: bytes) -> None: ...
@@ -101,6 +104,10 @@ class Publishing:
         """PUB, MPUB, DPUB: decided, then carried out. Raises the refusal's ProtocolError."""
         conn = self.conn
         nsqd = conn.nsqd
+        blocks = None
+        sent = bodies  # as the client sent them (a publish decided again starts from these)
+        if conn.headers is not None:  # negotiated: each body starts with its header block
+            bodies, blocks = split_bodies(cmd, bodies, conn.headers)
         topic = nsqd.get_topic(topic_name)
         replication = nsqd.replication
         ident = None if identity is None else (identity.producer, identity.sequence)
@@ -112,6 +119,7 @@ class Publishing:
             replication=replication,
             forwarded=self.forwarded,
             home=nsqd.workers.placement.home,
+            headers=blocks,
         )
         if isinstance(outcome, decision.Done):
             conn.published(topic_name, outcome.written)
@@ -128,7 +136,7 @@ class Publishing:
             conn.pause(Pause.WRITABLE)
             replication.publishing.when_writable(
                 topic_name,
-                lambda why: self._writable(cmd, topic_name, bodies, defer_ms, identity, why),
+                lambda why: self._writable(cmd, topic_name, sent, defer_ms, identity, why),
             )
         else:
             raise self.refused(cmd, outcome)
@@ -217,6 +225,23 @@ class Publishing:
         if conn.paused is None:  # answered: the commands behind it go on
             conn.paused = Pause.WRITABLE
             conn.resume()
+
+
+def split_bodies(
+    cmd: str, bodies: list[bytes], limits: HeaderLimits
+) -> tuple[list[bytes], list[bytes] | None]:
+    """A negotiated client's bodies (``[uint16 length][block][body]``) as (bodies, blocks);
+    blocks None when no message has headers. Raises ``E_BAD_MESSAGE`` naming the rule."""
+    plain: list[bytes] = []
+    blocks: list[bytes] = []
+    try:
+        for data in bodies:
+            block, body = headers.split_body(data, limits)
+            blocks.append(block)
+            plain.append(body)
+    except headers.HeaderError as err:
+        raise FatalClientError("E_BAD_MESSAGE", f"{cmd} {err}") from None
+    return plain, (blocks if any(blocks) else None)
 
 
 def ok_frame(duplicates: int) -> bytes:

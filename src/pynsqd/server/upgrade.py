@@ -20,6 +20,7 @@ from .. import NSQD_VERSION
 from ..protocol.commands import IdentifyData
 from ..protocol.errors import FatalClientError, ProtocolError
 from ..protocol.frames import OK_FRAME
+from ..protocol.headers import HeaderLimits
 from ..protocol.parser import V2Parser
 from .client_v2 import Pause
 from .context import ConnectionContext
@@ -56,6 +57,7 @@ class Upgradable(Protocol):
     snappy: bool
     deflate: bool
     deflate_level: int
+    headers: HeaderLimits | None
 
     def flush(self) -> None: ...
     def pause(self, why: Pause) -> None: ...
@@ -112,6 +114,11 @@ class Upgrade:
         }
         if d.idempotent_publish:  # pynsqd (core/dedup.py); absent unless asked for
             reply["idempotent_publish"] = True
+        if d.headers:  # pynsqd (protocol/headers.py): whether it has them; absent unless asked
+            reply["headers"] = conn.headers is not None
+            if conn.headers is not None:
+                reply["max_headers"] = conn.headers.max_count
+                reply["max_header_bytes"] = conn.headers.max_bytes
         codec: Transform | None = None
         if deflate:
             codec = DeflateTransform(deflate_level)

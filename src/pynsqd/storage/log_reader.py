@@ -25,7 +25,7 @@ from typing import Protocol
 from ..core.dedup import Dedup
 from ..core.message import Message
 from ..protocol import log_record
-from ..protocol.log_record import HEADER_SIZE, IDENTIFIED, Follow, body_start, crc_holds
+from ..protocol.log_record import HEADER_SIZE, HEADERS, IDENTIFIED, Follow, body_start, crc_holds
 from .segment import LogRange, Segment
 
 _HEAD, _TAIL = log_record.HEAD, log_record.TAIL
@@ -236,7 +236,19 @@ def read_messages(
         start = pos + HEADER_SIZE
         if flags & IDENTIFIED:
             start = body_start(data, pos, flags)[0]
-        m = Message(msg_id, data[start:stop], ts)
+        if flags & HEADERS:
+            split = log_record.split_headers(data[start:stop])
+            if split is None:
+                tlog.log.error(
+                    "TOPICLOG(%s): record at offset %d has a bad header block; skipped",
+                    tlog.name,
+                    rec_offset,
+                )
+                pos = stop
+                continue
+            m = Message(msg_id, split[1], ts, 0, split[0])
+        else:
+            m = Message(msg_id, data[start:stop], ts)
         if defer_ms:
             m.defer_until_ns = ts + defer_ms * 1_000_000
         msgs.append(m)

@@ -12,6 +12,7 @@ The layout is ``protocol/log_record.py``'s.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ from ..protocol.log_record import (
     CRC_OFFSET,
     FLAGS_AT,
     HEADER_SIZE,
+    HEADERS,
     IDENTIFIED,
     IDENTIFIED_NEXT,
     body_start,
@@ -33,6 +35,7 @@ from .segment import INDEX_INTERVAL
 __all__ = ["Checked", "Encoded", "check", "encode"]
 
 _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
+_BLOCK_LEN = struct.Struct(">H")
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
 _IDENTIFIED_ANY = (IDENTIFIED | IDENTIFIED_NEXT) >> 8
 _MASK = 0xFFFFFFFF
@@ -81,6 +84,10 @@ def encode(
         producer, seq = identity
         m = next(records)
         body = m.body
+        first_flags = IDENTIFIED | CRC_OFFSET
+        if m.headers:
+            body = _BLOCK_LEN.pack(len(m.headers)) + m.headers + body
+            first_flags |= HEADERS
         ts = m.timestamp
         defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
         plen = len(producer)
@@ -88,7 +95,7 @@ def encode(
             _TAIL_FIXED + 9 + plen + len(body),
             ts,
             m.id,
-            IDENTIFIED | CRC_OFFSET,
+            first_flags,
             defer,
             plen,
             producer,
@@ -105,7 +112,11 @@ def encode(
         body = m.body
         ts = m.timestamp
         defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
-        t = tail(_TAIL_FIXED + len(body), ts, m.id, flags, defer)
+        if m.headers:  # ``log_record.HEADERS``: the block before the body
+            body = _BLOCK_LEN.pack(len(m.headers)) + m.headers + body
+            t = tail(_TAIL_FIXED + len(body), ts, m.id, flags | HEADERS, defer)
+        else:
+            t = tail(_TAIL_FIXED + len(body), ts, m.id, flags, defer)
         if pos >= index_from:
             entries.append((offset, pos, ts))
             index_from = pos + INDEX_INTERVAL

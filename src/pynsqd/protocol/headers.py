@@ -1,0 +1,115 @@
+"""pynsqd: message headers (name/value pairs beside the body), negotiated in IDENTIFY.
+
+Theory of operation. NSQ's message is a body and nothing else; Kafka has record headers
+(KIP-82), NATS and Pulsar have them too, and tracing (W3C ``traceparent``) rides on them. Here a
+message may carry a few headers; a client sees them only if it asked (IDENTIFY
+``"headers": true``, answered ``"headers": true`` where the node has them), and every other
+client sees nsqd's messages exactly: the same frames, the same bodies.
+
+The encoding, one **block** per message, on the wire and on disk alike::
+
+    [uint8 name length][name][uint16 value length][value]   repeated, nothing else
+
+A name is 1-255 bytes of lowercase ASCII letters, digits and ``-_.`` (HTTP's field names,
+folded: ``/pub`` takes them from request headers); a value is any bytes. A message's block is
+at most ``max_bytes`` (``--max-header-bytes``, at most 65,535) and holds at most ``max_count``
+pairs (``--max-headers``); a block that breaks a rule is refused whole, with the rule named.
+
+A negotiated client sends each body of PUB, MPUB and DPUB as ``[uint16 block length][block]
+[body]`` (length 0: no headers) and receives each message frame's data as ``[timestamp]
+[attempts][id][uint16 block length][block][body]``. Stored messages keep the block beside the
+body (``core/message.py``: the disk queues; ``protocol/log_record.py``: the retained log).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "HeaderError",
+    "HeaderLimits",
+    "decode",
+    "encode",
+    "split_body",
+]
+
+_LEN = struct.Struct(">H")
+_NAME = re.compile(rb"[a-z0-9][a-z0-9_.\-]*")
+#: The most a block can hold: its length is a uint16.
+MAX_BLOCK = 0xFFFF
+
+
+class HeaderError(ValueError):
+    """A header block that breaks a rule (the message says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderLimits:
+    """``--max-headers`` and ``--max-header-bytes``."""
+
+    max_count: int = 16
+    max_bytes: int = 4096
+
+
+def encode(pairs: list[tuple[str, bytes]], limits: HeaderLimits | None = None) -> bytes:
+    """The block of ``pairs`` (names folded to lowercase); raises HeaderError."""
+    out = bytearray()
+    for name, value in pairs:
+        raw = name.lower().encode("ascii", "replace")
+        if not 0 < len(raw) <= 255 or not _NAME.fullmatch(raw):
+            raise HeaderError(f"header name {name!r} is invalid (1-255 of a-z 0-9 - _ .)")
+        if len(value) > MAX_BLOCK:
+            raise HeaderError(f"header {name!r} value is {len(value)} bytes (most {MAX_BLOCK})")
+        out += bytes((len(raw),)) + raw + _LEN.pack(len(value)) + value
+    block = bytes(out)
+    check(block, limits or HeaderLimits(max_bytes=MAX_BLOCK, max_count=MAX_BLOCK))
+    return block
+
+
+def decode(block: bytes | memoryview) -> list[tuple[str, bytes]]:
+    """The pairs of ``block``, in order; raises HeaderError when it is not a block."""
+    pairs = []
+    pos, end = 0, len(block)
+    while pos < end:
+        n = block[pos]
+        name = bytes(block[pos + 1 : pos + 1 + n])
+        pos += 1 + n
+        if n == 0 or len(name) < n or pos + 2 > end or not _NAME.fullmatch(name):
+            raise HeaderError("a header name is invalid or cut short")
+        (size,) = _LEN.unpack_from(block, pos)
+        pos += 2
+        if pos + size > end:
+            raise HeaderError("a header value is cut short")
+        pairs.append((name.decode(), bytes(block[pos : pos + size])))
+        pos += size
+    return pairs
+
+
+def check(block: bytes, limits: HeaderLimits) -> None:
+    """Raise HeaderError unless ``block`` is a block within ``limits``."""
+    if len(block) > limits.max_bytes:
+        raise HeaderError(f"headers are {len(block)} bytes (--max-header-bytes={limits.max_bytes})")
+    count = len(decode(block))
+    if count > limits.max_count:
+        raise HeaderError(f"{count} headers (--max-headers={limits.max_count})")
+
+
+def split_body(data: bytes, limits: HeaderLimits) -> tuple[bytes, bytes]:
+    """A negotiated client's body ``[uint16 length][block][body]`` as (block, body); raises
+    HeaderError."""
+    if len(data) < 2:
+        raise HeaderError("a body too short for its header length")
+    (size,) = _LEN.unpack_from(data)
+    if 2 + size > len(data):
+        raise HeaderError(f"a header block of {size} bytes in a body of {len(data)}")
+    block = data[2 : 2 + size]
+    if block:
+        check(block, limits)
+    return block, data[2 + size :]
+
+
+def join_body(block: bytes, body: bytes) -> bytes:
+    """``[uint16 length][block][body]``: how a negotiated client sends and receives a body."""
+    return _LEN.pack(len(block)) + block + body

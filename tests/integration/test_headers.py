@@ -1,0 +1,183 @@
+"""Message headers (``protocol/headers.py``) over real sockets and files: negotiated in
+IDENTIFY, kept through memory, the disk queues, requeue, deferral, dead-lettering, a restart
+and the retained log; a client that did not ask sees nsqd's messages exactly."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.protocol import encode, headers
+from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
+
+from ..conftest import ServerThread
+from ..wire import Conn
+from .servers import read_log
+
+pytestmark = pytest.mark.integration
+
+NEGOTIATE = {"feature_negotiation": True, "headers": True}
+_LEN = struct.Struct(">H")
+
+
+def with_headers(body: bytes, **pairs: str) -> bytes:
+    """A negotiated client's body: its header block, then the body."""
+    block = headers.encode([(k.replace("_", "-"), v.encode()) for k, v in pairs.items()])
+    return headers.join_body(block, body)
+
+
+def read_with_headers(conn: Conn) -> tuple[bytes, int, dict[str, bytes], bytes]:
+    """A negotiated consumer's next message: (id, attempts, headers, body)."""
+    frame = conn.read_frame()
+    assert frame.frame_type == FRAME_TYPE_MESSAGE, frame
+    data = frame.data
+    attempts = struct.unpack_from(">H", data, 8)[0]
+    (size,) = _LEN.unpack_from(data, 26)
+    return data[10:26], attempts, dict(headers.decode(data[28 : 28 + size])), data[28 + size :]
+
+
+def negotiated(server: ServerThread) -> tuple[Conn, dict[str, Any]]:
+    conn = server.connect()
+    reply = conn.identify(NEGOTIATE)
+    assert isinstance(reply, dict)
+    return conn, reply
+
+
+def test_headers_are_negotiated_and_a_client_that_does_not_ask_sees_nsqd(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd()
+    conn, reply = negotiated(server)
+    assert reply["headers"] is True
+    assert (reply["max_headers"], reply["max_header_bytes"]) == (16, 4096)
+    conn.close()
+    with server.connect() as plain:
+        reply = plain.identify({"feature_negotiation": True})
+        assert isinstance(reply, dict) and "headers" not in reply  # nsqd's answer
+    (tmp_path / "off").mkdir()
+    off = make_nsqd(max_headers=0, data_path=str(tmp_path / "off"))
+    with off.connect() as c:
+        reply = c.identify(NEGOTIATE)
+        assert isinstance(reply, dict) and reply["headers"] is False
+        c.pub("t", b"\x00\x05hello")  # not negotiated: the body is the body, as sent
+        c.sub("t", "c", rdy=1)
+        assert c.read_message().body == b"\x00\x05hello"
+
+
+@pytest.mark.parametrize("mem_queue_size", [10_000, 0], ids=["memory", "disk"])
+def test_headers_ride_with_their_messages_and_plain_consumers_get_plain_bodies(
+    make_nsqd: Callable[..., ServerThread], mem_queue_size: int
+) -> None:
+    server = make_nsqd(mem_queue_size=mem_queue_size)
+    with server.connect() as plain:
+        plain.sub("t", "plain", rdy=10)
+        consumer, _ = negotiated(server)
+        consumer.sub("t", "hdr")
+        producer, _ = negotiated(server)
+        producer.pub("t", with_headers(b"one", traceparent="00-abc-01"))
+        producer.mpub(
+            "t", [with_headers(b"two", a="1", b_c="2"), with_headers(b"three"), b"\x00\x00four"]
+        )
+        producer.dpub("t", 10, with_headers(b"five", due="soon"))
+        consumer.rdy(10)
+        got = [read_with_headers(consumer) for _ in range(5)]
+        assert [(h, b) for _, _, h, b in got] == [
+            ({"traceparent": b"00-abc-01"}, b"one"),
+            ({"a": b"1", "b-c": b"2"}, b"two"),
+            ({}, b"three"),
+            ({}, b"four"),
+            ({"due": b"soon"}, b"five"),
+        ]
+        # A client that did not negotiate gets nsqd's frames: the bodies as published.
+        assert [plain.read_message().body for _ in range(5)] == [
+            b"one",
+            b"two",
+            b"three",
+            b"four",
+            b"five",
+        ]
+        # Requeued (deferred, then due): the headers come back with it.
+        first_id = got[0][0]
+        consumer.req(first_id, 10)
+        again = read_with_headers(consumer)
+        assert (again[0], again[1], again[2], again[3]) == (
+            first_id,
+            2,
+            {"traceparent": b"00-abc-01"},
+            b"one",
+        )
+        consumer.close()
+        producer.close()
+
+
+def test_headers_survive_a_restart_with_a_disk_backlog_and_dead_lettering(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(mem_queue_size=0, max_attempts=1)
+    with server.connect() as c:
+        c.sub("t", "c")  # the channel exists: the backlog is its, on disk
+    producer, _ = negotiated(server)
+    producer.mpub("t", [with_headers(b"kept %d" % i, n=str(i)) for i in range(3)])
+    producer.close()
+    server.stop()
+    server = make_nsqd(mem_queue_size=0, max_attempts=1)
+    consumer, _ = negotiated(server)
+    consumer.sub("t", "c", rdy=3)
+    got = [read_with_headers(consumer) for _ in range(3)]
+    assert [(h, b) for _, _, h, b in got] == [({"n": b"%d" % i}, b"kept %d" % i) for i in range(3)]
+    # max_attempts=1: a REQ sends the message to the dead-letter topic, headers and all.
+    consumer.req(got[0][0], 0)
+    dead, _ = negotiated(server)
+    dead.sub("t.dead", "c", rdy=1)
+    _, _, hdrs, body = read_with_headers(dead)
+    assert (hdrs, body) == ({"n": b"0"}, b"kept 0")
+    dead.close()
+    consumer.close()
+
+
+def test_a_retained_topic_logs_the_headers_and_its_readers_get_them(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd(retention_time=3600.0)
+    producer, _ = negotiated(server)
+    producer.mpub("t", [with_headers(b"logged", k="v"), with_headers(b"bare")])
+    producer.close()
+    _, records = read_log(server, "topic=t&offset=0")
+    assert [(r.headers, r.body) for r in records] == [
+        (headers.encode([("k", b"v")]), b"logged"),
+        (b"", b"bare"),
+    ]
+    consumer, _ = negotiated(server)
+    consumer.sub("t", "c", rdy=2)  # from the log's hand-off
+    got = [read_with_headers(consumer)[2:] for _ in range(2)]
+    assert got == [({"k": b"v"}, b"logged"), ({}, b"bare")]
+    consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"\x00", b"too short"),
+        (b"\x00\x09abc", b"a header block of 9 bytes"),
+        (_LEN.pack(4) + b"\x01A\x00\x00", b"name"),
+        (_LEN.pack(5) + b"\x01a\x00\x09x", b"cut short"),
+        (headers.join_body(headers.encode([(f"h{i}", b"") for i in range(17)]), b"x"), b"17"),
+        (headers.join_body(headers.encode([("big", b"x" * 5000)]), b"x"), b"--max-header-bytes"),
+    ],
+    ids=["short", "block-past-body", "upper-case-name", "value-past-block", "count", "bytes"],
+)
+def test_a_bad_header_block_is_refused_whole_with_the_rule_named(
+    make_nsqd: Callable[..., ServerThread], body: bytes, says: bytes
+) -> None:
+    server = make_nsqd()
+    conn, _ = negotiated(server)
+    with conn:
+        conn.send(encode.pub("t", body))
+        error = conn.read_error()
+        assert error.startswith(b"E_BAD_MESSAGE PUB ") and says in error, error
+        conn.expect_closed()
+    assert "t" not in server.nsqd.topics or server.nsqd.topics["t"].message_count == 0

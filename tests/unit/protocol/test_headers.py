@@ -1,0 +1,75 @@
+"""The header block (``protocol/headers.py``) and the stored encodings that carry it
+(``core/message.py``'s disk encoding, ``protocol/log_record.py``'s HEADERS records): no I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pynsqd.core.message import Message, decode_message
+from pynsqd.protocol import headers, log_record
+from pynsqd.protocol.headers import HeaderError, HeaderLimits
+
+pytestmark = pytest.mark.unit
+
+names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,20}", fullmatch=True)
+pairs = st.lists(st.tuples(names, st.binary(max_size=40)), max_size=8)
+
+
+@given(pairs, st.binary(max_size=100))
+def test_a_block_and_a_body_come_back_as_they_went(p: list[tuple[str, bytes]], body: bytes) -> None:
+    block = headers.encode(p)
+    assert headers.decode(block) == p
+    assert headers.split_body(headers.join_body(block, body), HeaderLimits()) == (block, body)
+
+
+@given(pairs, st.binary(max_size=100), st.integers(0, 0xFFFF))
+def test_a_stored_message_keeps_its_headers_and_one_without_is_nsqds_encoding(
+    p: list[tuple[str, bytes]], body: bytes, attempts: int
+) -> None:
+    block = headers.encode(p)
+    m = Message(b"0123456789abcdef", body, 1_700_000_000_000_000_000, attempts, block)
+    assert decode_message(m.encode()) == m
+    assert m.encode_head() + m.body == m.encode()
+    plain = Message(b"0123456789abcdef", body, 1_700_000_000_000_000_000, attempts)
+    # nsqd's own layout, byte for byte: [ts][attempts][id][body]
+    assert plain.encode()[:8] == (1_700_000_000_000_000_000).to_bytes(8, "big")
+    assert decode_message(plain.encode()) == plain and plain.headers == b""
+
+
+@given(pairs, st.binary(max_size=100))
+def test_a_log_record_keeps_its_headers(p: list[tuple[str, bytes]], body: bytes) -> None:
+    block = headers.encode(p)
+    head, stored = log_record.encode_record(
+        7, 1_700_000_000_000_000_000, b"0" * 16, 0, 0, body, None, block
+    )
+    (record,), damaged = log_record.scan_records(head + stored)
+    assert damaged is None
+    assert (record.headers, record.body, record.attempts) == (block, body, 0)
+
+
+def test_names_are_folded_and_checked_and_limits_are_named() -> None:
+    assert headers.decode(headers.encode([("TraceParent", b"x")])) == [("traceparent", b"x")]
+    for bad in ("", "a b", "é", "-x", "x" * 256):
+        with pytest.raises(HeaderError, match="header name"):
+            headers.encode([(bad, b"")])
+    block = headers.encode([("a", b"1"), ("b", b"2"), ("c", b"3")])
+    with pytest.raises(HeaderError, match="--max-headers=2"):
+        headers.check(block, HeaderLimits(max_count=2))
+    with pytest.raises(HeaderError, match="--max-header-bytes=5"):
+        headers.check(block, HeaderLimits(max_bytes=5))
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b"\x00", b"\x01a", b"\x01a\x00", b"\x01a\x00\x05abc", b"\x02Ab\x00\x00", b"\x05abc"],
+)
+def test_a_broken_block_is_refused_never_misread(block: bytes) -> None:
+    with pytest.raises(HeaderError):
+        headers.decode(block)
+    m = Message(b"0123456789abcdef", b"body", 1, 0, block)
+    enc = bytearray(m.encode())
+    enc[26:28] = (len(block) + 10).to_bytes(2, "big")  # a length past the record
+    with pytest.raises(ValueError):
+        decode_message(bytes(enc))
