@@ -56,13 +56,13 @@ def test_headers_are_negotiated_and_a_client_that_does_not_ask_sees_nsqd(
     assert (reply["max_headers"], reply["max_header_bytes"]) == (16, 4096)
     conn.close()
     with server.connect() as plain:
-        reply = plain.identify({"feature_negotiation": True})
-        assert isinstance(reply, dict) and "headers" not in reply  # nsqd's answer
+        answer = plain.identify({"feature_negotiation": True})
+        assert isinstance(answer, dict) and "headers" not in answer  # nsqd's answer
     (tmp_path / "off").mkdir()
     off = make_nsqd(max_headers=0, data_path=str(tmp_path / "off"))
     with off.connect() as c:
-        reply = c.identify(NEGOTIATE)
-        assert isinstance(reply, dict) and reply["headers"] is False
+        answer = c.identify(NEGOTIATE)
+        assert isinstance(answer, dict) and answer["headers"] is False
         c.pub("t", b"\x00\x05hello")  # not negotiated: the body is the body, as sent
         c.sub("t", "c", rdy=1)
         assert c.read_message().body == b"\x00\x05hello"
