@@ -4,6 +4,8 @@ and the retained log; a client that did not ask sees nsqd's messages exactly."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,8 @@ import pytest
 from pynsqd.protocol import encode, headers
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
 
-from ..conftest import ServerThread
+from ..conftest import ServerThread, http_request
+from ..processes import NsqdProcess
 from ..wire import Conn
 from .servers import read_log
 
@@ -181,3 +184,49 @@ def test_a_bad_header_block_is_refused_whole_with_the_rule_named(
         assert error.startswith(b"E_BAD_MESSAGE PUB ") and says in error, error
         conn.expect_closed()
     assert "t" not in server.nsqd.topics or server.nsqd.topics["t"].message_count == 0
+
+
+def test_http_pub_and_mpub_take_headers_from_nsq_header_request_headers(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    server = make_nsqd()
+    info = json.loads(http_request(server, "GET", "/info")[1])
+    assert "headers" in info["features"]
+    assert (info["max_headers"], info["max_header_bytes"]) == (16, 4096)
+    consumer, _ = negotiated(server)
+    consumer.sub("t", "c", rdy=10)
+    sent = {"Nsq-Header-Traceparent": "00-4bf92f-01", "nsq-header-tenant": "acme"}
+    assert http_request(server, "POST", "/pub?topic=t", b"one", **sent)[0] == 200
+    assert http_request(server, "POST", "/mpub?topic=t", b"two\nthree", **sent)[0] == 200
+    assert http_request(server, "POST", "/pub?topic=t", b"bare")[0] == 200
+    want = {"traceparent": b"00-4bf92f-01", "tenant": b"acme"}
+    got = [read_with_headers(consumer)[2:] for _ in range(4)]
+    assert got == [(want, b"one"), (want, b"two"), (want, b"three"), ({}, b"bare")]
+    consumer.close()
+    status, body = http_request(server, "POST", "/pub?topic=t", b"x", **{"Nsq-Header-A+B": "1"})
+    doc = json.loads(body)
+    assert (status, doc["message"]) == (400, "INVALID_HEADERS")
+    assert doc["reason"].startswith("header name 'A+B' is invalid")
+    many = {f"Nsq-Header-H{i}": "v" for i in range(17)}
+    status, body = http_request(server, "POST", "/pub?topic=t", b"x", **many)
+    assert status == 400 and json.loads(body)["reason"] == "17 headers (--max-headers=16)"
+    assert server.nsqd.topics["t"].message_count == 4  # the refused ones were not written
+
+
+def test_a_node_of_several_workers_says_it_has_no_headers_yet(tmp_path: Path) -> None:
+    """Headers do not cross the links between workers yet: such a node answers the
+    negotiation ``false`` and refuses them over HTTP, rather than dropping them."""
+    proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=2")
+    try:
+        with proc.connect() as c:
+            answer = c.identify(NEGOTIATE)
+            assert isinstance(answer, dict) and answer["headers"] is False
+        conn = http.client.HTTPConnection("127.0.0.1", proc.http_port, timeout=10)
+        conn.request("POST", "/pub?topic=t", b"x", {"Nsq-Header-Tenant": "acme"})
+        r = conn.getresponse()
+        assert (r.status, json.loads(r.read())["message"]) == (400, "HEADERS_UNSUPPORTED")
+        conn.close()
+        info = json.loads(proc.http("GET", "/info")[1])
+        assert "headers" not in info["features"] and info["max_headers"] == 0
+    finally:
+        proc.stop()

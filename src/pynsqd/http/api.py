@@ -32,6 +32,7 @@ from ..internal.optiontable import config_key, option_fields, option_kind
 from ..internal.router import respond_plain
 from ..log import LOG_LEVELS, LOGGER_NAME, parse_log_level
 from ..options import Options
+from ..protocol import headers
 from ..protocol.errors import FatalClientError
 from ..protocol.parser import parse_mpub_body
 from .host import NSQDHost
@@ -54,6 +55,10 @@ _GO_TLS_REQUIRED = {"false": 0, "tcp-https": 1, "true": 2}
 _GO_TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 
 _GO_INT = re.compile(r"[+-]?[0-9]+")
+#: pynsqd: a request header of /pub and /mpub that is a message header (``protocol/headers.py``):
+#: ``Nsq-Header-Traceparent: 00-...`` gives each message the header ``traceparent``.
+HEADER_PREFIX = "Nsq-Header-"
+HEADER_PREFIX_LOWER = HEADER_PREFIX.lower()
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -144,11 +149,12 @@ class API:
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
+        blocks = self._headers(request, len(bodies))
         topic = nsqd.get_topic(topic_name)
         replication = nsqd.replication
         home = nsqd.workers.placement.home
         outcome = publish.decide(
-            topic, bodies, defer_ms, identity, replication=replication, home=home
+            topic, bodies, defer_ms, identity, replication=replication, home=home, headers=blocks
         )
         while isinstance(outcome, publish.WaitWritable):
             # A partition this node is taking back: the publish waits for it (at most
@@ -160,7 +166,13 @@ class API:
                 outcome = publish.not_committed(why)
                 break
             outcome = publish.decide(
-                topic, bodies, defer_ms, identity, replication=replication, home=home
+                topic,
+                bodies,
+                defer_ms,
+                identity,
+                replication=replication,
+                home=home,
+                headers=blocks,
             )
         if isinstance(outcome, publish.Forward):
             return await nsqd.workers.admin.proxy(outcome.worker, request, raw)
@@ -184,6 +196,29 @@ class API:
             resp.headers["X-Nsq-Duplicates"] = str(outcome.duplicates)
             return resp
         return "OK"
+
+    def _headers(self, request: BaseRequest, count: int) -> list[bytes] | None:
+        """pynsqd: the request's ``Nsq-Header-<name>: <value>`` headers as every message's
+        header block (``protocol/headers.py``); None when it has none. 400 ``INVALID_HEADERS``
+        naming the rule a header breaks, or ``HEADERS_UNSUPPORTED`` where the node has none
+        (``--max-headers=0``, or a node of several workers)."""
+        pairs = [
+            (name[len(HEADER_PREFIX) :], value.encode("utf-8", "surrogateescape"))
+            for name, value in request.headers.items()
+            if name.lower().startswith(HEADER_PREFIX_LOWER)
+        ]
+        if not pairs:
+            return None
+        config = self.nsqd.protocol_config
+        if config.max_headers <= 0:
+            raise HTTPError(400, "HEADERS_UNSUPPORTED")
+        try:
+            block = headers.encode(
+                pairs, headers.HeaderLimits(config.max_headers, config.max_header_bytes)
+            )
+        except headers.HeaderError as err:
+            raise HTTPError(400, "INVALID_HEADERS", {"reason": str(err)}) from None
+        return [block] * count
 
     async def _until(self, start: Callable[[Callable[[str | None], None]], None]) -> str | None:
         """Waits for a callback-style wait (``start(done)``): None, or the reason it failed."""
@@ -231,7 +266,10 @@ class API:
             "topology_region": opts.topology_region,
             # pynsqd: what it can do beyond nsqd (clients ignore unknown keys, as Go's do).
             "features": ["replayable-topics"]
-            + (["replicated-topics"] if nsqd.replication is not None else []),
+            + (["replicated-topics"] if nsqd.replication is not None else [])
+            + (["headers"] if nsqd.protocol_config.max_headers > 0 else []),
+            "max_headers": nsqd.protocol_config.max_headers,
+            "max_header_bytes": opts.max_header_bytes,
             "retention_time": round(opts.retention_time * 1e9),
             "retention_bytes": opts.retention_bytes,
             # Which data directory this is, whatever address reached it (storage/identity.py).
