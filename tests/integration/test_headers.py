@@ -7,12 +7,14 @@ from __future__ import annotations
 import http.client
 import json
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pynsqd.client import ClientOptions, Connection, NsqConnectionError, NsqError
 from pynsqd.protocol import encode, headers
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
 
@@ -230,3 +232,49 @@ def test_a_node_of_several_workers_says_it_has_no_headers_yet(tmp_path: Path) ->
         assert "headers" not in info["features"] and info["max_headers"] == 0
     finally:
         proc.stop()
+
+
+def test_our_client_publishes_and_receives_headers(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = make_nsqd()
+    address = f"127.0.0.1:{server.tcp_port}"
+    got: list[tuple[list[tuple[str, bytes]], bytes]] = []
+    done = threading.Event()
+
+    def on_messages(
+        conn: Connection,
+        ts: list[int],
+        attempts: list[int],
+        ids: list[bytes],
+        bodies: list[bytes],
+        hdrs: list[list[tuple[str, bytes]]],
+    ) -> None:
+        got.extend(zip(hdrs, bodies, strict=True))
+        conn.fin_many(ids)
+        if len(got) >= 4:
+            done.set()
+
+    consumer = Connection(address, ClientOptions(headers=True)).connect()
+    consumer.subscribe("t", "c", on_messages, rdy=10)
+    with Connection(address, ClientOptions(headers=True)).connect() as producer:
+        producer.pub("t", b"one", headers={"traceparent": "00-abc-01"})
+        producer.mpub("t", [b"two", b"three"], headers=[[("k", b"\x00\xff")], None])
+        producer.dpub("t", 1, b"four", headers=[("Due", "now")])
+        with pytest.raises(NsqError, match=r"E_BAD_MESSAGE .*header name"):
+            producer.pub("t", b"x", headers={"a b": "1"})
+    assert done.wait(30)
+    consumer.close()
+    assert got == [
+        ([("traceparent", b"00-abc-01")], b"one"),
+        ([("k", b"\x00\xff")], b"two"),
+        ([], b"three"),
+        ([("due", b"now")], b"four"),
+    ]
+    # Not asked for: a clear refusal to send them.
+    with Connection(address).connect() as plain, pytest.raises(NsqError, match="ClientOptions"):
+        plain.pub("t", b"x", headers={"a": "1"})
+    (tmp_path / "off").mkdir()
+    off = make_nsqd(max_headers=0, data_path=str(tmp_path / "off"))
+    with pytest.raises(NsqConnectionError, match="does not offer message headers"):
+        Connection(f"127.0.0.1:{off.tcp_port}", ClientOptions(headers=True)).connect()

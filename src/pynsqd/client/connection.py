@@ -26,12 +26,13 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from .. import __version__
 from ..internal import jsonbound
 from ..protocol import encode
+from ..protocol import headers as header_codec
 from ..protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -43,6 +44,8 @@ from ..protocol.frames import (
     FrameReader,
     duplicates_in,
 )
+from ..protocol.headers import HeaderError, join_body
+from ..protocol.headers import decode as decode_headers
 from .errors import (
     IDEMPOTENT,
     NsqConnectionError,
@@ -69,6 +72,38 @@ _RECV_SIZE = 256 * 1024
 
 #: on_messages(conn, timestamps_ns, attempts, ids, bodies)
 MessagesCallback = Callable[["Connection", list[int], list[int], list[bytes], list[bytes]], None]
+#: With ``ClientOptions.headers``: on_messages(conn, timestamps_ns, attempts, ids, bodies,
+#: headers), each message's headers as a list of (name, value).
+HeadersCallback = Callable[
+    ["Connection", list[int], list[int], list[bytes], list[bytes], list[list[tuple[str, bytes]]]],
+    None,
+]
+#: What a message's headers are given as to ``pub``, ``mpub`` and ``dpub``.
+Headers = Sequence[tuple[str, bytes | str]] | Mapping[str, bytes | str]
+
+
+def header_blocks(given: Headers | Sequence[Headers | None] | None, count: int) -> list[bytes]:
+    """Each of ``count`` messages' header block: ``given`` is every message's headers (a
+    mapping or a list of pairs), a list with each message's (None: none), or None; values are
+    bytes or text (UTF-8). Raises ``NsqError`` (E_BAD_MESSAGE) for headers that break a rule."""
+
+    def block(h: Headers | None) -> bytes:
+        if not h:
+            return b""
+        items = h.items() if isinstance(h, Mapping) else h
+        pairs = [(k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in items]
+        try:
+            return header_codec.encode(pairs)
+        except HeaderError as err:
+            raise NsqError("E_BAD_MESSAGE", str(err)) from None
+
+    if isinstance(given, Sequence) and given and not isinstance(given[0], tuple):
+        each = list(cast(Sequence[Headers | None], given))
+        if len(each) != count:
+            raise NsqError("E_BAD_MESSAGE", f"{len(each)} headers for {count} messages")
+        return [block(h) for h in each]
+    one = block(cast(Headers | None, given))
+    return [one] * count
 
 
 class Connection:
@@ -120,9 +155,17 @@ class Connection:
                 ident["msg_timeout"] = opts.msg_timeout_ms
             if opts.tls:
                 ident["tls_v1"] = True
+            if opts.headers:
+                ident["headers"] = True
             resp = self.request(encode.identify(ident))
             if resp.startswith(b"{"):
                 self.identify_response = jsonbound.loads(resp)
+            if opts.headers and self.identify_response.get("headers") is not True:
+                raise NsqConnectionError(
+                    f"nsqd {self.address} does not offer message headers (an nsqd, or a "
+                    "pynsqd of several workers or --max-headers=0)",
+                    self.address,
+                )
             if opts.tls:
                 if not self.identify_response.get("tls_v1"):
                     raise NsqConnectionError(
@@ -265,29 +308,66 @@ class Connection:
         self._send(b"".join(commands))
         return [self._read_response() for _ in commands]
 
-    def pub(self, topic: str, body: bytes, *, identity: tuple[str, int] | None = None) -> int:
+    def pub(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        identity: tuple[str, int] | None = None,
+        headers: Headers | None = None,
+    ) -> int:
         """PUB; ``identity``: (producer id, sequence number) of an idempotent publish to a
-        retained topic (pynsqd): a retry with the same identity is written once. Returns how
-        many of the records the topic already had (acknowledged, not written again): 0 or 1."""
+        retained topic (pynsqd): a retry with the same identity is written once. ``headers``:
+        the message's headers (with ``ClientOptions.headers``). Returns how many of the
+        records the topic already had (acknowledged, not written again): 0 or 1."""
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
+        (body,) = self._with_headers([body], headers)
         return self._expect_ok(self.request(encode.pub(topic, body, identity)))
 
     def mpub(
-        self, topic: str, bodies: Sequence[bytes], *, identity: tuple[str, int] | None = None
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        *,
+        identity: tuple[str, int] | None = None,
+        headers: Headers | Sequence[Headers | None] | None = None,
     ) -> int:
         """MPUB; ``identity``: the producer and the first message's sequence number (the
-        others follow it). Returns how many of the records the topic already had."""
+        others follow it); ``headers``: every message's, or a list with each message's (None:
+        none). Returns how many of the records the topic already had."""
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
+        bodies = self._with_headers(bodies, headers)
         return self._expect_ok(self.request(encode.mpub(topic, bodies, identity)))
 
     def dpub(
-        self, topic: str, defer_ms: int, body: bytes, *, identity: tuple[str, int] | None = None
+        self,
+        topic: str,
+        defer_ms: int,
+        body: bytes,
+        *,
+        identity: tuple[str, int] | None = None,
+        headers: Headers | None = None,
     ) -> int:
         check_names(topic, framing_only=True)
         check_identity(identity, self.identify_response, self.address)
+        (body,) = self._with_headers([body], headers)
         return self._expect_ok(self.request(encode.dpub(topic, defer_ms, body, identity)))
+
+    def _with_headers(
+        self, bodies: Sequence[bytes], given: Headers | Sequence[Headers | None] | None
+    ) -> list[bytes]:
+        """The bodies as sent: with headers negotiated, each with its header block before it
+        (``protocol/headers.py``); raises NsqError for headers not negotiated or invalid."""
+        if not self.options.headers:
+            if given:
+                raise NsqError(
+                    "E_INVALID", "headers need ClientOptions(headers=True)", self.address
+                )
+            return list(bodies)
+        blocks = header_blocks(given, len(bodies))
+        return [join_body(block, body) for block, body in zip(blocks, bodies, strict=True)]
 
     def _expect_ok(self, resp: bytes) -> int:
         """An OK: how many records it says were already there (``frames.ok_answer``)."""
@@ -302,7 +382,7 @@ class Connection:
         self,
         topic: str,
         channel: str,
-        on_messages: MessagesCallback,
+        on_messages: MessagesCallback | HeadersCallback,
         on_close: Callable[[Connection], None] | None = None,
         on_error: Callable[[Connection, NsqError], None] | None = None,
         rdy: int | None = None,
@@ -311,7 +391,8 @@ class Connection:
         """SUB, then start reading (and send RDY if given): on a reader thread of its own, or,
         given a :class:`Reactor`, on the reactor's thread shared with other connections.
 
-        ``on_messages`` runs on the reading thread once per received chunk of messages.
+        ``on_messages`` runs on the reading thread once per received chunk of messages (with
+        ``ClientOptions.headers``, given each message's headers too: ``HeadersCallback``).
         ``on_error`` gets error frames (non-fatal ones, like E_FIN_FAILED, and the fatal one
         before the close); ``on_close`` runs when the connection ends, with ``close_reason`` set.
         """
@@ -451,7 +532,7 @@ class _Deliver:
     def __init__(
         self,
         conn: Connection,
-        on_messages: MessagesCallback,
+        on_messages: MessagesCallback | HeadersCallback,
         on_close: Callable[[Connection], None] | None,
         on_error: Callable[[Connection, NsqError], None] | None,
     ) -> None:
@@ -472,6 +553,7 @@ class _Deliver:
         att_col: list[int] = []
         id_col: list[bytes] = []
         body_col: list[bytes] = []
+        hdr_col: list[list[tuple[str, bytes]]] | None = [] if conn.options.headers else None
         while end - pos >= 8:
             size, ftype = unpack_head(buf, pos)
             if size < 4:
@@ -486,7 +568,15 @@ class _Deliver:
                 ts_col.append(ts)
                 att_col.append(attempts)
                 id_col.append(buf[pos + 18 : pos + 34])
-                body_col.append(buf[pos + 34 : stop])
+                if hdr_col is None:
+                    body_col.append(buf[pos + 34 : stop])
+                else:  # [uint16 block length][block][body]
+                    block_end = pos + 36 + int.from_bytes(buf[pos + 34 : pos + 36], "big")
+                    try:
+                        hdr_col.append(decode_headers(buf[pos + 36 : block_end]))
+                    except HeaderError as bad:
+                        raise NsqConnectionError(f"nsqd {conn.address}: {bad}") from None
+                    body_col.append(buf[block_end:stop])
             elif ftype == FRAME_TYPE_RESPONSE:
                 if buf[pos + 8 : stop] == HEARTBEAT:
                     conn._send(encode.nop())
@@ -500,7 +590,12 @@ class _Deliver:
             pos = stop
         self.buf = buf[pos:] if pos < end else b""
         if id_col:
-            self.on_messages(conn, ts_col, att_col, id_col, body_col)
+            if hdr_col is None:
+                cast(MessagesCallback, self.on_messages)(conn, ts_col, att_col, id_col, body_col)
+            else:
+                cast(HeadersCallback, self.on_messages)(
+                    conn, ts_col, att_col, id_col, body_col, hdr_col
+                )
 
     def closed(self) -> None:
         if self.on_close is not None:

@@ -32,6 +32,9 @@ class ClientOptions:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     auth_secret: str | None = None
+    #: pynsqd: ask for message headers (``protocol/headers.py``): ``pub``/``mpub``/``dpub``
+    #: take ``headers=``, and a subscriber's callback gets each message's headers.
+    headers: bool = False
 
     def ssl_context(self) -> ssl.SSLContext:
         """Raises OSError naming a file that cannot be read (ssl's own errors do not)."""
