@@ -601,3 +601,31 @@ def test_a_segment_opened_from_its_index_and_then_cut_keeps_one_check_flag_per_e
     got = served(tl)
     assert sorted(got) == list(range(400))
     assert all(body == msg(o, size=60).body for o, body in got.items())
+
+
+def test_headers_are_logged_copied_verbatim_to_a_replica_and_read_back_there(
+    tmp_path: Path,
+) -> None:
+    """A message's header block rides in its record (``log_record.HEADERS``): the leader's
+    records, copied byte for byte by a replica's ``append_raw`` (replication), give the
+    replica's channels the same headers and bodies, identified publishes included."""
+    leader = open_log(tmp_path / "leader")
+    with_hdr = [
+        Message(b"%016x" % i, b"body %d" % i, T0 + i, 0, b"\x01k\x00\x01%d" % i if i % 2 else b"")
+        for i in range(6)
+    ]
+    leader.append(with_hdr[:3])
+    leader.append(with_hdr[3:], (b"producer", 1))
+    rng = leader.read_range(0, 100, 1 << 20)
+    assert rng is not None
+    with open(rng.path, "rb") as f:
+        f.seek(rng.start)
+        data = f.read(rng.end - rng.start)
+    replica = open_log(tmp_path / "replica")
+    assert replica.append_raw(data) == 6
+    for log_ in (leader, replica):
+        msgs, nxt = log_.read_messages(0, 100)
+        assert nxt == 6
+        assert [(m.headers, m.body) for m in msgs] == [(m.headers, m.body) for m in with_hdr]
+    leader.close()
+    replica.close()

@@ -1,0 +1,174 @@
+"""What message headers cost a publish: MPUB throughput with and without them.
+
+    .venv/bin/python bench/headers.py [--rounds 5] [--seconds 4] [--conns 4]
+
+One fresh pynsqd (one process, pinned to core 0), --conns publishing processes on the other
+cores, each sending MPUBs of 200 messages of 200 bytes back to back (each waits for its OK),
+on a fresh topic with one channel. Three workloads, alternating, several rounds, medians:
+
+- ``plain``: a client that did not ask for headers (nsqd's protocol exactly);
+- ``negotiated``: a client that asked for them, publishing none (a 2-byte empty block each);
+- ``two headers``: each message with its own ``traceparent`` (55 bytes, W3C: a span id of its
+  own, so no two blocks repeat within 8,000 messages) and ``tenant``;
+- ``two headers, repeated``: the same two on every message (a publisher that tags a batch).
+
+Issue 55: with two small headers MPUB stays at >= 0.95x of the same messages without; a client
+that does not ask pays nothing (the code path is nsqd's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from pynsqd.protocol import encode, headers
+
+BODY = b"x" * 200
+PER_MPUB = 200
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+WORKLOADS = ("plain", "negotiated", "two headers", "two headers, repeated")
+#: MPUB commands a publisher cycles through (``two headers``: 40 x 200 distinct blocks).
+VARIANTS = 40
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def command(workload: str, topic: str, variant: int) -> bytes:
+    if workload == "plain":
+        return encode.mpub(topic, [BODY] * PER_MPUB)
+    if workload == "negotiated":
+        return encode.mpub(topic, [headers.join_body(b"", BODY)] * PER_MPUB)
+    if workload == "two headers, repeated":
+        block = headers.encode([("traceparent", TRACEPARENT), ("tenant", b"acme")])
+        return encode.mpub(topic, [headers.join_body(block, BODY)] * PER_MPUB)
+    bodies = []
+    for i in range(PER_MPUB):
+        span = b"%016x" % (os.getpid() << 32 | variant * PER_MPUB + i)
+        trace = TRACEPARENT[:36] + span + TRACEPARENT[52:]
+        block = headers.encode([("traceparent", trace), ("tenant", b"acme")])
+        bodies.append(headers.join_body(block, BODY))
+    return encode.mpub(topic, bodies)
+
+
+def publisher(
+    port: int, workload: str, topic: str, seconds: float, out: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
+    os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)) or {0})
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"  V2")
+    if workload != "plain":
+        ident = json.dumps({"feature_negotiation": True, "headers": True}).encode()
+        s.sendall(b"IDENTIFY\n" + struct.pack(">l", len(ident)) + ident)
+        size, _ = struct.unpack(">ll", recv_exactly(s, 8))
+        assert b'"headers":true' in recv_exactly(s, size - 4)
+    cmds = [command(workload, topic, v) for v in range(VARIANTS)]
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        s.sendall(cmds[sent // PER_MPUB % VARIANTS])
+        size, _ = struct.unpack(">ll", recv_exactly(s, 8))
+        assert recv_exactly(s, size - 4) == b"OK"
+        sent += PER_MPUB
+    s.close()
+    out.put(sent)
+
+
+def recv_exactly(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def one(workload: str, args: argparse.Namespace) -> float:
+    data = tempfile.mkdtemp(prefix="headers-bench-")
+    tcp, http = free_port(), free_port()
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"),
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pynsqd",
+            f"--tcp-address=127.0.0.1:{tcp}",
+            f"--http-address=127.0.0.1:{http}",
+            f"--data-path={data}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.sched_setaffinity(0, {0}),
+    )
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", tcp), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        # One channel, so that every message is also handed to a channel's queue.
+        with socket.create_connection(("127.0.0.1", http)) as h:
+            h.sendall(b"POST /channel/create?topic=h&channel=c HTTP/1.0\r\n\r\n")
+            h.recv(4096)
+        out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+        ps = [
+            multiprocessing.Process(target=publisher, args=(tcp, workload, "h", args.seconds, out))
+            for _ in range(args.conns)
+        ]
+        for p in ps:
+            p.start()
+        total = sum(out.get() for _ in ps)
+        for p in ps:
+            p.join()
+        return total / args.seconds
+    finally:
+        proc.terminate()
+        proc.wait()
+        subprocess.run(["rm", "-rf", data], check=False)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--conns", type=int, default=4)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    runs: dict[str, list[float]] = {w: [] for w in WORKLOADS}
+    for i in range(args.rounds):
+        for w in WORKLOADS:
+            rate = one(w, args)
+            runs[w].append(rate)
+            print(f"round {i + 1} {w}: {rate:,.0f} msgs/s", flush=True)
+    med = {w: statistics.median(r) for w, r in runs.items()}
+    for w in WORKLOADS:
+        print(f"{w}: median {med[w]:,.0f} msgs/s ({med[w] / med['plain']:.3f}x plain)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "runs": runs, "medians": med}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
