@@ -21,7 +21,7 @@ from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE
 from ..conftest import ServerThread, http_request
 from ..processes import NsqdProcess
 from ..wire import Conn
-from .servers import read_log
+from .servers import read_log, tool
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,9 @@ _LEN = struct.Struct(">H")
 
 def with_headers(body: bytes, **pairs: str) -> bytes:
     """A negotiated client's body: its header block, then the body."""
-    block = headers.encode([(k.replace("_", "-"), v.encode()) for k, v in pairs.items()])
+    block = headers.encode(
+        [(k.replace("_", "-"), v.encode("utf-8", "surrogateescape")) for k, v in pairs.items()]
+    )
     return headers.join_body(block, body)
 
 
@@ -278,3 +280,33 @@ def test_our_client_publishes_and_receives_headers(
     off = make_nsqd(max_headers=0, data_path=str(tmp_path / "off"))
     with pytest.raises(NsqConnectionError, match="does not offer message headers"):
         Connection(f"127.0.0.1:{off.tcp_port}", ClientOptions(headers=True)).connect()
+
+
+def test_peek_and_nsq_log_show_the_headers(make_nsqd: Callable[..., ServerThread]) -> None:
+    server = make_nsqd(retention_time=3600.0)
+    with server.connect() as c:
+        c.sub("t", "c")  # the channel exists: what is published waits in it
+    producer, _ = negotiated(server)
+    producer.pub("t", with_headers(b"seen", tenant="acme", blob="\udcff"))
+    producer.close()
+    status, body = http_request(server, "GET", "/channel/peek?topic=t&channel=c")
+    (row,) = json.loads(body)["queued"]
+    assert status == 200 and row["body"] == "seen"
+    assert [(h["name"], h["body"], h["encoding"]) for h in row["headers"]] == [
+        ("tenant", "acme", "utf-8"),
+        ("blob", "ff", "hex"),
+    ]
+    out = tool(
+        "nsq_log",
+        f"--nsqd-http-address=127.0.0.1:{server.http_port}",
+        "--topic=t",
+        "--format=json",
+        "--n=1",
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["body"] == "seen"
+    assert doc["headers"] == [
+        {"name": "tenant", "value": "acme"},
+        {"name": "blob", "value_base64": "/w=="},
+    ]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import headers
 from .message import Message
 
 #: The most messages one peek lists of each kind.
@@ -66,6 +67,13 @@ def row(msg: Message, body_max: int) -> dict[str, Any]:
         "attempts": msg.attempts,
     }
     out.update(body_view(msg.body, body_max))
+    if msg.headers:  # pynsqd's message headers (protocol/headers.py), each value shown safely
+        try:
+            pairs = headers.decode(msg.headers)
+        except headers.HeaderError:
+            out["headers_undecodable"] = msg.headers.hex()
+        else:
+            out["headers"] = [{"name": n, **body_view(v, body_max)} for n, v in pairs]
     return out
 
 

@@ -4,7 +4,8 @@ It reads ``GET /topic/log`` of one node (``--nsqd-http-address``) from ``--offse
 ``earliest`` or ``latest``) or ``--since`` (unix ms: the first record published then or after),
 checks every record's CRC (``pynsqd.client.read_log``), and prints each as a line (the body) or
 as JSON (``--format=json``: offset, timestamp in ns, id, attempts, and the body as text, or as
-``body_base64`` when it is not UTF-8). ``--follow`` keeps reading as records are appended, like
+``body_base64`` when it is not UTF-8; a message's headers as ``headers``, each a name and its
+``value`` or ``value_base64``). ``--follow`` keeps reading as records are appended, like
 ``tail -f``; ``--n`` stops after that many. ``--partition`` reads a replicated topic's copy of
 another node's partition, or one worker's partition of a node of several (``--workers``: each
 worker keeps its own log, with offsets of its own); without it such a node's partitions are
@@ -31,6 +32,7 @@ from ..client import (
     topic_offsets,
 )
 from ..internal.optiontable import opt
+from ..protocol.headers import decode
 from ..protocol.log_record import Follow, follow_after
 from .common import parse
 
@@ -89,11 +91,19 @@ def as_json(r: LogRecord, partition: int | None = None) -> str:
     if r.sequence >= 0:  # an idempotent publish's identity (docs/exactly-once.md)
         doc["producer"] = r.producer.decode("ascii", "replace")
         doc["sequence"] = r.sequence
-    try:
-        doc["body"] = r.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body_base64"] = base64.b64encode(r.body).decode("ascii")
+    if r.headers:  # pynsqd's message headers (docs/headers.md)
+        doc["headers"] = [_text_or_base64({"name": n}, "value", v) for n, v in decode(r.headers)]
+    _text_or_base64(doc, "body", r.body)
     return json.dumps(doc, ensure_ascii=False)
+
+
+def _text_or_base64(doc: dict[str, object], key: str, data: bytes) -> dict[str, object]:
+    """``doc[key]``: ``data`` as text when it is UTF-8, else ``doc[key + "_base64"]``."""
+    try:
+        doc[key] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        doc[key + "_base64"] = base64.b64encode(data).decode("ascii")
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
