@@ -217,21 +217,41 @@ def test_http_pub_and_mpub_take_headers_from_nsq_header_request_headers(
     assert server.nsqd.topics["t"].message_count == 4  # the refused ones were not written
 
 
-def test_a_node_of_several_workers_says_it_has_no_headers_yet(tmp_path: Path) -> None:
-    """Headers do not cross the links between workers yet: such a node answers the
-    negotiation ``false`` and refuses them over HTTP, rather than dropping them."""
-    proc = NsqdProcess(tmp_path / "data", tmp_path / "nsqd.log", "--workers=2")
+def test_headers_cross_the_links_of_a_node_of_several_workers(tmp_path: Path) -> None:
+    """``--workers 2``: publishes on connections spread over both workers, identified ones
+    passed to their producer's home worker (the forward link), and a consumer on one worker
+    offered the other's messages (the relay link): every message keeps its headers, over
+    HTTP too; a consumer that did not ask gets the plain bodies."""
+    proc = NsqdProcess(
+        tmp_path / "data", tmp_path / "nsqd.log", "--workers=2", "--retention-time=1h"
+    )
     try:
-        with proc.connect() as c:
-            answer = c.identify(NEGOTIATE)
-            assert isinstance(answer, dict) and answer["headers"] is False
+        consumer = Conn(("127.0.0.1", proc.port))
+        consumer.identify(NEGOTIATE)
+        consumer.sub("t", "c", rdy=100)
+        plain = proc.connect()
+        plain.sub("t", "plain", rdy=100)
+        sent = []
+        for i in range(6):  # new connections: the node spreads them over its workers
+            with Conn(("127.0.0.1", proc.port)) as producer:
+                producer.identify({**NEGOTIATE, "idempotent_publish": True})
+                body = with_headers(b"m%d" % i, n=str(i))
+                producer.send(encode.pub("t", body, (f"p{i}", 1)))
+                assert producer.read_response() == b"OK"
+                sent.append(({"n": b"%d" % i}, b"m%d" % i))
         conn = http.client.HTTPConnection("127.0.0.1", proc.http_port, timeout=10)
-        conn.request("POST", "/pub?topic=t", b"x", {"Nsq-Header-Tenant": "acme"})
-        r = conn.getresponse()
-        assert (r.status, json.loads(r.read())["message"]) == (400, "HEADERS_UNSUPPORTED")
+        conn.request("POST", "/pub?topic=t", b"over http", {"Nsq-Header-Via": "http"})
+        assert conn.getresponse().status == 200
         conn.close()
+        sent.append(({"via": b"http"}, b"over http"))
+        got = [read_with_headers(consumer)[2:] for _ in range(len(sent))]
+        assert sorted(got, key=lambda g: g[1]) == sorted(sent, key=lambda g: g[1])
+        bodies = sorted(plain.read_message().body for _ in range(len(sent)))
+        assert bodies == sorted(b for _, b in sent)
+        consumer.close()
+        plain.close()
         info = json.loads(proc.http("GET", "/info")[1])
-        assert "headers" not in info["features"] and info["max_headers"] == 0
+        assert "headers" in info["features"] and info["max_headers"] == 16
     finally:
         proc.stop()
 

@@ -82,10 +82,6 @@ class NSQD:
         self.opts = opts
         self.loop = loop or asyncio.get_running_loop()
         self.protocol_config = protocol_config(opts)
-        if worker is not None and worker.count > 1:
-            # Headers do not cross the links between workers yet: a node of several workers
-            # answers a client that asks for them ``"headers": false`` (and HTTP refuses them).
-            self.protocol_config = dataclasses.replace(self.protocol_config, max_headers=0)
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self.start_time = int(time.time())

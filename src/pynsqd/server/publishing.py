@@ -128,7 +128,7 @@ class Publishing:
             conn.published(topic_name, outcome.written)
             self.wait_commit(cmd, outcome.wait, outcome.duplicates)
         elif isinstance(outcome, decision.Forward):
-            self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity)
+            self._forward(cmd, topic_name, outcome.worker, bodies, defer_ms, identity, blocks)
         elif isinstance(outcome, decision.WaitWritable):
             # The node is taking its partition back: the publish waits (later commands wait
             # behind it), then is decided again.
@@ -168,13 +168,18 @@ class Publishing:
         bodies: list[bytes],
         defer_ms: int,
         identity: Identity | None,
+        blocks: list[bytes] | None,
     ) -> None:
         """--workers: a topic another worker keeps the log of: the publish is made there
         (``server/workers/forward.py``), and answered here with its answer; later commands wait
-        behind it."""
+        behind it. A link carries each body with its header block (``workers/dial.py``)."""
         conn = self.conn
         workers = conn.nsqd.workers
         ident = None if identity is None else (identity.producer.decode(), identity.sequence)
+        if blocks is None:
+            bodies = [headers.join_body(b"", body) for body in bodies]
+        else:
+            bodies = [headers.join_body(h, b) for h, b in zip(blocks, bodies, strict=True)]
         if cmd == "PUB":
             data = encode.pub(topic_name, bodies[0], ident)
         elif cmd == "DPUB":

@@ -79,6 +79,8 @@ class PeerLink(asyncio.Protocol):
             "hostname": "worker",
             "user_agent": LINK_AGENT,
             "feature_negotiation": False,
+            # Every message frame and publish body carries its header block (``link.py``).
+            "headers": True,
             **self.identity(),
         }
         self.transport.write(MAGIC_V2 + encode.identify(identify) + b"".join(self._pending))
@@ -104,7 +106,7 @@ class PeerLink(asyncio.Protocol):
         fixed = MESSAGE_FIXED.unpack_from
         while end - pos >= 8:
             size, ftype = header(buf, pos)
-            if size < 4 + (MESSAGE_OVERHEAD if ftype == FRAME_TYPE_MESSAGE else 0):
+            if size < 4 + (MESSAGE_OVERHEAD + 2 if ftype == FRAME_TYPE_MESSAGE else 0):
                 log.error("WORKERS: link to worker %d sent a bad frame (%d bytes)", self.peer, size)
                 self.close()
                 return
@@ -114,12 +116,19 @@ class PeerLink(asyncio.Protocol):
             start = pos + 8
             if ftype == FRAME_TYPE_MESSAGE:
                 ts, attempts = fixed(buf, start)
+                # [uint16 block length][block][body]: the link asked for headers.
+                body = start + 28 + (buf[start + 26] << 8 | buf[start + 27])
+                if body > stop:
+                    log.error("WORKERS: link to worker %d sent a bad header block", self.peer)
+                    self.close()
+                    return
                 msgs.append(
                     Message(
                         bytes(buf[start + 10 : start + 26]),
-                        bytes(buf[start + 26 : stop]),
+                        bytes(buf[body:stop]),
                         ts,
                         attempts,
+                        bytes(buf[start + 28 : body]),
                     )
                 )
             elif ftype != FRAME_TYPE_ERROR and buf[start:stop] == _HEARTBEAT:

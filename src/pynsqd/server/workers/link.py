@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ...protocol.commands import Rdy
+from ...protocol.commands import IdentifyData, Rdy
 from ...protocol.frames import encode_response
+from ...protocol.headers import MAX_BLOCK, HeaderLimits
 from ...protocol.parser import Event
 from ..protocol_v2 import ClientV2
 from ..publishing import LinkPublishing
@@ -27,14 +28,32 @@ if TYPE_CHECKING:
     from ..context import ConnectionContext
 
 
+#: A link's limits: none of its own (the worker the client reached checked them).
+LINK_HEADERS = HeaderLimits(max_count=MAX_BLOCK, max_bytes=MAX_BLOCK)
+
+
 class WorkerLink(ClientV2):
     is_link = True
     unnamed_peer = "worker-link"
 
     def __init__(self, nsqd: ConnectionContext) -> None:
-        super().__init__(nsqd, dataclasses.replace(nsqd.protocol_config, tls_required=False))
+        cfg = nsqd.protocol_config
+        # Each body it carries has its header block before it (a client's own, or an empty
+        # one: 2 bytes), within the limits the worker the client reached checked.
+        link_cfg = dataclasses.replace(
+            cfg,
+            tls_required=False,
+            max_msg_size=cfg.max_msg_size + 2 + MAX_BLOCK,
+            max_body_size=cfg.max_body_size * 2 + 2 + MAX_BLOCK,
+        )
+        super().__init__(nsqd, link_cfg)
         self.publishing = self.link_publishing = LinkPublishing(self)
         self._synced = False
+
+    def identified(self, d: IdentifyData) -> None:
+        super().identified(d)
+        if d.headers:  # a link carries every message's headers (``dial.py`` asks)
+            self.headers = LINK_HEADERS
 
     def RDY(self, cmd: Rdy) -> None:
         super().RDY(cmd)
