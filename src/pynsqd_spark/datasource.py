@@ -12,7 +12,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .channel_source import SOURCE_SCHEMA, NsqStreamReader
-from .log_source import LOG_SCHEMA, NsqLogBatchReader, NsqLogStreamReader, retained_everywhere
+from .log_source import (
+    LOG_SCHEMA,
+    LOG_SCHEMA_WITH_HEADERS,
+    NsqLogBatchReader,
+    NsqLogStreamReader,
+    retained_everywhere,
+)
 from .options import LogOptions, NsqOptionError, SinkOptions, SourceOptions
 from .sink import NsqArrowWriter, NsqStreamArrowWriter
 
@@ -52,7 +58,8 @@ class NsqDataSource(DataSource):
         """Called by ``load()``: the options are checked here, so that a misspelled or missing
         one is refused at ``load()``, naming it, not when the query starts."""
         if self._mode() == "log":
-            LogOptions.parse(self.options)
+            if LogOptions.parse(self.options).include_headers:
+                return LOG_SCHEMA_WITH_HEADERS
             return LOG_SCHEMA
         try:
             SourceOptions.parse(self.options)

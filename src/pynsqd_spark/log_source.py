@@ -30,7 +30,14 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from pynsqd.client import (
     LogIdentityError,
@@ -44,6 +51,7 @@ from pynsqd.client import (
     survey_logs,
     topic_offsets,
 )
+from pynsqd.protocol.headers import decode as decode_headers
 
 from .channel_source import SOURCE_SCHEMA
 from .options import LogOptions, NsqOptionError
@@ -56,6 +64,14 @@ REPORT_EVERY = 60.0
 
 LOG_SCHEMA = StructType([*SOURCE_SCHEMA.fields, StructField("offset", LongType())])
 _ARROW_SCHEMA = to_arrow_schema(LOG_SCHEMA, timezone="UTC")
+#: ``includeHeaders``: each message's headers (``docs/headers.md``), as Spark's Kafka source
+#: gives them: an array of (key, value) in their order, empty for a message without.
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+LOG_SCHEMA_WITH_HEADERS = StructType([*LOG_SCHEMA.fields, StructField("headers", HEADERS_TYPE)])
+_ARROW_SCHEMA_WITH_HEADERS = to_arrow_schema(LOG_SCHEMA_WITH_HEADERS, timezone="UTC")
+_ARROW_HEADERS = _ARROW_SCHEMA_WITH_HEADERS.field("headers").type
 
 
 class NsqDataLoss(RuntimeError):
@@ -157,8 +173,9 @@ def fetch(
     key: str = "",
     replicas: tuple[str, ...] = (),
     partition: int | None = None,
-) -> Iterator[tuple[int, int, bytes, int, bytes]]:
-    """Records ``[start, end)`` of one log: (offset, timestamp ns, id, attempts, body), read
+) -> Iterator[tuple[int, int, bytes, int, bytes, bytes]]:
+    """Records ``[start, end)`` of one log: (offset, timestamp ns, id, attempts, body, header
+    block), read
     with failover between its copies by ``pynsqd.client``'s ``read_range``, for
     ``readRetryTimeoutMs``. Records pruned before ``start`` was read raise ``NsqDataLoss`` (or,
     without ``failOnDataLoss``, are skipped and logged)."""
@@ -187,7 +204,7 @@ def fetch(
             on_pruned=pruned,
             warn=_warn,
         ):
-            yield r.offset, r.timestamp, r.id, r.attempts, r.body
+            yield r.offset, r.timestamp, r.id, r.attempts, r.body, r.headers
     except RangeUnreadable as e:
         raise NsqReadError(f"nsq log source: {e} (option readRetryTimeoutMs)") from None
     except LogIdentityError as e:
@@ -244,30 +261,37 @@ def split(
 
 def read_partition(p: LogPartition, opts: LogOptions) -> Iterator[Any]:
     """Arrow record batches of a partition, on the executor."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("body", "id", "ts", "attempts", "offset")}
+    names = ("body", "id", "ts", "attempts", "offset", "headers")
+    cols: dict[str, list[Any]] = {k: [] for k in names}
 
     def batch() -> Any:
         n = len(cols["offset"])
+        arrays = [
+            pa.array(cols["body"], pa.binary()),
+            pa.array(cols["id"], pa.string()),
+            pa.array(cols["ts"], pa.timestamp("us", tz="UTC")),
+            pa.array(cols["attempts"], pa.int32()),
+            pa.array([p.node] * n, pa.string()),
+            pa.array([opts.topic] * n, pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(cols["offset"], pa.int64()),
+        ]
+        if opts.include_headers:
+            pairs = [
+                [{"key": k, "value": v} for k, v in decode_headers(h)] for h in cols["headers"]
+            ]
+            arrays.append(pa.array(pairs, _ARROW_HEADERS))
         out = pa.RecordBatch.from_arrays(
-            [
-                pa.array(cols["body"], pa.binary()),
-                pa.array(cols["id"], pa.string()),
-                pa.array(cols["ts"], pa.timestamp("us", tz="UTC")),
-                pa.array(cols["attempts"], pa.int32()),
-                pa.array([p.node] * n, pa.string()),
-                pa.array([opts.topic] * n, pa.string()),
-                pa.nulls(n, pa.string()),
-                pa.array(cols["offset"], pa.int64()),
-            ],
-            schema=_ARROW_SCHEMA,
+            arrays, schema=_ARROW_SCHEMA_WITH_HEADERS if opts.include_headers else _ARROW_SCHEMA
         )
         for v in cols.values():
             v.clear()
         return out
 
     rows = fetch(p.node, opts, p.start, p.end, p.key, p.replicas, p.partition)
-    for offset, ts, msg_id, attempts, body in rows:
+    for offset, ts, msg_id, attempts, body, block in rows:
         cols["body"].append(body)
+        cols["headers"].append(block)
         cols["id"].append(msg_id.decode("ascii", "replace"))
         cols["ts"].append(ts // 1000)
         cols["attempts"].append(attempts)

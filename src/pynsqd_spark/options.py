@@ -296,6 +296,7 @@ LOG_OPTIONS = (
     "minPartitions",
     "failOnDataLoss",
     "readerName",
+    "includeHeaders",
     "readRetryTimeoutMs",
     "readRetryBackoffMs",
     "authSecret",
@@ -333,6 +334,9 @@ class LogOptions:
     #: ``readerName``: what a streaming query is called in the nodes' ``/stats`` (its committed
     #: offsets and lag); by default ``spark-<topic>-`` and a digest of its options.
     reader_name: str = ""
+    #: ``includeHeaders``: a ``headers`` column (each message's, ``docs/headers.md``), as
+    #: Spark's Kafka source has with the same option.
+    include_headers: bool = False
 
     @property
     def http(self) -> ClientOptions:
@@ -389,6 +393,7 @@ class LogOptions:
             read_retry_timeout_ms=o.integer("readRetryTimeoutMs", 60_000),
             read_retry_backoff_ms=o.integer("readRetryBackoffMs", 100, 1),
             reader_name=o.get("readerName") or _reader_name(topic, options),
+            include_headers=o.boolean("includeHeaders", False),
             client=ClientOptions(
                 timeout=o.integer("timeoutMs", 30000, 1) / 1000,
                 tls=tls,

@@ -25,6 +25,7 @@ the connection broke is published twice (at-least-once).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -42,7 +43,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
 from pynsqd.client import (
     Connection,
@@ -51,6 +52,8 @@ from pynsqd.client import (
     find_nodes,
 )
 from pynsqd.protocol import encode
+from pynsqd.protocol import headers as header_codec
+from pynsqd.protocol.headers import HeaderError, join_body
 
 from .options import NsqOptionError, SinkOptions, check_name
 
@@ -88,6 +91,20 @@ def check_schema(schema: StructType, opts: SinkOptions) -> None:
         )
     if "topic" in names and not isinstance(schema["topic"].dataType, StringType):
         raise NsqOptionError("column 'topic' must be a string")
+    if "headers" in names:
+        t = schema["headers"].dataType
+        ok = (
+            isinstance(t, ArrayType)
+            and isinstance(t.elementType, StructType)
+            and t.elementType.fieldNames() == ["key", "value"]
+            and isinstance(t.elementType["key"].dataType, StringType)
+            and isinstance(t.elementType["value"].dataType, BinaryType | StringType)
+        )
+        if not ok:
+            raise NsqOptionError(
+                "column 'headers' must be array<struct<key: string, value: binary or string>> "
+                f"(as the source's includeHeaders gives), not {t.simpleString()}"
+            )
 
 
 class Publisher:
@@ -97,8 +114,10 @@ class Publisher:
     after a failure all of them are sent again on a new connection.
     """
 
-    def __init__(self, opts: SinkOptions, start_index: int = 0) -> None:
+    def __init__(self, opts: SinkOptions, start_index: int = 0, headers: bool = False) -> None:
         self.opts = opts
+        #: Each body is sent with its header block (a ``headers`` column): asked for in IDENTIFY.
+        self._client = dataclasses.replace(opts.client, headers=True) if headers else opts.client
         self._index = start_index
         self._nodes: list[str] | None = None
         self._conn: Connection | None = None
@@ -139,7 +158,7 @@ class Publisher:
         if self._conn is None or self._conn.closed:
             nodes = self.nodes(topic)
             node = nodes[self._index % len(nodes)]
-            self._conn = Connection(node, self.opts.client).connect()
+            self._conn = Connection(node, self._client).connect()
             if node not in self.used:
                 self.used.append(node)
             offered = self._conn.identify_response.get("idempotent_publish") is True
@@ -324,6 +343,8 @@ class _WriterBase:
         check_schema(schema, opts)
         self.opts = opts
         self.has_topic = "topic" in schema.fieldNames()
+        #: Each row's headers are sent with it (``docs/headers.md``).
+        self.has_headers = "headers" in schema.fieldNames()
         #: A batch write's identity (made on the driver, the same in every task and retry).
         self.write_id = uuid.uuid4().hex
 
@@ -341,7 +362,7 @@ class _WriterBase:
         pid = ctx.partitionId() if ctx is not None else 0
         where = f"partition {pid}" + (f" of batch {batch_id}" if batch_id is not None else "")
         msg = NsqCommitMessage(partition_id=pid, batch_id=batch_id)
-        pub = Publisher(self.opts, start_index=pid)
+        pub = Publisher(self.opts, start_index=pid, headers=self.has_headers)
         producer = self._producer(ctx, pid, batch_id)
         seqs: dict[str, int] = {}  # per topic: the next row's sequence number
         row_base = 0
@@ -405,6 +426,8 @@ class _WriterBase:
                     )
             keep = ~(oversize | empty)
             skipped = len(bad)
+        if self.has_headers:
+            col = _with_headers(rb, col, row_base, where)
         if not self.has_topic:
             topic = self.opts.topic
             assert topic is not None
@@ -446,6 +469,26 @@ class _WriterBase:
         elif skipped:
             out.append((self.opts.topic or "", col.slice(0, 0), skipped))
         return out
+
+
+def _with_headers(rb: Any, bodies: Any, row_base: int, where: str) -> Any:
+    """The bodies as a client that asked for headers sends them: each after its row's header
+    block (``protocol/headers.py``; a null or empty array: none)."""
+    cells = rb.column(rb.schema.get_field_index("headers")).to_pylist()
+    out = []
+    for i, (cell, body) in enumerate(zip(cells, bodies.to_pylist(), strict=True)):
+        try:
+            pairs = []
+            for entry in cell or ():
+                key, value = entry["key"], entry["value"]
+                if key is None:
+                    raise HeaderError("a header key is null")
+                pairs.append((key, value.encode() if isinstance(value, str) else value or b""))
+            block = header_codec.encode(pairs)
+        except HeaderError as err:
+            raise NsqSinkError(f"row {row_base + i} of {where}: column 'headers': {err}") from None
+        out.append(join_body(block, body))
+    return pa.array(out, pa.binary())
 
 
 def _original_row(keep: Any, i: int) -> int:
