@@ -17,13 +17,13 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from queue import Queue
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
-from pynsqd.client import Connection, lookup_topics
+from pynsqd.client import ClientOptions, Connection, lookup_topics
 
-from ..conftest import ServerThread
+from ..conftest import ServerThread, http_request
 from ..integration.lookupd_helpers import LookupdThread
 from ..integration.secure_client import Certs
 from ..integration.servers import BIN, tool
@@ -1063,3 +1063,81 @@ GO_FLAGS = {
     "lookupd-http-address notification-http-endpoint nsqd-http-address proxy-graphite "
     "statsd-counter-format statsd-gauge-format statsd-interval statsd-prefix verbose version",
 }
+
+
+def test_the_tools_carry_message_headers(
+    make_nsqd: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    """``docs/headers.md``: ``to_nsq --message-header`` publishes them, ``nsq_tail
+    --message-headers`` prints them before each body, ``nsq_to_nsq --message-headers`` and
+    ``nsq_to_http --message-headers`` pass them on (the latter as ``Nsq-Header-*``)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    src = make_nsqd(data_path=str(tmp_path / "src"))
+    dst = make_nsqd(data_path=str(tmp_path / "dst"))
+    addr = f"127.0.0.1:{src.tcp_port}"
+    assert http_request(src, "POST", "/topic/create?topic=logs")[0] == 200
+    for channel in ("tail", "nsq_to_nsq", "nsq_to_http"):  # each gets every message
+        status, _ = http_request(src, "POST", f"/channel/create?topic=logs&channel={channel}")
+        assert status == 200
+    res = tool(
+        "to_nsq",
+        "--topic=logs",
+        f"--nsqd-tcp-address={addr}",
+        "--message-header=tenant=acme",
+        "--message-header=trace=00-1-01",
+        stdin=b"a\nb\n",
+    )
+    assert res.returncode == 0, res.stderr
+    res = tool(
+        "nsq_tail",
+        "--topic=logs",
+        "--channel=tail",
+        f"--nsqd-tcp-address={addr}",
+        "--message-headers",
+        "--n=2",
+    )
+    assert res.returncode == 0, res.stderr
+    line = b'{"tenant":"acme","trace":"00-1-01"}\t'
+    assert res.stdout == line + b"a\n" + line + b"b\n"
+    bad = tool("to_nsq", "--topic=logs", f"--nsqd-tcp-address={addr}", "--message-header=A B=1")
+    assert bad.returncode == 1 and bad.stderr.startswith(b"to_nsq: --message-header 'A B=1'")
+    proc = subprocess.Popen(
+        [
+            *_tool_command("nsq_to_nsq"),
+            "--topic=logs",
+            f"--nsqd-tcp-address={addr}",
+            f"--destination-nsqd-tcp-address=127.0.0.1:{dst.tcp_port}",
+            "--message-headers",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(
+            lambda: dst.call(lambda: getattr(dst.nsqd.topics.get("logs"), "message_count", 0)) == 2,
+            "both copied",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    recorder = Recorder()
+    try:
+        rc, err = _to_http(src, "logs", f"--post={recorder.url}/in", "--message-headers")
+        assert rc == 0, err
+        assert sorted(b for *_, b in recorder.seen) == [b"a", b"b"]
+        for _, _, sent, _ in recorder.seen:
+            folded = {k.lower(): v for k, v in sent.items()}
+            assert (folded["nsq-header-tenant"], folded["nsq-header-trace"]) == ("acme", "00-1-01")
+    finally:
+        recorder.close()
+    with Connection(f"127.0.0.1:{dst.tcp_port}", ClientOptions(headers=True)).connect() as c:
+        got: list[list[tuple[str, bytes]]] = []
+
+        def on_messages(conn: Connection, *cols: Any) -> None:
+            got.extend(cols[4])
+            conn.fin_many(cols[2])
+
+        c.subscribe("logs", "check", on_messages, rdy=10)
+        wait_for(lambda: len(got) >= 2, "the copies")
+    assert got == [[("tenant", b"acme"), ("trace", b"00-1-01")]] * 2

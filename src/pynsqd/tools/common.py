@@ -4,6 +4,7 @@ go-nsq's config keys (``--consumer-opt``, ``--producer-opt``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -111,3 +112,14 @@ def go_config(flag: str, values: list[str], client: ClientOptions) -> tuple[Clie
             raise ValueError(f"--{flag}={item}: {err}") from None
     max_in_flight = int(changes.pop("max_in_flight", 0))
     return dataclasses.replace(client, **changes), max_in_flight
+
+
+def header_line(pairs: list[tuple[str, bytes]]) -> bytes:
+    """A message's headers as one line of JSON, for the tools that print them
+    (``--message-headers``): name to value (text; bytes that are not UTF-8 as ``\\xNN``), a
+    name given more than once to the list of its values."""
+    out: dict[str, list[str]] = {}
+    for name, value in pairs:
+        out.setdefault(name, []).append(value.decode("utf-8", "backslashreplace"))
+    doc = {k: v[0] if len(v) == 1 else v for k, v in out.items()}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()

@@ -15,6 +15,7 @@ prefixed with the program's name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
@@ -33,6 +34,9 @@ from ..client.errors import check_names
 from ..internal.optiontable import many, opt
 from .common import ToolLog, go_client
 
+#: A message's headers, as the client gives them: (name, value) in order.
+Pairs = list[tuple[str, bytes]]
+
 
 @dataclass
 class ConsumerOptions:
@@ -49,6 +53,10 @@ class ConsumerOptions:
     lookupd_http_addresses: list[str] = many("lookupd HTTP address", flag="lookupd-http-address")
     lookupd_poll_interval: float = opt(
         60.0, "how often to ask nsqlookupd for the nodes that have the topic", kind="duration"
+    )
+    message_headers: bool = opt(
+        False,
+        "pynsqd: ask nsqd for message headers (docs/headers.md): nsq_tail and nsq_to_file print them, nsq_to_nsq and nsq_to_http pass them on",  # noqa: E501
     )
 
 
@@ -82,6 +90,8 @@ def subscriptions(
         )
         raise SystemExit(1)
     client, max_in_flight = go_client(program, "consumer-opt", opts.consumer_opts)
+    if opts.message_headers:
+        client = dataclasses.replace(client, headers=True)
     return [
         Subscription(
             program,
@@ -129,7 +139,8 @@ class Subscription:
         self.poll_interval = poll_interval
         self.lookup_timeout = lookup_timeout
         self.log = log or ToolLog(program)
-        self.incoming: Queue[tuple[Connection, bytes, bytes]] = Queue()
+        #: (connection, id, body, headers: empty unless ``--message-headers``)
+        self.incoming: Queue[tuple[Connection, bytes, bytes, Pairs]] = Queue()
         self._lock = threading.Lock()
         self._conns: dict[str, Connection] = {}
         self._found: list[str] = []  # from lookupd's last answer
@@ -192,10 +203,16 @@ class Subscription:
         self._backoff.pop(address, None)
 
     def _on_messages(
-        self, conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
+        self,
+        conn: Connection,
+        ts: list[int],
+        att: list[int],
+        ids: list[bytes],
+        bodies: list[bytes],
+        hdrs: list[Pairs] | None = None,
     ) -> None:
-        for msg_id, body in zip(ids, bodies, strict=True):
-            self.incoming.put((conn, msg_id, body))
+        for i, (msg_id, body) in enumerate(zip(ids, bodies, strict=True)):
+            self.incoming.put((conn, msg_id, body, hdrs[i] if hdrs is not None else []))
 
     def _on_close(self, conn: Connection) -> None:
         with self._lock:

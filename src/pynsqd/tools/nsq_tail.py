@@ -18,8 +18,8 @@ from queue import Empty, Queue
 
 from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError
 from ..internal.optiontable import many, opt
-from .common import parse
-from .consumer import ConsumerOptions, Subscription, subscriptions
+from .common import header_line, parse
+from .consumer import ConsumerOptions, Pairs, Subscription, subscriptions
 
 PROGRAM = "nsq_tail"
 
@@ -32,17 +32,17 @@ class TailOptions(ConsumerOptions):
     print_topic: bool = opt(False, "print topic name where message was received")
 
 
-Tagged = tuple[Subscription, Connection, bytes, bytes]
+Tagged = tuple[Subscription, Connection, bytes, bytes, Pairs]
 
 
 def _forward(sub: Subscription, out: Queue[Tagged], stop: threading.Event) -> None:
     """One topic's messages into the queue of them all, with their subscription."""
     while not stop.is_set():
         try:
-            conn, msg_id, body = sub.incoming.get(timeout=0.2)
+            conn, msg_id, body, hdrs = sub.incoming.get(timeout=0.2)
         except Empty:
             continue
-        out.put((sub, conn, msg_id, body))
+        out.put((sub, conn, msg_id, body, hdrs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=_forward, args=(sub, merged, stop), daemon=True).start()
         while not opts.n or shown < opts.n:
             try:
-                sub, conn, msg_id, body = merged.get(timeout=0.5)
+                sub, conn, msg_id, body, hdrs = merged.get(timeout=0.5)
             except Empty:
                 continue
             if opts.print_topic:
                 stdout.write(sub.topic.encode() + b" | ")
+            if opts.message_headers:  # the headers' JSON, a tab, the body
+                stdout.write(header_line(hdrs) + b"\t")
             stdout.write(body + b"\n")
             stdout.flush()
             sub.finish(conn, msg_id)

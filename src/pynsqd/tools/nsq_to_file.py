@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from ..client import Connection, NsqConnectionError, NsqError, NsqLookupError, lookup_topics
 from ..internal.optiontable import many, opt
-from .common import ToolLog, parse
+from .common import ToolLog, header_line, parse
 from .consumer import ConsumerOptions, Subscription, subscriptions
 
 PROGRAM = "nsq_to_file"
@@ -172,6 +172,7 @@ def _consume(opts: ToFileOptions, sub: Subscription, stop: threading.Event) -> N
     pending: list[tuple[Connection, bytes]] = []
     next_sync = time.monotonic() + opts.sync_interval
     batch = max(1, opts.max_in_flight // max(1, len(sub.nsqd_addresses) or 1))
+    with_headers = opts.message_headers
 
     def sync_and_finish() -> None:
         out.sync()
@@ -182,12 +183,13 @@ def _consume(opts: ToFileOptions, sub: Subscription, stop: threading.Event) -> N
     try:
         while not stop.is_set():
             try:
-                conn, msg_id, body = sub.incoming.get(timeout=0.2)
+                conn, msg_id, body, hdrs = sub.incoming.get(timeout=0.2)
             except Empty:
                 conn = None
             if conn is not None:
                 before = out.name
-                out.write(body)
+                # --message-headers: the headers' JSON, a tab, the body.
+                out.write(header_line(hdrs) + b"\t" + body if with_headers else body)
                 if out.name != before and pending:  # rotated: the old file is synced and closed
                     for c, i in pending:
                         sub.finish(c, i)

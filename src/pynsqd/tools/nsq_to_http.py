@@ -151,9 +151,10 @@ class Endpoints:
         self._next = 0
         self._local = threading.local()
 
-    def deliver(self, body: bytes) -> None:
+    def deliver(self, body: bytes, hdrs: list[tuple[str, bytes]] | None = None) -> None:
         """One request for ``body`` to the URL ``--mode`` picks; raises RequestFailed naming
-        the failure (the message is requeued, as Go's; hostpool moves on to the next URL)."""
+        the failure (the message is requeued, as Go's; hostpool moves on to the next URL).
+        ``hdrs``: the message's headers, sent as ``Nsq-Header-<name>`` request headers."""
         with self._lock:
             i = self._next % len(self.endpoints)
             if self.round_robin:
@@ -161,7 +162,7 @@ class Endpoints:
         ep = self.endpoints[i]
         started = time.monotonic()
         try:
-            status = self._request(ep, body)
+            status = self._request(ep, body, hdrs or [])
         except (OSError, http.client.HTTPException) as e:
             self._drop(ep)
             err = f"{ep.url}: {e or type(e).__name__}"
@@ -176,7 +177,7 @@ class Endpoints:
                     self._next = i + 1  # hostpool: the next message tries the next URL
         raise RequestFailed(err)
 
-    def _request(self, ep: Endpoint, body: bytes) -> int:
+    def _request(self, ep: Endpoint, body: bytes, hdrs: list[tuple[str, bytes]]) -> int:
         conns: dict[Endpoint, http.client.HTTPConnection] = self._local.__dict__.setdefault(
             "conns", {}
         )
@@ -191,6 +192,8 @@ class Endpoints:
             assert conn.sock is not None
             conn.sock.settimeout(self.request_timeout)
         headers = dict(self.headers)
+        for name, value in hdrs:  # as nsqd's /pub takes them (docs/headers.md)
+            headers[f"Nsq-Header-{name}"] = value.decode("latin-1")
         if ep.method == "POST":
             headers.setdefault("Content-Type", self.content_type)
             conn.request("POST", ep.target, body=body, headers=headers)
@@ -213,14 +216,14 @@ def work(sub: Subscription, endpoints: Endpoints, sample: float, stop: threading
     """One of ``--n`` workers: a message, a request, FIN or REQ."""
     while not stop.is_set():
         try:
-            conn, msg_id, body = sub.incoming.get(timeout=0.1)
+            conn, msg_id, body, hdrs = sub.incoming.get(timeout=0.1)
         except Empty:
             continue
         if sample < 1.0 and random.random() >= sample:
             sub.finish(conn, msg_id)  # not sampled: acknowledged unsent, as Go's
             continue
         try:
-            endpoints.deliver(body)
+            endpoints.deliver(body, hdrs)
         except RequestFailed as err:
             sub.say(f"request failed - {err}; requeued")
             sub.requeue(conn, msg_id, REQUEUE_MS)

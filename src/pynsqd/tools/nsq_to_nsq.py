@@ -19,6 +19,7 @@ outcome unknown) starts a new producer id: the next numbers never collide with i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -121,8 +122,9 @@ class Destinations:
         self._producer = "".join(c if c.isalnum() or c in "._:-" else "-" for c in self._producer)
         self._seqs = {}
 
-    def publish(self, topic: str, body: bytes) -> None:
-        """PUB on one destination, failing over to the others; raises the last error."""
+    def publish(self, topic: str, body: bytes, hdrs: list[tuple[str, bytes]] | None = None) -> None:
+        """PUB on one destination, failing over to the others; raises the last error.
+        ``hdrs``: the message's headers (``--message-headers``), passed on."""
         n = len(self.addresses)
         first = self._next % n
         if self.round_robin:
@@ -135,7 +137,7 @@ class Destinations:
                 conn = self._conns.get(address)
                 if conn is None or conn.closed:
                     conn = self._conns[address] = Connection(address, self.client).connect()
-                conn.pub(topic, body, identity=identity)
+                conn.pub(topic, body, identity=identity, headers=hdrs or None)
             except (NsqError, NsqConnectionError, OSError) as e:
                 err = e
                 bad = self._conns.pop(address, None)
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if opts.message_headers:  # passed on: the destination is asked for them too
+        producer = dataclasses.replace(producer, headers=True)
     dest = Destinations(opts, producer)
     try:
         for sub in subs:
@@ -184,14 +188,14 @@ def main(argv: list[str] | None = None) -> int:
             idle = True
             for sub in subs:
                 try:
-                    conn, msg_id, body = sub.incoming.get(timeout=0.05)
+                    conn, msg_id, body, hdrs = sub.incoming.get(timeout=0.05)
                 except Empty:
                     continue
                 idle = False
                 out = transform(opts, body)
                 if out is not None:
                     try:
-                        dest.publish(opts.destination_topic or sub.topic, out)
+                        dest.publish(opts.destination_topic or sub.topic, out, hdrs)
                     except (NsqError, NsqConnectionError, OSError) as err:
                         print(f"{PROGRAM}: publishing failed - {err}; requeued", file=sys.stderr)
                         sub.requeue(conn, msg_id, 1000)

@@ -23,6 +23,8 @@ from ..client import ClientOptions, Connection, NsqConnectionError, NsqError
 from ..client.errors import check_names
 from ..internal.names import is_valid_producer
 from ..internal.optiontable import many, opt
+from ..protocol import headers as header_codec
+from ..protocol.headers import HeaderError
 from .common import go_config, parse
 
 PROGRAM = "to_nsq"
@@ -47,6 +49,10 @@ class ToNsqOptions:
         "pynsqd: publish record i with this producer id and sequence number i: retries "
         "and a re-run of the same input write each record once (a retained topic)",
     )
+    message_headers: list[str] = many(
+        "pynsqd: a header NAME=VALUE of every message (repeatable; docs/headers.md)",
+        flag="message-header",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,9 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     if opts.producer_id and not is_valid_producer(opts.producer_id.encode()):
         print(f"{PROGRAM}: --producer-id: 1-128 of A-Z a-z 0-9 . _ : -", file=sys.stderr)
         return 1
+    pairs: list[tuple[str, bytes]] = []
+    for given in opts.message_headers:
+        name, eq, value = given.partition("=")
+        pairs.append((name, value.encode()))
+        try:
+            if not eq:
+                raise HeaderError("give it as NAME=VALUE")
+            header_codec.encode(pairs)
+        except HeaderError as err:
+            print(f"{PROGRAM}: --message-header {given!r}: {err}", file=sys.stderr)
+            return 1
+    hdrs = pairs or None
     try:
         client, _ = go_config(
-            "producer-opt", opts.producer_opts, ClientOptions(user_agent=f"{PROGRAM}/pynsqd")
+            "producer-opt",
+            opts.producer_opts,
+            ClientOptions(user_agent=f"{PROGRAM}/pynsqd", headers=bool(pairs)),
         )
         conns = [Connection(a, client).connect() for a in opts.nsqd_tcp_addresses]
     except (NsqError, NsqConnectionError, ValueError) as err:
@@ -91,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 next_at = max(next_at, now) + interval
             if opts.producer_id:
                 for i, conn in enumerate(conns):
-                    conns[i], duplicates = _pub_again(conn, client, opts, record, sent)
+                    conns[i], duplicates = _pub_again(conn, client, opts, record, sent, hdrs)
                     already += duplicates
             else:
                 for conn in conns:
-                    conn.pub(opts.topic, record)
+                    conn.pub(opts.topic, record, headers=hdrs)
             sent += 1
     except (NsqError, NsqConnectionError) as err:
         # What was acknowledged, and that the record at hand may or may not have been written.
@@ -125,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _pub_again(
-    conn: Connection, client: ClientOptions, opts: ToNsqOptions, record: bytes, seq: int
+    conn: Connection,
+    client: ClientOptions,
+    opts: ToNsqOptions,
+    record: bytes,
+    seq: int,
+    hdrs: list[tuple[str, bytes]] | None = None,
 ) -> tuple[Connection, int]:
     """An idempotent PUB, retried on a new connection (a few times, backing off) when the
     connection breaks: the identity makes a retry of a publish that was written a no-op.
@@ -135,7 +160,7 @@ def _pub_again(
         try:
             if conn.closed:
                 conn = Connection(conn.address, client).connect()
-            return conn, conn.pub(opts.topic, record, identity=identity)
+            return conn, conn.pub(opts.topic, record, identity=identity, headers=hdrs)
         except NsqConnectionError as err:
             conn.close()
             if attempt == RETRIES:
