@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     StringType,
@@ -58,6 +59,21 @@ SOURCE_SCHEMA = StructType(
     ]
 )
 _ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
+#: ``includeHeaders``: each message's headers (``docs/headers.md``), as Spark's Kafka source
+#: gives them: an array of (key, value) in their order, empty for a message without.
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+SOURCE_SCHEMA_WITH_HEADERS = StructType(
+    [*SOURCE_SCHEMA.fields, StructField("headers", HEADERS_TYPE)]
+)
+_ARROW_SCHEMA_WITH_HEADERS = to_arrow_schema(SOURCE_SCHEMA_WITH_HEADERS, timezone="UTC")
+_ARROW_HEADERS = _ARROW_SCHEMA_WITH_HEADERS.field("headers").type
+
+
+def headers_array(blocks: list[list[tuple[str, bytes]]]) -> Any:
+    """A ``headers`` column: each message's (name, value) pairs as key/value structs."""
+    return pa.array([[{"key": k, "value": v} for k, v in h] for h in blocks], _ARROW_HEADERS)
 
 
 class NsqPartition(InputPartition):
@@ -82,15 +98,16 @@ class NsqPartition(InputPartition):
     def batch(self) -> Any:
         """The partition's rows as a record batch of the source schema."""
         n = self.columns.num_rows
-        return pa.RecordBatch.from_arrays(
-            [
-                *self.columns.columns,
-                _repeat(self.node, n),
-                _repeat(self.topic, n),
-                _repeat(self.channel, n),
-            ],
-            schema=_ARROW_SCHEMA,
-        )
+        cols = self.columns.columns
+        arrays = [
+            *cols[:4],
+            _repeat(self.node, n),
+            _repeat(self.topic, n),
+            _repeat(self.channel, n),
+        ]
+        if len(cols) > 4:  # includeHeaders
+            return pa.RecordBatch.from_arrays([*arrays, cols[4]], schema=_ARROW_SCHEMA_WITH_HEADERS)
+        return pa.RecordBatch.from_arrays(arrays, schema=_ARROW_SCHEMA)
 
 
 def build_partitions(
@@ -100,8 +117,10 @@ def build_partitions(
     channel: str,
     max_messages: int,
     max_bytes: int,
+    with_headers: bool = False,
 ) -> list[NsqPartition]:
-    """One partition per node, split further to stay under ``max_messages`` / ``max_bytes``."""
+    """One partition per node, split further to stay under ``max_messages`` / ``max_bytes``;
+    ``with_headers``: a fifth column, each message's headers (``includeHeaders``)."""
     by_node: dict[str, list[Part]] = {}
     for p in parts:
         by_node.setdefault(p.node, []).append(p)
@@ -111,18 +130,16 @@ def build_partitions(
         att = list(itertools.chain.from_iterable(p.att for p in node_parts))
         ids = list(itertools.chain.from_iterable(p.ids for p in node_parts))
         bodies = list(itertools.chain.from_iterable(p.bodies for p in node_parts))
+        hdrs = list(itertools.chain.from_iterable(p.hdrs for p in node_parts))
         bounds = _split(bodies, max_messages, max_bytes)
         for index, (lo, hi) in enumerate(bounds):
-            out.append(
-                NsqPartition(
-                    seq,
-                    node,
-                    index,
-                    _row_columns(ts[lo:hi], att[lo:hi], ids[lo:hi], bodies[lo:hi]),
-                    topic,
-                    channel,
+            cols = _row_columns(ts[lo:hi], att[lo:hi], ids[lo:hi], bodies[lo:hi])
+            if with_headers:
+                cols = pa.RecordBatch.from_arrays(
+                    [*cols.columns, headers_array(hdrs[lo:hi])],
+                    names=[*cols.schema.names, "headers"],
                 )
-            )
+            out.append(NsqPartition(seq, node, index, cols, topic, channel))
     return out
 
 
@@ -318,6 +335,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.opts.channel,
                         self.opts.max_messages_per_partition,
                         self.opts.max_bytes_per_partition,
+                        self.opts.include_headers,
                     )
                     pool.drop_payload(seq)  # the partitions hold the data until commit
                 self._cache[seq] = cached

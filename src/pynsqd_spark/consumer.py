@@ -38,6 +38,10 @@ from .options import SourceOptions
 log = logging.getLogger("pynsqd_spark.source")
 
 
+#: A message's headers as the client gives them: (name, value) in order.
+Pairs = list[tuple[str, bytes]]
+
+
 class NsqSourceError(RuntimeError):
     """The source cannot start: no nsqd or nsqlookupd reachable (the message names the option)."""
 
@@ -45,7 +49,7 @@ class NsqSourceError(RuntimeError):
 class _ConnState:
     """One subscribed connection and what it received that no batch has taken yet."""
 
-    __slots__ = ("alive", "att", "bodies", "conn", "ids", "node", "ts")
+    __slots__ = ("alive", "att", "bodies", "conn", "hdrs", "ids", "node", "ts")
 
     def __init__(self, conn: Connection, node: str) -> None:
         self.conn = conn
@@ -55,6 +59,8 @@ class _ConnState:
         self.att: list[int] = []
         self.ids: list[bytes] = []
         self.bodies: list[bytes] = []
+        #: Each message's headers (``includeHeaders``; empty otherwise).
+        self.hdrs: list[Pairs] = []
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Part:
     att: list[int]
     ids: list[bytes]
     bodies: list[bytes]
+    hdrs: list[Pairs] = field(default_factory=list)
 
     @property
     def node(self) -> str:
@@ -218,7 +225,13 @@ class ConsumerPool:
     # -- reader-thread callbacks ----------------------------------------------------------
 
     def _on_messages(
-        self, conn: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list[bytes]
+        self,
+        conn: Connection,
+        ts: list[int],
+        att: list[int],
+        ids: list[bytes],
+        bodies: list[bytes],
+        hdrs: list[Pairs] | None = None,
     ) -> None:
         with self.cond:
             st = self._states.get(conn)
@@ -228,6 +241,8 @@ class ConsumerPool:
             st.att += att
             st.ids += ids
             st.bodies += bodies
+            if hdrs is not None:
+                st.hdrs += hdrs
             self.stats.received += len(ids)
             now = self.clock()
             self.last_receive = now
@@ -244,7 +259,7 @@ class ConsumerPool:
             st.alive = False
             self.stats.dropped += len(st.ids)
             dropped = len(st.ids)
-            st.ts, st.att, st.ids, st.bodies = [], [], [], []
+            st.ts, st.att, st.ids, st.bodies, st.hdrs = [], [], [], [], []
             if not self._stop.is_set() and st.node not in self._retry:
                 self._schedule_retry(st.node)
         if not self._stop.is_set():
@@ -410,8 +425,10 @@ class ConsumerPool:
                     budget -= size
                 if not k:
                     break
-                parts.append(Part(st, st.ts[:k], st.att[:k], st.ids[:k], st.bodies[:k]))
-                del st.ts[:k], st.att[:k], st.ids[:k], st.bodies[:k]
+                parts.append(
+                    Part(st, st.ts[:k], st.att[:k], st.ids[:k], st.bodies[:k], st.hdrs[:k])
+                )
+                del st.ts[:k], st.att[:k], st.ids[:k], st.bodies[:k], st.hdrs[:k]
                 remaining -= k
                 total += k
             if parts:
@@ -426,7 +443,7 @@ class ConsumerPool:
         """Forget a batch's bodies once Spark has them (its partitions); keep the ids to FIN."""
         with self.cond:
             for p in self._ledger.get(seq, ()):
-                p.ts, p.att, p.bodies = [], [], []
+                p.ts, p.att, p.bodies, p.hdrs = [], [], [], []
 
     def has_uncommitted(self, up_to_seq: int) -> bool:
         """Some ledger batch ``<= up_to_seq`` (handed to Spark) still waits for its FIN."""
@@ -479,7 +496,7 @@ class ConsumerPool:
         with self.cond:
             held = {st: list(st.ids) for st in self._states.values()}
             for st in self._states.values():
-                st.ts, st.att, st.ids, st.bodies = [], [], [], []
+                st.ts, st.att, st.ids, st.bodies, st.hdrs = [], [], [], [], []
         # Every connection to RDY 0 before any REQ: otherwise a sibling connection still ready
         # would be sent the requeued messages at once (and hold them until it closes).
         for st in held:
@@ -508,4 +525,6 @@ def _eligible_first(st: _ConnState, cutoff: int) -> int:
     st.att = [st.att[i] for i in order]
     st.ids = [st.ids[i] for i in order]
     st.bodies = [st.bodies[i] for i in order]
+    if st.hdrs:
+        st.hdrs = [st.hdrs[i] for i in order]
     return len(early)

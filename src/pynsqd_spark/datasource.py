@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .channel_source import SOURCE_SCHEMA, NsqStreamReader
+from .channel_source import SOURCE_SCHEMA, SOURCE_SCHEMA_WITH_HEADERS, NsqStreamReader
 from .log_source import (
     LOG_SCHEMA,
     LOG_SCHEMA_WITH_HEADERS,
@@ -73,6 +73,8 @@ class NsqDataSource(DataSource):
                 f"{why}: the topic cannot be read as a log, and not as a channel either "
                 f"({err}). {BATCH_NEEDS_LOG}"
             ) from None
+        if SourceOptions.parse(self.options).include_headers:
+            return SOURCE_SCHEMA_WITH_HEADERS
         return SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

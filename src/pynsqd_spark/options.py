@@ -175,6 +175,8 @@ class SourceOptions:
     max_messages_per_partition: int
     max_bytes_per_partition: int
     reconnect_backoff_max_ms: int = 30000
+    #: ``includeHeaders``: a ``headers`` column (``docs/headers.md``); the connections ask.
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -202,10 +204,13 @@ class SourceOptions:
         nsqd, lookupd = _nodes(o)
         max_batch = o.integer("maxMessagesPerBatch", 10000, 1)
         msg_timeout = o.integer("msgTimeoutMs", 60000, 1000)
+        headers = o.boolean("includeHeaders", False)
+        client = _client_options(o, msg_timeout)
         return dict(
             nsqd_addresses=nsqd,
             lookupd_addresses=lookupd,
-            client=_client_options(o, msg_timeout),
+            client=dataclasses.replace(client, headers=True) if headers else client,
+            include_headers=headers,
             max_messages_per_batch=max_batch,
             max_bytes_per_batch=o.integer("maxBytesPerBatch", 256 * 1024 * 1024, 1),
             max_in_flight=o.integer("maxInFlight", 2 * max_batch, 1),

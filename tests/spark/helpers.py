@@ -94,6 +94,25 @@ def publish(cluster: Cluster, prefix: str, count: int) -> list[bytes]:
     return out
 
 
+QUERY_TIMEOUT = 150
+
+
+def run_available_now(df: Any, sink: Callable[[Any, int], None], checkpoint: Path) -> Any:
+    """A streaming query into ``sink`` (foreachBatch) with trigger availableNow, to its end."""
+    q = (
+        df.writeStream.foreachBatch(sink)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        assert q.awaitTermination(QUERY_TIMEOUT), "query did not end"
+    finally:
+        q.stop()
+    assert q.exception() is None, q.exception()
+    return q
+
+
 class Collector:
     """A foreachBatch sink: keeps the rows of every batch that returned normally."""
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -15,7 +16,7 @@ from pynsqd_spark.options import NsqOptionError, SinkOptions
 from pynsqd_spark.sink import NsqArrowWriter, NsqSinkError
 
 from .conftest import NsqdProcess
-from .helpers import retained
+from .helpers import Collector, read_stream, retained, run_available_now
 
 
 def _read(spark: Any, node: NsqdProcess, topic: str, **more: str) -> Any:
@@ -60,6 +61,27 @@ def test_log_mode_reads_headers_and_the_sink_writes_them(
     )
     copied = _read(spark, node, "copy", includeHeaders="true").orderBy("offset").collect()
     assert [(r.body, [(h.key, bytes(h.value)) for h in r.headers]) for r in copied] == rows
+
+
+def test_channel_mode_reads_headers(
+    spark: Any, start_nsqd: Callable[..., NsqdProcess], tmp_path: Path
+) -> None:
+    node = start_nsqd()
+    with Connection(node.tcp_address, ClientOptions(headers=True)).connect() as c:
+        c.mpub("ev", [b"x", b"y"], headers=[{"tenant": "acme"}, None])
+    sink = Collector()
+    df = read_stream(
+        spark, topic="ev", channel="spark", nsqdTcpAddresses=node.tcp_address, includeHeaders="true"
+    )
+    run_available_now(df, sink, tmp_path / "ck")
+    got = sorted((bytes(r.body), [(h.key, bytes(h.value)) for h in r.headers]) for r in sink.rows)
+    assert got == [(b"x", [("tenant", b"acme")]), (b"y", [])]
+    assert (
+        "headers"
+        not in read_stream(
+            spark, topic="ev", channel="other", nsqdTcpAddresses=node.tcp_address
+        ).columns
+    )
 
 
 HEADERS = ArrayType(

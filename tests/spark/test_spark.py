@@ -20,26 +20,9 @@ from pynsqd_spark.sink import Publisher
 from ..processes import free_port
 from ..waiting import wait_for
 from .conftest import HAVE_LOOKUPD, NsqdProcess
-from .helpers import Collector, consume_all, read_stream
+from .helpers import QUERY_TIMEOUT, Collector, consume_all, read_stream, run_available_now
 
 pytestmark = pytest.mark.timeout(240)
-
-QUERY_TIMEOUT = 150
-
-
-def run_available_now(df: Any, sink: Callable[[Any, int], None], checkpoint: Path) -> Any:
-    q = (
-        df.writeStream.foreachBatch(sink)
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
-    try:
-        assert q.awaitTermination(QUERY_TIMEOUT), "query did not end"
-    finally:
-        q.stop()
-    assert q.exception() is None, q.exception()
-    return q
 
 
 def test_read_exactly_n_then_channel_drained(
