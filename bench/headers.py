@@ -111,6 +111,7 @@ def one(workload: str, args: argparse.Namespace) -> float:
             sys.executable,
             "-m",
             "pynsqd",
+            *args.server_flags.split(),
             f"--tcp-address=127.0.0.1:{tcp}",
             f"--http-address=127.0.0.1:{http}",
             f"--data-path={data}",
@@ -155,6 +156,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--conns", type=int, default=4)
     ap.add_argument("--only", choices=WORKLOADS, help="one workload")
+    ap.add_argument("--server-flags", default="", help="more pynsqd flags (--otel-traces-file=...)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     workloads = (args.only,) if args.only else WORKLOADS

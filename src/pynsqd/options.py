@@ -256,6 +256,16 @@ class Options:
         "pynsqd: most bytes of a message's headers, names and values encoded",
         check=checks.within(0, 65535, "0 to 65535"),
     )
+    # -- tracing (docs/headers.md): messages with a traceparent header, OpenTelemetry spans
+    otel_traces_file: str = opt(
+        "",
+        "pynsqd: write the spans of messages that carry a traceparent header to this file, one JSON line each (tracing is off unless an exporter is given)",
+    )
+    otel_exporter_otlp_endpoint: str = opt(
+        "",
+        "pynsqd: send those spans over OTLP/HTTP to this URL (e.g. http://127.0.0.1:4318/v1/traces)",
+    )
+    otel_service_name: str = opt("nsqd", "pynsqd: the service.name of those spans")
     # -- client overridable
     max_heartbeat_interval: float = opt(
         60.0,

@@ -70,6 +70,10 @@ PYNSQD_FLAGS = {
     # message headers, for clients that ask for them in IDENTIFY (docs/headers.md)
     "max-headers",
     "max-header-bytes",
+    # tracing of messages with a traceparent header (docs/headers.md)
+    "otel-traces-file",
+    "otel-exporter-otlp-endpoint",
+    "otel-service-name",
 }
 
 

@@ -118,7 +118,7 @@ class Channel:
         self.max_consumers = max_consumers
         self.clients: dict[int, ConsumerLike] = {}
         #: Messages in flight and deferred (``core/in_flight.py``); its books, by their names.
-        self.ledger = InFlight(loop, self._on_due)
+        self.ledger = InFlight(loop, self._on_due, (topic.name, name))
         self.in_flight = self.ledger.flying
         self.deferred = self.ledger.deferred
         self.tq = self.ledger.tq

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Container, Iterable
 
+from . import tracing
 from .errors import ChannelError, NotInFlight, NotOwner
 from .message import MAX_ATTEMPTS, MAX_DEFER_NS, ConsumerLike, Message
 from .timed_queue import TICK, Scheduler, TimedQueue
@@ -25,10 +26,17 @@ __all__ = ["InFlight"]
 
 
 class InFlight:
-    __slots__ = ("behind", "deferred", "flying", "loop", "tq")
+    __slots__ = ("behind", "deferred", "flying", "label", "loop", "tq")
 
-    def __init__(self, loop: Scheduler, on_due: Callable[[list[Message]], None]) -> None:
+    def __init__(
+        self,
+        loop: Scheduler,
+        on_due: Callable[[list[Message]], None],
+        label: tuple[str, str] = ("", ""),
+    ) -> None:
         self.loop = loop
+        #: (topic, channel): what the tracer (``core/tracing.py``) calls its deliveries.
+        self.label = label
         self.flying: dict[bytes, Message] = {}
         self.deferred: dict[bytes, Message] = {}
         self.behind: dict[bytes, list[Message]] = {}
@@ -58,6 +66,8 @@ class InFlight:
         if dups:
             batch = [m for m in batch if self.flying.get(m.id) is m]
         self.tq.push_many(batch, deadline)
+        if tracing.TRACER is not None and batch:
+            tracing.TRACER.delivering(*self.label, batch, str(client.id))
         return batch
 
     def take(self, client: ConsumerLike, msg_id: bytes) -> Message:
@@ -97,6 +107,8 @@ class InFlight:
             if sink is not None:
                 sink(now_ns - msg.timestamp)
         self.tq.removed(done)
+        if tracing.TRACER is not None and done:
+            tracing.TRACER.ended(*self.label, ids[:done], "fin")
         return done, err
 
     def due(
@@ -114,6 +126,8 @@ class InFlight:
                 del self.flying[msg.id]
                 msg.client = None
                 timed_out[client] = timed_out.get(client, 0) + 1
+                if tracing.TRACER is not None:
+                    tracing.TRACER.ended(*self.label, [msg.id], "timeout")
                 if give_back is not None and give_back(msg):
                     continue
             elif msg.id not in self.deferred:
@@ -130,17 +144,20 @@ class InFlight:
             ready.append(msg)
         return ready, timed_out
 
-    def land(self, msg: Message) -> None:
-        """``msg`` leaves flight (a REQ): no longer anyone's, no deadline."""
+    def land(self, msg: Message, why: str = "req") -> None:
+        """``msg`` leaves flight (a REQ; ``why``: for the tracer): no longer anyone's, no
+        deadline."""
         del self.flying[msg.id]
         self.tq.remove(msg)
         msg.client = None
+        if tracing.TRACER is not None:
+            tracing.TRACER.ended(*self.label, [msg.id], why)
 
     def land_all(self, client: ConsumerLike) -> list[Message]:
         """Every message in flight to ``client`` leaves flight (it went away)."""
         mine = [m for m in self.flying.values() if m.client is client]
         for m in mine:
-            self.land(m)
+            self.land(m, "requeued")
         return mine
 
     def defer(self, msg: Message, due: float) -> None:

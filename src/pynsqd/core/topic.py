@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from . import tracing
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
 from .dedup import DEFAULT_RECORDS, DEFAULT_WINDOW_NS
@@ -169,15 +170,8 @@ class Topic:
             body = bodies[0]
             ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
             one = [Message(ids[0], body, time.time_ns(), 0, headers[0] if headers else b"")]
-            end = -1
-            if self.log is not None:
-                end = self._put_logged(one)
-            else:
-                self.put_many(one)
-            self.message_count += 1
-            self.message_bytes += len(body)
-            if self.bounded:
-                self._trim()
+            end = self._store(one)
+            self._stored(one, len(body))
             return end
         ts = time.time_ns()
         n = len(bodies)
@@ -187,16 +181,25 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        end = -1
+        end = self._store(msgs)
+        self._stored(msgs, sum(map(len, bodies)))
+        return end
+
+    def _store(self, msgs: list[Message]) -> int:
+        """Into the log (its offset past them) or the queues (-1)."""
         if self.log is not None:
-            end = self._put_logged(msgs)
-        else:
-            self.put_many(msgs)
+            return self._put_logged(msgs)
+        self.put_many(msgs)
+        return -1
+
+    def _stored(self, msgs: list[Message], size: int) -> None:
+        """``msgs`` (``size`` body bytes) were published: counted, the bounds kept, traced."""
         self.message_count += len(msgs)
-        self.message_bytes += sum(map(len, bodies))
+        self.message_bytes += size
         if self.bounded:
             self._trim()
-        return end
+        if tracing.TRACER is not None:
+            tracing.TRACER.published(self.name, msgs)
 
     def put_identified(
         self,
@@ -236,10 +239,7 @@ class Topic:
             for m in msgs:
                 m.defer_until_ns = due
         end = self._put_logged(msgs, (producer, first + dups))
-        self.message_count += len(msgs)
-        self.message_bytes += sum(map(len, new))
-        if self.bounded:
-            self._trim()
+        self._stored(msgs, sum(map(len, new)))
         return dups, end
 
     def _offset_ids(self, n: int) -> list[bytes]:
@@ -273,13 +273,8 @@ class Topic:
                 Message(i, m.body, m.timestamp, 0, m.headers)
                 for i, m in zip(ids, msgs, strict=True)
             ]
-        if self.log is not None:
-            self._put_logged(msgs)
-        else:
-            self.put_many(msgs)
-        self.message_count += len(msgs)
-        self.message_bytes += sum(len(m.body) for m in msgs)
-        self._trim()
+        self._store(msgs)
+        self._stored(msgs, sum(len(m.body) for m in msgs))
 
     # -- bounds (pynsqd) ------------------------------------------------------------------
 

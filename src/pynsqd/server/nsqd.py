@@ -35,6 +35,7 @@ from ..storage.metadata import (
     check_writable,
 )
 from ..storage.settings import SettingsStore
+from . import tracing
 from .auth import AuthClient, LogReadAuth
 from .busypoll import BusyPoll
 from .lifecycle import Lifecycles
@@ -82,6 +83,7 @@ class NSQD:
         self.opts = opts
         self.loop = loop or asyncio.get_running_loop()
         self.protocol_config = protocol_config(opts)
+        self._tracing: tracing.Tracing | None = None
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, ClientV2] = {}
         self.start_time = int(time.time())
@@ -385,6 +387,8 @@ class NSQD:
                 log.info("ID: %d (from the data directory; --node-id sets it)", self.opts.node_id)
             else:
                 log.info("ID: %d", self.opts.node_id)
+            # --otel-*: messages with a traceparent header traced (raises RuntimeError)
+            self._tracing = tracing.start(self.opts, self.opts.node_id)
             self._remove_leftovers()
             self.lifecycle.load()
             self.metadata.load(self.get_topic, self.retention.found)
@@ -407,6 +411,7 @@ class NSQD:
                 with contextlib.suppress(OSError):
                     topic.close(delete=False)
             self._dir_lock.unlock()
+            tracing.stop(self._tracing)
             raise
         sock = self.tcp_server.sockets[0]
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -511,6 +516,7 @@ class NSQD:
                 topic.close(delete=False)
         self.retention.close_replicas()
         self._dir_lock.unlock()
+        tracing.stop(self._tracing)  # what the exporters hold, flushed
         if self.tcp_server is not None:
             await self.tcp_server.wait_closed()
         log.info("NSQ: bye")
