@@ -59,11 +59,14 @@ def test_info(nsqd: ServerThread) -> None:
         "topology_zone",
         "topology_region",
         "features",
+        "max_headers",
+        "max_header_bytes",
         "retention_time",
         "retention_bytes",
         "storage_id",
     ]
-    assert info["features"] == ["replayable-topics"]
+    assert info["features"] == ["replayable-topics", "headers"]
+    assert (info["max_headers"], info["max_header_bytes"]) == (16, 4096)
     assert re.fullmatch(r"[0-9a-f]{16}", info["storage_id"])
     assert info["retention_time"] == 0 and info["retention_bytes"] == 0
     assert info["version"] == "1.3.0"
