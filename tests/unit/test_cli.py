@@ -333,6 +333,12 @@ def test_max_message_size_sets_max_msg_size_with_a_warning(
 
 SAMPLES: dict[str, tuple[str, Any]] = {
     "workers": ("4", "4"),
+    "otel_traces_file": ("/tmp/spans.jsonl", "/tmp/spans.jsonl"),
+    "otel_exporter_otlp_endpoint": (
+        "http://127.0.0.1:4318/v1/traces",
+        "http://127.0.0.1:4318/v1/traces",
+    ),
+    "otel_service_name": ("orders", "orders"),
     "host_label": ("rack-a", "rack-a"),
     # field name: (text on the command line, parsed value)
     "log_level": ("DEBUG", "debug"),

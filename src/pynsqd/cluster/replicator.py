@@ -296,8 +296,11 @@ class Replicator:
         """Read the cluster again as soon as a change that moves a partition is seen
         (``Keys.moves_partitions``), not at the next tick: a follower fetches from a new
         leader, a restarted node's take-back is acknowledged by its followers, a lease's end
-        is acted on, within a round trip. A hint only: the state is what ``_refresh`` reads,
-        which still runs every tick; a watch that fails or ends is opened again after one."""
+        is acted on, within a round trip. Only the partitions' keys are watched (the nodes'
+        beats, a few a second each, would be read by every node for nothing; a topic's new
+        settings and a node's arrival wait for the tick). A hint only: the state is what
+        ``_refresh`` reads, which still runs every tick; a watch that fails or ends is opened
+        again after one."""
         keys = self.member.keys
 
         def seen(events: list[WatchEvent]) -> None:
@@ -307,7 +310,7 @@ class Replicator:
         while True:
             # etcd's outage is said by the calls; the ticks go on meanwhile.
             with contextlib.suppress(EtcdError):
-                await self.member.etcd.watch(keys.prefix + "/", self.revision + 1, seen)
+                await self.member.etcd.watch(keys.prefix + "/parts/", self.revision + 1, seen)
             await asyncio.sleep(TICK)
 
     def _take(self, state: ClusterState) -> dict[PartKey, Partition | None]:
