@@ -14,13 +14,14 @@ their spans continue that trace, each a child of the publisher's span:
 
 Every span has the topic, the channel where there is one, the message id and the node id
 (``--node-id``; a worker of a node of several says its own). The file exporter writes one
-span per line, as JSON (OpenTelemetry's ``to_json``), appended with one ``write`` each, so
-the workers of a node can share the file. A span is exported by the processor's thread; what
-was not exported yet is flushed when nsqd stops (a kill -9 loses it).
+span per line, as JSON (``span_line``: the fields of ``to_json``), a batch appended with one
+``write``, so the workers of a node can share the file. A span is exported by the processor's
+thread; what was not exported yet is flushed when nsqd stops (a kill -9 loses it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -158,6 +159,25 @@ class Tracing:
         self.provider.shutdown()
 
 
+def span_line(span: Any) -> str:
+    """One span as a line of JSON, with the fields of OpenTelemetry's ``to_json`` that a
+    reader needs (ids as ``0x`` hex, times in ns, the attributes and the resource's); written
+    here because ``to_json`` costs more than making the span."""
+    ctx = span.context
+    parent = span.parent
+    doc = {
+        "name": span.name,
+        "context": {"trace_id": f"0x{ctx.trace_id:032x}", "span_id": f"0x{ctx.span_id:016x}"},
+        "kind": str(span.kind),
+        "parent_id": None if parent is None else f"0x{parent.span_id:016x}",
+        "start_time": span.start_time,
+        "end_time": span.end_time,
+        "attributes": dict(span.attributes or {}),
+        "resource": {"attributes": dict(span.resource.attributes)},
+    }
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
 def json_lines_exporter(path: str) -> Any:
     """``--otel-traces-file``: a span exporter writing each span as one JSON line, appended
     with one ``write`` (the SDK imported here, only when asked for). Raises OSError."""
@@ -168,8 +188,7 @@ def json_lines_exporter(path: str) -> Any:
     class JsonLines(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             try:
-                for span in spans:
-                    os.write(fd, (span.to_json(indent=None) + "\n").encode())
+                os.write(fd, "".join(map(span_line, spans)).encode())
             except OSError as err:
                 log.error("TRACING: writing spans to --otel-traces-file=%s failed - %s", path, err)
                 return SpanExportResult.FAILURE
