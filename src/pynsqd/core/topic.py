@@ -170,9 +170,7 @@ class Topic:
             body = bodies[0]
             ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
             one = [Message(ids[0], body, time.time_ns(), 0, headers[0] if headers else b"")]
-            end = self._store(one)
-            self._stored(one, len(body))
-            return end
+            return self._publish(one, len(body))
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
@@ -181,25 +179,25 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        end = self._store(msgs)
-        self._stored(msgs, sum(map(len, bodies)))
-        return end
+        return self._publish(msgs, sum(map(len, bodies)))
 
-    def _store(self, msgs: list[Message]) -> int:
-        """Into the log (its offset past them) or the queues (-1)."""
+    def _publish(
+        self, msgs: list[Message], size: int, identity: tuple[bytes, int] | None = None
+    ) -> int:
+        """Every publish's ending: ``msgs`` (``size`` body bytes) into the log (returns its
+        offset past them) or the queues (-1), counted, the bounds kept, traced."""
+        end = -1
         if self.log is not None:
-            return self._put_logged(msgs)
-        self.put_many(msgs)
-        return -1
-
-    def _stored(self, msgs: list[Message], size: int) -> None:
-        """``msgs`` (``size`` body bytes) were published: counted, the bounds kept, traced."""
+            end = self._put_logged(msgs, identity)
+        else:
+            self.put_many(msgs)
         self.message_count += len(msgs)
         self.message_bytes += size
         if self.bounded:
             self._trim()
         if tracing.TRACER is not None:
             tracing.TRACER.published(self.name, msgs)
+        return end
 
     def put_identified(
         self,
@@ -238,9 +236,7 @@ class Topic:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        end = self._put_logged(msgs, (producer, first + dups))
-        self._stored(msgs, sum(map(len, new)))
-        return dups, end
+        return dups, self._publish(msgs, sum(map(len, new)), (producer, first + dups))
 
     def _offset_ids(self, n: int) -> list[bytes]:
         """IDs for the next ``n`` offsets of this node's partition (the log appends them next)."""
@@ -273,8 +269,7 @@ class Topic:
                 Message(i, m.body, m.timestamp, 0, m.headers)
                 for i, m in zip(ids, msgs, strict=True)
             ]
-        self._store(msgs)
-        self._stored(msgs, sum(len(m.body) for m in msgs))
+        self._publish(msgs, sum(len(m.body) for m in msgs))
 
     # -- bounds (pynsqd) ------------------------------------------------------------------
 
