@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import tracing as hook
@@ -84,6 +84,14 @@ class Tracing:
         #: Delivery spans not ended yet, by (topic, channel, message id).
         self._open: dict[tuple[str, str, bytes], Any] = {}
 
+    @staticmethod
+    def _traced(msgs: list[Message]) -> Iterator[tuple[Message, str]]:
+        """The messages of ``msgs`` that carry a ``traceparent``, with it."""
+        for m in msgs:
+            parent = parent_of(m.headers)
+            if parent is not None:
+                yield m, parent
+
     def _context(self, traceparent: str) -> Any:
         return self._propagator.extract({TRACEPARENT: traceparent})
 
@@ -99,12 +107,7 @@ class Tracing:
 
     def published(self, topic: str, msgs: list[Message]) -> None:
         """``msgs`` were stored (``core/topic.py``): a publish span each of those traced."""
-        for m in msgs:
-            if not m.headers:
-                continue
-            parent = parent_of(m.headers)
-            if parent is None:
-                continue
+        for m, parent in self._traced(msgs):
             span = self.tracer.start_span(
                 f"publish {topic}",
                 context=self._context(parent),
@@ -117,12 +120,7 @@ class Tracing:
     # -- deliveries (core/in_flight.py) ------------------------------------------------------
 
     def delivering(self, topic: str, channel: str, msgs: list[Message], client: str) -> None:
-        for m in msgs:
-            if not m.headers:
-                continue
-            parent = parent_of(m.headers)
-            if parent is None:
-                continue
+        for m, parent in self._traced(msgs):
             key = (topic, channel, m.id)
             old = self._open.pop(key, None)
             if old is not None:  # (a delivery whose end was not seen: ended here)
