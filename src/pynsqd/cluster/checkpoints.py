@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..core.channel import Channel
@@ -52,7 +52,6 @@ from ..core.windows import (
 from ..log import LOGGER_NAME
 from ..storage.topiclog import TopicLog
 from .etcd import Compare, EtcdError, KeyValue, put_op, range_op
-from .membership import Membership
 from .partition import Partition, Role
 from .records import (
     ChannelCheckpoint,
@@ -61,6 +60,7 @@ from .records import (
     Tombstone,
     decode_checkpoint,
 )
+from .view import ClusterView
 
 __all__ = ["CHECKPOINT_EVERY", "ChannelHost", "Checkpoints"]
 
@@ -134,21 +134,12 @@ class ChannelHost(Protocol):
 
 
 class Checkpoints:
-    def __init__(
-        self,
-        member: Membership,
-        host: ChannelHost,
-        partitions: Mapping[PartKey, Partition],
-        live: Callable[[tuple[int, str]], bool],
-        registered: Callable[[int], bool] = lambda node: False,
-    ) -> None:
-        self.member = member
+    def __init__(self, view: ClusterView, host: ChannelHost) -> None:
+        self.view = view
+        self.member = view.member
         self.host = host
-        self.partitions = partitions
-        self.live = live
-        #: Whether a node id is registered at all (whatever its storage).
-        self.registered = registered
-        self.me = member.node_id
+        self.partitions = view.partitions
+        self.me = view.node_id
         #: This node's keys: the revision it last wrote (0: none), the value it wrote.
         self.revs: dict[PartKey, int] = {}
         self.written: dict[PartKey, bytes] = {}
@@ -407,7 +398,7 @@ class Checkpoints:
                 await self._adopt_after_take_back(p, holder, held, doc)
                 continue
             storage = doc.storage
-            if (holder, storage) == self.member.me or self.live((holder, storage)):
+            if (holder, storage) == self.member.me or self.view.live((holder, storage)):
                 continue
             theirs: dict[str, DoneWindow] = {}
             for name, saved in doc.channels.items():
@@ -434,7 +425,7 @@ class Checkpoints:
         wrote a checkpoint of its own (every second). Its channels were responsible for
         everything from the tombstone's end, and nothing of that is known done: all of it is
         adopted as pending (delivered again, at least once, rather than never; issue 43)."""
-        if holder != p.origin or self.registered(holder):
+        if holder != p.origin or self.view.registered(holder):
             return
         end = p.log.latest
         if tomb.end >= end or p.hw < end:

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..core.errors import NotYetWritable, PublishRefused
 from ..core.topic import Topic
 from ..log import LOGGER_NAME
 from ..storage.topiclog import TopicLog
-from .etcd import Compare, EtcdClient, EtcdError, put_op
+from .etcd import Compare, EtcdError, put_op
 from .partition import Partition
-from .records import ClusterState, Keys
 from .settings import ReplicationSettings
+from .view import ClusterView
 
 __all__ = ["NotYetWritable", "PublishGate", "PublishRefused"]
 
@@ -49,35 +49,23 @@ class PublishGate:
 
     def __init__(
         self,
-        node_id: int,
+        view: ClusterView,
         defaults: ReplicationSettings,
         *,
-        state: Callable[[], ClusterState],
-        ready: Callable[[], bool],
-        partitions: dict[PartitionKey, Partition],
         retained: Callable[[str], TopicLog | None],
-        topics: Mapping[str, Topic],
         track: Callable[[Topic], None],
-        etcd: EtcdClient,
-        keys: Keys,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
-        timeout: float,
     ) -> None:
-        self.node_id = node_id
+        self.view = view
+        self.node_id = view.node_id
         self.defaults = defaults
-        self._state = state
-        self._ready = ready
-        self._partitions = partitions
         self._retained = retained
-        self._topics = topics
         self._track = track
-        self._etcd = etcd
-        self._keys = keys
         self._spawn = spawn
         #: Topics whose default settings (``--replicas``) are being written to etcd.
         self._writing_defaults: set[str] = set()
         #: ``--replication-timeout``: the longest a publish waits for a take-back.
-        self.timeout = timeout
+        self.timeout = view.opts.replication_timeout
         #: Publishes waiting for this node's partition of a topic to be its own again.
         self._unwritable: dict[str, list[Waiter]] = {}
         #: When the first of a topic's waiting publishes came.
@@ -89,24 +77,24 @@ class PublishGate:
         take it; ``NotYetWritable`` when it must wait (another node serves its partition
         while it catches up to take it back: ``when_writable``)."""
         retained = self._retained(topic) is not None
-        if not self._ready() and retained:
+        if not self.view.ready and retained:
             # Not reached from the network (nsqd takes no connection before it has joined);
             # a guard: a retained topic may be replicated, and an OK now would promise what
             # no replica holds.
             raise PublishRefused("this node has not joined the cluster yet", "NOT_JOINED")
-        state = self._state()
+        state = self.view.state
         settings = state.settings.get(topic)
-        if settings is None and self.defaults.replicated and retained and topic in self._topics:
+        if settings is None and self.defaults.replicated and retained and topic in self.view.topics:
             # A new retained topic under --replicas: replicated from its first publish (its
             # settings go to etcd now; the publish waits for its partition's placement).
             settings = self.defaults
             self.write_defaults(topic)
         if settings is None or not settings.replicated:
             return False
-        t = self._topics.get(topic)
+        t = self.view.topics.get(topic)
         if t is not None and t.origin is None:
             self._track(t)  # before its first replicated publish takes IDs
-        p = self._partitions.get((topic, self.node_id))
+        p = self.view.partitions.get((topic, self.node_id))
         if p is None:
             if (topic, self.node_id) in state.parts:
                 # The partition lives on elsewhere (this node lost its disk, or the topic):
@@ -137,7 +125,7 @@ class PublishGate:
             if not waiters:
                 self._unwritable.pop(topic, None)
                 self._since.pop(topic, None)
-            p = self._partitions.get((topic, self.node_id))
+            p = self.view.partitions.get((topic, self.node_id))
             leader = f"node {p.leader}" if p is not None and p.leader >= 0 else "another node"
             done(
                 f"{leader} served this node's partition of {topic} for all of "
@@ -156,7 +144,7 @@ class PublishGate:
         """Publishes waiting for their partition whose partition can take them now (or all
         of them, with ``why``: nsqd stops), in the order they came."""
         for topic in list(self._unwritable):
-            p = self._partitions.get((topic, self.node_id))
+            p = self.view.partitions.get((topic, self.node_id))
             if why is None and p is not None and not p.writable:
                 continue
             waiters = self._unwritable.pop(topic)
@@ -182,9 +170,9 @@ class PublishGate:
         self._writing_defaults.add(topic)
 
         async def write() -> None:
-            key = self._keys.topic(topic)
+            key = self.view.member.keys.topic(topic)
             try:
-                await self._etcd.txn(
+                await self.view.member.etcd.txn(
                     [Compare(key, "CREATE", "EQUAL", 0)], [put_op(key, self.defaults.encode())]
                 )
                 log.info(

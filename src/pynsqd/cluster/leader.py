@@ -26,19 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 
-from ..core.topic import Topic
 from ..log import LOGGER_NAME
-from ..options import Options
 from ..storage.group_sync import GroupSync
 from ..storage.topiclog import OffsetOutOfRange, TopicLog
 from .etcd import Compare, put_op
 from .fetch import FetchAnswer, FetchRequest
-from .membership import Membership
 from .partition import Member, Partition, Role, Waiter
 from .records import InSync, Leadership, Stored
+from .view import ClusterView
 
 __all__ = ["Leading"]
 
@@ -55,19 +53,11 @@ PartitionKey = tuple[str, int]
 class Leading:
     """What this node does for the partitions it leads (and the publishes to its own)."""
 
-    def __init__(
-        self,
-        member: Membership,
-        partitions: dict[PartitionKey, Partition],
-        topics: Mapping[str, Topic],
-        opts: Options,
-        live: Callable[[Member], bool],
-    ) -> None:
-        self.member = member
-        self.partitions = partitions
-        self.topics = topics
-        self.opts = opts
-        self.live = live
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.member = view.member
+        self.partitions = view.partitions
+        self.opts = view.opts
         #: Read the cluster now (the replicator's): a follower outside the in-sync set
         #: caught up, so the set can grow this round.
         self.kick: Callable[[], None] = lambda: None
@@ -148,7 +138,7 @@ class Leading:
         new = p.isr_change(
             self.member.now(),
             self.opts.replica_lag_max,
-            self.live,
+            self.view.live,
             stall_max=self.opts.replica_stall_max,
         )
         if new is not None:
@@ -181,7 +171,7 @@ class Leading:
         if event is not None:
             event.set()  # the followers' waiting fetches answer with the new HW
         if p.is_origin:
-            topic = self.topics.get(p.topic)
+            topic = self.view.topics.get(p.topic)
             if topic is not None and topic.log is p.log:
                 topic.schedule_drain()
 

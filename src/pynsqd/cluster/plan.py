@@ -221,7 +221,7 @@ class Facts:
     isr: tuple[Member, ...]
     #: Follower: the leader's log end at its last answer equals this copy's end.
     caught_up: bool
-    #: The node has restored its channels (``Replicator.ready``).
+    #: The node has restored its channels (``ClusterView.ready``).
     ready: bool = True
     #: Some holder has a channel checkpoint of this partition.
     checkpoints: bool = False

@@ -61,6 +61,7 @@ from .plan import (
 from .records import ClusterState, InSync, PartKey, PartRecords
 from .report import describe, offline
 from .settings import ReplicationSettings, check_change
+from .view import ClusterView
 
 __all__ = ["ReplicaHost", "Replicator"]
 
@@ -113,7 +114,8 @@ class Replicator:
         self.node_id = opts.node_id
         self.member = Membership(opts, host.data_path, host.http_address, host.tcp_address, now=now)
         self.now = now
-        self.state = ClusterState()
+        #: The cluster as last read, the partitions held: what the parts below share.
+        self.view = ClusterView(self.member, host.topics)
         self.defaults = ReplicationSettings(
             opts.replicas,
             opts.replication_min_insync or opts.replicas // 2 + 1,
@@ -121,22 +123,14 @@ class Replicator:
             opts.replication_durability,
         )
         #: The partitions this node holds a copy of, by (topic, origin).
-        self.partitions: dict[tuple[str, int], Partition] = {}
-        self.leading = Leading(
-            self.member, self.partitions, host.topics, opts, lambda m: self.state.live(m)
-        )
+        self.partitions = self.view.partitions
+        self.leading = Leading(self.view)
         #: Set to read the cluster now rather than at the next tick (a follower that caught
         #: up, a leader whose in-sync set can grow: a take-back in one round, not three).
         self._wake = asyncio.Event()
         self.following = Following(self.member, self._wake.set)
         self.leading.kick = self._wake.set
-        self.checkpoints = Checkpoints(
-            self.member,
-            host,
-            self.partitions,
-            lambda m: self.state.live(m),
-            lambda node: node in self.state.nodes,
-        )
+        self.checkpoints = Checkpoints(self.view, host)
         #: The decisions (no I/O): ``cluster/plan.py``.
         # A copy's node missing for --replica-replace-after is gone: its copy moves.
         self.plan = Plan(self.node_id, replace_after=self.member.opts.replica_replace_after)
@@ -148,23 +142,13 @@ class Replicator:
         self.compaction = Compaction(now)
         #: The etcd revision the last ``_refresh`` read the cluster at (``_watch`` from there).
         self.revision = 0
-        #: The cluster's state has been read once: until then no retained topic is known
-        #: unreplicated (``PublishGate.gate``).
-        self.ready = False
         #: What a publish asks: ``cluster/gate.py``.
         self.publishing = PublishGate(
-            self.node_id,
+            self.view,
             self.defaults,
-            state=lambda: self.state,
-            ready=lambda: self.ready,
-            partitions=self.partitions,
             retained=host.retention.get,
-            topics=host.topics,
             track=self.checkpoints.track,
-            etcd=self.member.etcd,
-            keys=self.member.keys,
             spawn=lambda coro: self._tasks.append(asyncio.create_task(coro)),
-            timeout=self.opts.replication_timeout,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -182,14 +166,14 @@ class Replicator:
         await self._refresh()
         mine = {
             part: holders[self.node_id]
-            for part, holders in self.state.checkpoints.items()
+            for part, holders in self.view.state.checkpoints.items()
             if self.node_id in holders
         }
         await self.checkpoints.restore(mine)
         await self.checkpoints.write()  # not clean any more: a crash from here rebuilds
         self.host.joined()
         self.checkpoints.hold_adopted()
-        self.ready = True
+        self.view.ready = True
         self._tasks.append(asyncio.create_task(self.member.keepalive_loop(self._lease_expired)))
         self._tasks.append(
             asyncio.create_task(every(TICK, self._refresh, "read the cluster", self._wake))
@@ -274,7 +258,7 @@ class Replicator:
                 p.epoch,
                 tuple(p.isr),
                 caught_up=p.leader_latest == p.log.latest,
-                ready=self.ready,
+                ready=self.view.ready,
                 checkpoints=bool(state.checkpoints.get(part)),
                 hand_off_held=own is not None and own.hand_off.held,
                 lost=p.lost(),
@@ -283,7 +267,7 @@ class Replicator:
                 if not await self._carry_out(p, action):
                     break
             wanted = state.settings.get(part[0])
-            if p.role is Role.LEADER and wanted is not None and self.ready:
+            if p.role is Role.LEADER and wanted is not None and self.view.ready:
                 replace = self.plan.to_replace(part, rec, wanted, state, self.now())
                 if replace is not None:
                     await self._replace(p, rec, replace)
@@ -319,7 +303,7 @@ class Replicator:
         copy here yet (it was refused as held elsewhere while the tick campaigned for another
         partition, the moment a new topic's placement was read). ``None``: an own partition
         of a topic this node does not retain."""
-        self.state = state
+        self.view.state = state
         self.plan.note_beats(state, self.now())
         held: dict[PartKey, Partition | None] = {}
         for part, rec in state.parts.items():
@@ -354,7 +338,7 @@ class Replicator:
         p = self.partitions.pop(key, None)
         if p is not None:
             self._forget(p, "the topic was deleted")
-        if key in self.state.parts or p is not None:
+        if key in self.view.state.parts or p is not None:
             self._deleting.add(key)
             self._tasks.append(asyncio.create_task(self._delete_keys()))
 
@@ -415,7 +399,7 @@ class Replicator:
 
     async def _place(self, place: Place) -> None:
         """This node's own partition of a replicated topic it retains: placed and led by it."""
-        _say_placing(place, self.state)
+        _say_placing(place, self.view.state)
         keys = self.member.keys
         assignment = keys.part(place.topic, self.node_id, "assignment")
         await self.member.etcd.txn(
@@ -434,7 +418,7 @@ class Replicator:
         p = self.partitions.get(key)
         if p is not None:
             p.replicas = replicas
-            p.settings = self.state.settings.get(topic, p.settings)
+            p.settings = self.view.state.settings.get(topic, p.settings)
             return p
         if origin == self.node_id:
             tlog = self.host.retention.get(topic)
@@ -448,7 +432,7 @@ class Replicator:
             self.member.me,
             tlog,
             EpochHistory(tlog.directory),
-            self.state.settings.get(topic, self.defaults),
+            self.view.state.settings.get(topic, self.defaults),
         )
         p.replicas = replicas
         self.partitions[key] = p
@@ -477,7 +461,7 @@ class Replicator:
             case Lead():
                 await self.leading.lead(p)
             case Adopt():
-                await self.checkpoints.adopt(p, self.state.checkpoints.get(key, {}))
+                await self.checkpoints.adopt(p, self.view.state.checkpoints.get(key, {}))
             case ResumeChannels():
                 await self.checkpoints.took_back(p)  # led again: its channels go on
             case Resign(leader):
@@ -498,7 +482,7 @@ class Replicator:
                 if not await self.leading.take_back(p, leader):
                     p.role = Role.NONE  # the next tick follows whoever leads now
                     return False
-                if self.ready:
+                if self.view.ready:
                     await self.checkpoints.took_back(p)
         return True
 
@@ -523,9 +507,9 @@ class Replicator:
     ) -> ReplicationSettings:
         """``POST /topic/replication``: kept in etcd for every node. Raises SettingsError or
         EtcdError."""
-        base = self.state.settings.get(topic, self.defaults)
+        base = self.view.state.settings.get(topic, self.defaults)
         settings = ReplicationSettings.parse(get, base)
-        placed = any(name == topic for name, _ in self.state.parts)
+        placed = any(name == topic for name, _ in self.view.state.parts)
         check_change(topic, base, settings, placed=placed)
         await self.member.etcd.put(self.member.keys.topic(topic), settings.encode())
         await self._refresh()
@@ -534,24 +518,24 @@ class Replicator:
     async def replicated_anywhere(self, topic: str) -> bool:
         """Whether ``topic`` has settings in etcd, asked now (the last read may be a tick
         old). Raises EtcdError."""
-        if topic in self.state.settings:
+        if topic in self.view.state.settings:
             return True
         return await self.member.etcd.get(self.member.keys.topic(topic)) is not None
 
     def settings_for(self, topic: str) -> ReplicationSettings | None:
-        return self.state.settings.get(topic)
+        return self.view.state.settings.get(topic)
 
     def node_addresses(self) -> dict[str, str]:
         """Every registered node's HTTP address, by node id (as etcd holds them)."""
-        return {str(n): info.http for n, info in sorted(self.state.nodes.items()) if info.http}
+        return {str(n): info.http for n, info in sorted(self.view.state.nodes.items()) if info.http}
 
     def alive(self) -> list[int]:
-        return self.plan.placeable(self.state, self.now())  # for /info: seen alive lately
+        return self.plan.placeable(self.view.state, self.now())  # for /info: seen alive lately
 
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
         (``report.describe``)."""
-        return describe(topic, self.partitions, self.state, time.time())
+        return describe(topic, self.partitions, self.view.state, time.time())
 
 
 def _say_placing(place: Place, state: ClusterState) -> None:

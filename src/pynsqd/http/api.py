@@ -290,7 +290,7 @@ class API:
                 "etcd_endpoints": member.etcd.endpoints,
                 "storage_id": member.storage,
                 "lease_ttl": member.ttl,
-                "nodes": sorted(replication.state.nodes),
+                "nodes": sorted(replication.view.state.nodes),
                 # Those seen alive lately (their registration re-written): new copies go there.
                 "alive": replication.alive(),
             },

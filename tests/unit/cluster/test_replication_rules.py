@@ -400,7 +400,7 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
         replicator.publishing.gate("retained")
     assert refused.value.code == "NOT_JOINED"
     assert replicator.publishing.gate("plain") is False  # never replicated: no retention
-    replicator.ready = True
+    replicator.view.ready = True
     assert replicator.publishing.gate("retained") is False  # the state says: not replicated
 
 
@@ -426,7 +426,7 @@ def node_one(tmp_path: Path, logs: dict[str, TopicLog]) -> Replicator:
                 raise AssertionError("not used")
 
     replicator = Replicator(Host())  # type: ignore[arg-type]
-    replicator.ready = True
+    replicator.view.ready = True
     return replicator
 
 
@@ -446,12 +446,12 @@ def test_a_publish_before_the_partition_is_placed_is_not_visible_or_is_refused(
     )
     tlog.append([Message(b"%016d" % 1, b"before replication", 1)])
     replicator = node_one(tmp_path, {"t": tlog})
-    replicator.state.settings["t"] = ReplicationSettings(3, 2, "all", "fsync")
+    replicator.view.state.settings["t"] = ReplicationSettings(3, 2, "all", "fsync")
     assert tlog.visible == 1
     assert replicator.publishing.gate("t") is True  # waits for its placement, then for its commit
     tlog.append([Message(b"%016d" % 2, b"first replicated", 1)])
     assert tlog.visible == 1  # not handed to channels before it commits
-    replicator.state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2, 3)), 1))
+    replicator.view.state.parts[("t", 1)] = PartRecords(Stored("k", Assignment((1, 2, 3)), 1))
     with pytest.raises(PublishRefused, match="elsewhere"):
         replicator.publishing.gate("t")
 
