@@ -410,6 +410,69 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     assert (windows["1"]["low"], windows["1"]["end"]) == (1, 3)
 
 
+def test_peek_on_a_replicated_node_is_its_channel_before_and_after_a_takeover(
+    cluster: Cluster,
+) -> None:
+    """``/channel/peek`` on a replicated node lists what its consumers are offered: node 1's
+    queued messages (with their headers) and a deferred REQ; after node 1's kill -9 the node
+    that took its partition over lists the same messages (same IDs, the REQ still deferred),
+    and looking consumed nothing: its consumer then gets each queued message once."""
+    prepare(cluster)
+    n1 = cluster.node(1)
+    assert n1.proc is not None
+    for body in (b"a", b"b", b"c"):
+        status, answer = n1.http(
+            "POST", f"/pub?topic={TOPIC}", body, headers={"Nsq-Header-Tenant": "acme"}
+        )
+        assert status == 200, answer
+    with Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect() as conn:
+        got: list[bytes] = []
+
+        def defer_first(
+            c: Connection, ts: list[int], att: list[int], ids: list[bytes], _: list
+        ) -> None:
+            c.rdy(0)  # no more for this consumer: the rest stays queued
+            c.req(ids[0], 600_000)  # deferred for ten minutes
+            got.extend(ids)
+
+        conn.subscribe(TOPIC, CHANNEL, defer_first, rdy=1)
+        wait_for(lambda: got, "a delivery on node 1")
+        query = f"/channel/peek?topic={TOPIC}&channel={CHANNEL}"
+
+        def listed(node: Node) -> tuple[list[tuple[str, str]], list[str]]:
+            doc = node.json("GET", query)
+            return [(r["id"], r["body"]) for r in doc["queued"]], [r["id"] for r in doc["deferred"]]
+
+        wait_for(lambda: listed(n1)[1] == [got[0].decode()], "the REQ deferred on node 1")
+        queued, deferred = listed(n1)
+        assert [body for _, body in queued] == ["b", "c"]
+        for row in n1.json("GET", query)["queued"]:
+            assert [(h["name"], h["body"]) for h in row["headers"]] == [("tenant", "acme")]
+        assert listed(cluster.node(2)) == ([], [])  # node 2's channel: its own partition's
+        wait_for(
+            lambda: checkpoint(n1, 1).get(CHANNEL, {}).get("deferred_kept") == 1,
+            "the REQ's due time in node 1's checkpoint",
+        )
+    n1.kill()
+    leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
+    assert leader.proc is not None
+    wait_for(lambda: listed(leader) == (queued, deferred), "the takeover's peek: node 1's list")
+    assert listed(leader) == (queued, deferred)  # peeking again changes nothing
+    with Connection(f"127.0.0.1:{leader.proc.port}", ClientOptions(timeout=10)).connect() as conn:
+        after: list[tuple[bytes, bytes]] = []
+
+        def on_message(
+            c: Connection, ts: list[int], att: list[int], ids: list[bytes], bodies: list
+        ) -> None:
+            for msg_id, body in zip(ids, bodies, strict=True):
+                after.append((msg_id, body))
+                c.fin(msg_id)
+
+        conn.subscribe(TOPIC, CHANNEL, on_message, rdy=10)
+        wait_for(lambda: len(after) >= 2, "the two queued messages on the new leader")
+    assert sorted((i.decode(), b.decode()) for i, b in after) == sorted(queued)
+
+
 @pytest.mark.timeout(300)
 def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Cluster) -> None:
     """A rewound channel is responsible again for what it got back (its window reopens), so

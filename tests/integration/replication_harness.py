@@ -224,11 +224,17 @@ class Node:
         self.proc.p.wait(timeout=20)
         self.proc.log_file.close()
 
-    def http(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def http(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
         assert self.proc is not None
         conn = http.client.HTTPConnection(self.host, self.proc.http_port, timeout=15)
         try:
-            conn.request(method, path, body=body)
+            conn.request(method, path, body=body, headers=headers or {})
             r = conn.getresponse()
             return r.status, r.read()
         finally:

@@ -16,6 +16,7 @@ from pynsqd.protocol import encode, headers
 
 from ..processes import NsqdProcess
 from ..wire import Conn
+from .replication_harness import Cluster, Etcd, replicate
 
 pytestmark = pytest.mark.integration
 
@@ -166,3 +167,42 @@ def test_spans_go_to_an_otlp_http_endpoint(tmp_path: Path) -> None:
     assert posts[0][1] == "application/x-protobuf"
     sent = b"".join(body for _, _, body in posts)
     assert bytes.fromhex(TRACE) in sent and b"orders-nsqd" in sent and b"publish orders" in sent
+
+
+def test_a_replicated_publish_has_a_commit_span_until_its_partition_commits(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    """Three replicating nodes, acks=all: a traced message published to node 1 is one trace
+    of a publish span (its append), a commit span (from the append until the partition's HW
+    covers it, after both followers have it) and its delivery to FIN; an untraced message
+    beside it makes none."""
+    spans_file = tmp_path / "spans.jsonl"
+    cluster = Cluster(tmp_path, etcd, 3, f"--otel-traces-file={spans_file}")
+    try:
+        replicate(cluster, "orders", acks="all")
+        node = cluster.node(1)
+        assert node.proc is not None
+        with producer(node.proc) as p:
+            p.pub("orders", traced(b"traced"))
+            p.pub("orders", headers.join_body(b"", b"plain"))
+        with Conn(("127.0.0.1", node.proc.port)) as c:
+            c.sub("orders", "billing", rdy=2)
+            for msg in c.read_messages(2):
+                c.fin(msg.id)
+            c.nop()
+        committed = cluster.partition("orders", 1)
+        assert committed is not None and committed["committed"] >= 2
+    finally:
+        cluster.stop()  # the exporters flush
+    spans = {s["name"]: s for s in spans_of(spans_file)}
+    assert sorted(spans) == ["commit orders", "deliver orders/billing", "publish orders"]
+    commit, publish = spans["commit orders"], spans["publish orders"]
+    assert {s["resource"]["attributes"]["service.instance.id"] for s in spans.values()} == {"1"}
+    assert all(s["parent_id"] == f"0x{PARENT}" for s in spans.values())
+    assert commit["attributes"]["nsq.outcome"] == "committed"
+    assert commit["attributes"]["nsq.commit_offset"] >= 1
+    # The commit begins at the store (the publish span's end) and ends after it.
+    assert publish["end_time"] <= commit["start_time"] <= commit["end_time"]
+    assert spans["deliver orders/billing"]["attributes"]["nsq.outcome"] == "fin"
+    every = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    assert len(every) == 3

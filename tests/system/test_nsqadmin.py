@@ -508,11 +508,26 @@ def test_the_channel_page_shows_what_waits_in_it(
     # A topic without channels (a dead-letter topic, say): what waits in the topic itself.
     with b.connect() as p:
         p.mpub("orders.dead", [b"gave up 1", b"gave up 2"])
+    # A message with headers (HTTP Nsq-Header-*): its row shows them, a binary value as hex.
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{b.http_port}/pub?topic=orders.dead",
+        data=b"gave up 3",
+        headers={"Nsq-Header-Reason": "max_attempts", "Nsq-Header-Tenant": "acme"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.status == 200
     doc = admin.request("GET", "/api/topics/orders.dead")[1]
-    assert [r["body"] for r in doc["messages"]["queued"]] == ["gave up 1", "gave up 2"]
+    queued = doc["messages"]["queued"]
+    assert [r["body"] for r in queued] == ["gave up 1", "gave up 2", "gave up 3"]
+    assert [(h["name"], h["body"]) for h in queued[2]["headers"]] == [
+        ("reason", "max_attempts"),
+        ("tenant", "acme"),
+    ]
     browser.get(f"http://127.0.0.1:{admin.port}/topics/orders.dead")
     rows = "//table[@id='peek-queued']//tr[td]"
-    _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 2)
+    _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 3)
+    shown = [e.text for e in browser.find_elements(By.XPATH, rows + "/td[5]")]
+    assert shown == ["", "", "reason: max_attempts\ntenant: acme"]
 
 
 def test_a_dead_node_is_marked_down_in_the_browser(

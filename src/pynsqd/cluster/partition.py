@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core import tracing
 from ..storage.epochs import EpochHistory
 from ..storage.topiclog import TopicLog
 from .records import Member
@@ -218,6 +219,8 @@ class Partition:
         self.publish_visibility()
         if not moved:
             return False
+        if tracing.TRACER is not None and self.is_origin:
+            tracing.TRACER.committed(self.topic, hw)
         if self.waiters:
             done = [w for w in self.waiters if w.end <= hw]
             if done:
@@ -235,6 +238,8 @@ class Partition:
             self.log.commit_to(min(self.hw, self.log.latest))
 
     def fail_waiters(self, why: str) -> None:
+        if tracing.TRACER is not None and self.is_origin:
+            tracing.TRACER.uncommitted(self.topic, why)
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             w.done(why)

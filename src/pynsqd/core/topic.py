@@ -143,8 +143,7 @@ class Topic:
     def __repr__(self) -> str:
         return f"Topic({self.name})"
 
-    # -- a replicated topic: its place in the cluster, changed only through these ---------
-    # (``cluster/checkpoints.py`` and the server's joining call them; a test holds it)
+    # -- a replicated topic: its place in the cluster (``cluster/checkpoints.py``) ---------
 
     def replicate_as(self, origin: int) -> None:
         """Replicated, as node ``origin``'s partition: its publishes get offset IDs."""
@@ -185,7 +184,8 @@ class Topic:
         self, msgs: list[Message], size: int, identity: tuple[bytes, int] | None = None
     ) -> int:
         """Every publish's ending: ``msgs`` (``size`` body bytes) into the log (returns its
-        offset past them) or the queues (-1), counted, the bounds kept, traced."""
+        offset past them) or the queues (-1), counted, the bounds kept, traced (a replicated
+        topic's records until the partition's HW passes them: their commit)."""
         end = -1
         if self.log is not None:
             end = self._put_logged(msgs, identity)
@@ -196,7 +196,7 @@ class Topic:
         if self.bounded:
             self._trim()
         if tracing.TRACER is not None:
-            tracing.TRACER.published(self.name, msgs)
+            tracing.TRACER.published(self.name, msgs, end if self.origin is not None else -1)
         return end
 
     def put_identified(

@@ -9,6 +9,9 @@ their spans continue that trace, each a child of the publisher's span:
 
 - ``publish <topic>`` (kind PRODUCER), from the message's timestamp (when nsqd made it) to
   its store (the log's append, or the queues), one per message, on the worker that stores it;
+- ``commit <topic>`` (kind INTERNAL), on a replicated topic, from the store to
+  the moment the partition's high watermark covers the record (``nsq.outcome`` committed, or
+  failed with the reason when the publish failed: leadership lost, the timeout);
 - ``deliver <topic>/<channel>`` (kind CONSUMER), from a delivery attempt to its end: FIN,
   REQ, a timeout or its consumer gone (``nsq.outcome``), with its attempt number.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +42,9 @@ log = logging.getLogger("pynsqd")
 
 #: A header this name carries the publisher's span (W3C Trace Context).
 TRACEPARENT = "traceparent"
+#: The most publishes of one topic whose commit spans are open (a partition that never
+#: commits them, e.g. a leader cut off and never told: the oldest end as ``unknown``).
+MAX_COMMITTING = 10_000
 
 
 def parent_of(block: bytes) -> str | None:
@@ -83,6 +90,9 @@ class Tracing:
         self.tracer = self.provider.get_tracer("pynsqd")
         #: Delivery spans not ended yet, by (topic, channel, message id).
         self._open: dict[tuple[str, str, bytes], Any] = {}
+        #: Commit spans not ended yet, by topic: (the offset whose commit ends them, spans),
+        #: in offset order (this node's partition appends in order).
+        self._committing: dict[str, deque[tuple[int, list[Any]]]] = {}
 
     @staticmethod
     def _traced(msgs: list[Message]) -> Iterator[tuple[Message, str]]:
@@ -105,16 +115,57 @@ class Tracing:
 
     # -- the publish (server/publishing.py, http/api.py) ------------------------------------
 
-    def published(self, topic: str, msgs: list[Message]) -> None:
-        """``msgs`` were stored (``core/topic.py``): a publish span each of those traced."""
+    def published(self, topic: str, msgs: list[Message], commit_at: int = -1) -> None:
+        """``msgs`` were stored (``core/topic.py``): a publish span each of those traced; and
+        on a replicated topic whose records are not committed yet, a commit span each, open
+        until the partition's HW reaches ``commit_at`` (``committed``)."""
+        commits = []
         for m, parent in self._traced(msgs):
+            context = self._context(parent)
+            attributes = self._attributes(topic, m)
             span = self.tracer.start_span(
                 f"publish {topic}",
-                context=self._context(parent),
+                context=context,
                 kind=self._kinds.PRODUCER,
                 start_time=m.timestamp,
-                attributes={**self._attributes(topic, m), "messaging.operation.type": "publish"},
+                attributes={**attributes, "messaging.operation.type": "publish"},
             )
+            span.end()
+            if commit_at >= 0:
+                commits.append(
+                    self.tracer.start_span(
+                        f"commit {topic}",
+                        context=context,
+                        kind=self._kinds.INTERNAL,
+                        attributes={**attributes, "nsq.commit_offset": commit_at},
+                    )
+                )
+        if commits:
+            waiting = self._committing.setdefault(topic, deque())
+            waiting.append((commit_at, commits))
+            while len(waiting) > MAX_COMMITTING:  # a bound: the oldest ended, unknown
+                self._end_commits(waiting.popleft()[1], "unknown")
+
+    # -- a replicated topic's commit (cluster/partition.py) ---------------------------------
+
+    def committed(self, topic: str, hw: int) -> None:
+        waiting = self._committing.get(topic)
+        while waiting and waiting[0][0] <= hw:
+            self._end_commits(waiting.popleft()[1], "committed")
+        if waiting is not None and not waiting:
+            del self._committing[topic]
+
+    def uncommitted(self, topic: str, why: str) -> None:
+        for _, spans in self._committing.pop(topic, ()):
+            self._end_commits(spans, "failed", why)
+
+    def _end_commits(self, spans: list[Any], outcome: str, why: str = "") -> None:
+        for span in spans:
+            span.set_attribute("nsq.outcome", outcome)
+            if why:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, why))
             span.end()
 
     # -- deliveries (core/in_flight.py) ------------------------------------------------------
@@ -154,6 +205,10 @@ class Tracing:
             span.set_attribute("nsq.outcome", "exiting")
             span.end()
         self._open.clear()
+        for waiting in self._committing.values():
+            for _, spans in waiting:
+                self._end_commits(spans, "exiting")
+        self._committing.clear()
         self.provider.shutdown()
 
 

@@ -196,9 +196,12 @@ function messagesTables(m, where = "channel") {
   if (!m) return "";
   const when = ms => ms ? `${new Date(ms).toISOString().slice(11, 23)} UTC` : "";
   const body = r => `<code class="body">${esc(r.body)}</code>${r.encoding === "hex" ? " <small>(hex)</small>" : ""}${r.truncated ? ` <small>(${num(r.size)} bytes)</small>` : ""}`;
+  // pynsqd's message headers (docs/headers.md): each value shown as a body is (hex, cut).
+  const hdrs = r => r.headers_undecodable ? "<small>(undecodable)</small>" :
+    (r.headers || []).map(h => `<code class="header">${esc(h.name)}: ${esc(h.body)}</code>${h.encoding === "hex" ? " <small>(hex)</small>" : ""}`).join("<br>");
   const section = (id, title, extra, rows, cells) => `<h3>${title} <small>(${rows.length ? `first ${rows.length}` : "none"})</small></h3>` +
-    (rows.length ? `<table id="${id}"><tr><th>Node</th><th>ID</th><th>Published</th><th>Attempts</th>${extra.map(h => `<th>${h}</th>`).join("")}<th>Body</th></tr>` +
-      rows.map(r => `<tr><td>${esc(r.node)}</td><td><code>${esc(r.id)}</code></td><td>${when(r.timestamp)}</td><td>${r.attempts}</td>${cells(r).map(c => `<td>${c}</td>`).join("")}<td>${body(r)}</td></tr>`).join("") + "</table>" : "");
+    (rows.length ? `<table id="${id}"><tr><th>Node</th><th>ID</th><th>Published</th><th>Attempts</th>${extra.map(h => `<th>${h}</th>`).join("")}<th>Headers</th><th>Body</th></tr>` +
+      rows.map(r => `<tr><td>${esc(r.node)}</td><td><code>${esc(r.id)}</code></td><td>${when(r.timestamp)}</td><td>${r.attempts}</td>${cells(r).map(c => `<td>${c}</td>`).join("")}<td>${hdrs(r)}</td><td>${body(r)}</td></tr>`).join("") + "</table>" : "");
   if (where === "topic" && !m.queued.length) return "";  // handed to its channels as it comes
   return `<h2>Messages</h2><p class="hint">What waits in the ${where}${where === "topic" ? " (not yet handed to a channel)" : ""}, oldest first, as the nodes hold it now; looking consumes nothing.</p>` +
     section("peek-queued", "Queued", [], m.queued, () => []) +
