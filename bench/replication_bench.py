@@ -134,10 +134,12 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
             etcd, url = _etcd(base)
             procs.append(etcd)
             nodes = []
-            for i in (1, 2, 3):
-                flags = f"--retention-time=1h --node-id={i} --etcd-endpoints={url}"
+            # A node of several workers has a member (a node id) per worker: ids 10 apart.
+            bases = [i if workers == 1 else 10 * i for i in (1, 2, 3)]
+            for i, b in zip((1, 2, 3), bases, strict=True):
+                flags = f"--retention-time=1h --node-id={b} --etcd-endpoints={url}"
                 if workers > 1:
-                    flags += f" --workers={workers}"
+                    flags += f" --workers={workers} --host-label=node{i}"
                 nodes.append(_node(flags))
             procs += [n[0] for n in nodes]
             dirs += [n[3] for n in nodes]
@@ -147,11 +149,14 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
             query = f"replicas=3&min_insync={args.min_insync}&durability={durability}"
             _http(nodes[0][2], "POST", f"/topic/replication?topic={topic}&{query}")
             deadline = time.time() + 30
-            for i, n in enumerate(nodes, 1):
+            for i, n in zip(bases, nodes, strict=True):
+                # Its own partitions led, 3 in sync: one per worker where each is a member
+                # (the copies are named by member, ``node_id``), else the node's one.
                 while True:
                     parts = _http(n[2], "GET", f"/topic/replication?topic={topic}")["partitions"]
-                    own = [p for p in parts if p["partition"] == i]
-                    if own and own[0]["role"] == "leader" and len(own[0]["isr"]) == 3:
+                    mine = range(i, i + workers) if parts and "node_id" in parts[0] else [i]
+                    own = [p for p in parts if p["partition"] in mine and p["role"] == "leader"]
+                    if len(own) == len(mine) and all(len(p["isr"]) == 3 for p in own):
                         break
                     if time.time() > deadline:
                         raise RuntimeError(f"node {i} did not lead its partition with 3 in sync")

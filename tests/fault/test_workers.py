@@ -1013,13 +1013,15 @@ WORKER_KILLS = max(1, round(3 * float(os.environ.get("PYNSQD_FAULT_SCALE", "1"))
 def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
     tmp_path: Path, etcd: Any
 ) -> None:
-    """Three replicated nodes of two workers each (replicas=3, acks=all): worker 0 is each
-    node's member of the cluster and keeps its logs; publishes that land on worker 1 (TCP,
-    HTTP) are passed to it and answered once committed; followers' fetch streams reach worker
-    0 through either worker. Worker 0 of node 1 killed with kill -9 under two producers: the
-    checker finds nothing acknowledged lost, no partition offset holding two records. Then a
-    random worker of a random node killed at a random instant, ``WORKER_KILLS`` times, and a
-    node's supervisor killed with kill -9 (its workers stop; the node is started again)."""
+    """Three replicated nodes of two workers each (replicas=3, acks=all): every worker is a
+    member of the cluster (node ids 10 and 11, 20 and 21, 30 and 31), each with its own
+    partition, replicated to the other nodes; publishes are appended by the worker they land
+    on (TCP, HTTP) and answered once committed; followers' fetch streams and the cluster's
+    calls reach the member they name through either worker. Worker 0 of node 1 killed with
+    kill -9 under two producers: the checker finds nothing acknowledged lost, no partition
+    offset holding two records. Then a random worker of a random node killed at a random
+    instant, ``WORKER_KILLS`` times (only its partition moves), and a node's supervisor
+    killed with kill -9 (its workers stop; the node is started again)."""
 
     import aiohttp
 
@@ -1035,45 +1037,57 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
     )
 
     cluster = Cluster(tmp_path, etcd, 3, "--workers=2", "--mem-queue-size=0", "--sync-every=1")
+    members = [m for n in cluster.nodes for m in n.member_ids]
+    assert members == [10, 11, 20, 21, 30, 31]
     try:
         for n in cluster.nodes:
             assert n.proc is not None
             wait_for(lambda n=n: len(worker_pids(n.proc)) == 2, "both workers to serve")
-        replicate(cluster)
+        replicate(cluster)  # every member's partition led by it, three in sync
         one = cluster.node(1)
         assert one.proc is not None
-        # Asked of either worker: the cluster's answers are worker 0's.
+        # Asked of either worker: the node's answer, every copy it holds named by its member
+        # (one copy of each of the six partitions: the copies went to three hosts).
         answers = [
             json.loads(call_on_worker(one.proc, w, "GET", "/topic/replication?topic=orders")[1])
             for w in (0, 1)
         ]
-        assert [len(a["partitions"]) for a in answers] == [3, 3]
-        assert answers[0]["replicas"] == answers[1]["replicas"] == 3
+        for a in answers:
+            assert sorted(q["partition"] for q in a["partitions"]) == members
+            assert {q["node_id"] for q in a["partitions"]} <= {10, 11}
+            assert {q["node_id"] for q in a["partitions"] if q["role"] == "leader"} == {10, 11}
         infos = [json.loads(call_on_worker(one.proc, w, "GET", "/info")[1]) for w in (0, 1)]
-        assert infos[0]["cluster"]["nodes"] == infos[1]["cluster"]["nodes"] == [1, 2, 3]
-        # HTTP publishes made on worker 1 are worker 0's partition, acknowledged once committed.
+        assert infos[0]["cluster"]["nodes"] == infos[1]["cluster"]["nodes"] == members
+        (stats,) = one.json("GET", "/stats?format=json&topic=orders")["topics"]
+        assert [q["partition"] for q in stats["replication"]["partitions"]] == members
+        # HTTP publishes made on worker 1 are worker 1's partition, acknowledged once
+        # committed; TCP connections open at once spread over both workers' partitions.
         history = History()
         on_one = [f"http-w1-{i}".encode() for i in range(20)]
         history.invoked.update(on_one)
         publish_on_worker(one.proc, 1, "orders", on_one)
         history.ok.update(on_one)
-        # TCP connections open at once spread over both workers.
         spread = publish_spread(one.proc, "orders", 8, 25, tag="tcp")
         history.invoked |= spread
         history.ok |= spread
+        offsets = {
+            p["partition"]: p["committed"]
+            for p in one.json("GET", "/topic/offsets?topic=orders")["partitions"]
+        }
+        assert offsets[11] >= len(on_one) and offsets[10] > 0, offsets
 
-        # A fetch stream opened on worker 1 is answered by worker 0, the partition's leader.
-        async def fetch_on_worker_1() -> list[FetchAnswer]:
+        async def fetch_on_worker_1(partition: int, leader: int) -> list[FetchAnswer]:
+            """A fetch stream opened on worker 1's socket for ``leader``'s partition: it is
+            answered by that member (asked at epoch 0, it names its epoch; asked again at
+            that epoch it refuses a node that holds no copy)."""
             found = re.search(r"their own sockets in (\S+)\)", one.proc.output())
             assert found is not None
             connector = aiohttp.UnixConnector(path=f"{found.group(1)}/1.admin")
-            url = "http://worker/topic/replicate?topic=orders&partition=1"
+            url = f"http://worker/topic/replicate?topic=orders&partition={partition}"
             async with (
                 aiohttp.ClientSession(connector=connector) as session,
-                session.ws_connect(url) as ws,
+                session.ws_connect(f"{url}&leader={leader}") as ws,
             ):
-                # Asked at epoch 0, the leader names its epoch; asked again at that epoch it
-                # refuses a node that holds no copy (two messages each way on one stream).
                 out, epoch = [], 0
                 for _ in range(2):
                     await ws.send_bytes(FetchRequest(0, epoch, 0, 99, "", 0, 1 << 20).encode())
@@ -1082,13 +1096,15 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
                     epoch = out[-1].epoch
                 return out
 
-        # Consumers on both workers: those on worker 1 are sent what worker 0's channel holds.
+        # Consumers on both workers: each message once.
         got = consume_spread(one.proc, "orders", 4, len(on_one) + len(spread))
         assert sorted(got) == sorted(set(on_one) | spread)  # each once
-        (led,) = [p for p in answers[1]["partitions"] if p["partition"] == 1]
-        first, second = asyncio.run(fetch_on_worker_1())
-        assert (first.status, first.message, first.epoch) == (409, "EPOCH_MISMATCH", led["epoch"])
-        assert (second.status, second.message) == (409, "NOT_REPLICA"), second
+        led = {q["partition"]: q for q in answers[1]["partitions"] if q["role"] == "leader"}
+        for partition in (10, 11):  # worker 0's through worker 1, and worker 1's own
+            first, second = asyncio.run(fetch_on_worker_1(partition, partition))
+            assert (first.status, first.message) == (409, "EPOCH_MISMATCH"), first
+            assert first.epoch == led[partition]["epoch"]
+            assert (second.status, second.message) == (409, "NOT_REPLICA"), second
 
         with producing(cluster, history):
             wait_for(lambda: len(history.ok) > len(spread) + 300, "publishes before the kill")
@@ -1098,9 +1114,8 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
                 lambda: worker_pids(one.proc).get(0, before[0]) != before[0],
                 "worker 0 of node 1 restarted",
             )
-            wait_in_sync(cluster, "orders", 1)
-            # Both workers of the restarted node take publishes again (worker 1's link to
-            # worker 0 opened anew).
+            wait_in_sync(cluster, "orders", 10)
+            # Both workers of the restarted node take publishes again.
             again = publish_spread(one.proc, "orders", 8, 25, tag="again")
             history.invoked |= again
             history.ok |= again
@@ -1121,7 +1136,7 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
                     lambda v=victim, w=w, pids=pids: worker_pids(v.proc).get(w) != pids[w],
                     f"cycle {cycle}: worker {w} of node {victim.node_id} restarted (seed {seed})",
                 )
-                wait_in_sync(cluster, "orders", victim.node_id)
+                wait_in_sync(cluster, "orders", victim.member_ids[w])
             # kill -9 of a node's supervisor: its workers stop within seconds, none serving on.
             two = cluster.node(2)
             assert two.proc is not None
@@ -1134,18 +1149,21 @@ def test_replicated_nodes_with_workers_under_kill_9_lose_nothing_acknowledged(
             )
             two.start()
             wait_for(lambda: two.joined, "node 2 to join again", 60)
-            wait_in_sync(cluster, "orders", 2)
+            for member in two.member_ids:
+                wait_in_sync(cluster, "orders", member)
             count = len(history.ok)
             wait_for(lambda: len(history.ok) > count + 300, "publishes after node 2's restart")
         reads = {
             (origin, f"node{n.node_id}"): cluster.read_partition("orders", origin, n)
-            for origin in (1, 2, 3)
+            for origin in members
             for n in cluster.nodes
         }
         verdict = check(history, reads)
         assert verdict.lost == [], verdict.lost[:10]
         assert verdict.unexpected == [] and verdict.inconsistent == []
         assert set(on_one) | spread | again <= {b for rs in reads.values() for _, _, b in rs}
+        # Every member's partition took publishes: the node's cores all appended.
+        assert all(reads[(m, "node1")] for m in members)
     finally:
         cluster.stop()
 

@@ -157,6 +157,11 @@ class Node:
     def __init__(self, cluster: Cluster, node_id: int) -> None:
         self.cluster = cluster
         self.node_id = node_id
+        #: Its members of the cluster (``--workers N``: a worker each, node ids ``--node-id``
+        #: + i, the first ``10 * node_id`` so that nodes' ids never meet); one process: itself.
+        workers = cluster.workers
+        self.base_id = node_id if workers == 1 else 10 * node_id
+        self.member_ids = [self.base_id + i for i in range(workers)]
         self.data = cluster.directory / f"node{node_id}"
         self.data.mkdir(exist_ok=True)
         self.log = cluster.directory / f"node{node_id}.log"
@@ -179,9 +184,15 @@ class Node:
         """This run of the node has joined the cluster (it listens before it has: the test
         must not place a topic before every node is a member)."""
         text = self.log.read_text(errors="replace")
-        if "WORKERS: " in text:  # --workers: worker 0 is the node's member of the cluster
-            text = "\n".join(line for line in text.splitlines() if " w0]" in line)
-        return "joined (etcd" in text.rpartition("INFO: nsqd v")[2]
+        if "WORKERS: " not in text:
+            return "joined (etcd" in text.rpartition("INFO: nsqd v")[2]
+        # --workers: every worker is a member of the cluster, each joins
+        lines = text.splitlines()
+        for i in range(self.cluster.workers):
+            mine = "\n".join(line for line in lines if f" w{i}]" in line)
+            if "joined (etcd" not in mine.rpartition("INFO: nsqd v")[2]:
+                return False
+        return True
 
     @property
     def alive(self) -> bool:
@@ -190,7 +201,7 @@ class Node:
     @property
     def store(self) -> Path:
         """Where the node keeps its logs (``--workers``: worker 0's directory)."""
-        return self.data / "worker-0" if NODE_WORKERS > 1 else self.data
+        return self.data / "worker-0" if self.cluster.workers > 1 else self.data
 
     def send_signal(self, sig: int) -> None:
         """``sig`` to the node: its process, and with ``--workers`` its workers too (but
@@ -198,7 +209,7 @@ class Node:
         assert self.proc is not None
         pid = self.proc.p.pid
         workers: list[int] = []
-        if NODE_WORKERS > 1 and sig != signal.SIGTERM:
+        if self.cluster.workers > 1 and sig != signal.SIGTERM:
             out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
             workers = [int(x) for x in out.stdout.split()]
         for w in workers if sig != signal.SIGCONT else []:
@@ -392,6 +403,8 @@ class Cluster:
         self.directory = directory
         self.etcd = etcd
         self.extra = extra
+        counts = [int(f.split("=", 1)[1]) for f in extra if f.startswith("--workers=")]
+        self.workers = counts[-1] if counts else NODE_WORKERS
         self.nodes = [Node(self, i + 1) for i in range(size)]
         try:
             for n in self.nodes:
@@ -409,15 +422,19 @@ class Cluster:
         # In a namespace of its own a node is reached at its own address (nsqlookupd gives
         # consumers the broadcast address).
         own = [f"--broadcast-address={node.host}"] if node.netns else []
+        # A node of several workers has a host of its own: its workers' copies go to the
+        # other nodes first (the nodes of a test share one machine).
+        host = [f"--host-label=node{node_id}"] if self.workers > 1 else []
         return [
-            f"--node-id={node_id}",
+            f"--node-id={node.base_id}",
             *own,
+            *host,
             *(f"--etcd-endpoints={url}" for url in self.etcd.urls),
             "--cluster-name=test",
             "--retention-time=1h",
             "--etcd-lease-ttl=2s",
             "--replica-replace-after=10s",  # five leases, as it was tied to before
-            *([f"--workers={NODE_WORKERS}"] if NODE_WORKERS > 1 else []),
+            *([f"--workers={NODE_WORKERS}"] if NODE_WORKERS > 1 and not flagged(self) else []),
             *self.extra,
         ]
 
@@ -440,7 +457,8 @@ class Cluster:
             doc = n.json("GET", f"/topic/replication?topic={topic}")
             for p in doc["partitions"]:
                 if p["partition"] == origin and p["role"] == "leader":
-                    return dict(p, node=n.node_id)
+                    # ``node``: the node; ``member``: its worker's node id (--workers)
+                    return dict(p, node=n.node_id, member=p.get("node_id", n.node_id))
         return None
 
     def read_partition(self, topic: str, origin: int, node: Node) -> list[tuple[int, bytes, bytes]]:
@@ -653,13 +671,18 @@ def replicate(cluster: Cluster, topic: str = "orders", **settings: object) -> No
     status, body = cluster.node(1).http("POST", f"/topic/replication?topic={topic}&{query}")
     assert status == 200, body
     for n in cluster.nodes:
-        wait_in_sync(cluster, topic, n.node_id)
+        for member in n.member_ids:
+            wait_in_sync(cluster, topic, member)
+
+
+def flagged(cluster: Cluster) -> bool:
+    return any(f.startswith("--workers=") for f in cluster.extra)
 
 
 def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> None:
     def full() -> bool:
         p = cluster.partition(topic, origin)
-        return p is not None and p["node"] == origin and len(p["isr"]) == size
+        return p is not None and p["member"] == origin and len(p["isr"]) == size
 
     # A guard against a hang (60 s: a loaded machine starts three nodes slowly), not a wait.
     wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 60)

@@ -95,9 +95,11 @@ def survey_logs(
                 if isinstance(nodes, dict):
                     todo += [a for a in nodes.values() if isinstance(a, str) and a not in todo]
                 # Its own log is its own partition: keyed, like every copy, by partition.
+                # (A node of several workers names the member holding each copy.)
                 for q in held:
                     key = f"{doc['cluster']}/{int(q['partition'])}"
-                    copies.setdefault(key, []).append((address, int(doc["node_id"]), q))
+                    holder = int(q.get("node_id", doc["node_id"]))
+                    copies.setdefault(key, []).append((address, holder, q))
                 continue
             here = NodeLog(
                 str(doc.get("storage_id") or address),

@@ -114,7 +114,8 @@ class Following:
         failures = 0
         while self._following(p, epoch):
             url = f"http://{p.leader_http}/topic/replicate"
-            query = {"topic": p.topic, "partition": str(p.origin)}
+            # ``leader``: the member asked (a node of several workers passes it there).
+            query = {"topic": p.topic, "partition": str(p.origin), "leader": str(p.leader)}
             try:
                 # An answer holds at least one record, which may be larger than max_bytes.
                 largest = FETCH_MAX_BYTES + self.member.opts.max_msg_size + (1 << 16)

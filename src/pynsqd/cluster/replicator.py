@@ -535,7 +535,7 @@ class Replicator:
     def describe(self, topic: str) -> list[dict[str, Any]]:
         """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
         (``report.describe``)."""
-        return describe(topic, self.partitions, self.view.state, time.time())
+        return describe(topic, self.partitions, self.view.state, time.time(), self.node_id)
 
 
 def _say_placing(place: Place, state: ClusterState) -> None:

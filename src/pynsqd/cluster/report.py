@@ -13,10 +13,15 @@ from .records import ClusterState, PartKey, Tombstone
 
 
 def describe(
-    topic: str, partitions: Mapping[PartKey, Partition], state: ClusterState, now: float
+    topic: str,
+    partitions: Mapping[PartKey, Partition],
+    state: ClusterState,
+    now: float,
+    holder: int,
 ) -> list[dict[str, Any]]:
     """For ``/stats`` and ``/topic/config``: every partition of ``topic`` this node holds
-    (``now``: the wall clock, for its readers)."""
+    (``now``: the wall clock, for its readers; ``holder``: this member's node id, which a
+    node of several workers names each copy by)."""
     out = []
     for (name, origin), p in sorted(partitions.items()):
         if name != topic:
@@ -27,6 +32,7 @@ def describe(
         out.append(
             {
                 "partition": origin,
+                "node_id": holder,
                 "role": p.role.value,
                 "leader": p.leader,
                 "epoch": p.epoch,

@@ -136,7 +136,8 @@ class AdminCalls(Protocol):
         """``handler`` made by the worker that keeps the topic's log."""
 
     def on_member(self, handler: Handler) -> Handler:
-        """``handler`` made by worker 0 on a replicated node (the cluster's member)."""
+        """``handler`` made by the member it is about on a replicated node (each worker is
+        one: ``server/workers/members.py``)."""
 
     def on_admin_socket(self, request: BaseRequest) -> bool:
         """A request over this worker's private socket (from another worker)."""

@@ -70,7 +70,8 @@ ROUTED = frozenset(
         "/channel/create",
     }
 )
-#: ... and, on a replicated node, the calls about the cluster: by worker 0, its member.
+#: ... and, on a replicated node, the calls about the cluster: by the member (worker) they
+#: are about (``server/workers/members.py``).
 ON_MEMBER = frozenset({"/info", "/topic/replication", "/topic/replicate"})
 
 

@@ -236,7 +236,8 @@ def _is_link(client: Json) -> bool:
     return str(client.get("user_agent", "")).startswith(_LINK_AGENT_PREFIX)
 
 
-_Lists = dict[str, Callable[[list[Json], list[Json]], list[Json]]]
+#: How ``_add_into`` joins a key's two values (lists of channels, clients; a replication).
+_Lists = dict[str, Callable[[Any, Any], Any]]
 
 
 def _add_into(into: Json, other: Json, lists: _Lists, *, counts_only: bool = False) -> None:
@@ -254,6 +255,14 @@ def _add_into(into: Json, other: Json, lists: _Lists, *, counts_only: bool = Fal
                 into[key] += value
         elif key not in into:
             into[key] = value
+
+
+def _merge_replication(a: Json, b: Json) -> Json:
+    """A replicated topic's copies on a node whose workers are members: every worker's."""
+    if not a:
+        return b
+    both = [*a.get("partitions", ()), *b.get("partitions", ())]
+    return dict(a, partitions=sorted(both, key=lambda q: (q["partition"], q.get("node_id", 0))))
 
 
 def _merge_channels(a: list[Json], b: list[Json]) -> list[Json]:
@@ -307,7 +316,11 @@ def merge_stats(
                 key = (name, c["channel_name"])
                 holders[key] = holders.get(key, 0) + 1
             if name in topics:
-                _add_into(topics[name], t, {"channels": _merge_channels})
+                _add_into(
+                    topics[name],
+                    t,
+                    {"channels": _merge_channels, "replication": _merge_replication},
+                )
             else:
                 t["channels"] = _merge_channels([], t["channels"])
                 topics[name] = t

@@ -133,10 +133,10 @@ class NSQD:
         self.lookup = Lookup(self)
         #: Replicated topics (``cluster/``): None without --etcd-endpoints (no cost).
         self.replication: Replicator | None = None
-        #: This process is the node's member of the cluster (``--etcd-endpoints``): a single
-        #: process, or worker 0 of ``--workers N``, which keeps every retained topic's log
-        #: then; the other workers pass their publishes to it (``Placement.keeper``).
-        self.cluster_member = bool(opts.etcd_endpoints) and self.workers.is_lead
+        #: This process is a member of the cluster (``--etcd-endpoints``): a single process,
+        #: or each worker of ``--workers N``, with its own node id (``--node-id`` + its
+        #: index), its partitions, lease and checkpoints (``docs/replication.md``).
+        self.cluster_member = bool(opts.etcd_endpoints)
         #: Until the cluster's state is read, channels do not deliver and logs do not hand off
         #: (a replicated channel is restored from its checkpoint first).
         self._joining = self.cluster_member
@@ -398,7 +398,7 @@ class NSQD:
             # but takes no connection until it has joined: a publish can never be answered
             # before the node knows whether its partition is still its own.
             serve = not self.cluster_member
-            # --workers: worker 0 of a replicated node takes its peers' links once joined.
+            # --workers: a worker of a replicated node takes its peers' links once joined.
             self._link_server = await self.workers.listen(
                 "link", lambda: WorkerLink(self), "", serve=serve
             )

@@ -7,9 +7,10 @@ worker whose partition it names (``routed``: ``partition=<node id>``, each worke
 retained topic being a partition named by its node id; without it, ``/topic/offsets`` is every
 worker's answer in one, a rewind or a channel made at a time is made in every partition, and
 an offset alone is refused: ``PARTITION_REQUIRED``), or, for a topic one worker keeps (a
-bounded one; on a replicated node every retained one), by that worker; a call about the
-cluster by worker 0, the node's member of it
-(``on_member``; a follower's fetch stream is a websocket, passed on both ways); the client's
+bounded one), by that worker; on a replicated node, where every worker is a member of the
+cluster, a call about another node's partition by the worker holding a copy, and a call about
+the cluster by the member it is about (``on_member``, ``members.py``; a follower's fetch
+stream is a websocket, passed on both ways); the client's
 request is passed on and its answer streamed back (``proxy``). ``/stats``, ``/metrics`` and
 ``/ping`` answer for the node: every worker's, summed (``combine_stats``, ``peer_answers``,
 ``unhealthy_peers``). A request another worker made carries ``WORKER_HEADER`` and is made here
@@ -31,6 +32,7 @@ from ...http.stats import merge_stats
 from ...internal.httpapi import HTTPError
 from ...internal.router import CLIENT_HEADER, WORKER_HEADER
 from ...internal.router import peer as client_address
+from .members import Members
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
@@ -79,7 +81,6 @@ class AdminLinks:
         admins: list[str],
         *,
         clustered: bool,
-        elsewhere: Callable[[str], int | None],
         kept: Callable[[str], int | None] = lambda _: None,
         storage: str = "",
     ) -> None:
@@ -87,10 +88,9 @@ class AdminLinks:
         self.index = index
         #: Every worker's admin socket path, by index.
         self._admins = admins
-        #: A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster.
+        #: A replicated node (``--etcd-endpoints``): each worker is a member of the cluster.
         self.clustered = clustered
-        #: The worker that keeps a topic's log when it is another one (``Workers.elsewhere``).
-        self.elsewhere = elsewhere
+        self.members = Members(self, len(admins))
         #: The worker that keeps a topic this worker has, when another (``Topic.kept_by``).
         self.kept = kept
         #: The node's storage id: what ``/topic/offsets`` names its partitions by.
@@ -227,10 +227,7 @@ class AdminLinks:
     def _unavailable(self, peer: int, request: BaseRequest, err: Exception) -> HTTPError:
         """A call passed on to ``peer`` that got no answer: logged, and 503 naming it."""
         log.warning("WORKERS: %s on worker %d failed - %s", request.path, peer, err)
-        role = "the node's member of the cluster" if self.clustered else "which keeps its log"
-        return HTTPError(
-            503, "WORKER_UNAVAILABLE", {"reason": f"worker {peer}, {role}, did not answer"}
-        )
+        return HTTPError(503, "WORKER_UNAVAILABLE", {"reason": f"worker {peer} did not answer"})
 
     def partitions(self) -> list[int]:
         """This node's partition names (node ids), by worker."""
@@ -259,18 +256,16 @@ class AdminLinks:
                 path == "/channel/create" and not ("offset" in query or "timestamp" in query)
             ):
                 return await handler(request, params)  # a plain channel: made everywhere
-            # A topic one worker keeps (a bounded one; on a replicated node, every retained
-            # one): its keeper answers.
-            keeper = (
-                (self.elsewhere(topic) if self.clustered else self.kept(topic)) if topic else None
-            )
-            if self.clustered or keeper is not None:
-                if keeper is None:
-                    return await handler(request, params)
+            # A topic one worker keeps (a bounded one): its keeper answers.
+            keeper = self.kept(topic) if topic else None
+            if keeper is not None:
                 return await self.proxy(keeper, request, None)
             if path == "/topic/retention":
                 return await handler(request, params)  # every partition's (fanned)
             partition = partition_id(params)
+            if self.clustered and (partition is not None or path == "/topic/offsets"):
+                # Another node's partition (a copy some worker holds), the members' answers.
+                return await self.members.routed(request, params, handler)
             if partition is not None:
                 worker = self.worker_of(partition)
                 if worker == self.index:
@@ -327,16 +322,19 @@ class AdminLinks:
         self, handler: Callable[[BaseRequest, Any], Awaitable[Any]]
     ) -> Callable[[BaseRequest, Any], Awaitable[Any]]:
         """A call about the cluster (``/info``, ``/topic/replication``, a follower's fetch
-        stream ``/topic/replicate``) answered by worker 0, the node's member of it."""
+        stream ``/topic/replicate``) answered by the member it is about (``members.py``)."""
 
-        async def handler_on_worker_0(request: BaseRequest, params: Any) -> Any:
-            if self.is_lead or not self.clustered or self.from_worker(request):
+        async def handler_on_member(request: BaseRequest, params: Any) -> Any:
+            if not self.clustered or self.from_worker(request):
                 return await handler(request, params)
-            if request.headers.get("Upgrade", "").lower() == "websocket":
-                return await self.proxy_websocket(0, request)
-            return await self.proxy(0, request, None)
+            return await self.members.on_member(request, params, handler)
 
-        return handler_on_worker_0
+        return handler_on_member
+
+    async def ask_alone(self, peer: int, path_qs: str, request: BaseRequest) -> tuple[int, bytes]:
+        """``GET path_qs`` of worker ``peer``, answered there alone, with the client's
+        headers (its auth secret)."""
+        return await self._ask(peer, "GET", path_qs, b"", _passed_on(request))
 
     async def proxy_websocket(self, peer: int, request: BaseRequest) -> Any:
         """A websocket (a follower's fetch stream) passed on to worker ``peer``: opened there
@@ -371,7 +369,7 @@ class AdminLinks:
                 raise HTTPError(
                     err.status,
                     "WEBSOCKET_REFUSED",
-                    {"reason": f"worker {peer}, the node's member of the cluster, refused it"},
+                    {"reason": f"worker {peer}, a member of the cluster, refused it"},
                 ) from err
             except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 raise self._unavailable(peer, request, err) from err

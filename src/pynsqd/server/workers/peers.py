@@ -71,7 +71,6 @@ class Workers(LoneProcess):
             self.index,
             spec.admins,
             clustered=self.placement.clustered,
-            elsewhere=self.placement.elsewhere,
             kept=self._kept_by,
             storage=spec.storage,
         )

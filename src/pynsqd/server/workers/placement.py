@@ -11,9 +11,9 @@ in one partition and a retry that reconnects to another worker meets the same de
 
 A bounded topic that keeps no log (a bound on it or on a channel) is one worker's, so that
 its bound is the node's: that worker is the topic's keeper (``keeper``: a hash of the name).
-On a replicated node worker 0, the cluster's member, keeps every retained topic too (any
-retained topic may be replicated, its settings are in etcd, which only worker 0 reads, and
-its partition is the node's one log of it). Every other worker sets ``kept_by`` to the
+On a replicated node (``--etcd-endpoints``) every worker is a member of the cluster with its
+own node id, so a retained topic is a partition per worker there too, each replicated on its
+own (``cluster/``). Every other worker sets ``kept_by`` to the
 keeper and passes the topic's publishes there (``core/publish.Forward``). One process is a
 node of one worker (``Placement()``): every topic is its own. No I/O: the caller says
 whether the topic retains.
@@ -32,13 +32,11 @@ class Placement:
     def __init__(self, index: int = 0, count: int = 1, *, clustered: bool = False) -> None:
         self.index = index
         self.count = count
-        #: A replicated node (``--etcd-endpoints``): worker 0 is its member of the cluster.
+        #: A replicated node (``--etcd-endpoints``): each worker is a member of the cluster.
         self.clustered = clustered
 
     def keeper(self, topic: str) -> int:
-        """The worker that keeps ``topic`` when it retains a log or is bounded."""
-        if self.clustered:
-            return 0
+        """The worker that keeps ``topic`` when it is bounded (and keeps no log)."""
         return zlib.crc32(topic.encode()) % self.count
 
     def elsewhere(self, topic: str) -> int | None:
@@ -48,17 +46,17 @@ class Placement:
 
     def home(self, producer: bytes) -> int | None:
         """The worker that makes ``producer``'s identified publishes when it is another one
-        (None: this one, or a node where the keeper makes them all)."""
-        if self.count == 1 or self.clustered:
+        (None: this one)."""
+        if self.count == 1:
             return None
         home = zlib.crc32(producer) % self.count
         return None if home == self.index else home
 
     def place(self, topic: Topic, *, retained: bool) -> None:
         """Where ``topic`` lives now that it does (or does not) retain a log, by its bounds:
-        with its keeper if it is bounded and keeps no log (or retains, on a replicated node),
-        else here: a retained topic is a partition per worker, bounded or not (its backlog is
-        its log's, which retention bounds; a bound on it holds in each partition). Messages a
-        worker held before stay there, delivered as before."""
-        kept = (topic.bounded and not retained) or (retained and self.clustered)
+        with its keeper if it is bounded and keeps no log, else here: a retained topic is a
+        partition per worker, bounded or not (its backlog is its log's, which retention
+        bounds; a bound on it holds in each partition). Messages a worker held before stay
+        there, delivered as before."""
+        kept = topic.bounded and not retained
         topic.kept_by = self.elsewhere(topic.name) if kept else None

@@ -23,8 +23,8 @@ restarts; a connection that arrives meanwhile waits in the kernel's queue for a 
 - A worker that exits is started again at once (then after 0.1 s, doubling to 5 s, while it
   keeps exiting within 10 s of each start). A worker that fails its first start stops the node:
   its FATAL line has been printed, and the supervisor exits 1.
-- A replicated node (``--etcd-endpoints``) starts worker 0 first, the node's member of the
-  cluster, which keeps every retained log; the others once it has joined and serves.
+- A replicated node (``--etcd-endpoints``): every worker joins the cluster as a member of its
+  own (node id ``--node-id`` + its index) and serves once it has joined.
 - SIGTERM or SIGINT: every worker is sent SIGTERM and flushes as nsqd does; the supervisor exits
   when they have (after 60 s it kills what is left).
 - The supervisor killed with kill -9: each worker holds the read end of a pipe whose write end
@@ -212,8 +212,6 @@ class Supervisor:
         self.ever_ready: set[int] = set()
         self.failure = 0
         self.stop = asyncio.Event()
-        #: Worker 0 served once (``--etcd-endpoints``: the others start then).
-        self.lead_ready = asyncio.Event()
         #: What the node told its workers so far (each worker's ``go`` pipe): ``s`` every
         #: worker served (worker 0 registers with nsqlookupd), ``R`` the node is ready.
         self.told = b""
@@ -296,16 +294,8 @@ class Supervisor:
             self.opts.data_path or os.getcwd(),
             self.private_dir,
         )
-        tasks = [loop.create_task(self._keep(0))]
-        if self.opts.etcd_endpoints:
-            # A replicated node: worker 0 joins the cluster first (it keeps every retained
-            # log); the others take connections once it can take what they pass on.
-            waits = [loop.create_task(e.wait()) for e in (self.stop, self.lead_ready)]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-        if not self.stop.is_set():
-            tasks += [loop.create_task(self._keep(i)) for i in range(1, self.count)]
+        # (A replicated node's workers join the cluster each as its own member, at once.)
+        tasks = [loop.create_task(self._keep(i)) for i in range(self.count)]
         await self.stop.wait()
         for proc in list(self.procs.values()):
             with contextlib.suppress(ProcessLookupError):
@@ -336,8 +326,6 @@ class Supervisor:
                 proc = self.procs.get(i)
                 log.info("WORKERS: worker %d (pid %s) serving", i, proc.pid if proc else "?")
                 self.ever_ready.add(i)
-                if i == 0:
-                    self.lead_ready.set()
                 if len(self.ever_ready) == self.count and not self.told:
                     self._tell(b"s")
             elif what == "registered" and self.told == b"s":

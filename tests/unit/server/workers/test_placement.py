@@ -26,7 +26,7 @@ def test_placement_keeps_bounded_topics_with_one_worker_and_retained_ones_everyw
     assert topic.kept_by is None
     replicated = Placement(1, 3, clustered=True)
     replicated.place(topic, retained=True)
-    assert topic.kept_by == 0  # worker 0, the cluster's member, keeps it
+    assert topic.kept_by is None  # every worker a member: its own partition, replicated
     replicated.place(topic, retained=False)
     assert topic.kept_by is None
     homes = [Placement(i, 3).home(b"producer-7") for i in range(3)]
@@ -34,7 +34,8 @@ def test_placement_keeps_bounded_topics_with_one_worker_and_retained_ones_everyw
     (home,) = {h for h in homes if h is not None}
     assert homes[home] is None
     assert Placement().home(b"producer-7") is None  # one process
-    assert replicated.home(b"producer-7") is None  # worker 0 keeps the topic
+    # A replicated node routes a producer home as any other: its sequence in one partition.
+    assert [Placement(i, 3, clustered=True).home(b"producer-7") for i in range(3)] == homes
 
 
 def test_a_bound_keeps_a_plain_topic_with_its_keeper_but_not_a_retained_one() -> None:
