@@ -203,6 +203,13 @@ class Node:
         """Where the node keeps its logs (``--workers``: worker 0's directory)."""
         return self.data / "worker-0" if self.cluster.workers > 1 else self.data
 
+    @property
+    def stores(self) -> list[Path]:
+        """Where each of its members keeps its logs (``--workers``: each worker's directory)."""
+        if self.cluster.workers == 1:
+            return [self.data]
+        return [self.data / f"worker-{i}" for i in range(self.cluster.workers)]
+
     def send_signal(self, sig: int) -> None:
         """``sig`` to the node: its process, and with ``--workers`` its workers too (but
         SIGTERM, which the supervisor passes on itself)."""
@@ -441,6 +448,15 @@ class Cluster:
     def node(self, node_id: int) -> Node:
         return self.nodes[node_id - 1]
 
+    def owner(self, member: int) -> Node:
+        """The node whose member (its own partition) ``member`` is."""
+        return next(n for n in self.nodes if member in n.member_ids)
+
+    @property
+    def origins(self) -> list[int]:
+        """Every member's partition (a node's, or with ``--workers`` each of its workers')."""
+        return [m for n in self.nodes for m in n.member_ids]
+
     def live(self) -> list[Node]:
         return [n for n in self.nodes if n.alive]
 
@@ -494,7 +510,8 @@ def power_loss(cluster: Cluster, ledger: Path) -> int:
     segments = [
         seg
         for n in cluster.nodes
-        for seg in [*n.store.glob("*.log/*.log"), *n.store.glob("replicas/*/*/*.log")]
+        for store in n.stores
+        for seg in [*store.glob("*.log/*.log"), *store.glob("replicas/*/*/*.log")]
     ]
     return lose_unsynced(segments, ledger)
 
@@ -651,14 +668,16 @@ def wait_leader(cluster: Cluster, topic: str, origin: int, timeout: float = 20) 
 
 
 def led_elsewhere(cluster: Cluster, victim: Node, topic: str = "orders") -> bool:
-    """Some node other than ``victim`` leads ``victim``'s partition (``victim`` is not asked:
-    it may be cut off)."""
-    return any(
-        q["partition"] == victim.node_id and q["role"] == "leader"
+    """Some node other than ``victim`` leads each of ``victim``'s partitions (one per member;
+    ``victim`` is not asked: it may be cut off)."""
+    led = {
+        q["partition"]
         for n in cluster.nodes
         if n is not victim and n.alive
         for q in n.json("GET", f"/topic/replication?topic={topic}")["partitions"]
-    )
+        if q["role"] == "leader"
+    }
+    return set(victim.member_ids) <= led
 
 
 def replicate(cluster: Cluster, topic: str = "orders", **settings: object) -> None:

@@ -54,8 +54,11 @@ class Membership:
         *,
         now: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        worker: int = 0,
     ) -> None:
         self.opts = opts
+        #: Its worker's index on its node (``--workers``): registered, for placement.
+        self.worker = worker
         self.node_id = opts.node_id
         self.keys = Keys(f"/pynsqd/{opts.cluster_name}")
         self.etcd = EtcdClient(opts.etcd_endpoints)
@@ -90,6 +93,7 @@ class Membership:
             self.tcp,
             os.path.abspath(self.data_path),
             self.host_label,
+            self.worker,
         ).encode()
 
     async def register(self) -> None:

@@ -242,14 +242,21 @@ def rendezvous(
     nodes: Iterable[int],
     count: int,
     hosts: Mapping[int, str] | None = None,
+    lanes: Mapping[int, int] | None = None,
 ) -> list[int]:
     """The origin, then the ``count - 1`` other live nodes with the highest hash for it; with
-    ``hosts`` (node -> host label), nodes on a host that holds no copy yet first."""
+    ``lanes`` (node -> its worker index on its node), those of the origin's worker index
+    first (so a producer's home worker, the same index on every node of as many workers,
+    holds the copies of its other homes' partitions: ``docs/exactly-once.md``); with ``hosts``
+    (node -> host label), nodes on a host that holds no copy yet first."""
 
     def weight(n: int) -> bytes:
         return hashlib.sha256(f"{topic}/{origin}/{n}".encode()).digest()
 
     others = sorted((n for n in nodes if n != origin), key=weight, reverse=True)
+    if lanes:
+        lane = lanes.get(origin, 0)
+        others.sort(key=lambda n: lanes.get(n, 0) != lane)  # stable: by weight within
     if not hosts:
         return [origin, *others[: count - 1]]
     return [origin, *spread(others, count - 1, {host_of(hosts, origin)}, hosts)]
@@ -365,7 +372,7 @@ class Plan:
         # partition grows to the copies its settings want.
         spare = [n for n in self.placeable(state, now) if n not in current]
         hosts = state.hosts()
-        ranked = rendezvous(key[0], key[1], spare, len(spare) + 1)[1:]
+        ranked = rendezvous(key[0], key[1], spare, len(spare) + 1, lanes=state.lanes())[1:]
         # Hosts that keep a copy are taken: a replacement goes to another host first.
         used = {host_of(hosts, n) for n in current if n not in gone}
         ranked = spread(ranked, len(ranked), used, hosts)
@@ -387,7 +394,7 @@ class Plan:
         self, topic: str, settings: ReplicationSettings, state: ClusterState, nodes: list[int]
     ) -> Place:
         hosts = state.hosts()
-        replicas = rendezvous(topic, self.node_id, nodes, settings.replicas, hosts)
+        replicas = rendezvous(topic, self.node_id, nodes, settings.replicas, hosts, state.lanes())
         return Place(
             topic,
             Assignment(tuple(replicas)),

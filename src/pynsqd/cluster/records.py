@@ -148,6 +148,9 @@ class NodeRecord:
     data_path: str = ""
     #: ``--host-label``: copies of a partition go to distinct hosts first ("": unknown).
     host: str = ""
+    #: Its worker's index on its node (``--workers``; 0: one process): a partition's copies
+    #: go to the same worker index of other nodes first (``plan.rendezvous``).
+    worker: int = 0
 
     def encode(self) -> bytes:
         return _encode(
@@ -158,6 +161,7 @@ class NodeRecord:
                 "tcp": self.tcp,
                 "data_path": self.data_path,
                 "host": self.host,
+                "worker": self.worker,
             }
         )
 
@@ -172,6 +176,7 @@ class NodeRecord:
                 str(doc.get("tcp", "")),
                 str(doc.get("data_path", "")),
                 str(doc.get("host", "")),
+                int(doc.get("worker", 0)),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise RecordError(f"node: {err!r}") from None
@@ -364,6 +369,10 @@ class ClusterState:
     def hosts(self) -> dict[int, str]:
         """Each live node's host label (``--host-label``)."""
         return {n: rec.host for n, rec in self.nodes.items()}
+
+    def lanes(self) -> dict[int, int]:
+        """Each live node's worker index on its node (``NodeRecord.worker``)."""
+        return {n: rec.worker for n, rec in self.nodes.items()}
 
     @classmethod
     def parse(cls, keys: Keys, kvs: Iterable[KeyValue]) -> ClusterState:

@@ -104,6 +104,8 @@ class ReplicaHost(ChannelHost, Protocol):
     def http_address(self) -> str: ...
     @property
     def tcp_address(self) -> str: ...
+    @property
+    def worker_index(self) -> int: ...
 
 
 class Replicator:
@@ -112,7 +114,14 @@ class Replicator:
         opts = host.opts
         self.opts = opts
         self.node_id = opts.node_id
-        self.member = Membership(opts, host.data_path, host.http_address, host.tcp_address, now=now)
+        self.member = Membership(
+            opts,
+            host.data_path,
+            host.http_address,
+            host.tcp_address,
+            now=now,
+            worker=host.worker_index,
+        )
         self.now = now
         #: The cluster as last read, the partitions held: what the parts below share.
         self.view = ClusterView(self.member, host.topics)

@@ -146,6 +146,11 @@ class NSQD:
     # -- topics and channels --------------------------------------------------------------
 
     @property
+    def worker_index(self) -> int:
+        """This process's index among the node's workers (0: one process)."""
+        return self.workers.placement.index
+
+    @property
     def node_storage_id(self) -> str:
         """/info's ``storage_id``: the node's (``--workers``: one for every worker)."""
         return self.workers.storage_id(self.storage_id)

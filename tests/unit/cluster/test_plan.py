@@ -299,6 +299,26 @@ def test_rendezvous_moves_few_copies_when_a_node_joins() -> None:
     assert all(r[0] == 1 and len(set(r)) == 3 for r in after.values())
 
 
+def test_copies_go_to_the_origins_worker_index_on_other_hosts_first() -> None:
+    """Three nodes of two workers (members 10, 11, 20, 21, 30, 31; a host each): a worker's
+    partition is copied to the same worker index of the other nodes, so a producer's home
+    worker (the same index everywhere) holds the copies of its other homes' partitions."""
+    hosts = {m: f"node{m // 10}" for m in (10, 11, 20, 21, 30, 31)}
+    lanes = {m: m % 10 for m in hosts}
+    for t in (f"t{i}" for i in range(50)):
+        for origin in hosts:
+            replicas = rendezvous(t, origin, hosts, 3, hosts, lanes)
+            assert replicas[0] == origin
+            assert {lanes[m] for m in replicas} == {lanes[origin]}
+            assert len({hosts[m] for m in replicas}) == 3
+    # One lane short of hosts (node 3 runs one worker): the third copy takes another lane.
+    del hosts[31], lanes[31]
+    replicas = rendezvous("t", 11, hosts, 3, hosts, lanes)
+    assert replicas[:2] == [11, 21] and replicas[2] == 30
+    # Without lanes (single processes), the placement is the hash's, as before.
+    assert rendezvous("t", 1, [1, 2, 3, 4], 3, None, {}) == rendezvous("t", 1, [1, 2, 3, 4], 3)
+
+
 def _assigned(*replicas: int) -> Any:
     from pynsqd.cluster.records import PartRecords
 

@@ -385,6 +385,7 @@ def test_no_retained_publish_is_taken_before_the_cluster_state_is_read(tmp_path:
         data_path = str(tmp_path)
         http_address = "127.0.0.1:4151"
         tcp_address = "127.0.0.1:4150"
+        worker_index = 0
 
         class retention:
             @staticmethod
@@ -415,6 +416,7 @@ def node_one(tmp_path: Path, logs: dict[str, TopicLog]) -> Replicator:
         data_path = str(tmp_path)
         http_address = "127.0.0.1:4151"
         tcp_address = "127.0.0.1:4150"
+        worker_index = 0
 
         class retention:
             @staticmethod
