@@ -298,19 +298,21 @@ def test_an_ok_means_every_in_sync_replica_has_it(cluster: Cluster) -> None:
         conn.pub(TOPIC, b)
     conn.mpub(TOPIC, bodies[100:])
     conn.close()
-    p = cluster.partition(TOPIC, 1)
-    assert p is not None and p["committed"] == 300
+    n1 = cluster.node(1)
+    # One connection: one member's partition (node 1's own; with --workers, its worker's).
+    assert cluster.committed_own(TOPIC, n1) == 300
+    (origin,) = [m for m in n1.member_ids if (cluster.partition(TOPIC, m) or {})["committed"]]
 
     # Every replica holds the same records, byte for byte, up to the committed offset (the
     # followers learn that offset with their next fetch).
     def learned() -> bool:
         docs = [n.json("GET", f"/topic/replication?topic={TOPIC}") for n in cluster.nodes]
         return all(
-            q["committed"] == 300 for d in docs for q in d["partitions"] if q["partition"] == 1
+            q["committed"] == 300 for d in docs for q in d["partitions"] if q["partition"] == origin
         )
 
     wait_for(learned, "the followers to learn the committed offset")
-    reads = {n.node_id: cluster.read_partition(TOPIC, 1, n) for n in cluster.nodes}
+    reads = {n.node_id: cluster.read_partition(TOPIC, origin, n) for n in cluster.nodes}
     assert [r[2] for r in reads[1]] == bodies
     assert reads[1] == reads[2] == reads[3]
 
@@ -513,14 +515,14 @@ def test_a_follower_never_shows_what_is_not_committed(cluster: Cluster) -> None:
         status, body = n1.http("POST", f"/pub?topic={TOPIC}", b"second")
         assert status == 503 and b"replication timeout" in body
         # Neither the log's readers nor the channel see it.
-        assert [r[2] for r in cluster.read_partition(TOPIC, 1, n1)] == [b"first"]
+        assert [r[2] for r in cluster.read_own(TOPIC, n1)] == [b"first"]
         assert channel_messages() == 1
     finally:
         for n in (cluster.node(2), cluster.node(3)):
             n.resume()
     # Once the followers are back the record commits (an E_PUB_FAILED may still commit), and
     # only then goes to the channel.
-    wait_for(lambda: len(cluster.read_partition(TOPIC, 1, n1)) == 2, "the second record")
+    wait_for(lambda: len(cluster.read_own(TOPIC, n1)) == 2, "the second record")
     wait_for(lambda: channel_messages() == 2, "the channel to get it once committed")
 
 
@@ -611,13 +613,15 @@ def test_etcd_down_stalls_commits_then_they_resume(tmp_path: Path, etcd: Etcd) -
         status, answer = n1.http("POST", f"/pub?topic={TOPIC}", b"named")
         assert status == 503 and b"etcd unreachable for" in answer, answer
         outage = n1.log.read_text().rpartition("INFO: nsqd v")[2]
-        assert outage.count("CLUSTER: etcd unreachable") == 1, outage[-3000:]
+        # (one line a member: --workers N, each worker's)
+        assert outage.count("CLUSTER: etcd unreachable") == cluster.workers, outage[-3000:]
         assert "failed to read the cluster" not in outage and "keepalive failed" not in outage
         etcd.start()
         wait_for(lambda: publish() == 200, "commits to resume with etcd back")
         assert "etcd answers again after" in n1.log.read_text()
-        wait_in_sync(cluster, TOPIC, 1)
-        have = {r[2] for r in cluster.read_partition(TOPIC, 1, n1)}
+        for member in n1.member_ids:
+            wait_in_sync(cluster, TOPIC, member)
+        have = {r[2] for r in cluster.read_own(TOPIC, n1)}
         assert set(acked) <= have
     finally:
         cluster.stop()

@@ -477,6 +477,16 @@ class Cluster:
                     return dict(p, node=n.node_id, member=p.get("node_id", n.node_id))
         return None
 
+    def read_own(self, topic: str, node: Node) -> list[tuple[int, bytes, bytes]]:
+        """The committed records of ``node``'s own partitions (one per member), as it serves
+        them, partition after partition."""
+        return [r for m in node.member_ids for r in self.read_partition(topic, m, node)]
+
+    def committed_own(self, topic: str, node: Node) -> int:
+        """How many records ``node``'s own partitions committed, as their leaders report."""
+        parts = [self.partition(topic, m) for m in node.member_ids]
+        return sum(p["committed"] for p in parts if p is not None)
+
     def read_partition(self, topic: str, origin: int, node: Node) -> list[tuple[int, bytes, bytes]]:
         """Every committed record of a partition, as ``node`` serves it: (offset, id, body)."""
         out: list[tuple[int, bytes, bytes]] = []

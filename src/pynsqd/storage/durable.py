@@ -16,20 +16,31 @@ __all__ = ["LEDGER_ENV", "fsync", "fsync_close"]
 
 LEDGER_ENV = "PYNSQD_FSYNC_LEDGER"
 _path = os.environ.get(LEDGER_ENV)
-_ledger: int | None = (
-    os.open(_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if _path else None
-)
+#: (the process that opened it, its descriptor): opened by each process at its first fsync,
+#: not at import, since ``--workers`` forks its workers from a supervisor that imported this
+#: module and each child closes the descriptors that are not its own (a descriptor opened
+#: at import was closed there, its number reused: the ledger's writes failed, EINVAL).
+_ledger: tuple[int, int] | None = None
+
+
+def _ledger_fd(path: str) -> int:
+    global _ledger
+    pid = os.getpid()
+    if _ledger is None or _ledger[0] != pid:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        _ledger = (pid, os.open(path, flags, 0o644))
+    return _ledger[1]
 
 
 def fsync(fd: int) -> None:
     """``os.fsync(fd)``; raises OSError."""
-    if _ledger is None:
+    if _path is None:
         os.fsync(fd)
         return
     size = os.fstat(fd).st_size
     os.fsync(fd)
     path = os.readlink(f"/proc/self/fd/{fd}")
-    os.write(_ledger, f"{path}\t{size}\n".encode())
+    os.write(_ledger_fd(_path), f"{path}\t{size}\n".encode())
 
 
 def fsync_close(fd: int) -> None:
