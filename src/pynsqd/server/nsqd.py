@@ -137,6 +137,7 @@ class NSQD:
         #: or each worker of ``--workers N``, with its own node id (``--node-id`` + its
         #: index), its partitions, lease and checkpoints (``docs/replication.md``).
         self.cluster_member = bool(opts.etcd_endpoints)
+        self.worker_index = self.workers.placement.index  # its index among them (0: one)
         #: Until the cluster's state is read, channels do not deliver and logs do not hand off
         #: (a replicated channel is restored from its checkpoint first).
         self._joining = self.cluster_member
@@ -144,11 +145,6 @@ class NSQD:
             self.start_time = worker.started  # the node's, not this worker's (restarts)
 
     # -- topics and channels --------------------------------------------------------------
-
-    @property
-    def worker_index(self) -> int:
-        """This process's index among the node's workers (0: one process)."""
-        return self.workers.placement.index
 
     @property
     def node_storage_id(self) -> str:
