@@ -63,6 +63,50 @@ def test_partitions_are_read_once_from_any_copy(spark: Any, cluster: Cluster) ->
     assert len({r.nsqd_address for r in rows}) == 3  # reads spread over the copies
 
 
+def test_nodes_of_two_workers_are_read_once_member_by_member(spark: Any, tmp_path: Path) -> None:
+    """Issue 52 item 2: three nodes of ``--workers 2``, every worker a member with its own
+    partition (six: 10, 11, 20, 21, 30, 31). Publishes over connections open at once land on
+    both workers of each node; given one node, a batch read finds every member's partition
+    through the node's answer (each copy named by its member) and reads each record once."""
+    from pynsqd.client.connection import Connection
+
+    etcd = Etcd(tmp_path)
+    try:
+        c = Cluster(tmp_path, etcd, 3, "--workers=2")
+        try:
+            replicate(c, TOPIC)
+            want: list[bytes] = []
+            for n in c.nodes:
+                assert n.proc is not None
+                conns = [Connection(f"127.0.0.1:{n.proc.port}").connect() for _ in range(4)]
+                try:  # open at once: they spread over the node's two workers
+                    for i, conn in enumerate(conns):
+                        bodies = [b"w-%d-%d-%04d" % (n.node_id, i, j) for j in range(100)]
+                        conn.mpub(TOPIC, bodies)
+                        want += bodies
+                finally:
+                    for conn in conns:
+                        conn.close()
+            one = c.node(2)
+            assert one.proc is not None
+            held = one.json("GET", f"/topic/offsets?topic={TOPIC}")["partitions"]
+            assert sorted(q["partition"] for q in held) == c.origins
+            assert all(q["committed"] > 0 for q in held), held  # every member took some
+            df = (
+                spark.read.format("nsq")
+                .option("mode", "log")
+                .option("topic", TOPIC)
+                .option("nsqdHttpAddresses", f"127.0.0.1:{one.proc.http_port}")
+                .load()
+            )
+            rows = df.select("body").collect()
+            assert sorted(r.body for r in rows) == sorted(want)  # each once
+        finally:
+            c.stop()
+    finally:
+        etcd.stop()
+
+
 def test_a_range_is_read_from_another_copy_when_the_leader_is_gone(cluster: Cluster) -> None:
     want = publish(cluster, "b", 700)
     leader = cluster.node(1)
