@@ -91,7 +91,12 @@ def test_nodes_of_two_workers_are_read_once_member_by_member(spark: Any, tmp_pat
             assert one.proc is not None
             held = one.json("GET", f"/topic/offsets?topic={TOPIC}")["partitions"]
             assert sorted(q["partition"] for q in held) == c.origins
-            assert all(q["committed"] > 0 for q in held), held  # every member took some
+
+            def every_member_took_some() -> bool:  # (a follower learns its HW as it fetches)
+                held = one.json("GET", f"/topic/offsets?topic={TOPIC}")["partitions"]
+                return all(q["committed"] > 0 for q in held)
+
+            wait_for(every_member_took_some, "every member's partition committed on node 2", 60)
             df = (
                 spark.read.format("nsq")
                 .option("mode", "log")
