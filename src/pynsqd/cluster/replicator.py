@@ -151,6 +151,8 @@ class Replicator:
         self.compaction = Compaction(now)
         #: The etcd revision the last ``_refresh`` read the cluster at (``_watch`` from there).
         self.revision = 0
+        #: Held while a read of the cluster is acted on (``_refresh``).
+        self._reading = asyncio.Lock()
         #: What a publish asks: ``cluster/gate.py``.
         self.publishing = PublishGate(
             self.view,
@@ -231,6 +233,13 @@ class Replicator:
     # -- the plan -------------------------------------------------------------------------
 
     async def _refresh(self) -> None:
+        """Read the cluster and act on it, one read at a time: a read older than a placement
+        made by another one meanwhile took the new partition for a deleted topic's and
+        dropped it (``POST /topic/replication`` reads too, beside the tick)."""
+        async with self._reading:
+            await self._read_and_act()
+
+    async def _read_and_act(self) -> None:
         keys = self.member.keys
         kvs, revision = await self.member.etcd.get_prefix(keys.prefix + "/")
         self.revision = revision
