@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -257,12 +257,16 @@ def _add_into(into: Json, other: Json, lists: _Lists, *, counts_only: bool = Fal
             into[key] = value
 
 
+def by_partition(copies: Iterable[Json]) -> list[Json]:
+    """A node's copies of partitions (each named by its member, ``node_id``), in order."""
+    return sorted(copies, key=lambda q: (q["partition"], q.get("node_id", 0)))
+
+
 def _merge_replication(a: Json, b: Json) -> Json:
     """A replicated topic's copies on a node whose workers are members: every worker's."""
     if not a:
         return b
-    both = [*a.get("partitions", ()), *b.get("partitions", ())]
-    return dict(a, partitions=sorted(both, key=lambda q: (q["partition"], q.get("node_id", 0))))
+    return dict(a, partitions=by_partition([*a.get("partitions", ()), *b.get("partitions", ())]))
 
 
 def _merge_channels(a: list[Json], b: list[Json]) -> list[Json]:

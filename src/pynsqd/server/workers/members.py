@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ...http.replay import partition_id
+from ...http.stats import by_partition
 from ...internal.httpapi import HTTPError
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def merge_members(docs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(docs[0])
     partitions = [q for d in docs for q in d.get("partitions", ())]
     if partitions or "partitions" in out:
-        out["partitions"] = sorted(partitions, key=lambda q: (q["partition"], q.get("node_id", 0)))
+        out["partitions"] = by_partition(partitions)
     nodes: dict[str, str] = {}
     for d in docs:
         nodes.update(d.get("nodes") or {})
