@@ -10,7 +10,9 @@ on a fresh topic with one channel. Three workloads, alternating, several rounds,
 - ``negotiated``: a client that asked for them, publishing none (a 2-byte empty block each);
 - ``two headers``: each message with its own ``traceparent`` (55 bytes, W3C: a span id of its
   own, so no two blocks repeat within 8,000 messages) and ``tenant``;
-- ``two headers, repeated``: the same two on every message (a publisher that tags a batch).
+- ``two headers, repeated``: the same two on every message (a publisher that tags a batch);
+- ``plain, same bytes``: no headers, each body as long as a two-header message's
+  ``[length][block][body]`` (what the headers cost beyond the bytes they add).
 
 Issue 55: with two small headers MPUB stays at >= 0.95x of the same messages without; a client
 that does not ask pays nothing (the code path is nsqd's).
@@ -37,7 +39,9 @@ from pynsqd.protocol import encode, headers
 BODY = b"x" * 200
 PER_MPUB = 200
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-WORKLOADS = ("plain", "negotiated", "two headers", "two headers, repeated")
+WORKLOADS = ("plain", "negotiated", "two headers", "two headers, repeated", "plain, same bytes")
+#: A two-header block: ``traceparent`` and ``tenant``.
+BLOCK = headers.encode([("traceparent", TRACEPARENT), ("tenant", b"acme")])
 #: MPUB commands a publisher cycles through (``two headers``: 40 x 200 distinct blocks).
 VARIANTS = 40
 
@@ -51,6 +55,8 @@ def free_port() -> int:
 def command(workload: str, topic: str, variant: int) -> bytes:
     if workload == "plain":
         return encode.mpub(topic, [BODY] * PER_MPUB)
+    if workload == "plain, same bytes":
+        return encode.mpub(topic, [b"y" * len(headers.join_body(BLOCK, BODY))] * PER_MPUB)
     if workload == "negotiated":
         return encode.mpub(topic, [headers.join_body(b"", BODY)] * PER_MPUB)
     if workload == "two headers, repeated":
@@ -72,7 +78,7 @@ def publisher(
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.sendall(b"  V2")
-    if workload != "plain":
+    if not workload.startswith("plain"):
         ident = json.dumps({"feature_negotiation": True, "headers": True}).encode()
         s.sendall(b"IDENTIFY\n" + struct.pack(">l", len(ident)) + ident)
         size, _ = struct.unpack(">ll", recv_exactly(s, 8))

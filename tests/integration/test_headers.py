@@ -165,6 +165,36 @@ def test_a_retained_topic_logs_the_headers_and_its_readers_get_them(
     consumer.close()
 
 
+def test_an_mpub_of_same_sized_tagged_messages_keeps_each_ones_headers_or_is_refused_whole(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """A publisher that tags each message with its own ``traceparent`` sends same-sized bodies
+    whose blocks share their names and lengths: split at once (``headers.split_bodies``), each
+    message still gets its own values; one broken name among them refuses the MPUB whole."""
+    server = make_nsqd()
+    tagged = [with_headers(b"body %03d" % i, traceparent="00-%032x-01" % i) for i in range(300)]
+    assert len(set(map(len, tagged))) == 1
+    consumer, _ = negotiated(server)
+    producer, _ = negotiated(server)
+    with consumer, producer:
+        consumer.sub("t", "c")
+        producer.mpub("t", tagged)
+        consumer.rdy(300)
+        got = [read_with_headers(consumer) for _ in range(300)]
+        assert [(h, b) for _, _, h, b in got] == [
+            ({"traceparent": b"00-%032x-01" % i}, b"body %03d" % i) for i in range(300)
+        ]
+    broken = list(tagged)
+    broken[150] = broken[150].replace(b"traceparent", b"traceParent")
+    conn, _ = negotiated(server)
+    with conn:
+        conn.send(encode.mpub("t2", broken))
+        error = conn.read_error()
+        assert error.startswith(b"E_BAD_MESSAGE MPUB ") and b"traceParent" in error, error
+        conn.expect_closed()
+    assert "t2" not in server.nsqd.topics or server.nsqd.topics["t2"].message_count == 0
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [

@@ -13,6 +13,8 @@ _ENCODED_HEADER = struct.Struct(">qH")
 #: ``[uint16 block length][block]``. Every other message is nsqd's encoding exactly.
 WITH_HEADERS = 1 << 63
 _BLOCK_LEN = struct.Struct(">H")
+#: ``[timestamp][attempts][id][block length]``: what precedes a block in one pack.
+_ENCODED_WITH_BLOCK = struct.Struct(">qH16sH")
 ENCODED_OVERHEAD = 26
 MAX_ATTEMPTS = 0xFFFF
 #: The furthest a deferral may reach (ten years): a due time stored past it is corruption, and
@@ -130,8 +132,11 @@ class Message:
         calling the class per message, whose ``__init__`` is a call from C into Python each
         time. Every slot is set, as in ``__init__`` (a test holds the two equal).
         """
+        if len(bodies) != len(ids) or (headers is not None and len(headers) != len(ids)):
+            raise ValueError(f"{len(ids)} ids for {len(bodies)} bodies (and their headers)")
         msgs: list[Message] = list(map(_new, repeat(cls, len(ids))))
-        for m, msg_id, body in zip(msgs, ids, bodies, strict=True):
+        blocks = repeat(b"") if headers is None else headers
+        for m, msg_id, body, block in zip(msgs, ids, bodies, blocks):
             m.id = msg_id
             m.body = body
             m.timestamp = timestamp
@@ -140,10 +145,7 @@ class Message:
             m.delivery_ts = 0.0
             m.tq_seq = 0
             m.defer_until_ns = 0
-            m.headers = b""
-        if headers is not None:
-            for m, block in zip(msgs, headers, strict=True):
-                m.headers = block
+            m.headers = block
         return msgs
 
     def copy(self) -> Message:
@@ -155,8 +157,15 @@ class Message:
     def encode(self) -> bytes:
         """nsqd's encoding (``WriteTo``), as stored in the disk queue (with headers: see
         ``WITH_HEADERS``)."""
-        if self.headers:
-            return self.encode_head() + self.body
+        block = self.headers
+        if block:
+            return (
+                _ENCODED_WITH_BLOCK.pack(
+                    self.timestamp - WITH_HEADERS, self.attempts, self.id, len(block)
+                )
+                + block
+                + self.body
+            )
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id + self.body
 
     def encode_head(self) -> bytes:
@@ -164,9 +173,9 @@ class Message:
         block = self.headers
         if block:
             return (
-                _ENCODED_HEADER.pack(self.timestamp - WITH_HEADERS, self.attempts)
-                + self.id
-                + _BLOCK_LEN.pack(len(block))
+                _ENCODED_WITH_BLOCK.pack(
+                    self.timestamp - WITH_HEADERS, self.attempts, self.id, len(block)
+                )
                 + block
             )
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id

@@ -32,6 +32,7 @@ __all__ = [
     "HeaderLimits",
     "decode",
     "encode",
+    "split_bodies",
     "split_body",
 ]
 
@@ -138,6 +139,67 @@ def split_body(data: bytes, limits: HeaderLimits) -> tuple[bytes, bytes]:
     block = data[2 : 2 + size]
     check(block, limits)
     return block, data[2 + size :]
+
+
+def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes], list[bytes] | None]:
+    """A negotiated client's bodies of one publish (each ``[uint16 length][block][body]``) as
+    (bodies, blocks); blocks None when no message has headers. Raises HeaderError.
+
+    The cost is the point here: a publisher that tags its messages sends one MPUB of many
+    same-sized bodies whose blocks have the same names and value lengths (a ``traceparent``
+    of its own per message, say). Such blocks share their **skeleton** (the block length, and
+    each pair's name length, name and value length, at the same offsets), and a block's
+    validity depends on its skeleton alone (values are any bytes). So when every body has the
+    first one's size, the first block is checked and each skeleton byte is compared across
+    all bodies at once, a strided slice of the joined bodies in C (``_same_skeleton``);
+    otherwise each distinct block is checked (``check``).
+    """
+    if len(datas) > 1 and len(set(map(len, datas))) == 1 and len(datas[0]) >= 2:
+        first = datas[0]
+        size = first[0] << 8 | first[1]
+        if 2 + size > len(first):
+            raise HeaderError(f"a header block of {size} bytes in a body of {len(first)}")
+        if size:
+            check(first[2 : 2 + size], limits)
+        if _same_skeleton(datas, size):
+            bodies = [d[2 + size :] for d in datas]
+            if not size:
+                return bodies, None
+            return bodies, [d[2 : 2 + size] for d in datas]
+    if any(len(d) < 2 for d in datas):
+        raise HeaderError("a body too short for its header length")
+    sizes = [d[0] << 8 | d[1] for d in datas]
+    if not any(sizes):
+        return [d[2:] for d in datas], None
+    for d, n in zip(datas, sizes, strict=True):
+        if 2 + n > len(d):
+            raise HeaderError(f"a header block of {n} bytes in a body of {len(d)}")
+    blocks = [d[2 : 2 + n] for d, n in zip(datas, sizes, strict=True)]
+    for block in set(blocks):
+        if block:
+            check(block, limits)
+    return [d[2 + n :] for d, n in zip(datas, sizes, strict=True)], blocks
+
+
+def _same_skeleton(datas: list[bytes], size: int) -> bool:
+    """Whether every body (all of one width) has the first one's block skeleton: its length
+    field and, for each pair, the name length, name and value length, byte for byte at the
+    same offsets. The first block was found valid (so its walk stays inside it)."""
+    first = datas[0]
+    width = len(first)
+    joined = b"".join(datas)
+    count = len(datas)
+    offsets = [0, 1]
+    pos, end = 2, 2 + size
+    while pos < end:
+        n = first[pos]
+        stop = pos + 1 + n
+        offsets.extend(range(pos, stop + 2))
+        pos = stop + 2 + (first[stop] << 8 | first[stop + 1])
+    for i in offsets:
+        if joined[i::width].count(first[i : i + 1]) != count:
+            return False
+    return True
 
 
 def join_body(block: bytes, body: bytes) -> bytes:

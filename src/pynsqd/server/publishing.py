@@ -235,25 +235,12 @@ class Publishing:
 def split_bodies(
     cmd: str, bodies: list[bytes], limits: HeaderLimits
 ) -> tuple[list[bytes], list[bytes] | None]:
-    """A negotiated client's bodies (``[uint16 length][block][body]``) as (bodies, blocks);
-    blocks None when no message has headers. Each distinct block is checked once (an MPUB's
-    messages often share theirs). Raises ``E_BAD_MESSAGE`` naming the rule."""
+    """A negotiated client's bodies as (bodies, blocks) (``headers.split_bodies``); raises
+    ``E_BAD_MESSAGE`` naming the rule."""
     try:
-        if any(len(d) < 2 for d in bodies):
-            raise headers.HeaderError("a body too short for its header length")
-        sizes = [d[0] << 8 | d[1] for d in bodies]
-        if not any(sizes):
-            return [d[2:] for d in bodies], None
-        for d, n in zip(bodies, sizes, strict=True):
-            if 2 + n > len(d):
-                raise headers.HeaderError(f"a header block of {n} bytes in a body of {len(d)}")
-        blocks = [d[2 : 2 + n] for d, n in zip(bodies, sizes, strict=True)]
-        for block in set(blocks):
-            if block:
-                headers.check(block, limits)
+        return headers.split_bodies(bodies, limits)
     except headers.HeaderError as err:
         raise FatalClientError("E_BAD_MESSAGE", f"{cmd} {err}") from None
-    return [d[2 + n :] for d, n in zip(bodies, sizes, strict=True)], blocks
 
 
 def ok_frame(duplicates: int) -> bytes:

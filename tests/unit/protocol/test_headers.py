@@ -73,3 +73,45 @@ def test_a_broken_block_is_refused_never_misread(block: bytes) -> None:
     enc[26:28] = (len(block) + 10).to_bytes(2, "big")  # a length past the record
     with pytest.raises(ValueError):
         decode_message(bytes(enc))
+
+
+def _one_by_one(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes], list[bytes]]:
+    """The reference: each body split and checked on its own."""
+    split = [headers.split_body(d, limits) for d in datas]
+    return [body for _, body in split], [block for block, _ in split]
+
+
+@given(
+    pairs,
+    st.integers(1, 30),
+    st.binary(min_size=0, max_size=30),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+)
+def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
+    p: list[tuple[str, bytes]], count: int, body: bytes, flips: list[tuple[int, int]]
+) -> None:
+    """Same-sized bodies with one skeleton take the strided path (``_same_skeleton``); a byte
+    changed anywhere (a name, a length, a value, a body) must give what checking each body
+    alone gives: the same split, or a HeaderError."""
+    limits = HeaderLimits(max_count=6, max_bytes=300)
+    datas = []
+    for i in range(count):  # each message its own values, of the first one's lengths
+        own = [(n, bytes((v + i) % 256 for v in value)) for n, value in p]
+        datas.append(headers.join_body(headers.encode(own), body))
+    for where, value in flips:
+        k, pos = where % count, where // count % len(datas[0])
+        d = bytearray(datas[k])
+        d[pos] = value
+        datas[k] = bytes(d)
+    try:
+        expected: tuple[list[bytes], list[bytes]] | None = _one_by_one(datas, limits)
+    except HeaderError:
+        expected = None
+    if expected is None:
+        with pytest.raises(HeaderError):
+            headers.split_bodies(datas, limits)
+        return
+    bodies, blocks = headers.split_bodies(datas, limits)
+    assert bodies == expected[0]
+    assert (blocks or [b""] * count) == expected[1]
+    assert blocks is None or any(blocks)  # None exactly when no message has headers
