@@ -172,7 +172,7 @@ def test_an_mpub_of_same_sized_tagged_messages_keeps_each_ones_headers_or_is_ref
     whose blocks share their names and lengths: split at once (``headers.split_bodies``), each
     message still gets its own values; one broken name among them refuses the MPUB whole."""
     server = make_nsqd()
-    tagged = [with_headers(b"body %03d" % i, traceparent="00-%032x-01" % i) for i in range(300)]
+    tagged = [with_headers(b"body %03d" % i, traceparent=f"00-{i:032x}-01") for i in range(300)]
     assert len(set(map(len, tagged))) == 1
     consumer, _ = negotiated(server)
     producer, _ = negotiated(server)

@@ -136,7 +136,9 @@ class Message:
             raise ValueError(f"{len(ids)} ids for {len(bodies)} bodies (and their headers)")
         msgs: list[Message] = list(map(_new, repeat(cls, len(ids))))
         blocks = repeat(b"") if headers is None else headers
-        for m, msg_id, body, block in zip(msgs, ids, bodies, blocks):
+        for m, msg_id, body, block in zip(
+            msgs, ids, bodies, blocks, strict=False
+        ):  # lengths checked above
             m.id = msg_id
             m.body = body
             m.timestamp = timestamp

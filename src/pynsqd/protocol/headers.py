@@ -141,7 +141,9 @@ def split_body(data: bytes, limits: HeaderLimits) -> tuple[bytes, bytes]:
     return block, data[2 + size :]
 
 
-def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes], list[bytes] | None]:
+def split_bodies(
+    datas: list[bytes], limits: HeaderLimits
+) -> tuple[list[bytes], list[bytes] | None]:
     """A negotiated client's bodies of one publish (each ``[uint16 length][block][body]``) as
     (bodies, blocks); blocks None when no message has headers. Raises HeaderError.
 
@@ -196,10 +198,7 @@ def _same_skeleton(datas: list[bytes], size: int) -> bool:
         stop = pos + 1 + n
         offsets.extend(range(pos, stop + 2))
         pos = stop + 2 + (first[stop] << 8 | first[stop + 1])
-    for i in offsets:
-        if joined[i::width].count(first[i : i + 1]) != count:
-            return False
-    return True
+    return all(joined[i::width].count(first[i : i + 1]) == count for i in offsets)
 
 
 def join_body(block: bytes, body: bytes) -> bytes:
