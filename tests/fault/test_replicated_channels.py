@@ -30,6 +30,7 @@ import pytest
 
 from pynsqd.client.connection import Connection
 from pynsqd.client.options import ClientOptions
+from pynsqd.core.offsets import decode_offset_id
 
 from ..integration.lookupd_helpers import http
 from ..integration.replication_harness import (
@@ -44,8 +45,8 @@ from ..integration.replication_harness import (
     power_loss,
     producing,
     replicate,
-    wait_in_sync,
     wait_leader,
+    wait_node_in_sync,
 )
 from ..processes import ServerProcess
 from ..waiting import until, wait_for
@@ -148,7 +149,8 @@ def prepare(cluster: Cluster) -> None:
         status, body = n.http("POST", f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
         assert status == 200, body
     for n in cluster.nodes:
-        wait_for(lambda n=n: CHANNEL in checkpoint(n, n.node_id), "a checkpoint of the channel")
+        for m in n.member_ids:  # each member checkpoints its own partition's channel
+            wait_for(lambda n=n, m=m: CHANNEL in checkpoint(n, m, m), "a checkpoint of the channel")
 
 
 #: ``scripts/replication-faults`` runs these with more cycles.
@@ -187,7 +189,12 @@ def cycles(
         # where it goes on delivering them) those it adopted at an earlier cut.
         held = {victim.node_id}
         if fault == "cut-etcd":
-            held |= {n.node_id for n in cluster.nodes if CHANNEL in checkpoint(n, victim.node_id)}
+            held |= {
+                n.node_id
+                for n in cluster.nodes
+                for m in n.member_ids
+                if any(CHANNEL in checkpoint(n, h, m) for h in victim.member_ids)
+            }
         replay_all += sum(1 for b in acked if history.acked_by.get(b, (0, 0))[0] in held)
         if fault == "pause":
             victim.pause()
@@ -216,7 +223,7 @@ def cycles(
             network.heal(victim)
         else:
             victim.start()
-        wait_in_sync(cluster, TOPIC, victim.node_id)
+        wait_node_in_sync(cluster, TOPIC, victim)
         for c in group:
             assert c.p.poll() is None, f"the {c.client} consumer exited"
     return replay_all
@@ -289,6 +296,35 @@ def test_consumers_through_lookupd_lose_nothing_across_failovers(
         delivered_within_bound(history, group, f"{fault} over {faults} faults", replay_all)
 
 
+@pytest.mark.timeout(900)
+def test_consumers_of_nodes_of_two_workers_lose_nothing_across_kills(
+    tmp_path: Path, etcd: Etcd, lookupd: ServerProcess
+) -> None:
+    """The kill -9 loop above with every node at ``--workers 2`` (six members, each its own
+    partition and checkpoints of its channels): a random node killed 3 times under load and
+    back, with a pynsq and a gnsq consumer through nsqlookupd that are never restarted; every
+    acknowledged message is delivered, and duplicates stay within the bound.
+    (``PYNSQD_TEST_NODE_WORKERS=2`` runs every test of this file so.)"""
+    cluster = Cluster(
+        tmp_path,
+        etcd,
+        3,
+        f"--lookupd-tcp-address=127.0.0.1:{lookupd.port_of('TCP')}",
+        "--broadcast-address=127.0.0.1",
+        "--workers=2",
+    )
+    try:
+        prepare(cluster)
+        history = History()
+        faults = max(1, round(3 * SCALE))
+        with consuming(tmp_path, lookupd) as group:
+            with producing(cluster, history):
+                replay_all = cycles(cluster, history, group, faults, "kill")
+            delivered_within_bound(history, group, f"kill over {faults} faults", replay_all)
+    finally:
+        cluster.stop()
+
+
 @pytest.mark.timeout(300)
 def test_a_node_killed_and_restarted_redelivers_what_was_in_flight_and_deferred(
     tmp_path: Path, cluster: Cluster, lookupd: ServerProcess
@@ -341,9 +377,11 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
         assert status == 200, body
     n1 = cluster.node(1)
     assert n1.proc is not None
-    assert n1.http("POST", f"/pub?topic={TOPIC}", b"poison")[0] == 200
-    assert n1.http("POST", f"/pub?topic={TOPIC}&defer=600000", b"later")[0] == 200
-    assert n1.http("POST", f"/pub?topic={TOPIC}", b"held")[0] == 200
+    # One connection: its publishes go to one partition (--workers: its worker's member's).
+    with Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect() as producer:
+        producer.pub(TOPIC, b"poison")
+        producer.dpub(TOPIC, 600_000, b"later")
+        producer.pub(TOPIC, b"held")
     before: list[tuple[bytes, int, int, bytes]] = []
     held: list[bytes] = []
 
@@ -362,16 +400,19 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
     conn.subscribe(TOPIC, CHANNEL, on_n1, rdy=10)
     wait_for(lambda: len(before) >= 2 and held, "two deliveries of the message on node 1")
+    decoded = decode_offset_id(before[0][0])
+    assert decoded is not None and decoded[0] in n1.member_ids, before
+    part = decoded[0]  # node 1's partition (--workers: the member's the PUBs went to)
     wait_for(
         lambda: (
-            checkpoint(n1, 1).get(CHANNEL, {}).get("attempts_max") == 2
-            and checkpoint(n1, 1).get(CHANNEL, {}).get("deferred_kept") == 2
+            checkpoint(n1, part, part).get(CHANNEL, {}).get("attempts_max") == 2
+            and checkpoint(n1, part, part).get(CHANNEL, {}).get("deferred_kept") == 2
         ),
         "its attempts and the REQs' due times in node 1's checkpoint",
     )
     n1.kill()
     conn.close()
-    leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
+    leader = cluster.node(wait_leader(cluster, TOPIC, part)["node"])
     assert leader.proc is not None
     after: list[tuple[bytes, int, int, bytes]] = []
 
@@ -407,7 +448,7 @@ def test_a_message_keeps_its_id_timestamp_attempts_and_due_time_across_a_takeove
     # /stats shows the channel's window of the partition it took over: offset 0 (dead-lettered)
     # done, offsets 1 (the DPUB) and 2 (the REQ'd message) pending.
     windows = channel()["replicated"]["windows"]
-    assert (windows["1"]["low"], windows["1"]["end"]) == (1, 3)
+    assert (windows[str(part)]["low"], windows[str(part)]["end"]) == (1, 3)
 
 
 def test_peek_on_a_replicated_node_is_its_channel_before_and_after_a_takeover(
@@ -420,11 +461,11 @@ def test_peek_on_a_replicated_node_is_its_channel_before_and_after_a_takeover(
     prepare(cluster)
     n1 = cluster.node(1)
     assert n1.proc is not None
-    for body in (b"a", b"b", b"c"):
-        status, answer = n1.http(
-            "POST", f"/pub?topic={TOPIC}", body, headers={"Nsq-Header-Tenant": "acme"}
-        )
-        assert status == 200, answer
+    # One connection: its publishes go to one partition (--workers: its worker's member's).
+    opts = ClientOptions(timeout=10, headers=True)
+    with Connection(f"127.0.0.1:{n1.proc.port}", opts).connect() as producer:
+        for body in (b"a", b"b", b"c"):
+            producer.pub(TOPIC, body, headers=[("tenant", b"acme")])
     with Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect() as conn:
         got: list[bytes] = []
 
@@ -449,12 +490,15 @@ def test_peek_on_a_replicated_node_is_its_channel_before_and_after_a_takeover(
         for row in n1.json("GET", query)["queued"]:
             assert [(h["name"], h["body"]) for h in row["headers"]] == [("tenant", "acme")]
         assert listed(cluster.node(2)) == ([], [])  # node 2's channel: its own partition's
+        decoded = decode_offset_id(got[0])
+        assert decoded is not None and decoded[0] in n1.member_ids, got
+        part = decoded[0]  # node 1's partition (--workers: the member's the PUBs went to)
         wait_for(
-            lambda: checkpoint(n1, 1).get(CHANNEL, {}).get("deferred_kept") == 1,
+            lambda: checkpoint(n1, part, part).get(CHANNEL, {}).get("deferred_kept") == 1,
             "the REQ's due time in node 1's checkpoint",
         )
     n1.kill()
-    leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
+    leader = cluster.node(wait_leader(cluster, TOPIC, part)["node"])
     assert leader.proc is not None
     wait_for(lambda: listed(leader) == (queued, deferred), "the takeover's peek: node 1's list")
     assert listed(leader) == (queued, deferred)  # peeking again changes nothing
@@ -483,25 +527,38 @@ def test_rewind_and_create_at_an_offset_work_on_a_replicated_topic(cluster: Clus
     bodies = [b"r%d" % i for i in range(20)]
     assert n1.http("POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies))[0] == 200
     got: list[bytes] = []
+    got_ids: list[bytes] = []
 
-    def fin_into(out: list[bytes]) -> Any:
+    def fin_into(out: list[bytes], out_ids: list[bytes] | None = None) -> Any:
         def on(c: Connection, _ts: list[int], _a: list[int], ids: list[bytes], b: list[bytes]):
             out.extend(b)
+            if out_ids is not None:
+                out_ids.extend(ids)
             c.fin_many(ids)
 
         return on
 
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
     try:
-        conn.subscribe(TOPIC, CHANNEL, fin_into(got), rdy=100)
+        conn.subscribe(TOPIC, CHANNEL, fin_into(got, got_ids), rdy=100)
         wait_for(lambda: sorted(got) == sorted(bodies), "the first delivery")
-        status, body = n1.http("POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&offset=5")
+        # An offset names one partition: the one the MPUB went to (--workers: one of node 1's
+        # members'; its message IDs name it), given as partition= where a node has several.
+        decoded = [decode_offset_id(i) for i in got_ids]
+        assert all(d is not None for d in decoded), got_ids
+        origin = {d[0] for d in decoded if d is not None}
+        assert len(origin) == 1, decoded
+        assert {d[1] for d in decoded if d is not None} == set(range(20)), decoded
+        at = "" if cluster.workers == 1 else f"&partition={origin.pop()}"
+        status, body = n1.http(
+            "POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&offset=5{at}"
+        )
         assert status == 200, body
         wait_for(lambda: len(got) == 35, "offsets 5-19 again")
         assert sorted(got[20:]) == sorted(bodies[5:])
     finally:
         conn.close()
-    status, body = n1.http("POST", f"/channel/create?topic={TOPIC}&channel=late&offset=10")
+    status, body = n1.http("POST", f"/channel/create?topic={TOPIC}&channel=late&offset=10{at}")
     assert status == 200, body
     late: list[bytes] = []
     conn = Connection(f"127.0.0.1:{n1.proc.port}", ClientOptions(timeout=10)).connect()
@@ -541,7 +598,7 @@ def test_power_loss_of_every_node_loses_no_acknowledged_message_to_consumers(
                 for n in cluster.nodes:
                     n.start()
                 for n in cluster.nodes:
-                    wait_in_sync(cluster, TOPIC, n.node_id)
+                    wait_node_in_sync(cluster, TOPIC, n)
             acked = history.acknowledged_so_far()
             if not until(lambda: acked <= set(received(group)), 90):
                 missing = sorted(acked - set(received(group)))
@@ -564,9 +621,10 @@ def test_nodes_holding_only_copies_do_not_register_the_topic(
     assert n1.http("POST", f"/topic/create?topic={TOPIC}")[0] == 200
     assert n1.http("POST", f"/channel/create?topic={TOPIC}&channel={CHANNEL}")[0] == 200
     assert n1.http("POST", f"/topic/replication?topic={TOPIC}&replicas=3")[0] == 200
-    wait_in_sync(cluster, TOPIC, 1)
+    wait_node_in_sync(cluster, TOPIC, n1)
     assert n1.http("POST", f"/pub?topic={TOPIC}", b"hello")[0] == 200
-    wait_for(lambda: CHANNEL in checkpoint(n1, 1), "a checkpoint of the channel")
+    for m in n1.member_ids:
+        wait_for(lambda m=m: CHANNEL in checkpoint(n1, m, m), "a checkpoint of the channel")
 
     def producers() -> list[int]:
         status, body, _ = http(f"http://127.0.0.1:{lookupd.port_of('HTTP')}/lookup?topic={TOPIC}")
@@ -578,9 +636,10 @@ def test_nodes_holding_only_copies_do_not_register_the_topic(
     wait_for(lambda: producers() == [n1.proc.port], "node 1 registered")
     assert producers() == [n1.proc.port]  # the followers hold copies, not the topic
     n1.kill()
-    leader = cluster.node(wait_leader(cluster, TOPIC, 1)["node"])
-    assert leader.proc is not None
-    wait_for(lambda: producers() == [leader.proc.port], "the takeover node registered")
+    # The nodes that took node 1's partitions over (--workers: one per member, maybe two).
+    leaders = {cluster.node(wait_leader(cluster, TOPIC, m)["node"]) for m in n1.member_ids}
+    ports = sorted({n.proc.port for n in leaders if n.proc is not None})
+    wait_for(lambda: producers() == ports, "the takeover nodes registered")
 
 
 @pytest.mark.timeout(300)
@@ -598,7 +657,8 @@ def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
         with producing(cluster, history):
             wait_for(lambda: len(history.ok) > 300, "acknowledged publishes")
             etcd.stop(signal.SIGKILL)
-            before = checkpoint(n1, 1)[CHANNEL]["low"]  # the last one etcd took
+            # The last ones etcd took (--workers: of each member's partition).
+            before = {m: checkpoint(n1, m, m)[CHANNEL]["low"] for m in n1.member_ids}
             acked = history.acknowledged_so_far()
             wait_for(lambda: acked <= set(received(group)), "deliveries without etcd", 60)
             wait_for(
@@ -617,7 +677,10 @@ def test_etcd_down_channels_keep_delivering_and_checkpoints_resume(
         if not until(lambda: acked <= set(received(group)), 60):
             missing = sorted(acked - set(received(group)))
             pytest.fail(f"{len(missing)} of {len(acked)} acknowledged never delivered")
-    wait_for(lambda: checkpoint(n1, 1)[CHANNEL]["low"] > before, "checkpoints moving again")
+    wait_for(
+        lambda: any(checkpoint(n1, m, m)[CHANNEL]["low"] > before[m] for m in n1.member_ids),
+        "checkpoints moving again",
+    )
     assert "Traceback" not in "".join(n.log.read_text() for n in cluster.nodes)
 
 
@@ -681,14 +744,16 @@ def test_channel_admin_calls_race_load_and_a_takeover(
     refused: list[tuple[str, int, bytes]] = []
     stop = threading.Event()
 
-    def call(rng: random.Random) -> tuple[str, str]:
+    def call(rng: random.Random, node: Node) -> tuple[str, str]:
         scratch = f"s{rng.randrange(3)}"
         recent = int(time.time() * 1000) - 200  # the last 0.2 s of the log
+        # An offset names one partition: with --workers, one of the node's members'.
+        at = "" if cluster.workers == 1 else f"&partition={rng.choice(node.member_ids)}"
         return rng.choice(
             [
                 ("POST", f"/channel/rewind?topic={TOPIC}&channel={CHANNEL}&timestamp={recent}"),
-                ("POST", f"/channel/create?topic={TOPIC}&channel={scratch}&offset=0"),
-                ("POST", f"/channel/rewind?topic={TOPIC}&channel={scratch}&offset=0"),
+                ("POST", f"/channel/create?topic={TOPIC}&channel={scratch}&offset=0{at}"),
+                ("POST", f"/channel/rewind?topic={TOPIC}&channel={scratch}&offset=0{at}"),
                 ("POST", f"/channel/empty?topic={TOPIC}&channel={scratch}"),
                 ("POST", f"/channel/delete?topic={TOPIC}&channel={scratch}"),
                 ("POST", f"/channel/config?topic={TOPIC}&channel={scratch}&max_attempts=5"),
@@ -703,7 +768,7 @@ def test_channel_admin_calls_race_load_and_a_takeover(
         rng = random.Random(seed)
         while not stop.is_set():
             node = rng.choice(cluster.nodes)
-            method, path = call(rng)
+            method, path = call(rng, node)
             try:
                 status, body = node.http(method, path)
             except (OSError, AssertionError):  # the killed node, or one being started
@@ -733,7 +798,7 @@ def test_channel_admin_calls_race_load_and_a_takeover(
                     lambda: sum(answers.values()) > before + 200, "admin calls during the takeover"
                 )
                 victim.start()
-                wait_in_sync(cluster, TOPIC, victim.node_id)
+                wait_node_in_sync(cluster, TOPIC, victim)
                 want = len(history.ok) + 300
                 wait_for(lambda: len(history.ok) > want, "publishes after the return")
             finally:
@@ -814,10 +879,12 @@ def test_an_adopter_that_never_held_the_partitions_windows_adopts_after_a_take_b
         n.kill(signal.SIGTERM)
         n.start()
         wait_for(lambda n=n: n.joined, f"node {n.node_id} to join again")
-        wait_in_sync(cluster, TOPIC, n.node_id)
+        wait_node_in_sync(cluster, TOPIC, n)
     cluster.extra = short
-    wait_in_sync(cluster, TOPIC, 1)
-    adopted = "partition orders/1: took over node 1's channels of it (ch)"
+    wait_node_in_sync(cluster, TOPIC, n1)
+    # --workers: node 1's first member's partition (its MPUB may go to either member's).
+    o = n1.base_id
+    adopted = f"partition orders/{o}: took over node {o}'s channels of it (ch)"
     with consuming(tmp_path, lookupd) as group:
         n1.kill()
         wait_for(lambda: led_elsewhere(cluster, n1), "a takeover of node 1's partition", 20)
@@ -832,7 +899,7 @@ def test_an_adopter_that_never_held_the_partitions_windows_adopts_after_a_take_b
         n1.kill()
         wait_for(
             lambda: any(
-                q["partition"] == 1 and q["role"] == "leader"
+                q["partition"] == o and q["role"] == "leader"
                 for q in other.json("GET", f"/topic/replication?topic={TOPIC}")["partitions"]
             ),
             f"node {other.node_id} to take node 1's partition over",

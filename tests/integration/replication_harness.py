@@ -717,6 +717,13 @@ def wait_in_sync(cluster: Cluster, topic: str, origin: int, size: int = 3) -> No
     wait_for(full, f"partition {topic}/{origin} led by its origin with {size} in sync", 60)
 
 
+def wait_node_in_sync(cluster: Cluster, topic: str, node: Node, size: int = 3) -> None:
+    """Each of ``node``'s partitions (one per member) led by its origin with ``size`` in
+    sync."""
+    for member in node.member_ids:
+        wait_in_sync(cluster, topic, member, size)
+
+
 #: The topic the producers publish to.
 TOPIC = "orders"
 
@@ -784,11 +791,14 @@ def producing(cluster: Cluster, history: History, tag: str = "p") -> Iterator[No
             p.join(30)
 
 
-def checkpoint(node: Node, holder: int) -> dict[str, Any]:
-    """``holder``'s checkpoint of its channels of partition ``node`` (as etcd holds it)."""
+def checkpoint(node: Node, holder: int, partition: int | None = None) -> dict[str, Any]:
+    """``holder``'s checkpoint of its channels of ``partition`` (as etcd holds it), asked of
+    ``node``; ``partition`` None: ``node``'s own (one process: its node id; ``--workers``:
+    its first member's)."""
+    part = node.base_id if partition is None else partition
     doc = node.json("GET", f"/topic/replication?topic={TOPIC}")
     for p in doc["partitions"]:
-        if p["partition"] == node.node_id:
+        if p["partition"] == part:
             found: dict[str, Any] = p["checkpoints"].get(str(holder), {})
             return found
     return {}
