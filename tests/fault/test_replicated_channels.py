@@ -502,6 +502,9 @@ def test_peek_on_a_replicated_node_is_its_channel_before_and_after_a_takeover(
     assert leader.proc is not None
     wait_for(lambda: listed(leader) == (queued, deferred), "the takeover's peek: node 1's list")
     assert listed(leader) == (queued, deferred)  # peeking again changes nothing
+    # The headers came over with the copy: the leader's rows carry node 1's.
+    for row in leader.json("GET", query)["queued"]:
+        assert [(h["name"], h["body"]) for h in row["headers"]] == [("tenant", "acme")]
     with Connection(f"127.0.0.1:{leader.proc.port}", ClientOptions(timeout=10)).connect() as conn:
         after: list[tuple[bytes, bytes]] = []
 
