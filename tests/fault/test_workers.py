@@ -496,6 +496,18 @@ def test_one_worker_is_one_process_as_before(data: Path) -> None:
     assert not (data / "data" / "worker-0").exists()
 
 
+def _children(pid: int, *, zombies: bool = False) -> set[int]:
+    """``pid``'s live children, or (``zombies``) those ended that it has not reaped."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and (fields[0] == "Z") == zombies:
+                    out.add(int(entry))
+    return out
+
+
 def _parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -540,6 +552,49 @@ def test_workers_are_forked_by_the_supervisor_and_forked_again_when_killed(data:
         with node.connect() as c:
             c.identify()
             c.sub("forked", "ch", rdy=20)
+            assert sorted(b for _, b, _ in consume(c, len(bodies))) == sorted(bodies)
+        assert "Traceback" not in node.output()
+
+
+# What the supervisor holds less the killed worker's pipe and pidfd (closed once it is reaped),
+# and then nothing left: its new pipe cannot be made; or two left: the pipe is made, the child
+# forked, and no pidfd can watch it.
+@pytest.mark.parametrize("spare", [-2, 0], ids=["no pipe", "no pidfd"])
+def test_a_worker_that_cannot_be_forked_again_is_said_and_tried_again(
+    data: Path, spare: int
+) -> None:
+    """The supervisor out of file descriptors (its limit lowered to what it holds, plus
+    ``spare``, with ``prlimit`` from outside) when a killed worker is to be forked again: its
+    pipe cannot be made, or the child is forked but no pidfd can watch it (it must not live
+    on unwatched, nor stay a zombie). One clear line that names the worker and the error, no
+    traceback, no hot loop; the limit raised again, the worker is forked again, the
+    supervisor's children are its workers and nothing else, and the node serves through
+    it."""
+    import resource
+
+    with started(data, "--workers=2") as node:
+        supervisor = node.p.pid
+        pids = worker_pids(node)
+        held = len(os.listdir(f"/proc/{supervisor}/fd"))
+        limits = resource.prlimit(supervisor, resource.RLIMIT_NOFILE)
+        resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (held + spare, limits[1]))
+        try:
+            os.kill(pids[1], signal.SIGKILL)
+            said = "WORKERS: worker 1 could not be started again"
+            wait_for(lambda: said in node.output(), "the supervisor to say why")
+            line = next(x for x in node.output().splitlines() if said in x)
+            assert "Too many open files" in line, line
+            wait_for(lambda: node.output().count(said) >= 2, "a second try, after a pause")
+            assert node.output().count(said) < 10, "tried again in a hot loop"
+        finally:
+            resource.prlimit(supervisor, resource.RLIMIT_NOFILE, limits)
+        wait_for(lambda: worker_pids(node).get(1, pids[1]) != pids[1], "worker 1 forked again")
+        wait_for(lambda: _children(supervisor) == set(worker_pids(node).values()), "no others")
+        assert not _children(supervisor, zombies=True), "children forked and never reaped"
+        bodies = publish_spread(node, "refork", 6, 3)  # over both workers
+        with node.connect() as c:
+            c.identify()
+            c.sub("refork", "ch", rdy=20)
             assert sorted(b for _, b, _ in consume(c, len(bodies))) == sorted(bodies)
         assert "Traceback" not in node.output()
 

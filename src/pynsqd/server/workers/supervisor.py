@@ -156,7 +156,12 @@ def fork_worker(opts: Options, fds: dict[str, int], spec: WorkerSpec) -> Forked:
     pid = os.fork()
     if pid == 0:
         _run_forked(opts, fds, spec)
-    return Forked(pid, os.pidfd_open(pid))
+    try:
+        return Forked(pid, os.pidfd_open(pid))
+    except OSError:  # no descriptor to watch it with: it must not serve unwatched
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
 
 
 def _run_forked(opts: Options, fds: dict[str, int], spec: WorkerSpec) -> NoReturn:
@@ -296,6 +301,8 @@ class Supervisor:
         )
         # (A replicated node's workers join the cluster each as its own member, at once.)
         tasks = [loop.create_task(self._keep(i)) for i in range(self.count)]
+        for task in tasks:
+            task.add_done_callback(self._kept)
         await self.stop.wait()
         for proc in list(self.procs.values()):
             with contextlib.suppress(ProcessLookupError):
@@ -346,20 +353,24 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         quick_exits = 0  # in a row, each within STABLE_AFTER of its start
         while not self.stop.is_set():
-            with self._starting(i) as (fds, spec):
-                proc: Worker
-                if self.forks:
-                    proc = fork_worker(self.opts, fds, spec)
-                else:
-                    env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
-                    proc = await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        "-m",
-                        "pynsqd",
-                        *self.argv,
-                        pass_fds=list(fds.values()),
-                        env=env,
-                    )
+            try:
+                proc = await self._start(i)
+            except OSError as err:  # out of descriptors or processes, say: said, tried again
+                if i not in self.ever_ready:
+                    log.error("WORKERS: worker %d could not be started - %s; stopping", i, err)
+                    self.failure = 1
+                    self.stop.set()
+                    return
+                quick_exits += 1
+                backoff = min(RESTART_BACKOFF_MIN * 2 ** (quick_exits - 1), RESTART_BACKOFF_MAX)
+                log.error(
+                    "WORKERS: worker %d could not be started again - %s; trying again in %gs",
+                    i,
+                    err,
+                    backoff,
+                )
+                await wait_set(self.stop, backoff)
+                continue
             self.procs[i] = proc
             started = loop.time()
             code = await proc.wait()
@@ -391,6 +402,30 @@ class Supervisor:
             )
             if backoff:
                 await wait_set(self.stop, backoff)
+
+    def _kept(self, task: asyncio.Task[None]) -> None:
+        """A worker's keeper ended: on a stop, or (a defect) by an exception, which stops the
+        node with one line rather than leave that worker unkept without a word."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical("WORKERS: keeping a worker failed - %r; stopping", task.exception())
+        self.failure = 1
+        self.stop.set()
+
+    async def _start(self, i: int) -> Worker:
+        """Worker ``i`` forked (or started as a new program); raises OSError."""
+        with self._starting(i) as (fds, spec):
+            if self.forks:
+                return fork_worker(self.opts, fds, spec)
+            env = dict(os.environ, **{WorkerSpec.ENV: spec.to_env()})
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "pynsqd",
+                *self.argv,
+                pass_fds=list(fds.values()),
+                env=env,
+            )
 
     def close(self) -> None:
         for fd in (self._alive_w, self._alive_r, self._ready_r, self._ready_w):
