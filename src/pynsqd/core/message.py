@@ -159,15 +159,8 @@ class Message:
     def encode(self) -> bytes:
         """nsqd's encoding (``WriteTo``), as stored in the disk queue (with headers: see
         ``WITH_HEADERS``)."""
-        block = self.headers
-        if block:
-            return (
-                _ENCODED_WITH_BLOCK.pack(
-                    self.timestamp - WITH_HEADERS, self.attempts, self.id, len(block)
-                )
-                + block
-                + self.body
-            )
+        if self.headers:
+            return self.encode_head() + self.body
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id + self.body
 
     def encode_head(self) -> bytes:
