@@ -251,11 +251,13 @@ def _shot(driver: Any, name: str) -> None:
 
 def _wait(driver: Any) -> Any:
     """A wait that looks again when the page's redraw (every 2 s, whole) replaced an element
-    between finding it and reading it."""
+    between finding it and reading it. Its 60 s is a guard against a hang, not a timing: a
+    fresh-clone run with the fault tests beside it (load average 27 on two cores) took over
+    20 s to show a channel's nodes table that a quiet run shows in one redraw."""
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
+    return WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def _steady(read: Callable[[], Any]) -> Any:
