@@ -24,24 +24,41 @@ import asyncio
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...http.replay import partition_id
 from ...http.stats import by_partition
 from ...internal.httpapi import HTTPError
 
 if TYPE_CHECKING:
+    from aiohttp.web import StreamResponse
     from aiohttp.web_request import BaseRequest
 
-    from .admin import AdminLinks
-
 Handler = Callable[["BaseRequest", Any], Awaitable[Any]]
+
+
+class Links(Protocol):
+    """What the members' routing uses of the worker's admin links (``admin.AdminLinks``)."""
+
+    index: int
+    #: The node id of worker 0's member (``--node-id`` less this worker's index).
+    base: int
+
+    def peers(self) -> list[int]: ...
+    async def ask_alone(
+        self, peer: int, path_qs: str, request: BaseRequest
+    ) -> tuple[int, bytes]: ...
+    async def every_partition(self, request: BaseRequest) -> Any: ...
+    async def proxy(
+        self, peer: int, request: BaseRequest, body: bytes | None
+    ) -> StreamResponse: ...
+    async def proxy_websocket(self, peer: int, request: BaseRequest) -> Any: ...
 
 
 class Members:
     """The members of this node (its workers) as the cluster's calls see them."""
 
-    def __init__(self, links: AdminLinks, count: int) -> None:
+    def __init__(self, links: Links, count: int) -> None:
         self.links = links
         self.count = count
 
