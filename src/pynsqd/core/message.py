@@ -132,13 +132,8 @@ class Message:
         calling the class per message, whose ``__init__`` is a call from C into Python each
         time. Every slot is set, as in ``__init__`` (a test holds the two equal).
         """
-        if len(bodies) != len(ids) or (headers is not None and len(headers) != len(ids)):
-            raise ValueError(f"{len(ids)} ids for {len(bodies)} bodies (and their headers)")
         msgs: list[Message] = list(map(_new, repeat(cls, len(ids))))
-        blocks = repeat(b"") if headers is None else headers
-        for m, msg_id, body, block in zip(
-            msgs, ids, bodies, blocks, strict=False
-        ):  # lengths checked above
+        for m, msg_id, body in zip(msgs, ids, bodies, strict=True):
             m.id = msg_id
             m.body = body
             m.timestamp = timestamp
@@ -147,7 +142,10 @@ class Message:
             m.delivery_ts = 0.0
             m.tq_seq = 0
             m.defer_until_ns = 0
-            m.headers = block
+            m.headers = b""
+        if headers is not None:  # a negotiated publisher's blocks (plain publishes pay nothing)
+            for m, block in zip(msgs, headers, strict=True):
+                m.headers = block
         return msgs
 
     def copy(self) -> Message:
