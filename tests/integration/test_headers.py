@@ -196,6 +196,40 @@ def test_an_mpub_of_same_sized_tagged_messages_keeps_each_ones_headers_or_is_ref
 
 
 @pytest.mark.parametrize(
+    "flags",
+    [{}, {"mem_queue_size": 0}, {"retention_time": 3600.0}],
+    ids=["memory", "disk", "retained"],
+)
+def test_tagged_messages_kept_as_sent_reach_every_reader_as_published(
+    make_nsqd: Callable[..., ServerThread], flags: dict[str, Any]
+) -> None:
+    """Same-sized tagged messages are kept as their publisher sent them
+    (``core/message.WireMessage``): a negotiated consumer gets each one's headers, one that
+    did not ask gets the plain bodies, a requeue brings them back, the retained log records
+    them, and the topic counts body bytes only (nsqd's ``message_bytes``)."""
+    server = make_nsqd(**flags)
+    tagged = [with_headers(b"body %03d" % i, traceparent=f"00-{i:032x}-01") for i in range(40)]
+    want = [({"traceparent": b"00-%032x-01" % i}, b"body %03d" % i) for i in range(40)]
+    consumer, _ = negotiated(server)
+    producer, _ = negotiated(server)
+    with server.connect() as plain, consumer, producer:
+        plain.sub("t", "plain", rdy=40)
+        consumer.sub("t", "c", rdy=40)
+        producer.mpub("t", tagged)
+        got = [read_with_headers(consumer) for _ in range(40)]
+        assert [(h, b) for _, _, h, b in got] == want
+        assert [plain.read_message().body for _ in range(40)] == [b for _, b in want]
+        consumer.req(got[7][0], 0)
+        assert read_with_headers(consumer)[1:] == (2, *want[7])
+    stats = json.loads(http_request(server, "GET", "/stats?format=json&topic=t")[1])
+    (topic,) = stats["topics"]
+    assert topic["message_bytes"] == sum(len(b) for _, b in want)
+    if "retention_time" in flags:
+        _, records = read_log(server, "topic=t&offset=0")
+        assert [(dict(headers.decode(r.headers)), r.body) for r in records] == want
+
+
+@pytest.mark.parametrize(
     ("body", "says"),
     [
         (b"\x00", b"too short"),
@@ -269,6 +303,13 @@ def test_headers_cross_the_links_of_a_node_of_several_workers(tmp_path: Path) ->
                 producer.send(encode.pub("t", body, (f"p{i}", 1)))
                 assert producer.read_response() == b"OK"
                 sent.append(({"n": b"%d" % i}, b"m%d" % i))
+        for i in range(4):  # identified MPUBs of same-sized tagged messages (kept as sent)
+            with Conn(("127.0.0.1", proc.port)) as producer:
+                producer.identify({**NEGOTIATE, "idempotent_publish": True})
+                bodies = [with_headers(b"q%d-%d" % (i, k), n=f"q{i}{k}") for k in range(3)]
+                producer.send(encode.mpub("t", bodies, (f"q{i}", 1)))
+                assert producer.read_response() == b"OK"
+                sent += [({"n": b"q%d%d" % (i, k)}, b"q%d-%d" % (i, k)) for k in range(3)]
         conn = http.client.HTTPConnection("127.0.0.1", proc.http_port, timeout=10)
         conn.request("POST", "/pub?topic=t", b"over http", {"Nsq-Header-Via": "http"})
         assert conn.getresponse().status == 200

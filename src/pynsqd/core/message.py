@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from itertools import repeat
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 #: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
 _ENCODED_HEADER = struct.Struct(">qH")
@@ -173,6 +173,13 @@ class Message:
             )
         return _ENCODED_HEADER.pack(self.timestamp, self.attempts) + self.id
 
+    def with_block(self) -> bytes:
+        """``[uint16 block length][block][body]``: the body as a negotiated client sends and
+        receives it (``protocol/headers.py``), and as the disk queue and the retained log
+        store a message with headers after their fixed part."""
+        block = self.headers
+        return _BLOCK_LEN.pack(len(block)) + block + self.body
+
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, len={len(self.body)})"
 
@@ -187,6 +194,82 @@ class Message:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+    #: ``[uint16 block length][block][body]`` where the message keeps that (``WireMessage``,
+    #: whose slot this is); None: kept as ``body`` and ``headers`` (a class attribute: a
+    #: plain message pays nothing for it).
+    wire: bytes | None = None
+
+
+class WireMessage(Message):
+    """A message with headers kept as its negotiated publisher sent it (issue 55: what
+    headers cost a publish): ``wire`` is ``[uint16 block length][block][body]``, the block not
+    empty. That is also how the disk queue stores a message with headers after its fixed
+    part, how the retained log stores it after its record's tail and how a negotiated
+    consumer receives it, so a publish makes no slice per message and those writes no join;
+    ``body`` and ``headers`` are cut from ``wire`` when read (a consumer that did not ask for
+    headers, the byte counts, the dedup comparison). Made only by :meth:`from_wires` from
+    blocks found valid (``headers.split_bodies``); a copy stays one."""
+
+    __slots__ = ("wire",)
+    wire: bytes
+
+    @classmethod
+    def from_wires(cls, ids: list[bytes], wires: list[bytes], timestamp: int) -> list[Message]:
+        """As ``Message.many`` makes messages, each from its wire form (the same one loop
+        over every slot: sharing it would cost the plain publish a second pass)."""
+        msgs: list[WireMessage] = list(map(_new, repeat(cls, len(ids))))
+        for m, msg_id, wire in zip(msgs, ids, wires, strict=True):
+            m.id = msg_id
+            m.wire = wire
+            m.timestamp = timestamp
+            m.attempts = 0
+            m.client = None
+            m.delivery_ts = 0.0
+            m.tq_seq = 0
+            m.defer_until_ns = 0
+        return cast(list[Message], msgs)
+
+    @property
+    def body(self) -> bytes:
+        w = self.wire
+        return w[2 + (w[0] << 8 | w[1]) :]
+
+    @body.setter
+    def body(self, body: bytes) -> None:
+        w = self.wire
+        self.wire = w[: 2 + (w[0] << 8 | w[1])] + body
+
+    @property
+    def headers(self) -> bytes:
+        w = self.wire
+        return w[2 : 2 + (w[0] << 8 | w[1])]
+
+    @headers.setter
+    def headers(self, block: bytes) -> None:
+        self.wire = _BLOCK_LEN.pack(len(block)) + block + self.body
+
+    def copy(self) -> Message:
+        m = WireMessage.from_wires([self.id], [self.wire], self.timestamp)[0]
+        m.attempts = self.attempts
+        m.defer_until_ns = self.defer_until_ns
+        return m
+
+    def encode(self) -> bytes:
+        return (
+            _ENCODED_HEADER.pack(self.timestamp - WITH_HEADERS, self.attempts) + self.id + self.wire
+        )
+
+    def encode_head(self) -> bytes:
+        w = self.wire
+        return (
+            _ENCODED_HEADER.pack(self.timestamp - WITH_HEADERS, self.attempts)
+            + self.id
+            + w[: 2 + (w[0] << 8 | w[1])]
+        )
+
+    def with_block(self) -> bytes:
+        return self.wire
 
 
 def decode_message(data: bytes) -> Message:

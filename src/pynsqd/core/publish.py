@@ -38,6 +38,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol.errors import FatalClientError
+from ..protocol.headers import Blocks
 from .dedup import MAX_SEQUENCE, DedupError
 from .errors import NotRetained, NotYetWritable, PublishRefused, QueueFull
 
@@ -156,12 +157,13 @@ def decide(
     replication: Replication | None = None,
     forwarded: bool = False,
     home: Callable[[bytes], int | None] | None = None,
-    headers: list[bytes] | None = None,
+    headers: Blocks = None,
 ) -> Outcome:
     """The one publish decision (this module's docstring). ``identity``: an idempotent
     publish's producer and first sequence number; ``forwarded``: it came over a worker link;
     ``home``: the worker that makes a producer's publishes, when another (``--workers``);
-    ``headers``: each message's header block (``protocol/headers.py``), None: none has any."""
+    ``headers``: each message's header block, or a ``WireForm`` (``bodies`` as a negotiated
+    client sent them; ``protocol/headers.py``), None: none has any."""
     if topic.exiting:
         return Refused(Refusal.EXITING, "exiting")
     if not forwarded:

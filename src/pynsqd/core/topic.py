@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..protocol.headers import Blocks, WireForm
 from . import tracing
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
@@ -24,7 +25,7 @@ from .errors import NotRetained, QueueFull
 from .guid import GUIDFactory
 from .handoff import HandOff
 from .idempotent import check_everywhere, same_bodies
-from .message import Message
+from .message import Message, WireMessage
 from .offsets import offset_ids
 from .queue import MessageQueue
 from .timed_queue import Scheduler
@@ -156,29 +157,35 @@ class Topic:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def put_bodies(
-        self, bodies: list[bytes], defer_ms: int = 0, headers: list[bytes] | None = None
-    ) -> int:
+    def put_bodies(self, bodies: list[bytes], defer_ms: int = 0, headers: Blocks = None) -> int:
         """PUB, MPUB, DPUB: make messages with fresh IDs (and ``headers``: their header
-        blocks) and publish them. Returns the log's offset past them (-1: the topic keeps no
-        log). Raises OSError (not stored) or QueueFull (a bounded queue with policy reject has
-        no room: nothing stored)."""
+        blocks, or a ``WireForm``: ``bodies`` are as a negotiated client sent them) and
+        publish them. Returns the log's offset past them (-1: the topic keeps no log). Raises
+        OSError (not stored) or QueueFull (a bounded queue with policy reject has no room:
+        nothing stored)."""
+        if isinstance(headers, WireForm):
+            size = headers.body_bytes(bodies)
+        else:
+            size = sum(map(len, bodies))
         if self.bounded:
-            self._check_room(len(bodies), sum(map(len, bodies)))
-        if len(bodies) == 1 and not defer_ms:  # a single PUB: skip the batch machinery
-            body = bodies[0]
+            self._check_room(len(bodies), size)
+        if len(bodies) == 1 and not defer_ms and not isinstance(headers, WireForm):
+            body = bodies[0]  # a single PUB: no batch machinery
             ids = self.guid.new_ids(1) if self.origin is None else self._offset_ids(1)
             one = [Message(ids[0], body, time.time_ns(), 0, headers[0] if headers else b"")]
             return self._publish(one, len(body))
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
-        msgs = Message.many(ids, bodies, ts, headers)
+        if isinstance(headers, WireForm):
+            msgs = WireMessage.from_wires(ids, bodies, ts)
+        else:
+            msgs = Message.many(ids, bodies, ts, headers)
         if defer_ms:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
                 m.defer_until_ns = due
-        return self._publish(msgs, sum(map(len, bodies)))
+        return self._publish(msgs, size)
 
     def _publish(
         self, msgs: list[Message], size: int, identity: tuple[bytes, int] | None = None
@@ -205,7 +212,7 @@ class Topic:
         defer_ms: int,
         producer: bytes,
         first: int,
-        headers: list[bytes] | None = None,
+        headers: Blocks = None,
     ) -> tuple[int, int]:
         """An idempotent PUB, MPUB or DPUB (``core/dedup.py``): the messages numbered from
         ``first`` that the log already holds are not written again. Returns (how many were
@@ -215,6 +222,8 @@ class Topic:
         if log is None:
             raise NotRetained(self.name)
         log.set_dedup(*self.dedup_window)
+        if isinstance(headers, WireForm):  # the dedup compares bodies
+            bodies, headers = headers.split(bodies)
         now = time.time_ns()
         if self.other_logs is None:
             verdict = log.identities().check(producer, first, len(bodies), now, log.latest)

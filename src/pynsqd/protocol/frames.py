@@ -73,6 +73,8 @@ class Framed(Protocol):
     def attempts(self) -> int: ...
     @property
     def headers(self) -> bytes: ...
+    @property
+    def wire(self) -> bytes | None: ...
 
 
 def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None]) -> int:
@@ -114,13 +116,20 @@ def append_message_frames_with_headers(
     size = 0
     pack = _FRAME_HEADER.pack
     for m in msgs:
-        block = m.headers
-        n = 2 + len(block) + len(m.body)
+        wire = m.wire
+        if wire is None:
+            block = m.headers
+            n = 2 + len(block) + len(m.body)
+        else:  # kept as its publisher sent it (``core/message.WireMessage``)
+            n = len(wire)
         append(pack(n + 4 + MESSAGE_OVERHEAD, FRAME_TYPE_MESSAGE))
         append(MESSAGE_FIXED.pack(m.timestamp, m.attempts))
         append(m.id)
-        append(_BLOCK_LEN.pack(len(block)) + block)
-        append(m.body)
+        if wire is None:
+            append(_BLOCK_LEN.pack(len(block)) + block)
+            append(m.body)
+        else:
+            append(wire)
         size += n
     return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
 

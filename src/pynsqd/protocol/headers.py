@@ -28,8 +28,10 @@ import struct
 from dataclasses import dataclass
 
 __all__ = [
+    "Blocks",
     "HeaderError",
     "HeaderLimits",
+    "WireForm",
     "decode",
     "encode",
     "split_bodies",
@@ -141,11 +143,33 @@ def split_body(data: bytes, limits: HeaderLimits) -> tuple[bytes, bytes]:
     return block, data[2 + size :]
 
 
-def split_bodies(
-    datas: list[bytes], limits: HeaderLimits
-) -> tuple[list[bytes], list[bytes] | None]:
+@dataclass(frozen=True, slots=True)
+class WireForm:
+    """The blocks of a publish whose bodies were kept as the client sent them: each
+    ``[uint16 size][block][body]``, every block ``size`` bytes (not 0) and valid
+    (``core/message.WireMessage`` keeps them so)."""
+
+    size: int
+
+    def split(self, wires: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+        """(bodies, blocks) of ``wires``."""
+        n = 2 + self.size
+        return [w[n:] for w in wires], [w[2:n] for w in wires]
+
+    def body_bytes(self, wires: list[bytes]) -> int:
+        """The bodies' bytes (nsqd's ``message_bytes`` counts bodies, not blocks)."""
+        return sum(map(len, wires)) - len(wires) * (2 + self.size)
+
+
+#: A publish's header blocks: one per body, the bodies in their wire form, or None (no
+#: message has headers).
+Blocks = list[bytes] | WireForm | None
+
+
+def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes], Blocks]:
     """A negotiated client's bodies of one publish (each ``[uint16 length][block][body]``) as
-    (bodies, blocks); blocks None when no message has headers. Raises HeaderError.
+    (bodies, blocks); blocks None when no message has headers, a ``WireForm`` when the bodies
+    are returned as they came (below). Raises HeaderError.
 
     The cost is the point here: a publisher that tags its messages sends one MPUB of many
     same-sized bodies whose blocks have the same names and value lengths (a ``traceparent``
@@ -153,8 +177,9 @@ def split_bodies(
     each pair's name length, name and value length, at the same offsets), and a block's
     validity depends on its skeleton alone (values are any bytes). So when every body has the
     first one's size, the first block is checked and each skeleton byte is compared across
-    all bodies at once, a strided slice of the joined bodies in C (``_same_skeleton``);
-    otherwise each distinct block is checked (``check``).
+    all bodies at once, a strided slice of the joined bodies in C (``_same_skeleton``), and
+    the bodies are not cut from their blocks at all (``WireForm``: the messages keep them as
+    sent); otherwise each distinct block is checked (``check``).
     """
     if len(datas) > 1 and len(set(map(len, datas))) == 1 and len(datas[0]) >= 2:
         first = datas[0]
@@ -164,10 +189,9 @@ def split_bodies(
         if size:
             check(first[2 : 2 + size], limits)
         if _same_skeleton(datas, size):
-            bodies = [d[2 + size :] for d in datas]
             if not size:
-                return bodies, None
-            return bodies, [d[2 : 2 + size] for d in datas]
+                return [d[2:] for d in datas], None
+            return datas, WireForm(size)
     if any(len(d) < 2 for d in datas):
         raise HeaderError("a body too short for its header length")
     sizes = [d[0] << 8 | d[1] for d in datas]

@@ -168,7 +168,7 @@ class Publishing:
         bodies: list[bytes],
         defer_ms: int,
         identity: Identity | None,
-        blocks: list[bytes] | None,
+        blocks: headers.Blocks,
     ) -> None:
         """--workers: a topic another worker keeps the log of: the publish is made there
         (``server/workers/forward.py``), and answered here with its answer; later commands wait
@@ -178,7 +178,7 @@ class Publishing:
         ident = None if identity is None else (identity.producer.decode(), identity.sequence)
         if blocks is None:
             bodies = [headers.join_body(b"", body) for body in bodies]
-        else:
+        elif not isinstance(blocks, headers.WireForm):  # (a WireForm's bodies are as sent)
             bodies = [headers.join_body(h, b) for h, b in zip(blocks, bodies, strict=True)]
         if cmd == "PUB":
             data = encode.pub(topic_name, bodies[0], ident)
@@ -234,7 +234,7 @@ class Publishing:
 
 def split_bodies(
     cmd: str, bodies: list[bytes], limits: HeaderLimits
-) -> tuple[list[bytes], list[bytes] | None]:
+) -> tuple[list[bytes], headers.Blocks]:
     """A negotiated client's bodies as (bodies, blocks) (``headers.split_bodies``); raises
     ``E_BAD_MESSAGE`` naming the rule."""
     try:

@@ -12,7 +12,6 @@ The layout is ``protocol/log_record.py``'s.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -35,7 +34,6 @@ from .segment import INDEX_INTERVAL
 __all__ = ["Checked", "Encoded", "check", "encode"]
 
 _HEAD, _TAIL, _TAIL_FIXED = log_record.HEAD, log_record.TAIL, log_record.TAIL_FIXED
-_BLOCK_LEN = struct.Struct(">H")
 _HEAD_TS = log_record.LENGTH_TIMESTAMP
 _IDENTIFIED_ANY = (IDENTIFIED | IDENTIFIED_NEXT) >> 8
 _MASK = 0xFFFFFFFF
@@ -83,11 +81,12 @@ def encode(
         # part (``log_record.identified_tail``); the others are IDENTIFIED_NEXT, with none.
         producer, seq = identity
         m = next(records)
-        body = m.body
         first_flags = IDENTIFIED | CRC_OFFSET
-        if m.headers:
-            body = _BLOCK_LEN.pack(len(m.headers)) + m.headers + body
+        if m.headers:  # ``log_record.HEADERS``: the block before the body
+            body = m.with_block()
             first_flags |= HEADERS
+        else:
+            body = m.body
         ts = m.timestamp
         defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
         plen = len(producer)
@@ -109,13 +108,13 @@ def encode(
         offset += 1
         flags = IDENTIFIED_NEXT | CRC_OFFSET
     for m in records:
-        body = m.body
         ts = m.timestamp
         defer = (m.defer_until_ns - ts) // 1_000_000 if m.defer_until_ns else 0
         if m.headers:  # ``log_record.HEADERS``: the block before the body
-            body = _BLOCK_LEN.pack(len(m.headers)) + m.headers + body
+            body = m.with_block()
             t = tail(_TAIL_FIXED + len(body), ts, m.id, flags | HEADERS, defer)
         else:
+            body = m.body
             t = tail(_TAIL_FIXED + len(body), ts, m.id, flags, defer)
         if pos >= index_from:
             entries.append((offset, pos, ts))

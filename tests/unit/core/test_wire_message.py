@@ -1,0 +1,67 @@
+"""A message kept in its publisher's wire form (``core/message.WireMessage``) is, to every
+reader, the message its body and block make (``Message(id, body, ts, attempts, block)``):
+the disk queue's record, the retained log's record, both kinds of delivery frame, a copy,
+what the disk gives back. A publish of such messages counts and bounds body bytes only."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pynsqd.core.message import Message, WireMessage, decode_message
+from pynsqd.protocol import frames, headers
+from pynsqd.storage import log_records
+
+names = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=12).filter(
+    lambda n: n[0] not in "-_."
+)
+pairs = st.lists(st.tuples(names, st.binary(max_size=40)), min_size=1, max_size=4)
+
+
+def _frames(msgs: list[Message], negotiated: bool) -> bytes:
+    out: list[bytes] = []
+    if negotiated:
+        size = frames.append_message_frames_with_headers(msgs, out.append)
+    else:
+        size = frames.append_message_frames(msgs, out.append)
+    data = b"".join(out)
+    assert size == len(data)
+    return data
+
+
+@given(pairs, st.lists(st.binary(max_size=300), min_size=1, max_size=5), st.integers(0, 9))
+def test_a_wire_message_is_the_message_its_body_and_block_make(
+    p: list[tuple[str, bytes]], bodies: list[bytes], attempts: int
+) -> None:
+    block = headers.encode(p)
+    ids = [b"%016x" % i for i in range(len(bodies))]
+    wires = [headers.join_body(block, body) for body in bodies]
+    ts = 1_700_000_000_000_000_000
+    made = WireMessage.from_wires(ids, wires, ts)
+    want = [Message(i, b, ts, 0, block) for i, b in zip(ids, bodies, strict=True)]
+    for m, w in zip(made, want, strict=True):
+        assert type(m) is WireMessage
+        for slot in Message.__slots__:  # every slot set, to what __init__ sets
+            assert getattr(m, slot) == getattr(w, slot), slot
+        m.attempts = w.attempts = attempts
+        assert m == w
+        assert m.encode() == w.encode()
+        assert m.encode_head() + m.body == w.encode()
+        assert m.with_block() == w.with_block() == m.wire
+        assert decode_message(m.encode()) == w
+        c = m.copy()
+        assert type(c) is WireMessage and c == w and c.wire is m.wire
+    for negotiated in (False, True):
+        assert _frames(made, negotiated) == _frames(want, negotiated)
+    for identity in (None, (b"producer-1", 7)):
+        got = log_records.encode(made, identity, 5, 0, 0)
+        assert got == log_records.encode(want, identity, 5, 0, 0)
+
+
+def test_a_wire_form_counts_and_splits_the_bodies() -> None:
+    block = headers.encode([("traceparent", b"x" * 55), ("tenant", b"acme")])
+    bodies = [b"", b"a", b"b" * 300]
+    wires = [headers.join_body(block, b) for b in bodies]
+    form = headers.WireForm(len(block))
+    assert form.split(wires) == (bodies, [block] * 3)
+    assert form.body_bytes(wires) == 301
