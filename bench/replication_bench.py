@@ -20,11 +20,22 @@ against it.
 
     .venv/bin/python bench/replication_bench.py --rounds 5 --runfor 5 \
         --go-nsqd GO_NSQD     # Go nsqd 1.3.0's binary, from NSQ's release
+
+On a many-core machine (issue 52: three nodes of ``--workers 4``, each on its own 4 cores,
+against one unreplicated ``--workers 4`` node with retention and Go nsqd on 4 cores):
+
+    python bench/replication_bench.py --cores-per-node 4 --writers 12 --go-nsqd GO_NSQD \
+        --setups "unreplicated w4,replicated fsync w4"
+
+``--cores-per-node K`` pins node i (0, 1, 2) to cores iK..iK+K-1 (the unreplicated node and
+Go nsqd, with GOMAXPROCS=K, to the first K), etcd and the load to the cores after 3K (all of
+them where none are left); a process is pinned from its start, so a node's workers are too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -48,12 +60,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _etcd(directory: str) -> tuple[subprocess.Popen[bytes], str]:
+def _etcd(directory: str, binary: str = "") -> tuple[subprocess.Popen[bytes], str]:
     client, peer = _free_port(), _free_port()
     url = f"http://127.0.0.1:{client}"
     proc = subprocess.Popen(
         [
-            shutil.which("etcd")
+            binary
+            or shutil.which("etcd")
             or os.path.join(
                 os.path.dirname(__file__), "..", ".venv", "opt", "etcd", "usr", "bin", "etcd"
             ),
@@ -79,9 +92,38 @@ def _etcd(directory: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("etcd did not start")
 
 
-def _node(extra: str) -> tuple[subprocess.Popen[bytes], tuple[str, int], tuple[str, int], str]:
+@contextlib.contextmanager
+def _pinned(cores: list[int] | None) -> Iterator[None]:
+    """This process (and so what it starts meanwhile, and its children's children) on
+    ``cores``; None: as it was."""
+    if not cores:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def _cores(args: argparse.Namespace, i: int) -> list[int] | None:
+    """Node ``i``'s cores (0, 1, 2); ``i`` 3: etcd's and the load's."""
+    k = args.cores_per_node
+    if not k:
+        return None
+    n = os.cpu_count() or 1
+    if i < 3:
+        return [c % n for c in range(i * k, (i + 1) * k)]
+    return list(range(3 * k, n)) or list(range(n))
+
+
+def _node(
+    extra: str, cores: list[int] | None = None
+) -> tuple[subprocess.Popen[bytes], tuple[str, int], tuple[str, int], str]:
     args = argparse.Namespace(mode="logread", nsqd_binary="", nsqd_args=extra)
-    proc, tcp, http, data = bench._start_nsqd(args)
+    with _pinned(cores):
+        proc, tcp, http, data = bench._start_nsqd(args)
     assert http is not None
     return proc, tcp, http, data
 
@@ -111,19 +153,29 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
     topic = "rep_bench"
     # "replicated fsync w2": durability fsync, each node --workers=2.
     words = setup.split()
-    durability = words[1] if len(words) > 1 else ""
-    workers = next((int(w[1:]) for w in words[2:] if w.startswith("w")), 1)
+    durability = words[1] if len(words) > 1 and words[0] == "replicated" else ""
+    workers = next((int(w[1:]) for w in words[1:] if w[:1] == "w" and w[1:].isdigit()), 1)
     try:
         if setup == "go nsqd":
             args_go = argparse.Namespace(mode="logread", nsqd_binary=args.go_nsqd, nsqd_args="")
-            proc, tcp, http, data = bench._start_nsqd(args_go)
+            env_before = os.environ.get("GOMAXPROCS")
+            if args.cores_per_node:
+                os.environ["GOMAXPROCS"] = str(args.cores_per_node)
+            try:
+                with _pinned(_cores(args, 0)):
+                    proc, tcp, http, data = bench._start_nsqd(args_go)
+            finally:
+                os.environ.pop("GOMAXPROCS", None)
+                if env_before is not None:
+                    os.environ["GOMAXPROCS"] = env_before
             assert http is not None
             procs.append(proc)
             dirs.append(data)
             tcps = [tcp]
             _http(http, "POST", f"/topic/create?topic={topic}")
-        elif setup == "unreplicated":
-            proc, tcp, http, data = _node("--retention-time=1h")
+        elif words[0] == "unreplicated":
+            flags = "--retention-time=1h" + (f" --workers={workers}" if workers > 1 else "")
+            proc, tcp, http, data = _node(flags, _cores(args, 0))
             procs.append(proc)
             dirs.append(data)
             tcps = [tcp]
@@ -131,7 +183,8 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
         else:
             base = tempfile.mkdtemp(prefix="pynsqd-repbench-")
             dirs.append(base)
-            etcd, url = _etcd(base)
+            with _pinned(_cores(args, 3)):
+                etcd, url = _etcd(base, args.etcd)
             procs.append(etcd)
             nodes = []
             # A node of several workers has a member (a node id) per worker: ids 10 apart.
@@ -140,7 +193,7 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
                 flags = f"--retention-time=1h --node-id={b} --etcd-endpoints={url}"
                 if workers > 1:
                     flags += f" --workers={workers} --host-label=node{i}"
-                nodes.append(_node(flags))
+                nodes.append(_node(flags, _cores(args, i - 1)))
             procs += [n[0] for n in nodes]
             dirs += [n[3] for n in nodes]
             tcps = [n[1] for n in nodes]
@@ -166,10 +219,11 @@ def _run(setup: str, args: argparse.Namespace) -> dict[str, float]:
             (bench.writer, (tcps[i % len(tcps)], topic, args.size, args.batch_size, deadline))
             for i in range(args.writers)
         ]
-        t0 = time.time()
-        counts = bench._run_procs(targets)  # type: ignore[arg-type]
-        mpub = sum(counts) / (time.time() - t0)
-        lat = sorted(bench.pub_latency(tcps[0], topic, args.size, time.time() + args.runfor))
+        with _pinned(_cores(args, 3)):
+            t0 = time.time()
+            counts = bench._run_procs(targets)  # type: ignore[arg-type]
+            mpub = sum(counts) / (time.time() - t0)
+            lat = sorted(bench.pub_latency(tcps[0], topic, args.size, time.time() + args.runfor))
         return {
             "mpub_msgs_per_s": mpub,
             "pub_p50_ms": lat[len(lat) // 2] * 1e3,
@@ -196,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", type=int, default=3, help="MPUB connections in all")
     p.add_argument("--min-insync", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--cores-per-node",
+        type=int,
+        default=0,
+        help="pin each node to its own K cores (etcd and the load after them); 0: no pinning",
+    )
+    p.add_argument("--etcd", default="", help="etcd's binary (default: on PATH, or .venv's)")
     p.add_argument(
         "--go-nsqd", default="", help="also run Go's nsqd (unreplicated) in each round: its path"
     )
@@ -240,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "replicated fsync": "three nodes, replicas=3, durability=fsync",
         "replicated pagecache": "three nodes, replicas=3, durability=pagecache",
         "replicated fsync w2": "three nodes of --workers 2, replicas=3, durability=fsync",
+        "replicated fsync w4": "three nodes of --workers 4, replicas=3, durability=fsync",
+        "unreplicated w4": "one node of --workers 4, unreplicated",
         "go nsqd": "Go nsqd 1.3.0, one node (no retention, no replication)",
     }
     summary: dict[str, dict[str, float]] = {}
