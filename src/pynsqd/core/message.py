@@ -6,6 +6,8 @@ import struct
 from itertools import repeat
 from typing import Any, Protocol, cast
 
+from ..protocol.headers import Blocks, WireForm
+
 #: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
 _ENCODED_HEADER = struct.Struct(">qH")
 #: pynsqd: a stored message with headers (``protocol/headers.py``) has the timestamp's sign bit
@@ -124,14 +126,18 @@ class Message:
         ids: list[bytes],
         bodies: list[bytes],
         timestamp: int,
-        headers: list[bytes] | None = None,
+        headers: Blocks = None,
     ) -> list[Message]:
-        """Fresh messages for one publish, as ``Message(id, body, timestamp)`` makes them.
+        """Fresh messages for one publish, as ``Message(id, body, timestamp)`` makes them
+        (``headers``: each one's block; a ``WireForm``: the bodies are as a negotiated client
+        sent them, kept so by ``WireMessage``).
 
         Made by ``object.__new__`` from C and filled here in one loop: a fifth cheaper than
         calling the class per message, whose ``__init__`` is a call from C into Python each
         time. Every slot is set, as in ``__init__`` (a test holds the two equal).
         """
+        if isinstance(headers, WireForm):
+            return WireMessage.from_wires(ids, bodies, timestamp)
         msgs: list[Message] = list(map(_new, repeat(cls, len(ids))))
         for m, msg_id, body in zip(msgs, ids, bodies, strict=True):
             m.id = msg_id

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..protocol.headers import Blocks, WireForm
+from ..protocol.headers import Blocks, WireForm, body_bytes, cut
 from . import tracing
 from .backend import BackendQueue, MessageLog
 from .channel import Channel
@@ -25,7 +25,7 @@ from .errors import NotRetained, QueueFull
 from .guid import GUIDFactory
 from .handoff import HandOff
 from .idempotent import check_everywhere, same_bodies
-from .message import Message, WireMessage
+from .message import Message
 from .offsets import offset_ids
 from .queue import MessageQueue
 from .timed_queue import Scheduler
@@ -158,15 +158,11 @@ class Topic:
     # -- publishing -----------------------------------------------------------------------
 
     def put_bodies(self, bodies: list[bytes], defer_ms: int = 0, headers: Blocks = None) -> int:
-        """PUB, MPUB, DPUB: make messages with fresh IDs (and ``headers``: their header
-        blocks, or a ``WireForm``: ``bodies`` are as a negotiated client sent them) and
-        publish them. Returns the log's offset past them (-1: the topic keeps no log). Raises
-        OSError (not stored) or QueueFull (a bounded queue with policy reject has no room:
-        nothing stored)."""
-        if isinstance(headers, WireForm):
-            size = headers.body_bytes(bodies)
-        else:
-            size = sum(map(len, bodies))
+        """PUB, MPUB, DPUB: make messages with fresh IDs (``headers``: their blocks, or a
+        ``WireForm``) and publish them. Returns the log's offset past them (-1: the topic keeps
+        no log). Raises OSError (not stored) or QueueFull (a bounded queue with policy reject
+        has no room: nothing stored)."""
+        size = body_bytes(bodies, headers)
         if self.bounded:
             self._check_room(len(bodies), size)
         if len(bodies) == 1 and not defer_ms and not isinstance(headers, WireForm):
@@ -177,10 +173,7 @@ class Topic:
         ts = time.time_ns()
         n = len(bodies)
         ids = self.guid.new_ids(n) if self.origin is None else self._offset_ids(n)
-        if isinstance(headers, WireForm):
-            msgs = WireMessage.from_wires(ids, bodies, ts)
-        else:
-            msgs = Message.many(ids, bodies, ts, headers)
+        msgs = Message.many(ids, bodies, ts, headers)
         if defer_ms:
             due = ts + defer_ms * 1_000_000
             for m in msgs:
@@ -222,8 +215,7 @@ class Topic:
         if log is None:
             raise NotRetained(self.name)
         log.set_dedup(*self.dedup_window)
-        if isinstance(headers, WireForm):  # the dedup compares bodies
-            bodies, headers = headers.split(bodies)
+        bodies, headers = cut(bodies, headers)  # the dedup compares bodies
         now = time.time_ns()
         if self.other_logs is None:
             verdict = log.identities().check(producer, first, len(bodies), now, log.latest)

@@ -32,6 +32,8 @@ __all__ = [
     "HeaderError",
     "HeaderLimits",
     "WireForm",
+    "body_bytes",
+    "cut",
     "decode",
     "encode",
     "split_bodies",
@@ -156,14 +158,26 @@ class WireForm:
         n = 2 + self.size
         return [w[n:] for w in wires], [w[2:n] for w in wires]
 
-    def body_bytes(self, wires: list[bytes]) -> int:
-        """The bodies' bytes (nsqd's ``message_bytes`` counts bodies, not blocks)."""
-        return sum(map(len, wires)) - len(wires) * (2 + self.size)
-
 
 #: A publish's header blocks: one per body, the bodies in their wire form, or None (no
 #: message has headers).
 Blocks = list[bytes] | WireForm | None
+
+
+def cut(bodies: list[bytes], blocks: Blocks) -> tuple[list[bytes], list[bytes] | None]:
+    """(bodies, blocks) of a publish, its bodies cut from their blocks where they are as
+    sent (``WireForm``)."""
+    if isinstance(blocks, WireForm):
+        return blocks.split(bodies)
+    return bodies, blocks
+
+
+def body_bytes(bodies: list[bytes], blocks: Blocks) -> int:
+    """The bytes of a publish's bodies, without their blocks where they are as sent
+    (nsqd's ``message_bytes`` counts bodies)."""
+    if isinstance(blocks, WireForm):
+        return sum(map(len, bodies)) - len(bodies) * (2 + blocks.size)
+    return sum(map(len, bodies))
 
 
 def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes], Blocks]:

@@ -63,5 +63,7 @@ def test_a_wire_form_counts_and_splits_the_bodies() -> None:
     bodies = [b"", b"a", b"b" * 300]
     wires = [headers.join_body(block, b) for b in bodies]
     form = headers.WireForm(len(block))
-    assert form.split(wires) == (bodies, [block] * 3)
-    assert form.body_bytes(wires) == 301
+    assert form.split(wires) == headers.cut(wires, form) == (bodies, [block] * 3)
+    assert headers.cut(bodies, None) == (bodies, None)
+    assert headers.body_bytes(wires, form) == 301
+    assert headers.body_bytes(bodies, None) == 301

@@ -115,7 +115,7 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
     if isinstance(blocks, headers.WireForm):  # kept as sent: what a WireMessage cuts on read
         assert bodies == datas
         bodies, blocks = blocks.split(bodies)
-        assert headers.WireForm(len(blocks[0])).body_bytes(datas) == sum(map(len, bodies))
+        assert headers.body_bytes(datas, headers.WireForm(len(blocks[0]))) == sum(map(len, bodies))
     assert bodies == expected[0]
     assert (blocks or [b""] * count) == expected[1]
     assert blocks is None or any(blocks)  # None exactly when no message has headers
