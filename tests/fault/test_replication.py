@@ -440,6 +440,7 @@ def test_settings_changed_under_load_answer_and_lose_nothing(cluster: Cluster) -
         assert "deleted on its origin node" not in text, node.node_id
 
 
+@pytest.mark.timeout(360)  # 30 topics, 90 publishes: 10 s alone, 64-95 s in a loaded suite
 def test_topics_replicated_while_the_cluster_is_read_keep_their_partitions(
     tmp_path: Path, etcd: Etcd
 ) -> None:

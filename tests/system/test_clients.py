@@ -131,10 +131,20 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
     etcd = Etcd(tmp_path)
     # A lease that outlives a starved machine's gaps (the suite beside a busy loop on each
     # core held a node's refresh past the fault tests' 2 s, and it stepped down mid-test):
-    # these tests are about the clients, the lease's expiry is the fault tests'.
+    # these tests are about the clients, the lease's expiry is the fault tests'. So is the
+    # commit's timeout (5 s): a first publish waits for followers to find the new partition,
+    # which a loaded suite once stretched past it ("replication timeout (committed below 0")).
     # ", 2 workers": each node's workers are members of the cluster of their own.
     workers = ["--workers=2"] if request.param.endswith("2 workers") else []
-    cluster = Cluster(tmp_path, etcd, 3, "--replicas=3", "--etcd-lease-ttl=10s", *workers)
+    cluster = Cluster(
+        tmp_path,
+        etcd,
+        3,
+        "--replicas=3",
+        "--etcd-lease-ttl=10s",
+        "--replication-timeout=60s",
+        *workers,
+    )
     try:
         n1 = cluster.node(1)
         assert n1.proc is not None
