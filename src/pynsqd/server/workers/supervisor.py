@@ -67,6 +67,15 @@ STABLE_AFTER = 10.0
 STOP_GRACE = 60.0
 
 
+def restart_pause(tries: int) -> float:
+    """How long a worker's keeper waits before its next start, after ``tries`` quick
+    failures in a row (a start that failed, or an exit soon after one): none before the
+    first, then 0.1 s doubling to 5 s, so that a worker that cannot run is no hot loop."""
+    if tries < 1:
+        return 0.0
+    return min(RESTART_BACKOFF_MIN * float(1 << (tries - 1)), RESTART_BACKOFF_MAX)
+
+
 def bind(address: str) -> socket.socket:
     """A listening socket on ``address`` as nsqd binds it (``host:port`` or a unix path)."""
     try:
@@ -362,7 +371,7 @@ class Supervisor:
                     self.stop.set()
                     return
                 quick_exits += 1
-                backoff = min(RESTART_BACKOFF_MIN * 2 ** (quick_exits - 1), RESTART_BACKOFF_MAX)
+                backoff = restart_pause(quick_exits)
                 log.error(
                     "WORKERS: worker %d could not be started again - %s; trying again in %gs",
                     i,
@@ -387,12 +396,7 @@ class Supervisor:
                 return
             how = f"signal {-code}" if code < 0 else f"exit {code}"
             quick_exits = 0 if loop.time() - started > STABLE_AFTER else quick_exits + 1
-            # At once the first time; then 0.1 s, doubling to 5 s while it keeps exiting.
-            backoff = (
-                min(RESTART_BACKOFF_MIN * 2 ** (quick_exits - 2), RESTART_BACKOFF_MAX)
-                if quick_exits > 1
-                else 0.0
-            )
+            backoff = restart_pause(quick_exits - 1)  # the first quick exit: at once
             log.error(
                 "WORKERS: worker %d (pid %d) ended (%s); starting it again%s",
                 i,
