@@ -563,7 +563,9 @@ def test_a_taken_over_partition_shows_its_records_in_the_browser(
 
     from ..integration.replication_harness import TOPIC, Cluster, replicate
 
-    nodes = Cluster(tmp_path, etcd, 3)
+    # A 5-s lease, not the harness's 2 s: under load a node's lease lapsed before its first
+    # publish (503 "lease lapsed"); the failover waits 3 s longer for it.
+    nodes = Cluster(tmp_path, etcd, 3, "--etcd-lease-ttl=5s")
     admin = None
     try:
         replicate(nodes)
