@@ -17,6 +17,7 @@ import pytest
 from ..conftest import ServerThread, http_request
 from ..processes import NsqdProcess
 from ..waiting import wait_for
+from ..wire import Conn
 
 
 def peek(server: Any, query: str) -> tuple[int, Any]:
@@ -121,17 +122,21 @@ def test_peek_under_load_changes_nothing(make_nsqd: Callable[..., ServerThread])
     done = threading.Event()
 
     def looker() -> None:
-        while not done.is_set():
+        # Peeks back to back, a 2-ms pause between them: the server's loop shares this
+        # process's interpreter, and an unpaused looker on a busy machine held it long enough
+        # for the publisher's 5-s socket guard to fire.
+        while not done.wait(0.002):
             status, doc = peek(server, "/channel/peek?topic=busy&channel=c&n=50")
             assert status == 200
             peeks.append(len(doc["queued"]) + len(doc["in_flight"]))
 
-    with server.connect() as consumer:
+    # Sockets with a 30-s guard (a hang, not a synchronisation).
+    with Conn(server.tcp_address, timeout=30) as consumer:
         consumer.sub("busy", "c", rdy=20)
         thread = threading.Thread(target=looker)
         thread.start()
         try:
-            with server.connect() as p:
+            with Conn(server.tcp_address, timeout=30) as p:
                 for i in range(0, total, 100):
                     p.mpub("busy", [b"%d" % n for n in range(i, i + 100)])
             seen = []

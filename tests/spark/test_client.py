@@ -343,7 +343,8 @@ def test_tls(start_nsqd: Any, tmp_path: Any, reactor: Reactor | None) -> None:
             rdy=500,
             reactor=reactor,
         )
-        wait_for(lambda: len(got) == 3001, "the messages over TLS")
+        # 3 MB over TLS: a guard of 60 s (a loaded suite once took over 20).
+        wait_for(lambda: len(got) == 3001, "the messages over TLS", 60)
         assert got[0] == b"secret" and sorted(got[1:]) == [
             b"%05d" % i + b"x" * 1000 for i in range(3000)
         ]

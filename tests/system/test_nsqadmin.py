@@ -499,7 +499,9 @@ def test_the_channel_page_shows_what_waits_in_it(
         browser.get(f"http://127.0.0.1:{admin.port}/topics/orders/billing")
         rows = "//table[@id='peek-queued']//tr[td]"
         _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 4)
-        flight = browser.find_element(By.XPATH, "//table[@id='peek-in-flight']//tr[td]").text
+        flight = _steady(
+            lambda: browser.find_element(By.XPATH, "//table[@id='peek-in-flight']//tr[td]").text
+        )
         assert m.id.decode() in flight
         _shot(browser, "channel-messages")
         c.rdy(0)
@@ -528,7 +530,7 @@ def test_the_channel_page_shows_what_waits_in_it(
     browser.get(f"http://127.0.0.1:{admin.port}/topics/orders.dead")
     rows = "//table[@id='peek-queued']//tr[td]"
     _wait(browser).until(lambda d: len(d.find_elements(By.XPATH, rows)) == 3)
-    shown = [e.text for e in browser.find_elements(By.XPATH, rows + "/td[5]")]
+    shown = _steady(lambda: [e.text for e in browser.find_elements(By.XPATH, rows + "/td[5]")])
     assert shown == ["", "", "reason: max_attempts\ntenant: acme"]
 
 
@@ -547,7 +549,7 @@ def test_a_dead_node_is_marked_down_in_the_browser(
     b.stop()
     browser.get(f"{base}/nodes")
     _wait(browser).until(lambda d: d.find_elements(By.XPATH, f"{row}[@class='down']"))
-    health = browser.find_element(By.XPATH, f"{row}/td[7]").text
+    health = _steady(lambda: browser.find_element(By.XPATH, f"{row}/td[7]").text)
     assert health.startswith("down last answer ") and health.endswith(" ago"), health
     _shot(browser, "nodes-down")
 
