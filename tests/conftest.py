@@ -207,8 +207,9 @@ def lane_of(path: Path) -> str | None:
 
 
 #: A Spark test's timeout unless it names its own: the first test of a worker also starts the
-#: session's JVM, which takes a minute on a busy 2-core machine.
-SPARK_TIMEOUT = 240
+#: session's JVM, which takes a minute on a busy 2-core machine. A guard against a hang: a
+#: 62-s test took 223 s beside two busy loops and met the watchdog at 240 (2026-11-30).
+SPARK_TIMEOUT = 360
 #: Spark gives each Python process it starts for a data source's planning or a streaming
 #: source a fixed 10 s to connect back (``PythonWorkerFactory.createSimpleWorker``, no
 #: setting); on a saturated 2-core machine that start can take longer. A Spark test that fails

@@ -25,7 +25,7 @@ from ..waiting import wait_for
 from .conftest import LookupdProcess
 from .helpers import TOPIC, Collector, publish, read_stream
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from ..waiting import wait_for
 from .helpers import TOPIC, Driver, log_stream, publish, start_driver, to_parquet
 
 #: Queries across kills of leaders and the driver, on a loaded machine: minutes, not seconds.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(450)
 
 __all__ = ["start_driver"]  # the fixture
 

@@ -22,7 +22,7 @@ from ..waiting import wait_for
 from .conftest import HAVE_LOOKUPD, NsqdProcess
 from .helpers import QUERY_TIMEOUT, Collector, consume_all, read_stream, run_available_now
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)
 
 
 def test_read_exactly_n_then_channel_drained(
