@@ -94,7 +94,9 @@ def publish(cluster: Cluster, prefix: str, count: int) -> list[bytes]:
     return out
 
 
-QUERY_TIMEOUT = 150
+#: A guard against a hang for a streaming query's progress (not a timing): beside two busy
+#: loops a query took over 150 s to deliver 1,000 rows in batches of 100 (2026-11-30).
+QUERY_TIMEOUT = 240
 
 
 def run_available_now(df: Any, sink: Callable[[Any, int], None], checkpoint: Path) -> Any:
