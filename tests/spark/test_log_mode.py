@@ -4,7 +4,6 @@ offset on the executors, batch and streaming, exactly once across a restart, dat
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from pynsqd_spark import source_metrics
 
 from ..processes import free_port
+from ..waiting import wait_for
 from .conftest import NsqdProcess
 from .helpers import Driver, log_stream, retained, start_driver, storage_id, to_parquet
 
@@ -237,10 +237,7 @@ def test_two_nodes_found_through_nsqlookupd(
     a, b = start_nsqd(*flags), start_nsqd(*flags)
     a.publish("multi", [b"a%d" % i for i in range(300)])
     b.publish("multi", [b"b%d" % i for i in range(200)])
-    deadline = time.monotonic() + 20
-    while len(lookupd.producers("multi")) < 2:
-        assert time.monotonic() < deadline, "both nsqd registered"
-        time.sleep(0.05)
+    wait_for(lambda: len(lookupd.producers("multi")) >= 2, "both nsqd registered")
     rows = (
         spark.read.format("nsq")
         .option("mode", "log")
@@ -311,7 +308,6 @@ def test_log_reads_over_https_when_nsqd_requires_tls(
     node = retained(
         start_nsqd, f"--tls-cert={cert_file}", f"--tls-key={key_file}", "--tls-required=true"
     )
-    from ..waiting import wait_for
 
     # The start waited for TCP and HTTP; nsqd logs HTTPS's line just after (a fresh-clone run
     # read the log in between).

@@ -38,10 +38,12 @@ def cluster(
         p.mpub("orders", [b"y"] * 3)
     with a.connect() as c:
         c.sub("orders", "billing", rdy=0)
-    deadline = time.monotonic() + 20
-    while len(lookupd.call(lambda: lookupd.lookupd.db.find_producers("topic", "orders", ""))) < 2:
-        assert time.monotonic() < deadline, "both nodes registered"
-        time.sleep(0.05)
+    wait_for(
+        lambda: (
+            len(lookupd.call(lambda: lookupd.lookupd.db.find_producers("topic", "orders", ""))) >= 2
+        ),
+        "both nodes registered",
+    )
     yield lookupd, a, b
     lookupd.stop()
 

@@ -378,7 +378,6 @@ def test_nsq_to_file_writes_gzip_files_and_fins_after_sync(
 ) -> None:
     import gzip
     import signal
-    import time
 
     with nsqd.connect() as p:
         p.mpub("t", [b"line %d" % i for i in range(500)])
@@ -400,15 +399,14 @@ def test_nsq_to_file_writes_gzip_files_and_fins_after_sync(
         stderr=subprocess.PIPE,
     )
     try:
-        ch = None
-        deadline = time.monotonic() + 30
-        while True:  # until every message was written, synced and FIN'd
+
+        def drained() -> bool:
+            assert proc.poll() is None, "nsq_to_file exited early"
             topic = nsqd.call(lambda: nsqd.nsqd.topics.get("t"))
             ch = topic.channels.get("nsq_to_file") if topic else None
-            if ch is not None and nsqd.call(lambda c=ch: (c.depth, len(c.in_flight))) == (0, 0):
-                break
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+            return ch is not None and nsqd.call(lambda: (ch.depth, len(ch.in_flight))) == (0, 0)
+
+        wait_for(drained, "every message written, synced and FIN'd", 30)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
