@@ -5,7 +5,8 @@ Theory of operation. At start the node takes a lease (``--etcd-lease-ttl``) and 
 with one line. The previous incarnation of this node (same data directory and storage id) is
 replaced at once: its lease is revoked, which also drops the leaderships it held, so a restart
 fails over at once instead of after the TTL. A keepalive every TTL/3 refreshes the lease (in a task
-of its own: a slow write never holds it up); when it cannot, the node stops committing
+of its own: a slow write never holds it up; counted from the last one sent, so a late answer
+does not delay the next); when it cannot, the node stops committing
 (``lease_alive`` is judged when it is used), and once etcd says the lease is gone it steps down
 (``on_expired``), takes a new lease and registers again. Every ``BEAT`` the node re-writes its
 registration (a txn guarded by its lease): the key's revision moves, and the others place new
@@ -208,8 +209,13 @@ class Membership:
                     await self.beat()
 
     async def _refresh_loop(self, on_expired: Callable[[], None]) -> None:
+        # Every TTL/3 from the last refresh *sent*, as etcd's own client keeps its stream: were
+        # it TTL/3 after the answer, an answer late by a loaded etcd or node would push the next
+        # refresh back by as much, and two such in a row outlast what the lease is known to live
+        # (the send + TTL - 0.5 s). An answer later than TTL/3 sends the next one at once.
+        sent = self.now()
         while True:
-            await self.sleep(self.ttl / 3)
+            await self.sleep(sent + self.ttl / 3 - self.now())
             sent = self.now()
             try:
                 ttl = await self.etcd.keepalive(self.lease)
