@@ -9,11 +9,22 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from pynsqd.cluster.membership import Membership
 from pynsqd.options import Options
+
+
+def _member(
+    tmp_path: Path, now: Callable[[], float], sleep: Callable[[float], Awaitable[None]]
+) -> Membership:
+    """Node 1 with a 2-s lease on a fake clock (its etcd is set by the test)."""
+    opts = Options(
+        etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1, etcd_lease_ttl=2
+    )
+    return Membership(opts, str(tmp_path), "127.0.0.1:4151", "127.0.0.1:4150", now=now, sleep=sleep)
 
 
 class SlowWritesEtcd:
@@ -49,17 +60,7 @@ def test_a_beat_etcd_is_slow_to_answer_does_not_hold_up_the_lease(tmp_path: Path
             clock[0] += seconds
             await asyncio.sleep(0)
 
-        opts = Options(
-            etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1, etcd_lease_ttl=2
-        )
-        member = Membership(
-            opts,
-            str(tmp_path),
-            "127.0.0.1:4151",
-            "127.0.0.1:4150",
-            now=lambda: clock[0],
-            sleep=sleep,
-        )
+        member = _member(tmp_path, lambda: clock[0], sleep)
         etcd = SlowWritesEtcd()
         member.etcd = etcd  # type: ignore[assignment]
         member.lease, member.lease_until = 7, 1.5
@@ -137,17 +138,7 @@ def test_a_refresh_answered_late_does_not_push_back_the_next(tmp_path: Path) -> 
 
     async def run() -> tuple[list[float], list[bool]]:
         clock = VirtualTime()
-        opts = Options(
-            etcd_endpoints=["127.0.0.1:1"], data_path=str(tmp_path), node_id=1, etcd_lease_ttl=2
-        )
-        member = Membership(
-            opts,
-            str(tmp_path),
-            "127.0.0.1:4151",
-            "127.0.0.1:4150",
-            now=lambda: clock.now,
-            sleep=clock.sleep,
-        )
+        member = _member(tmp_path, lambda: clock.now, clock.sleep)
         etcd = SlowRefreshEtcd(clock, delay=0.5, count=5)
         member.etcd = etcd  # type: ignore[assignment]
         member.lease, member.lease_until = 7, 1.5
