@@ -71,6 +71,19 @@ class Pub(NamedTuple):
     identity: Identity | None = None
 
 
+class Strided(list[bytes]):
+    """MPUB's bodies when all were one size (the parser's fast path): body ``i`` is
+    ``data[start + i * stride :][:width]``, so a check of every body reads them all at once
+    from there, a strided slice per byte (``headers.split_bodies``), without joining them
+    again. Otherwise a plain list of the bodies."""
+
+    __slots__ = ("data", "start", "stride")
+
+    data: bytes
+    start: int
+    stride: int
+
+
 class Mpub(NamedTuple):
     topic: str
     bodies: list[bytes]

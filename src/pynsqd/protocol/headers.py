@@ -27,6 +27,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from .commands import Strided
+
 __all__ = [
     "Blocks",
     "HeaderError",
@@ -191,21 +193,22 @@ def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes],
     each pair's name length, name and value length, at the same offsets), and a block's
     validity depends on its skeleton alone (values are any bytes). So when every body has the
     first one's size, the first block is checked and each skeleton byte is compared across
-    all bodies at once, a strided slice of the joined bodies in C (``_same_skeleton``), and
+    all bodies at once, a strided slice in C (``_same_skeleton``) of the MPUB as read where
+    the parser cut them at a stride (``Strided``), else of the bodies joined, and
     the bodies are not cut from their blocks at all (``WireForm``: the messages keep them as
     sent); otherwise each distinct block is checked (``check``).
     """
-    if len(datas) > 1 and len(set(map(len, datas))) == 1 and len(datas[0]) >= 2:
-        first = datas[0]
-        size = first[0] << 8 | first[1]
-        if 2 + size > len(first):
-            raise HeaderError(f"a header block of {size} bytes in a body of {len(first)}")
-        if size:
-            check(first[2 : 2 + size], limits)
-        if _same_skeleton(datas, size):
-            if not size:
+    if len(datas) > 1 and len(datas[0]) >= 2:
+        if type(datas) is Strided:  # the parser found them all one size
+            same = _same_skeleton(datas.data, datas.start, datas.stride, datas, limits)
+        elif len(set(map(len, datas))) == 1:
+            same = _same_skeleton(b"".join(datas), 0, len(datas[0]), datas, limits)
+        else:
+            same = None
+        if same is not None:
+            if not same:
                 return [d[2:] for d in datas], None
-            return datas, WireForm(size)
+            return datas, WireForm(same)
     if any(len(d) < 2 for d in datas):
         raise HeaderError("a body too short for its header length")
     sizes = [d[0] << 8 | d[1] for d in datas]
@@ -221,22 +224,33 @@ def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes],
     return [d[2 + n :] for d, n in zip(datas, sizes, strict=True)], blocks
 
 
-def _same_skeleton(datas: list[bytes], size: int) -> bool:
-    """Whether every body (all of one width) has the first one's block skeleton: its length
-    field and, for each pair, the name length, name and value length, byte for byte at the
-    same offsets. The first block was found valid (so its walk stays inside it)."""
+def _same_skeleton(
+    data: bytes, start: int, stride: int, datas: list[bytes], limits: HeaderLimits
+) -> int | None:
+    """The block size every body shares with the first, when each has the first one's block
+    skeleton: its length field and, for each pair, the name length, name and value length,
+    byte for byte at the same offsets; None when one differs. The bodies (all of one width)
+    are ``data[start + i * stride :]``; the first one's block is checked here (HeaderError),
+    and its walk stays inside it."""
     first = datas[0]
-    width = len(first)
-    joined = b"".join(datas)
+    size = first[0] << 8 | first[1]
+    if 2 + size > len(first):
+        raise HeaderError(f"a header block of {size} bytes in a body of {len(first)}")
+    if size:
+        check(first[2 : 2 + size], limits)
     count = len(datas)
+    stop = start + count * stride
     offsets = [0, 1]
     pos, end = 2, 2 + size
     while pos < end:
         n = first[pos]
-        stop = pos + 1 + n
-        offsets.extend(range(pos, stop + 2))
-        pos = stop + 2 + (first[stop] << 8 | first[stop + 1])
-    return all(joined[i::width].count(first[i : i + 1]) == count for i in offsets)
+        name_end = pos + 1 + n
+        offsets.extend(range(pos, name_end + 2))
+        pos = name_end + 2 + (first[name_end] << 8 | first[name_end + 1])
+    for i in offsets:
+        if data[start + i : stop : stride].count(first[i : i + 1]) != count:
+            return None
+    return size
 
 
 def join_body(block: bytes, body: bytes) -> bytes:

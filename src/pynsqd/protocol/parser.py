@@ -38,6 +38,7 @@ from .commands import (
     Pub,
     Rdy,
     Req,
+    Strided,
     Sub,
     Touch,
 )
@@ -515,17 +516,22 @@ class V2Parser:
         if len(self._src) < after:
             self._need = after
             return None, -1
-        # The messages are cut straight from the input (one copy each, not the whole body
-        # first): a view, released before the buffer under it may be resized.
-        view = memoryview(self._src)[start + 4 : after]
+        # The messages are cut straight from the input when it is the bytes read (one copy
+        # each, not the whole body first); from the buffer, through one copy of the body.
+        src = self._src
         try:
-            return Mpub(topic, parse_mpub_body(view, self.config), identity), after
+            if type(src) is bytes:
+                bodies = parse_mpub_body(src, self.config, start + 4, after)
+                return Mpub(topic, bodies, identity), after
+            view = memoryview(src)[start + 4 : after]
+            try:
+                return Mpub(topic, parse_mpub_body(view, self.config), identity), after
+            finally:
+                view.release()  # before the buffer under it may be resized
         except FatalClientError:
             # One walk for the right declared size; a second only when it did not frame them.
             if not self._mpub_declared_size_is_wrong(start + 4, size):
                 raise
-        finally:
-            view.release()
         return self._mpub_framed(topic, start + 4, identity)
 
     def _mpub_declared_size_is_wrong(self, p: int, size: int) -> bool:
@@ -591,28 +597,37 @@ class V2Parser:
         raise AssertionError("unreachable")
 
 
-def parse_mpub_body(body: bytes | memoryview, config: ProtocolConfig) -> list[bytes]:
+def parse_mpub_body(
+    body: bytes | memoryview, config: ProtocolConfig, start: int = 0, end: int = -1
+) -> list[bytes]:
     """Split ``[count]([size][data])*`` into message bodies, with nsqd's checks and texts.
 
-    ``body`` is exactly the messages: the TCP parser frames them by their count and sizes (as
-    nsqd) and HTTP's binary ``/mpub`` gives the whole request body, which must hold nothing more.
+    ``body[start:end]`` (``end`` -1: to its end) is exactly the messages: the TCP parser frames
+    them by their count and sizes (as nsqd) and HTTP's binary ``/mpub`` gives the whole request
+    body, which must hold nothing more.
 
-    The well-formed case takes one tight loop over a bytes copy of the body (a slice of bytes is
-    one step; a slice of a view is two); anything it does not accept goes through the checking
-    loop, which gives nsqd's error.
+    The well-formed case takes one tight loop over bytes (the input itself, or a copy of a
+    view: a slice of bytes is one step, a slice of a view two); anything it does not accept
+    goes through the checking loop, which gives nsqd's error. Bodies all of one size come back
+    as a ``Strided`` list.
     """
-    end = len(body)
-    if end >= 4:
-        count: int = _unpack_int32(body, 0)[0]
+    if end < 0:
+        end = len(body)
+    if end - start >= 4:
+        count: int = _unpack_int32(body, start)[0]
         if 0 < count <= (config.max_body_size - 4) // 5:
-            data = body if type(body) is bytes else bytes(body)
+            if type(body) is bytes:
+                data = body
+            else:
+                data = bytes(body[start:end])
+                start, end = 0, end - start
             max_msg = config.max_msg_size
-            same = _same_sized(data, count, max_msg)
+            same = _same_sized(data, start, end, count, max_msg)
             if same is not None:
                 return same
             bodies: list[bytes] = []
             append = bodies.append
-            p = 4
+            p = start + 4
             for _ in range(count):
                 if end - p < 4:
                     break
@@ -624,27 +639,33 @@ def parse_mpub_body(body: bytes | memoryview, config: ProtocolConfig) -> list[by
             else:
                 if p == end:
                     return bodies
-    return _parse_mpub_body_checked(body, config)
+    whole = start == 0 and end == len(body)  # (a view's slice would outlive its release)
+    return _parse_mpub_body_checked(body if whole else body[start:end], config)
 
 
-def _same_sized(data: bytes, count: int, max_msg: int) -> list[bytes] | None:
-    """The bodies of an MPUB whose messages all have the first one's size, or None.
+def _same_sized(data: bytes, start: int, end: int, count: int, max_msg: int) -> Strided | None:
+    """The bodies of the MPUB ``data[start:end]`` when its messages all have the first one's
+    size, or None.
 
     Producers often batch records of one size. Then the size fields sit at a fixed stride,
     and four strided slices (each size's byte 0, 1, 2 and 3 across all messages) check them
     all in C; the bodies are cut at that stride without reading a size per message.
     """
-    end = len(data)
-    if end < 8:
+    if end - start < 8:
         return None
-    size: int = _unpack_int32(data, 4)[0]
+    size: int = _unpack_int32(data, start + 4)[0]
     stride = size + 4
-    if not 0 < size <= max_msg or end != 4 + count * stride:
+    if not 0 < size <= max_msg or end - start != 4 + count * stride:
         return None
-    for i in range(4, 8):
-        if data[i::stride] != data[i : i + 1] * count:
+    for i in range(start + 4, start + 8):
+        if data[i:end:stride] != data[i : i + 1] * count:
             return None
-    return [data[p : p + size] for p in range(8, end, stride)]
+    first = start + 8
+    out = Strided([data[p : p + size] for p in range(first, end, stride)])
+    out.data = data
+    out.start = first
+    out.stride = stride
+    return out
 
 
 def _parse_mpub_body_checked(body: bytes | memoryview, config: ProtocolConfig) -> list[bytes]:

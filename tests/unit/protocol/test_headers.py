@@ -8,8 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pynsqd.core.message import Message, decode_message
-from pynsqd.protocol import headers, log_record
+from pynsqd.protocol import encode, headers, log_record
+from pynsqd.protocol.commands import Mpub, Pub, Strided
 from pynsqd.protocol.headers import HeaderError, HeaderLimits
+from pynsqd.protocol.identify import ProtocolConfig
+from pynsqd.protocol.parser import V2Parser
 
 pytestmark = pytest.mark.unit
 
@@ -107,10 +110,17 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
         expected: tuple[list[bytes], list[bytes]] | None = _one_by_one(datas, limits)
     except HeaderError:
         expected = None
+    # Both ways the strided path meets bodies: a list of them (``/mpub``, a link), and
+    # the parser's ``Strided`` cut from the MPUB as read, with another command after it.
+    parsed = _as_parsed(datas)
+    assert type(parsed) is Strided or len(set(map(len, datas))) > 1
     if expected is None:
         with pytest.raises(HeaderError):
             headers.split_bodies(datas, limits)
+        with pytest.raises(HeaderError):
+            headers.split_bodies(parsed, limits)
         return
+    assert headers.split_bodies(parsed, limits) == headers.split_bodies(datas, limits)
     bodies, blocks = headers.split_bodies(datas, limits)
     if isinstance(blocks, headers.WireForm):  # kept as sent: what a WireMessage cuts on read
         assert bodies == datas
@@ -119,3 +129,14 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
     assert bodies == expected[0]
     assert (blocks or [b""] * count) == expected[1]
     assert blocks is None or any(blocks)  # None exactly when no message has headers
+
+
+def _as_parsed(datas: list[bytes]) -> list[bytes]:
+    """``datas`` as the TCP parser hands them on: cut from one read holding their MPUB and
+    the command after it (so a stride must stop at the MPUB's end)."""
+    parser = V2Parser(ProtocolConfig(), expect_magic=False)
+    events = parser.receive(encode.mpub("t", datas) + encode.pub("t", bytes(range(256)) * 2))
+    assert len(events) == 2 and type(events[1]) is Pub
+    mpub = events[0]
+    assert type(mpub) is Mpub and mpub.bodies == datas
+    return mpub.bodies

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import pytest
@@ -1043,6 +1044,11 @@ def test_mpub_bodies_fast_paths_agree_with_the_checked_loop(
     want = _parsed_or_error(body, parser_module._parse_mpub_body_checked)
     assert _parsed_or_error(body, parse_mpub_body) == want
     assert _parsed_or_error(memoryview(body), parse_mpub_body) == want
+    # Cut from the input as read, between other bytes (the TCP parser's common case): the
+    # stride stops at the MPUB's end.
+    read = b"MPUB t\n" + body + b"\x00\x00\x00\x05" * 300
+    inside = partial(parse_mpub_body, start=7, end=7 + len(body))
+    assert _parsed_or_error(read, inside) == want
 
 
 # -- DPUB ----------------------------------------------------------------------------------------
