@@ -278,6 +278,38 @@ class WireMessage(Message):
         return self.wire
 
 
+#: ``[int32 record size]`` and a record's fixed part: how go-diskqueue frames each record.
+_FRAMED_HEAD = struct.Struct(">iqH16s")
+
+
+def disk_frames(msgs: list[Message]) -> tuple[list[bytes], list[int]]:
+    """``msgs`` as the disk queue stores them, two pieces each: the record's size and fixed
+    part (``[int32 size][timestamp][attempts][id]``), then its body (with its header block
+    where it has one: ``with_block``); and each record's size. Joined, the pieces are the
+    records ``encode`` gives, each after its size: one copy of each body (the join), where
+    building each record first and then the batch is two."""
+    pack = _FRAMED_HEAD.pack
+    pieces: list[bytes] = []
+    sizes: list[int] = []
+    add = pieces.append
+    add_size = sizes.append
+    for m in msgs:
+        tail = m.wire
+        if tail is not None:
+            stamp = m.timestamp - WITH_HEADERS
+        elif m.headers:
+            tail = m.with_block()
+            stamp = m.timestamp - WITH_HEADERS
+        else:
+            tail = m.body
+            stamp = m.timestamp
+        size = 26 + len(tail)
+        add(pack(size, stamp, m.attempts, m.id))
+        add(tail)
+        add_size(size)
+    return pieces, sizes
+
+
 def decode_message(data: bytes) -> Message:
     """The inverse of ``Message.encode``; raises ValueError on a record too short to hold one."""
     if len(data) < ENCODED_OVERHEAD:

@@ -238,6 +238,37 @@ class DiskQueue:
         if self._count >= self.sync_every or self._need_sync:
             self._request_sync()
 
+    def put_framed(self, pieces: list[bytes], sizes: list[int]) -> None:
+        """Append records given framed, as ``put_many`` does: record ``i`` is ``sizes[i]``
+        bytes, and ``pieces[2 * i] + pieces[2 * i + 1]`` is it after its 4-byte size
+        (``core/message.disk_frames``). Joined, one write per data file they land in."""
+        if not sizes:
+            return
+        lo, hi = self.min_msg_size, self.max_msg_size
+        if min(sizes) < lo or max(sizes) > hi:
+            bad = next(size for size in sizes if not lo <= size <= hi)
+            raise ValueError(f"invalid message write size ({bad}) maxMsgSize={hi}")
+        self._check_open()
+        limit = self.max_bytes_per_file
+        pos = self._write_pos
+        count = len(sizes)
+        if pos + sum(sizes) + 4 * count > limit:  # a roll inside the batch
+            start = 0
+            for i, size in enumerate(sizes):
+                if pos > 0 and pos + 4 + size > limit:
+                    if i > start:
+                        self._write(b"".join(pieces[2 * start : 2 * i]), i - start)
+                        start = i
+                    self._roll()
+                    pos = 0
+                pos += 4 + size
+            if start:
+                pieces = pieces[2 * start :]
+                count -= start
+        self._write(b"".join(pieces), count)
+        if self._count >= self.sync_every or self._need_sync:
+            self._request_sync()
+
     def _put_pieces(self, heads: list[bytes], bodies: list[bytes]) -> None:
         sizes = [len(h) + len(b) for h, b in zip(heads, bodies, strict=True)]
         lo, hi = self.min_msg_size, self.max_msg_size

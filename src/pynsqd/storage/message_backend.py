@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..core.message import MAX_DEFER_NS, Message, decode_message
+from ..core.message import MAX_DEFER_NS, Message, decode_message, disk_frames
 from .diskqueue import DiskQueue
 from .in_flight_journal import InFlightJournal
 
@@ -89,15 +89,22 @@ class DiskBackend:
         due = [(m.id, m.defer_until_ns) for m in msgs if m.defer_until_ns]
         if due:
             self._add_due(due)
-        if msgs and len(msgs[0].body) >= _SPLIT_BODY:
+        if not msgs:
+            return
+        dq = self.dq
+        if len(msgs[0].body) >= _SPLIT_BODY:
             # Large bodies are written from the messages themselves: no record built per message.
-            self._put([m.encode_head() for m in msgs], [m.body for m in msgs])
+            heads, bodies = [m.encode_head() for m in msgs], [m.body for m in msgs]
+            self._put(lambda: dq.put_many(heads, bodies))
         else:
-            self._put([m.encode() for m in msgs])
+            pieces, sizes = disk_frames(msgs)
+            self._put(lambda: dq.put_framed(pieces, sizes))
 
-    def _put(self, records: list[bytes], bodies: list[bytes] | None = None) -> None:
+    def _put(self, write: Callable[[], None]) -> None:
+        """``write`` to the queue; nsqd's health hears of a failed write and of the first good
+        one after it."""
         try:
-            self.dq.put_many(records, bodies)
+            write()
         except OSError as err:
             self._failing = True
             if self.on_write is not None:
@@ -131,7 +138,7 @@ class DiskBackend:
 
     def put_raw(self, records: list[bytes]) -> None:
         # Records from another backend's read_raw, which kept the deferred ones out.
-        self._put(records)
+        self._put(lambda: self.dq.put_many(records))
 
     def read_raw(self, max_count: int, max_bytes: int = 0, *, hold: bool = False) -> list[bytes]:
         assert self.journal is None, "a channel's kept queue is read by read_many"

@@ -5,10 +5,12 @@ what the disk gives back. A publish of such messages counts and bounds body byte
 
 from __future__ import annotations
 
+import struct
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pynsqd.core.message import Message, WireMessage, decode_message
+from pynsqd.core.message import Message, WireMessage, decode_message, disk_frames
 from pynsqd.protocol import frames, headers
 from pynsqd.storage import log_records
 
@@ -53,6 +55,14 @@ def test_a_wire_message_is_the_message_its_body_and_block_make(
         assert type(c) is WireMessage and c == w and c.wire is m.wire
     for negotiated in (False, True):
         assert _frames(made, negotiated) == _frames(want, negotiated)
+    # The disk queue's framed pieces: each record after its size, as ``encode`` makes it, for
+    # a wire form, a message with a block and one without (nsqd's record).
+    plain = [Message(i, b, ts, attempts) for i, b in zip(ids, bodies, strict=True)]
+    for msgs in (made, want, plain, made + plain):
+        pieces, sizes = disk_frames(msgs)
+        records = [m.encode() for m in msgs]
+        assert sizes == list(map(len, records))
+        assert b"".join(pieces) == b"".join(struct.pack(">i", len(r)) + r for r in records)
     for identity in (None, (b"producer-1", 7)):
         got = log_records.encode(made, identity, 5, 0, 0)
         assert got == log_records.encode(want, identity, 5, 0, 0)

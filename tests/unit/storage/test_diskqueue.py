@@ -164,6 +164,36 @@ def test_large_records_written_from_their_pieces(tmp_path: Path) -> None:
     whole.close()
 
 
+@pytest.mark.parametrize("before", [0, 1, 3], ids=["empty file", "one record", "three"])
+def test_framed_records_land_as_put_many_lands_them(tmp_path: Path, before: int) -> None:
+    # Records given framed (``core/message.disk_frames``: size and fixed part, then body):
+    # the same files, byte for byte, as put_many of the records, with rolls before the first
+    # record, in the middle of the batch, and none.
+    (tmp_path / "framed").mkdir()
+    (tmp_path / "whole").mkdir()
+    framed = make(tmp_path / "framed", max_bytes_per_file=200)
+    whole = make(tmp_path / "whole", max_bytes_per_file=200)
+    for q in (framed, whole):
+        q.put_many([rec(i) for i in range(before)])
+    for batch in ([rec(i, 30 + i) for i in range(9)], [rec(9)], [rec(10), rec(11, 120)]):
+        heads = [struct.pack(">i", len(r)) + r[:26] for r in batch]
+        pieces = [piece for h, r in zip(heads, batch, strict=True) for piece in (h, r[26:])]
+        framed.put_framed(pieces, [len(r) for r in batch])
+        whole.put_many(batch)
+        files = data_files(tmp_path / "framed")
+        assert files == data_files(tmp_path / "whole")
+        for f in files:
+            assert (tmp_path / "framed" / f).read_bytes() == (tmp_path / "whole" / f).read_bytes()
+    assert len(files) > 3
+    assert framed.depth() == whole.depth() == before + 12
+    assert drain(framed) == drain(whole)
+    with pytest.raises(ValueError, match="invalid message write size"):  # validated whole
+        framed.put_framed([b"\0\0\0\x1a" + b"h" * 26, b"", b"x", b"y" * MAX], [26, MAX + 1])
+    assert framed.depth() == 0
+    framed.close()
+    whole.close()
+
+
 def test_pieces_are_validated_as_whole_records(tmp_path: Path) -> None:
     q = make(tmp_path)
     with pytest.raises(ValueError, match="invalid message write size"):
