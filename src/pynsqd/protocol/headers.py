@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .commands import Strided
 
@@ -188,23 +189,16 @@ def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes],
     are returned as they came (below). Raises HeaderError.
 
     The cost is the point here: a publisher that tags its messages sends one MPUB of many
-    same-sized bodies whose blocks have the same names and value lengths (a ``traceparent``
-    of its own per message, say). Such blocks share their **skeleton** (the block length, and
-    each pair's name length, name and value length, at the same offsets), and a block's
-    validity depends on its skeleton alone (values are any bytes). So when every body has the
-    first one's size, the first block is checked and each skeleton byte is compared across
-    all bodies at once, a strided slice in C (``_same_skeleton``) of the MPUB as read where
-    the parser cut them at a stride (``Strided``), else of the bodies joined, and
+    bodies whose blocks have the same names and value lengths (a ``traceparent`` of its own
+    per message, say). Such blocks share their **skeleton** (the block length, and each pair's
+    name length, name and value length, at the same offsets), and a block's validity depends
+    on its skeleton alone (values are any bytes). So the first block is checked, and every
+    body compared with its skeleton at once in C (``_shared_block_size``); when all share it,
     the bodies are not cut from their blocks at all (``WireForm``: the messages keep them as
-    sent); otherwise each distinct block is checked (``check``).
+    sent). Otherwise each distinct block is checked (``check``).
     """
     if len(datas) > 1 and len(datas[0]) >= 2:
-        if type(datas) is Strided:  # the parser found them all one size
-            same = _same_skeleton(datas.data, datas.start, datas.stride, datas, limits)
-        elif len(set(map(len, datas))) == 1:
-            same = _same_skeleton(b"".join(datas), 0, len(datas[0]), datas, limits)
-        else:
-            same = None
+        same = _shared_block_size(datas, limits)
         if same is not None:
             if not same:
                 return [d[2:] for d in datas], None
@@ -224,33 +218,50 @@ def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes],
     return [d[2 + n :] for d, n in zip(datas, sizes, strict=True)], blocks
 
 
-def _same_skeleton(
-    data: bytes, start: int, stride: int, datas: list[bytes], limits: HeaderLimits
-) -> int | None:
-    """The block size every body shares with the first, when each has the first one's block
-    skeleton: its length field and, for each pair, the name length, name and value length,
-    byte for byte at the same offsets; None when one differs. The bodies (all of one width)
-    are ``data[start + i * stride :]``; the first one's block is checked here (HeaderError),
-    and its walk stays inside it."""
+def _shared_block_size(datas: list[bytes], limits: HeaderLimits) -> int | None:
+    """The size of the first body's block when every body has its skeleton, else None; the
+    first block is checked here (HeaderError).
+
+    The skeleton is a few **runs** of bytes at fixed offsets (``_skeleton_runs``). Bodies the
+    parser cut at a stride from the MPUB as read (``Strided``: all one size) are compared a
+    skeleton byte at a time across all of them, a strided slice of the input each; any other
+    list a run at a time, each body's slice of it gathered into a set (``itemgetter``), and
+    each body at least as long as the block."""
     first = datas[0]
     size = first[0] << 8 | first[1]
     if 2 + size > len(first):
         raise HeaderError(f"a header block of {size} bytes in a body of {len(first)}")
     if size:
         check(first[2 : 2 + size], limits)
+    runs = _skeleton_runs(first, size)
     count = len(datas)
-    stop = start + count * stride
-    offsets = [0, 1]
-    pos, end = 2, 2 + size
-    while pos < end:
-        n = first[pos]
-        name_end = pos + 1 + n
-        offsets.extend(range(pos, name_end + 2))
-        pos = name_end + 2 + (first[name_end] << 8 | first[name_end + 1])
-    for i in offsets:
-        if data[start + i : stop : stride].count(first[i : i + 1]) != count:
+    if type(datas) is Strided:
+        data, start, stride = datas.data, datas.start, datas.stride
+        stop = start + count * stride
+        for offset, run in runs:
+            for i in range(offset, offset + len(run)):
+                if data[start + i : stop : stride].count(run[i - offset]) != count:
+                    return None
+        return size
+    if min(map(len, datas)) < 2 + size:
+        return None
+    for offset, run in runs:
+        if set(map(itemgetter(slice(offset, offset + len(run))), datas)) != {run}:
             return None
     return size
+
+
+def _skeleton_runs(first: bytes, size: int) -> list[tuple[int, bytes]]:
+    """The skeleton of ``first``'s block (found valid, ``size`` bytes) as (offset, bytes)
+    runs: its length field with the first pair's name length, name and value length, then
+    each later pair's name length, name and value length."""
+    runs = []
+    start, pos, end = 0, 2, 2 + size
+    while pos < end:
+        name_end = pos + 1 + first[pos]
+        runs.append((start, first[start : name_end + 2]))
+        pos = start = name_end + 2 + (first[name_end] << 8 | first[name_end + 1])
+    return runs or [(0, first[:2])]
 
 
 def join_body(block: bytes, body: bytes) -> bytes:
