@@ -106,28 +106,44 @@ def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None
 
 
 _BLOCK_LEN = struct.Struct(">H")
+#: The block length of a message without headers, to a client that negotiated them.
+_NO_BLOCK = b"\x00\x00"
 
 
 def append_message_frames_with_headers(
     msgs: Sequence[Framed], append: Callable[[bytes], None]
 ) -> int:
     """``append_message_frames`` for a client that negotiated headers
-    (``protocol/headers.py``): each frame's body is ``[uint16 block length][block][body]``."""
+    (``protocol/headers.py``): each frame's body is ``[uint16 block length][block][body]``,
+    from the same cached parts (a message kept in its publisher's wire form, ``WireMessage``,
+    appends that as it is)."""
+    starts = MESSAGE_FRAME_STARTS
+    fixed = MESSAGE_FIXED.pack
+    ts = attempts = -1
+    middle = b""
     size = 0
-    pack = _FRAME_HEADER.pack
     for m in msgs:
         wire = m.wire
         if wire is None:
             block = m.headers
-            n = 2 + len(block) + len(m.body)
-        else:  # kept as its publisher sent it (``core/message.WireMessage``)
+            head = _BLOCK_LEN.pack(len(block)) + block if block else _NO_BLOCK
+            body = m.body
+            n = len(head) + len(body)
+        else:
             n = len(wire)
-        append(pack(n + 4 + MESSAGE_OVERHEAD, FRAME_TYPE_MESSAGE))
-        append(MESSAGE_FIXED.pack(m.timestamp, m.attempts))
+        start = starts.get(n)
+        if start is None:
+            start = message_frame_start(n)
+        if m.timestamp != ts or m.attempts != attempts:
+            ts = m.timestamp
+            attempts = m.attempts
+            middle = fixed(ts, attempts)
+        append(start)
+        append(middle)
         append(m.id)
         if wire is None:
-            append(_BLOCK_LEN.pack(len(block)) + block)
-            append(m.body)
+            append(head)
+            append(body)
         else:
             append(wire)
         size += n

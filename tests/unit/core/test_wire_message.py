@@ -77,3 +77,36 @@ def test_a_wire_form_counts_and_splits_the_bodies() -> None:
     assert headers.cut(bodies, None) == (bodies, None)
     assert headers.body_bytes(wires, form) == 301
     assert headers.body_bytes(bodies, None) == 301
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["plain", "block", "wire"]), pairs, st.binary(max_size=50)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.integers(0, 2), min_size=8, max_size=8),
+)
+def test_a_negotiated_clients_frames_are_each_message_framed_whole(
+    kinds: list[tuple[str, list[tuple[str, bytes]], bytes]], attempts: list[int]
+) -> None:
+    # From cached parts (a run of one timestamp and attempts shares them), each frame is what
+    # framing the message whole gives: [size][type][timestamp][attempts][id][length][block][body].
+    msgs: list[Message] = []
+    for i, (kind, p, body) in enumerate(kinds):
+        block = headers.encode(p) if kind != "plain" else b""
+        msg_id, ts = b"%016x" % i, 1_700_000_000_000_000_000 + i // 3
+        if kind == "wire" and block:
+            m = WireMessage.from_wires([msg_id], [headers.join_body(block, body)], ts)[0]
+        else:
+            m = Message(msg_id, body, ts, 0, block)
+        m.attempts = attempts[i]
+        msgs.append(m)
+    whole = b"".join(
+        frames.encode_frame(
+            frames.FRAME_TYPE_MESSAGE,
+            struct.pack(">qH", m.timestamp, m.attempts) + m.id + m.with_block(),
+        )
+        for m in msgs
+    )
+    assert _frames(msgs, negotiated=True) == whole
