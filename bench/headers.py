@@ -182,7 +182,15 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def one(workload: str, args: argparse.Namespace) -> float:
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU time of process ``pid`` and all its threads so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(workload: str, args: argparse.Namespace) -> tuple[float, float]:
+    """One run: (msgs/s published, the server's CPU ns per message meanwhile)."""
     data = tempfile.mkdtemp(prefix="headers-bench-")
     tcp, http = free_port(), free_port()
     env = dict(
@@ -230,9 +238,11 @@ def one(workload: str, args: argparse.Namespace) -> float:
             multiprocessing.Process(target=publisher, args=(tcp, workload, "h", args.seconds, out))
             for _ in range(args.conns)
         ]
+        cpu = cpu_seconds(proc.pid)
         for p in ps:
             p.start()
         total = sum(out.get() for _ in ps)
+        cpu = cpu_seconds(proc.pid) - cpu
         for p in ps:
             p.join()
         if args.consume:
@@ -240,7 +250,7 @@ def one(workload: str, args: argparse.Namespace) -> float:
             got = taken.get()
             reader.join()
             print(f"  consumed {got / total:.0%} of {total:,} published", flush=True)
-        return total / args.seconds
+        return total / args.seconds, cpu / total * 1e9
     finally:
         proc.terminate()
         proc.wait()
@@ -264,24 +274,42 @@ def main() -> int:
     args = ap.parse_args()
     workloads = (args.only,) if args.only else WORKLOADS
     runs: dict[str, list[float]] = {w: [] for w in workloads}
+    cpus: dict[str, list[float]] = {w: [] for w in workloads}
     for i in range(args.rounds):
         for w in workloads:
-            rate = one(w, args)
+            rate, cpu = one(w, args)
             runs[w].append(rate)
-            print(f"round {i + 1} {w}: {rate:,.0f} msgs/s", flush=True)
+            cpus[w].append(cpu)
+            print(f"round {i + 1} {w}: {rate:,.0f} msgs/s, server {cpu:,.0f} ns/msg", flush=True)
     med = {w: statistics.median(r) for w, r in runs.items()}
-    ratios = {}
+    ratios: dict[str, float] = {}
+    cpu_ratios: dict[str, float] = {}
     for w in workloads:
         base = BASELINE.get(w, "plain")
-        line = f"{w}: median {med[w]:,.0f} msgs/s"
+        line = f"{w}: median {med[w]:,.0f} msgs/s, server {statistics.median(cpus[w]):,.0f} ns/msg"
         if base in runs and base != w:
-            ratios[w] = statistics.median(a / b for a, b in zip(runs[w], runs[base], strict=True))
-            line += f", {ratios[w]:.3f}x {base} (median of the rounds' ratios)"
+            pairs = zip(runs[w], runs[base], cpus[w], cpus[base], strict=True)
+            rounds = [(a / b, d / c) for a, b, c, d in pairs]
+            ratios[w] = statistics.median(r for r, _ in rounds)
+            cpu_ratios[w] = statistics.median(c for _, c in rounds)
+            line += (
+                f"; {ratios[w]:.3f}x {base}'s msgs/s, {cpu_ratios[w]:.3f}x its messages per"
+                " server CPU second (medians of the rounds' ratios)"
+            )
         print(line)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
-                {"args": vars(args), "runs": runs, "medians": med, "ratios": ratios}, f, indent=1
+                {
+                    "args": vars(args),
+                    "runs": runs,
+                    "server_ns_per_msg": cpus,
+                    "medians": med,
+                    "ratios": ratios,
+                    "cpu_ratios": cpu_ratios,
+                },
+                f,
+                indent=1,
             )
     return 0
 

@@ -114,7 +114,7 @@ def _interleave(
             lm = next(lent, None)
         else:
             break
-        size += len(m.body)
+        size += m.size
         if size > room and (count or runs):
             break
         if is_own is side:
@@ -233,7 +233,7 @@ class Lending:
         size = 0
         while q and len(out) < n:
             m = q[0]
-            size += len(m.body)
+            size += m.size
             if out and room and size > room:
                 break
             out.append(q.popleft())

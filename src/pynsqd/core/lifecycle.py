@@ -203,7 +203,7 @@ class Bounds:
     def size(self) -> int:
         """Their body bytes (the queue counts while a bytes bound applies)."""
         channel = self.channel
-        return channel.queue.byte_size() + sum(len(m.body) for m in channel.deferred.values())
+        return channel.queue.byte_size() + sum(m.size for m in channel.deferred.values())
 
     def over(self, n: int, size: int) -> str | None:
         """Why ``n`` more messages of ``size`` body bytes would not fit, or None."""

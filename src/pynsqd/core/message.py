@@ -101,6 +101,7 @@ class Message:
         "delivery_ts",
         "headers",
         "id",
+        "size",
         "timestamp",
         "tq_seq",
     )
@@ -110,6 +111,9 @@ class Message:
     ) -> None:
         self.id = msg_id
         self.body = body
+        #: The body's length (nsqd's message bytes), kept: a message in its wire form cuts
+        #: its body on each read of ``body``.
+        self.size = len(body)
         self.timestamp = timestamp
         self.attempts = attempts
         #: Its header block (``protocol/headers.py``); empty: none (nsqd's message).
@@ -137,11 +141,12 @@ class Message:
         time. Every slot is set, as in ``__init__`` (a test holds the two equal).
         """
         if isinstance(headers, WireForm):
-            return WireMessage.from_wires(ids, bodies, timestamp)
+            return WireMessage.from_wires(ids, bodies, timestamp, headers.size)
         msgs: list[Message] = list(map(_new, repeat(cls, len(ids))))
         for m, msg_id, body in zip(msgs, ids, bodies, strict=True):
             m.id = msg_id
             m.body = body
+            m.size = len(body)
             m.timestamp = timestamp
             m.attempts = 0
             m.client = None
@@ -221,13 +226,18 @@ class WireMessage(Message):
     wire: bytes
 
     @classmethod
-    def from_wires(cls, ids: list[bytes], wires: list[bytes], timestamp: int) -> list[Message]:
+    def from_wires(
+        cls, ids: list[bytes], wires: list[bytes], timestamp: int, block_size: int = -1
+    ) -> list[Message]:
         """As ``Message.many`` makes messages, each from its wire form (the same one loop
-        over every slot: sharing it would cost the plain publish a second pass)."""
+        over every slot: sharing it would cost the plain publish a second pass);
+        ``block_size``: every one's block size where known (a ``WireForm``'s)."""
         msgs: list[WireMessage] = list(map(_new, repeat(cls, len(ids))))
+        cut = 2 + block_size
         for m, msg_id, wire in zip(msgs, ids, wires, strict=True):
             m.id = msg_id
             m.wire = wire
+            m.size = len(wire) - (cut if block_size >= 0 else 2 + (wire[0] << 8 | wire[1]))
             m.timestamp = timestamp
             m.attempts = 0
             m.client = None
@@ -245,6 +255,7 @@ class WireMessage(Message):
     def body(self, body: bytes) -> None:
         w = self.wire
         self.wire = w[: 2 + (w[0] << 8 | w[1])] + body
+        self.size = len(body)
 
     @property
     def headers(self) -> bytes:

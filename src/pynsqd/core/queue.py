@@ -57,17 +57,17 @@ class MessageQueue:
 
     def count_bytes(self, on: bool) -> None:
         self.track_bytes = on
-        self.mem_bytes = sum(len(m.body) for m in self._mem) if on else 0
+        self.mem_bytes = sum(m.size for m in self._mem) if on else 0
 
     def byte_size(self) -> int:
         """Body bytes in memory plus what the backend holds (about); needs ``track_bytes``."""
         return self.mem_bytes + self.backend.byte_size()
 
     def _added(self, msgs: list[Message] | tuple[Message, ...]) -> None:
-        self.mem_bytes += sum(len(m.body) for m in msgs)
+        self.mem_bytes += sum(m.size for m in msgs)
 
     def _removed(self, msgs: list[Message]) -> None:
-        self.mem_bytes -= sum(len(m.body) for m in msgs)
+        self.mem_bytes -= sum(m.size for m in msgs)
 
     def __len__(self) -> int:
         """nsqd's ``depth``: memory plus backend (not in-flight or deferred)."""
@@ -177,14 +177,14 @@ class MessageQueue:
                 self._removed(got)
             if max_bytes:
                 # Checked after the fact, in one pass: the budget is rarely what limits a take.
-                sizes = [len(m.body) for m in out]
-                sizes += [len(m.body) for m in got]
+                sizes = [m.size for m in out]
+                sizes += [m.size for m in got]
                 if sum(sizes) > max_bytes:
                     return self._trim(out, got, sizes, max_bytes)
             out += got
         if len(out) < n and backend.depth():
             if max_bytes:
-                budget = max_bytes - sum(len(m.body) for m in out)
+                budget = max_bytes - sum(m.size for m in out)
                 if budget > 0:
                     out += backend.read_many(n - len(out), budget)
             else:
@@ -232,7 +232,7 @@ class MessageQueue:
             elif mem:
                 m = mem.popleft()
                 if self.track_bytes:
-                    self.mem_bytes -= len(m.body)
+                    self.mem_bytes -= m.size
             else:
                 break
             dropped += 1
@@ -242,7 +242,7 @@ class MessageQueue:
                 i += 1
             mem.insert(i, ahead)
             if self.track_bytes:
-                self.mem_bytes += len(ahead.body)
+                self.mem_bytes += ahead.size
         return dropped
 
     def peek(self, n: int, *, newest: bool = False) -> list[Message]:

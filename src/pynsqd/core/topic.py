@@ -263,14 +263,14 @@ class Topic:
     def publish_existing(self, msgs: list[Message]) -> None:
         """Publish messages that keep their IDs (dead-lettering): as ``put_bodies``."""
         if self.bounded:
-            self._check_room(len(msgs), sum(len(m.body) for m in msgs))
+            self._check_room(len(msgs), sum(m.size for m in msgs))
         if self.origin is not None:  # a replicated topic's IDs say where a message is
             ids = self._offset_ids(len(msgs))
             msgs = [
                 Message(i, m.body, m.timestamp, 0, m.headers)
                 for i, m in zip(ids, msgs, strict=True)
             ]
-        self._publish(msgs, sum(len(m.body) for m in msgs))
+        self._publish(msgs, sum(m.size for m in msgs))
 
     # -- bounds (pynsqd) ------------------------------------------------------------------
 

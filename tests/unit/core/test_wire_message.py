@@ -40,6 +40,10 @@ def test_a_wire_message_is_the_message_its_body_and_block_make(
     wires = [headers.join_body(block, body) for body in bodies]
     ts = 1_700_000_000_000_000_000
     made = WireMessage.from_wires(ids, wires, ts)
+    # Made knowing every block's size (a WireForm's), the same messages.
+    for m, known in zip(made, WireMessage.from_wires(ids, wires, ts, len(block)), strict=True):
+        assert all(getattr(m, slot) == getattr(known, slot) for slot in Message.__slots__)
+        assert m.size == known.size == len(m.body)
     want = [Message(i, b, ts, 0, block) for i, b in zip(ids, bodies, strict=True)]
     for m, w in zip(made, want, strict=True):
         assert type(m) is WireMessage
