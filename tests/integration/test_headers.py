@@ -195,6 +195,36 @@ def test_an_mpub_of_same_sized_tagged_messages_keeps_each_ones_headers_or_is_ref
     assert "t2" not in server.nsqd.topics or server.nsqd.topics["t2"].message_count == 0
 
 
+def test_a_negotiated_publishers_messages_without_headers_reach_every_consumer_as_sent(
+    make_nsqd: Callable[..., ServerThread],
+) -> None:
+    """A negotiated publisher's MPUB of same-sized bodies with empty blocks is cut past the
+    block lengths as it is parsed (``Strided.unblocked``): each consumer gets the bodies alone
+    (a negotiated one with an empty block); one body with a header among them keeps it."""
+    server = make_nsqd()
+    bodies = [b"body %04d" % i for i in range(200)]
+    mixed = [headers.join_body(b"", b) for b in bodies]
+    mixed[77] = headers.join_body(headers.encode([("k", b"v")]), b"x" * 4)  # one size still
+    assert len(set(map(len, mixed))) == 1
+    producer, _ = negotiated(server)
+    consumer, _ = negotiated(server)
+    old_style = server.connect()
+    with producer, consumer, old_style:
+        consumer.sub("t", "c")
+        old_style.identify({"feature_negotiation": True})
+        old_style.sub("t", "d")
+        producer.mpub("t", [headers.join_body(b"", b) for b in bodies])
+        producer.mpub("t", mixed)
+        consumer.rdy(400)
+        old_style.rdy(400)
+        got = [read_with_headers(consumer)[2:] for _ in range(400)]
+        want = [({}, b) for b in bodies] * 2
+        want[200 + 77] = ({"k": b"v"}, b"x" * 4)
+        assert got == want
+        seen = [old_style.read_message().body for _ in range(400)]
+        assert seen == [b for _, b in want]
+
+
 @pytest.mark.parametrize(
     "flags",
     [{}, {"mem_queue_size": 0}, {"retention_time": 3600.0}],

@@ -75,13 +75,18 @@ class Strided(list[bytes]):
     """MPUB's bodies when all were one size (the parser's fast path): body ``i`` is
     ``data[start + i * stride :][:width]``, so a check of every body reads them all at once
     from there, a strided slice per byte (``headers.split_bodies``), without joining them
-    again. Otherwise a plain list of the bodies."""
+    again. Otherwise a plain list of the bodies.
 
-    __slots__ = ("data", "start", "stride")
+    ``unblocked``: a client that negotiated headers sent every one with an empty block, and
+    the parser cut the bodies past its length field (each body one copy, not two): they are
+    the messages' bodies, without headers."""
+
+    __slots__ = ("data", "start", "stride", "unblocked")
 
     data: bytes
     start: int
     stride: int
+    unblocked: bool
 
 
 class Mpub(NamedTuple):

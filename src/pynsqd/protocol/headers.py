@@ -197,6 +197,8 @@ def split_bodies(datas: list[bytes], limits: HeaderLimits) -> tuple[list[bytes],
     the bodies are not cut from their blocks at all (``WireForm``: the messages keep them as
     sent). Otherwise each distinct block is checked (``check``).
     """
+    if type(datas) is Strided and datas.unblocked:  # the parser cut them past empty blocks
+        return datas, None
     if len(datas) > 1 and len(datas[0]) >= 2:
         same = _shared_block_size(datas, limits)
         if same is not None:

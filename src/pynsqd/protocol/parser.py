@@ -152,6 +152,7 @@ class V2Parser:
         "_scan",
         "_src",
         "config",
+        "headers",
         "heartbeats_disabled",
         "idempotent",
         "state",
@@ -166,6 +167,9 @@ class V2Parser:
         self.heartbeats_disabled = False
         #: pynsqd: IDENTIFY negotiated idempotent publishing (``Identity`` after PUB's params).
         self.idempotent = False
+        #: pynsqd: IDENTIFY negotiated headers: each body starts with a block's length
+        #: (``protocol/headers.py``); MPUB cuts bodies of empty blocks past it at once.
+        self.headers = False
         self._buf = bytearray()
         #: What ``_parse`` reads: the new bytes themselves, or the buffer when a tail was waiting.
         self._src: bytes | bytearray = _EMPTY
@@ -521,11 +525,12 @@ class V2Parser:
         src = self._src
         try:
             if type(src) is bytes:
-                bodies = parse_mpub_body(src, self.config, start + 4, after)
+                bodies = parse_mpub_body(src, self.config, start + 4, after, self.headers)
                 return Mpub(topic, bodies, identity), after
             view = memoryview(src)[start + 4 : after]
             try:
-                return Mpub(topic, parse_mpub_body(view, self.config), identity), after
+                bodies = parse_mpub_body(view, self.config, headers=self.headers)
+                return Mpub(topic, bodies, identity), after
             finally:
                 view.release()  # before the buffer under it may be resized
         except FatalClientError:
@@ -590,7 +595,8 @@ class V2Parser:
         else:
             body = self._body(p, q - p)
             assert body is not None
-            return Mpub(topic, parse_mpub_body(body, self.config), identity), q
+            bodies = parse_mpub_body(body, self.config, headers=self.headers)
+            return Mpub(topic, bodies, identity), q
         body = self._body(p, q + 4 - p)
         assert body is not None
         parse_mpub_body(body, self.config)  # raises the error for the bad message size
@@ -598,7 +604,11 @@ class V2Parser:
 
 
 def parse_mpub_body(
-    body: bytes | memoryview, config: ProtocolConfig, start: int = 0, end: int = -1
+    body: bytes | memoryview,
+    config: ProtocolConfig,
+    start: int = 0,
+    end: int = -1,
+    headers: bool = False,
 ) -> list[bytes]:
     """Split ``[count]([size][data])*`` into message bodies, with nsqd's checks and texts.
 
@@ -609,7 +619,8 @@ def parse_mpub_body(
     The well-formed case takes one tight loop over bytes (the input itself, or a copy of a
     view: a slice of bytes is one step, a slice of a view two); anything it does not accept
     goes through the checking loop, which gives nsqd's error. Bodies all of one size come back
-    as a ``Strided`` list.
+    as a ``Strided`` list (``headers``: the client negotiated them, so each body starts with a
+    block length; when every one is 0, the bodies are cut past it: ``Strided.unblocked``).
     """
     if end < 0:
         end = len(body)
@@ -622,7 +633,7 @@ def parse_mpub_body(
                 data = bytes(body[start:end])
                 start, end = 0, end - start
             max_msg = config.max_msg_size
-            same = _same_sized(data, start, end, count, max_msg)
+            same = _same_sized(data, start, end, count, max_msg, headers)
             if same is not None:
                 return same
             bodies: list[bytes] = []
@@ -643,7 +654,9 @@ def parse_mpub_body(
     return _parse_mpub_body_checked(body if whole else body[start:end], config)
 
 
-def _same_sized(data: bytes, start: int, end: int, count: int, max_msg: int) -> Strided | None:
+def _same_sized(
+    data: bytes, start: int, end: int, count: int, max_msg: int, headers: bool = False
+) -> Strided | None:
     """The bodies of the MPUB ``data[start:end]`` when its messages all have the first one's
     size, or None.
 
@@ -661,10 +674,16 @@ def _same_sized(data: bytes, start: int, end: int, count: int, max_msg: int) -> 
         if data[i:end:stride] != data[i : i + 1] * count:
             return None
     first = start + 8
-    out = Strided([data[p : p + size] for p in range(first, end, stride)])
+    cut = 0
+    if headers and size >= 2:
+        zeros = b"\0" * count
+        if data[first:end:stride] == zeros and data[first + 1 : end : stride] == zeros:
+            cut = 2  # every block empty: the bodies are what follows its length
+    out = Strided([data[p + cut : p + size] for p in range(first, end, stride)])
     out.data = data
-    out.start = first
+    out.start = first + cut
     out.stride = stride
+    out.unblocked = cut > 0
     return out
 
 

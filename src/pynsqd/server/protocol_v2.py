@@ -423,6 +423,7 @@ class ClientV2(ClientV2State, asyncio.Protocol):
         d = cmd.data
         self.identified(d)
         self.parser.idempotent = d.idempotent_publish
+        self.parser.headers = self.headers is not None
         if log.isEnabledFor(logging.DEBUG):
             log.debug("PROTOCOL(V2): [%s] IDENTIFY %s", self.remote_address, dict(d._asdict()))
         self.heartbeat.arm()

@@ -125,8 +125,10 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
         expected = None
     # Both ways the strided path meets bodies: a list of them (``/mpub``, a link), and
     # the parser's ``Strided`` cut from the MPUB as read, with another command after it.
-    parsed = _as_parsed(datas) if all(datas) else datas  # (MPUB refuses an empty body)
+    # (MPUB refuses an empty body; a parser told of no headers cuts nothing)
+    parsed = _as_parsed(datas, negotiated=True) if all(datas) else datas
     assert type(parsed) is Strided or len(set(map(len, datas))) > 1 or not all(datas)
+    assert not all(datas) or _as_parsed(datas, negotiated=False) == datas
     if expected is None:
         with pytest.raises(HeaderError):
             headers.split_bodies(datas, limits)
@@ -134,6 +136,8 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
             headers.split_bodies(parsed, limits)
         return
     assert headers.split_bodies(parsed, limits) == headers.split_bodies(datas, limits)
+    if type(parsed) is Strided and parsed.unblocked:  # cut past empty blocks at once
+        assert expected[1] == [b""] * count and parsed == expected[0]
     bodies, blocks = headers.split_bodies(datas, limits)
     if isinstance(blocks, headers.WireForm):  # kept as sent: what a WireMessage cuts on read
         assert bodies == datas
@@ -144,12 +148,15 @@ def test_a_publishs_bodies_split_at_once_as_each_would_be_alone(
     assert blocks is None or any(blocks)  # None exactly when no message has headers
 
 
-def _as_parsed(datas: list[bytes]) -> list[bytes]:
-    """``datas`` as the TCP parser hands them on: cut from one read holding their MPUB and
-    the command after it (so a stride must stop at the MPUB's end)."""
+def _as_parsed(datas: list[bytes], *, negotiated: bool) -> list[bytes]:
+    """``datas`` as the TCP parser of a connection that negotiated headers (or not) hands
+    them on: cut from one read holding their MPUB and the command after it (so a stride
+    must stop at the MPUB's end)."""
     parser = V2Parser(ProtocolConfig(), expect_magic=False)
+    parser.headers = negotiated
     events = parser.receive(encode.mpub("t", datas) + encode.pub("t", bytes(range(256)) * 2))
     assert len(events) == 2 and type(events[1]) is Pub
     mpub = events[0]
-    assert type(mpub) is Mpub and mpub.bodies == datas
+    assert type(mpub) is Mpub
+    assert mpub.bodies == datas or (negotiated and mpub.bodies == [d[2:] for d in datas])
     return mpub.bodies
