@@ -71,8 +71,10 @@ def free_port() -> int:
 
 
 def varied(i: int) -> bytes:
-    """Message ``i``'s body where sizes vary: 100 to 299 bytes, 200 on average."""
-    return b"x" * (100 + i * 37 % 200)
+    """Message ``i``'s body where sizes vary: 100 to 299 bytes, 200 on average (with
+    ``--body``: from half its size to one and a half, its size on average)."""
+    n = len(BODY)
+    return b"x" * (n // 2 + i * 37 % n)
 
 
 def command(workload: str, topic: str, variant: int) -> bytes:
@@ -258,6 +260,7 @@ def one(workload: str, args: argparse.Namespace) -> tuple[float, float]:
 
 
 def main() -> int:
+    global BODY  # the publishers (forked) make their commands from it
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -270,8 +273,10 @@ def main() -> int:
         help="a consumer drains the channel (FIN as each arrives): the realtime case, messages\n"
         "in memory and delivered, where without it they back up to the channel's disk queue",
     )
+    ap.add_argument("--body", type=int, default=len(BODY), help="body bytes (200)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    BODY = b"x" * args.body
     workloads = (args.only,) if args.only else WORKLOADS
     runs: dict[str, list[float]] = {w: [] for w in workloads}
     cpus: dict[str, list[float]] = {w: [] for w in workloads}
