@@ -116,7 +116,8 @@ def append_message_frames_with_headers(
     """``append_message_frames`` for a client that negotiated headers
     (``protocol/headers.py``): each frame's body is ``[uint16 block length][block][body]``,
     from the same cached parts (a message kept in its publisher's wire form, ``WireMessage``,
-    appends that as it is)."""
+    appends that as it is). Its loop repeats ``append_message_frames``'s on purpose: one loop
+    with a branch per message for both cost a plain consumer 25-40 ns a message (of ~110)."""
     starts = MESSAGE_FRAME_STARTS
     fixed = MESSAGE_FIXED.pack
     ts = attempts = -1
