@@ -92,7 +92,7 @@ class DiskBackend:
         if not msgs:
             return
         dq = self.dq
-        if len(msgs[0].body) >= _SPLIT_BODY:
+        if msgs[0].size >= _SPLIT_BODY:
             # Large bodies are written from the messages themselves: no record built per message.
             heads, bodies = [m.encode_head() for m in msgs], [m.body for m in msgs]
             self._put(lambda: dq.put_many(heads, bodies))
