@@ -6,7 +6,7 @@ A message frame's data is ``[int64 timestamp ns][uint16 attempts][16-byte id][bo
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 FRAME_TYPE_RESPONSE = 0
@@ -77,11 +77,12 @@ class Framed(Protocol):
     def wire(self) -> bytes | None: ...
 
 
-def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None]) -> int:
-    """Append the message frames of ``msgs`` to an output buffer, four parts each: the start
-    (by body size, cached), timestamp + attempts (packed once per run of messages that share
-    them: a publish shares its timestamp), the id and the body (packing each frame whole cost a
-    third more). Returns the bytes appended."""
+def append_message_frames(msgs: Sequence[Framed], extend: Callable[[Iterable[bytes]], None]) -> int:
+    """Add the message frames of ``msgs`` to an output buffer (its ``extend``), four parts
+    each: the start (by body size, cached), timestamp + attempts (packed once per run of
+    messages that share them: a publish shares its timestamp), the id and the body (packing
+    each frame whole cost a third more; one ``extend`` of the four costs less than four
+    ``append``). Returns the bytes added."""
     starts = MESSAGE_FRAME_STARTS
     fixed = MESSAGE_FIXED.pack
     ts = attempts = -1
@@ -97,10 +98,7 @@ def append_message_frames(msgs: Sequence[Framed], append: Callable[[bytes], None
             ts = m.timestamp
             attempts = m.attempts
             middle = fixed(ts, attempts)
-        append(start)
-        append(middle)
-        append(m.id)
-        append(body)
+        extend((start, middle, m.id, body))
         size += n
     return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
 
@@ -111,12 +109,12 @@ _NO_BLOCK = b"\x00\x00"
 
 
 def append_message_frames_with_headers(
-    msgs: Sequence[Framed], append: Callable[[bytes], None]
+    msgs: Sequence[Framed], extend: Callable[[Iterable[bytes]], None]
 ) -> int:
     """``append_message_frames`` for a client that negotiated headers
     (``protocol/headers.py``): each frame's body is ``[uint16 block length][block][body]``,
     from the same cached parts (a message kept in its publisher's wire form, ``WireMessage``,
-    appends that as it is). Its loop repeats ``append_message_frames``'s on purpose: one loop
+    adds that as it is). Its loop repeats ``append_message_frames``'s on purpose: one loop
     with a branch per message for both cost a plain consumer 25-40 ns a message (of ~110)."""
     starts = MESSAGE_FRAME_STARTS
     fixed = MESSAGE_FIXED.pack
@@ -124,29 +122,28 @@ def append_message_frames_with_headers(
     middle = b""
     size = 0
     for m in msgs:
-        wire = m.wire
-        if wire is None:
-            block = m.headers
-            head = _BLOCK_LEN.pack(len(block)) + block if block else _NO_BLOCK
-            body = m.body
-            n = len(head) + len(body)
-        else:
-            n = len(wire)
-        start = starts.get(n)
-        if start is None:
-            start = message_frame_start(n)
         if m.timestamp != ts or m.attempts != attempts:
             ts = m.timestamp
             attempts = m.attempts
             middle = fixed(ts, attempts)
-        append(start)
-        append(middle)
-        append(m.id)
+        wire = m.wire
         if wire is None:
-            append(head)
-            append(body)
-        else:
-            append(wire)
+            block = m.headers
+            body = m.body
+            if not block:  # the block's length alone: no copy of the body
+                n = len(body) + 2
+                start = starts.get(n)
+                if start is None:
+                    start = message_frame_start(n)
+                extend((start, middle, m.id, _NO_BLOCK, body))
+                size += n
+                continue
+            wire = _BLOCK_LEN.pack(len(block)) + block + body
+        n = len(wire)
+        start = starts.get(n)
+        if start is None:
+            start = message_frame_start(n)
+        extend((start, middle, m.id, wire))
         size += n
     return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
 

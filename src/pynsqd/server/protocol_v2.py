@@ -359,9 +359,9 @@ class ClientV2(ClientV2State, asyncio.Protocol):
     def send_messages(self, msgs: list[Message]) -> None:
         """Buffer message frames; nsqd's pump rules decide when they are written."""
         if self.headers is None:
-            self._out_bytes += append_message_frames(msgs, self.out.append)
+            self._out_bytes += append_message_frames(msgs, self.out.extend)
         else:
-            self._out_bytes += append_message_frames_with_headers(msgs, self.out.append)
+            self._out_bytes += append_message_frames_with_headers(msgs, self.out.extend)
         self.sending(len(msgs))
         if (
             self._out_bytes >= self.output_buffer_size

@@ -23,9 +23,9 @@ pairs = st.lists(st.tuples(names, st.binary(max_size=40)), min_size=1, max_size=
 def _frames(msgs: list[Message], negotiated: bool) -> bytes:
     out: list[bytes] = []
     if negotiated:
-        size = frames.append_message_frames_with_headers(msgs, out.append)
+        size = frames.append_message_frames_with_headers(msgs, out.extend)
     else:
-        size = frames.append_message_frames(msgs, out.append)
+        size = frames.append_message_frames(msgs, out.extend)
     data = b"".join(out)
     assert size == len(data)
     return data
