@@ -52,6 +52,7 @@ WORKLOADS = (
     "negotiated",
     "two headers",
     "two headers, repeated",
+    "two small headers",
     "plain, same bytes",
     "plain, sizes vary",
     "two headers, sizes vary",
@@ -86,6 +87,12 @@ def command(workload: str, topic: str, variant: int) -> bytes:
         return encode.mpub(topic, [b"y" * len(headers.join_body(BLOCK, BODY))] * PER_MPUB)
     if workload == "negotiated":
         return encode.mpub(topic, [headers.join_body(b"", BODY)] * PER_MPUB)
+    if workload == "two small headers":
+        # 25 bytes a message in all, as ``tenant`` and a ``kind`` label might be.
+        blocks = [
+            headers.encode([("tenant", b"acme"), ("kind", b"o%04d" % i)]) for i in range(PER_MPUB)
+        ]
+        return encode.mpub(topic, [headers.join_body(b, BODY) for b in blocks])
     if workload == "two headers, repeated":
         block = headers.encode([("traceparent", TRACEPARENT), ("tenant", b"acme")])
         return encode.mpub(topic, [headers.join_body(block, BODY)] * PER_MPUB)
@@ -184,15 +191,16 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU time of process ``pid`` and all its threads so far."""
+def counters(pid: int) -> tuple[float, int]:
+    """Process ``pid``'s user and system CPU seconds so far (all threads), and its minor page
+    faults: each is a page the kernel had to hand the process afresh."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
-def one(workload: str, args: argparse.Namespace) -> tuple[float, float]:
-    """One run: (msgs/s published, the server's CPU ns per message meanwhile)."""
+def one(workload: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    """One run: (msgs/s published, the server's CPU ns and page faults per message meanwhile)."""
     data = tempfile.mkdtemp(prefix="headers-bench-")
     tcp, http = free_port(), free_port()
     env = dict(
@@ -240,11 +248,12 @@ def one(workload: str, args: argparse.Namespace) -> tuple[float, float]:
             multiprocessing.Process(target=publisher, args=(tcp, workload, "h", args.seconds, out))
             for _ in range(args.conns)
         ]
-        cpu = cpu_seconds(proc.pid)
+        cpu, faults = counters(proc.pid)
         for p in ps:
             p.start()
         total = sum(out.get() for _ in ps)
-        cpu = cpu_seconds(proc.pid) - cpu
+        cpu_after, faults_after = counters(proc.pid)
+        cpu, faults = cpu_after - cpu, faults_after - faults
         for p in ps:
             p.join()
         if args.consume:
@@ -252,7 +261,7 @@ def one(workload: str, args: argparse.Namespace) -> tuple[float, float]:
             got = taken.get()
             reader.join()
             print(f"  consumed {got / total:.0%} of {total:,} published", flush=True)
-        return total / args.seconds, cpu / total * 1e9
+        return total / args.seconds, cpu / total * 1e9, faults / total
     finally:
         proc.terminate()
         proc.wait()
@@ -265,7 +274,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--conns", type=int, default=4)
-    ap.add_argument("--only", choices=WORKLOADS, help="one workload")
+    ap.add_argument(
+        "--only", action="append", choices=WORKLOADS, help="a workload to run (again: more; all)"
+    )
     ap.add_argument("--server-flags", default="", help="more pynsqd flags (--otel-traces-file=...)")
     ap.add_argument(
         "--consume",
@@ -277,15 +288,21 @@ def main() -> int:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     BODY = b"x" * args.body
-    workloads = (args.only,) if args.only else WORKLOADS
+    workloads = tuple(args.only) if args.only else WORKLOADS
     runs: dict[str, list[float]] = {w: [] for w in workloads}
     cpus: dict[str, list[float]] = {w: [] for w in workloads}
+    faults: dict[str, list[float]] = {w: [] for w in workloads}
     for i in range(args.rounds):
         for w in workloads:
-            rate, cpu = one(w, args)
+            rate, cpu, fault = one(w, args)
             runs[w].append(rate)
             cpus[w].append(cpu)
-            print(f"round {i + 1} {w}: {rate:,.0f} msgs/s, server {cpu:,.0f} ns/msg", flush=True)
+            faults[w].append(fault)
+            print(
+                f"round {i + 1} {w}: {rate:,.0f} msgs/s, server {cpu:,.0f} ns/msg,"
+                f" {fault * 1000:,.1f} page faults per 1,000 msgs",
+                flush=True,
+            )
     med = {w: statistics.median(r) for w, r in runs.items()}
     ratios: dict[str, float] = {}
     cpu_ratios: dict[str, float] = {}
@@ -309,6 +326,7 @@ def main() -> int:
                     "args": vars(args),
                     "runs": runs,
                     "server_ns_per_msg": cpus,
+                    "server_page_faults_per_msg": faults,
                     "medians": med,
                     "ratios": ratios,
                     "cpu_ratios": cpu_ratios,
