@@ -24,10 +24,11 @@ SWITCH_INTERVAL = 0.0005
 #: up to ``KEEP_FREED`` stays in the process, and blocks up to ``HEAP_BLOCK`` (an MPUB of
 #: 200 x 1 KB, a socket read) come from the heap, not each from its own ``mmap``. glibc's own
 #: defaults hand memory back to the kernel as soon as 128 KiB sit free at the heap's top, and
-#: the next message takes pages afresh: 2 to 90 page faults a 1,000 messages, up to a sixth of
-#: the process's time on a VM whose free pages go back to the host (``bench/headers.py``
-#: counts them). What is kept is bounded: the process's size stays near its high-water mark
-#: plus ``KEEP_FREED``, as Go's runtime keeps its heap.
+#: the next messages take those pages afresh: 2 to 94 page faults a 1,000 messages delivered
+#: (``bench/headers.py`` counts them), 0.4 with this. A fresh page is dear on a VM whose free
+#: pages go back to its host (4-36 us here); in alternating runs on this one the throughput
+#: moved less than the VM's own drift. What is kept is bounded: the process's size stays near
+#: its high-water mark plus ``KEEP_FREED``, as Go's runtime keeps its heap.
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 KEEP_FREED = 64 << 20
 HEAP_BLOCK = 4 << 20
