@@ -223,7 +223,7 @@ class Bounds:
         if self.max_bytes:
             room = self.max_bytes - self.size
             for i in range(n):
-                room -= len(msgs[i].body)
+                room -= msgs[i].size
                 if room < 0:
                     return i
         return n
