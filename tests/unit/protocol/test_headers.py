@@ -160,3 +160,49 @@ def _as_parsed(datas: list[bytes], *, negotiated: bool) -> list[bytes]:
     assert type(mpub) is Mpub
     assert mpub.bodies == datas or (negotiated and mpub.bodies == [d[2:] for d in datas])
     return mpub.bodies
+
+
+@pytest.mark.parametrize("which", ["first", "middle", "last"])
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (1, 83),  # the block length
+        (2, 4),  # the first name's length
+        (3, ord("x")),  # a name byte, still a valid name
+        (3, ord("X")),  # a name byte, no longer valid
+        (15, 9),  # the first value's length
+        (71, 5),  # the second name's length
+        (72, ord("z")),  # the second name, still valid
+        (79, 3),  # the second value's length
+    ],
+)
+def test_one_body_whose_skeleton_differs_is_found_wherever_it_is(
+    which: str, where: int, value: int
+) -> None:
+    # Every skeleton byte is compared across every body, the last one included (where the
+    # input ends), whichever of the two fast paths the bodies take. The block: [0:2] its
+    # length, [2] 11, [3:14] traceparent, [14:16] 55, the value, [71] 6, [72:78] tenant,
+    # [78:80] 4, acme.
+    trace = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    block = headers.encode([("traceparent", trace), ("tenant", b"acme")])
+    datas = [headers.join_body(block, b"x" * 20) for _ in range(7)]
+    k = {"first": 0, "middle": 3, "last": 6}[which]
+    d = bytearray(datas[k])
+    assert d[where] != value
+    d[where] = value
+    datas[k] = bytes(d)
+    limits = HeaderLimits(max_count=6, max_bytes=300)
+    parsed = _as_parsed(datas, negotiated=True)
+    assert type(parsed) is Strided
+    try:
+        expected: tuple[list[bytes], list[bytes]] | None = _one_by_one(datas, limits)
+    except HeaderError:
+        expected = None
+    for given_as in (parsed, datas):
+        if expected is None:
+            with pytest.raises(HeaderError):
+                headers.split_bodies(given_as, limits)
+            continue
+        bodies, blocks = headers.split_bodies(given_as, limits)
+        assert not isinstance(blocks, headers.WireForm)
+        assert (bodies, blocks) == expected
