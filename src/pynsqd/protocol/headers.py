@@ -242,7 +242,7 @@ def _shared_block_size(datas: list[bytes], limits: HeaderLimits) -> int | None:
         stop = start + count * stride
         for offset, run in runs:
             for i in range(offset, offset + len(run)):
-                if data[start + i : stop : stride].count(run[i - offset]) != count:
+                if data[start + i : stop : stride] != run[i - offset : i - offset + 1] * count:
                     return None
         return size
     if min(map(len, datas)) < 2 + size:
