@@ -1,6 +1,7 @@
 """Instructions per message of in-process pubsub: the server's Python cost, deterministically.
 
     .venv/bin/python bench/instructions.py [--cycles 100] [--size 200] [--batch 200] [--time]
+                                           [--headers none|negotiated|small|two]
 
 Each cycle sends one MPUB of ``--batch`` messages of ``--size`` bytes through a real
 ``ClientV2``: its parser, the topic, the channel, and delivery frames to two subscribing
@@ -12,7 +13,11 @@ start-up cancels out. The harness's own work (finding the IDs in the frames, wri
 is counted the same way and subtracted too. Instruction counts do not depend on what else the
 machine is doing; timings on a shared two-core VM move 10-30% from minute to minute. Issue 31's
 changes were guided by this count. ``--time`` prints nanoseconds per message as well (the
-minimum of 7 runs).
+minimum of 7 runs). ``--headers``: the publisher and both consumers negotiate message headers
+(``docs/headers.md``) and each body carries a block: ``negotiated`` an empty one, ``small``
+``tenant`` and ``kind`` (25 bytes), ``two`` its own ``traceparent`` and a ``tenant`` (84 bytes),
+as ``bench/headers.py`` publishes them; the counts say what headers cost in instructions, where
+that bench's timings on this VM move by several percent from round to round.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from tests.unit.fakeloop import FakeLoop  # noqa: E402
 from pynsqd.core.backend import DummyBackend  # noqa: E402
 from pynsqd.core.channel import Channel  # noqa: E402
 from pynsqd.core.topic import Topic  # noqa: E402
-from pynsqd.protocol import encode  # noqa: E402
+from pynsqd.protocol import encode, headers  # noqa: E402
 from pynsqd.protocol.frames import FRAME_TYPE_MESSAGE, encode_message_frame  # noqa: E402
 from pynsqd.server.protocol_v2 import ClientV2  # noqa: E402
 from pynsqd.server.workers.link import WorkerLink  # noqa: E402
@@ -82,24 +87,50 @@ def _context(loop: FakeLoop) -> Context:
     return ctx
 
 
+#: What IDENTIFY asks with ``--headers`` other than ``none``.
+NEGOTIATE = {"feature_negotiation": True, "headers": True}
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def bodies(size: int, batch: int, kind: str) -> list[bytes]:
+    """One MPUB's bodies for ``--headers`` ``kind``."""
+    body = b"x" * size
+    if kind == "none":
+        return [body] * batch
+    if kind == "negotiated":
+        return [headers.join_body(b"", body)] * batch
+    out = []
+    for i in range(batch):
+        if kind == "small":
+            pairs = [("tenant", b"acme"), ("kind", b"o%04d" % i)]
+        else:
+            trace = TRACEPARENT[:36] + b"%016x" % i + TRACEPARENT[52:]
+            pairs = [("traceparent", trace), ("tenant", b"acme")]
+        out.append(headers.join_body(headers.encode(pairs), body))
+    return out
+
+
 class Pubsub:
-    def __init__(self, size: int, batch: int) -> None:
+    def __init__(self, size: int, batch: int, kind: str = "none") -> None:
         # As nsqd runs (internal/process.py): long-lived objects frozen, young collections rare.
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
         self.loop = loop = FakeLoop()
         self.ctx = _context(loop)
+        ident = encode.identify(NEGOTIATE if kind != "none" else {})
         self.publisher = self._connect(Transport())
         self.publisher.transport.write = lambda data: None  # type: ignore[union-attr]
+        self.publisher.data_received(ident)
+        loop.run_ready()
         self.subs = []
         for _ in range(2):
             sink = Sink()
             client = self._connect(sink)
-            client.data_received(encode.identify({}) + encode.sub("t", "c") + encode.rdy(2500))
+            client.data_received(ident + encode.sub("t", "c") + encode.rdy(2500))
             loop.run_ready()
             sink.chunks.clear()
             self.subs.append((client, sink))
-        self.mpub = encode.mpub("t", [b"x" * size] * batch)
+        self.mpub = encode.mpub("t", bodies(size, batch, kind))
         self.batch = batch
 
     def _connect(self, transport: Transport) -> ClientV2:
@@ -183,11 +214,11 @@ class CrossPubsub(Pubsub):
     message crosses: B delivers it to A's link, A lends it to its consumers, their FINs go back
     over the link (``server/workers/relay.py``, ``core/lending.py``). Two fake loops, no sockets."""
 
-    def __init__(self, size: int, batch: int) -> None:
+    def __init__(self, size: int, batch: int, kind: str = "none") -> None:
         from pynsqd.core.lending import Lending
         from pynsqd.server.workers.relay import Link, Relay
 
-        super().__init__(size, batch)  # worker A: its two consumers, subscribed
+        super().__init__(size, batch, kind)  # worker A: its two consumers, subscribed
         a_ctx, a_loop = self.ctx, self.loop
         self.b_loop = b_loop = FakeLoop()
         self.b_ctx = b_ctx = _context(b_loop)
@@ -258,10 +289,10 @@ class ForwardPubsub(Pubsub):
     A passes it to worker B over a forward link (``server/workers/forward.py``) and answers with B's
     answer; both consumers are on B. What it adds to ``Pubsub`` is the hop. Two fake loops."""
 
-    def __init__(self, size: int, batch: int) -> None:
+    def __init__(self, size: int, batch: int, kind: str = "none") -> None:
         from pynsqd.server.workers.forward import ForwardLink
 
-        super().__init__(size, batch)  # worker B: the topic, its two consumers
+        super().__init__(size, batch, kind)  # worker B: the topic, its two consumers
         b_ctx, b_loop = self.ctx, self.loop
         self.a_loop = a_loop = FakeLoop()
         self.a_ctx = a_ctx = _context(a_loop)
@@ -335,6 +366,7 @@ def instructions(args: argparse.Namespace, what: str) -> float:
             str(args.batch),
             *(["--cross"] if args.cross and what == "pubsub" else []),
             *(["--forward"] if args.forward and what == "pubsub" else []),
+            *(["--headers", args.headers] if what == "pubsub" else []),
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts each run
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
@@ -363,21 +395,31 @@ def main() -> int:
         help="--workers with a retained topic: every MPUB lands on a worker that does not keep "
         "the topic's log and is passed to the one that does (the consumers' worker)",
     )
+    ap.add_argument(
+        "--headers",
+        choices=["none", "negotiated", "small", "two"],
+        default="none",
+        help="message headers, negotiated by the publisher and both consumers (above)",
+    )
     ap.add_argument("--inner", choices=["pubsub", "harness"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner == "harness":
         harness_only(args.size, args.batch, args.cycles)
         return 0
     kind = CrossPubsub if args.cross else ForwardPubsub if args.forward else Pubsub
+    if (args.cross or args.forward) and args.headers != "none":
+        ap.error("--headers: with --cross or --forward not measured yet")
     if args.inner == "pubsub":
-        bench = kind(args.size, args.batch)
+        bench = kind(args.size, args.batch, args.headers)
         bench.run(args.cycles)
         bench.check(args.cycles)
         return 0
-    bench = kind(args.size, args.batch)
+    bench = kind(args.size, args.batch, args.headers)
     bench.run(20)
     bench.check(20)
     where = ", every message crossing workers" if args.cross else ""
+    if args.headers != "none":
+        where = f", headers: {args.headers}"
     if args.forward:
         where = ", every MPUB passed to the worker that keeps the topic's log"
     print(
