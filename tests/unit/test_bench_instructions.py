@@ -11,19 +11,23 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "instructions.py"
 
 
 def test_the_instruction_benchmark_harness_delivers_and_fins_every_message() -> None:
-    # Plain, every message crossing workers, every MPUB passed to the worker that keeps the topic.
+    # Plain, every message crossing workers, every MPUB passed to the worker that keeps the
+    # topic, and headers negotiated by the publisher and the consumers.
     for size, batch, extra in (
         (200, 200, ""),
         (10, 7, ""),
         (3000, 1, ""),
         (10, 7, "--cross"),
         (10, 7, "--forward"),
+        (200, 200, "--headers two"),
+        (10, 7, "--headers negotiated"),
+        (10, 7, "--headers small"),
     ):
         done = subprocess.run(
             [
                 *(sys.executable, str(BENCH), "--inner", "pubsub", "--cycles", "4"),
                 *("--size", str(size), "--batch", str(batch)),
-                *([extra] if extra else []),
+                *extra.split(),
             ],
             capture_output=True,
             text=True,
