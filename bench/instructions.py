@@ -132,6 +132,7 @@ class Pubsub:
             self.subs.append((client, sink))
         self.mpub = encode.mpub("t", bodies(size, batch, kind))
         self.batch = batch
+        self.kind = kind
 
     def _connect(self, transport: Transport) -> ClientV2:
         client = ClientV2(self.ctx)  # type: ignore[arg-type]
@@ -171,6 +172,9 @@ class Pubsub:
         channel = topic.channels["c"]
         sent = sum(c.message_count for c, _ in self.subs)
         finished = sum(c.finish_count for c, _ in self.subs)
+        negotiated = [c.headers is not None for c in (self.publisher, *(c for c, _ in self.subs))]
+        if negotiated != [self.kind != "none"] * 3:
+            raise SystemExit(f"harness broken: headers negotiated {negotiated} for {self.kind}")
         if not sent == finished == topic.message_count or channel.depth or channel.in_flight:
             raise SystemExit(
                 f"harness broken: published {topic.message_count}, delivered {sent}, "
