@@ -17,6 +17,7 @@
 #   replicated   replicated.md  issue 52: three nodes of --workers W, each on its own W cores,
 #                               replicas=3, acks=all, fsync, against one --workers W node with
 #                               retention and Go nsqd on W cores (W in REPLICATED_WORKERS)
+#   headers      headers-{drained,disk}.json  issue 55: MPUB with and without headers (bench/headers.py)
 #   saturation   saturation-K.json  issue 53: Go's writer and reader at once (16 connections
 #                               each, on cores 8-15) against a server on K cores (SAT_CORES)
 # Sized for the device's 15 minutes: the default sections take about 7 (ROUNDS=2, RUNFOR=4).
@@ -64,6 +65,16 @@ if has replicated; then
             --writers $((3 * w)) --rounds "$ROUNDS" --runfor "$RUNFOR" --etcd .gobin/etcd \
             --go-nsqd .gobin/nsqd --setups "unreplicated w$w,replicated fsync w$w" \
             2>&1 | tee -a "$OUT/replicated.md"
+    done
+fi
+if has headers; then
+    # Issue 55: MPUB with two small headers against the same messages without, the server on
+    # core 0 and the publishers (and the consumer) on cores of their own; drained, then to disk.
+    for mode in --consume ""; do
+        name=headers-disk && [ -n "$mode" ] && name=headers-drained
+        python3 bench/headers.py --rounds "${HEADER_ROUNDS:-5}" --seconds 4 --conns "${HEADER_CONNS:-6}" \
+            $mode --only plain --only negotiated --only "two small headers" --only "two headers" \
+            --only "plain, same bytes" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
     done
 fi
 if has saturation; then

@@ -203,9 +203,10 @@ def one(workload: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """One run: (msgs/s published, the server's CPU ns and page faults per message meanwhile)."""
     data = tempfile.mkdtemp(prefix="headers-bench-")
     tcp, http = free_port(), free_port()
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    # The caller's path after ours: the device run's wheels sit in a folder of their own.
     env = dict(
-        os.environ,
-        PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"),
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))
     )
     proc = subprocess.Popen(
         [
