@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from itertools import repeat
+from operator import sub
 from typing import Any, Protocol, cast
 
+from ..protocol.commands import Strided
 from ..protocol.headers import Blocks, WireForm
 
 #: ``[int64 timestamp ns][uint16 attempts][16-byte id]``, then the body: the wire and disk layout.
@@ -233,11 +236,17 @@ class WireMessage(Message):
         over every slot: sharing it would cost the plain publish a second pass);
         ``block_size``: every one's block size where known (a ``WireForm``'s)."""
         msgs: list[WireMessage] = list(map(_new, repeat(cls, len(ids))))
-        cut = 2 + block_size
-        for m, msg_id, wire in zip(msgs, ids, wires, strict=True):
+        sizes: Iterable[int]
+        if block_size < 0:
+            sizes = [len(w) - 2 - (w[0] << 8 | w[1]) for w in wires]
+        elif type(wires) is Strided:  # the parser's: all one length, so one size for all
+            sizes = repeat(len(wires[0]) - 2 - block_size, len(wires)) if wires else ()
+        else:
+            sizes = map(sub, map(len, wires), repeat(2 + block_size))
+        for m, msg_id, wire, size in zip(msgs, ids, wires, sizes, strict=True):
             m.id = msg_id
             m.wire = wire
-            m.size = len(wire) - (cut if block_size >= 0 else 2 + (wire[0] << 8 | wire[1]))
+            m.size = size
             m.timestamp = timestamp
             m.attempts = 0
             m.client = None

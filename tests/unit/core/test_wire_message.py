@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 
 from pynsqd.core.message import Message, WireMessage, decode_message, disk_frames
 from pynsqd.protocol import frames, headers
+from pynsqd.protocol.commands import Strided
+from pynsqd.protocol.identify import ProtocolConfig
+from pynsqd.protocol.parser import parse_mpub_body
 from pynsqd.storage import log_records
 
 names = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=12).filter(
@@ -59,9 +62,16 @@ def test_a_wire_message_is_the_message_its_body_and_block_make(
         assert type(c) is WireMessage and c == w and c.wire is m.wire
     for negotiated in (False, True):
         assert _frames(made, negotiated) == _frames(want, negotiated)
+    # A negotiated client's frames, whatever each message is kept as: nsqd's frame whose body
+    # is ``[block length][block][body]`` (an empty block for one without headers).
+    plain = [Message(i, b, ts, attempts) for i, b in zip(ids, bodies, strict=True)]
+    mixed = [*plain, *made, *want, *plain]
+    assert _frames(mixed, True) == b"".join(
+        frames.encode_message_frame(ts, attempts, m.id, headers.join_body(m.headers, m.body))
+        for m in mixed
+    )
     # The disk queue's framed pieces: each record after its size, as ``encode`` makes it, for
     # a wire form, a message with a block and one without (nsqd's record).
-    plain = [Message(i, b, ts, attempts) for i, b in zip(ids, bodies, strict=True)]
     for msgs in (made, want, plain, made + plain):
         pieces, sizes = disk_frames(msgs)
         records = [m.encode() for m in msgs]
@@ -70,6 +80,26 @@ def test_a_wire_message_is_the_message_its_body_and_block_make(
     for identity in (None, (b"producer-1", 7)):
         got = log_records.encode(made, identity, 5, 0, 0)
         assert got == log_records.encode(want, identity, 5, 0, 0)
+
+
+@given(pairs, st.integers(0, 300), st.integers(1, 30))
+def test_wire_messages_from_the_parsers_strided_bodies_are_those_from_a_list(
+    p: list[tuple[str, bytes]], size: int, count: int
+) -> None:
+    """An MPUB whose bodies are all one size comes from the parser as a ``Strided`` list, whose
+    messages share one size (``from_wires`` reads it once): the same messages as from a list."""
+    block = headers.encode(p)
+    wires = [headers.join_body(block, bytes([i % 256]) * size) for i in range(count)]
+    mpub = struct.pack(">l", count) + b"".join(struct.pack(">l", len(w)) + w for w in wires)
+    strided = parse_mpub_body(mpub, ProtocolConfig(), headers=True)
+    assert type(strided) is Strided and strided == wires
+    ids = [b"%016x" % i for i in range(count)]
+    for got, want in zip(
+        WireMessage.from_wires(ids, strided, 1, len(block)),
+        WireMessage.from_wires(ids, wires, 1),
+        strict=True,
+    ):
+        assert got == want and got.size == want.size == size and got.wire == want.wire
 
 
 def test_a_wire_form_counts_and_splits_the_bodies() -> None:
