@@ -226,7 +226,8 @@ def _shared_block_size(datas: list[bytes], limits: HeaderLimits) -> int | None:
 
     The skeleton is a few **runs** of bytes at fixed offsets (``_skeleton_runs``). Bodies the
     parser cut at a stride from the MPUB as read (``Strided``: all one size) are compared a
-    skeleton byte at a time across all of them, a strided slice of the input each; any other
+    skeleton byte at a time across all of them, a strided slice of the input each, the
+    slices joined and compared once with each skeleton byte repeated (``_repeated``); any other
     list a run at a time, each body's slice of it gathered into a set (``itemgetter``), and
     each body at least as long as the block."""
     first = datas[0]
@@ -240,17 +241,35 @@ def _shared_block_size(datas: list[bytes], limits: HeaderLimits) -> int | None:
     if type(datas) is Strided:
         data, start, stride = datas.data, datas.start, datas.stride
         stop = start + count * stride
-        for offset, run in runs:
-            for i in range(offset, offset + len(run)):
-                if data[start + i : stop : stride] != run[i - offset : i - offset + 1] * count:
-                    return None
-        return size
+        want = _repeated(b"".join([run for _, run in runs]), count)
+        got = b"".join(
+            [data[i:stop:stride] for o, run in runs for i in range(start + o, start + o + len(run))]
+        )
+        return size if got == want else None
     if min(map(len, datas)) < 2 + size:
         return None
     for offset, run in runs:
         if set(map(itemgetter(slice(offset, offset + len(run))), datas)) != {run}:
             return None
     return size
+
+
+#: ``_repeated``'s answers by (skeleton, count): a publisher sends one skeleton in batches of
+#: one count, most often; a bounded dict, emptied when full.
+_REPEATED: dict[tuple[bytes, int], bytes] = {}
+_REPEATED_KEPT = 256
+
+
+def _repeated(skeleton: bytes, count: int) -> bytes:
+    """Each byte of ``skeleton`` repeated ``count`` times, in order: what the strided slices
+    of ``count`` bodies that share it give, joined."""
+    key = (skeleton, count)
+    want = _REPEATED.get(key)
+    if want is None:
+        if len(_REPEATED) >= _REPEATED_KEPT:
+            _REPEATED.clear()
+        want = _REPEATED[key] = b"".join([bytes((b,)) * count for b in skeleton])
+    return want
 
 
 def _skeleton_runs(first: bytes, size: int) -> list[tuple[int, bytes]]:
