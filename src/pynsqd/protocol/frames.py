@@ -97,14 +97,15 @@ def append_message_frames(msgs: Sequence[Framed], extend: Callable[[Iterable[byt
     middle = b""
     size = 0
     for m in msgs:
-        n = m.size
-        start = starts.get(n)
-        if start is None:
-            start = message_frame_start(n)
         if m.timestamp != ts or m.attempts != attempts:
             ts = m.timestamp
             attempts = m.attempts
             middle = fixed(ts, attempts)
+        n = m.size
+        try:  # (free in Python 3.11 while nothing is raised)
+            start = starts[n]
+        except KeyError:
+            start = message_frame_start(n)
         extend((start, middle, m.id, m.body))
         size += n
     return size + (8 + MESSAGE_OVERHEAD) * len(msgs)
@@ -139,20 +140,24 @@ def append_message_frames_with_headers(
             attempts = m.attempts
             middle = fixed(ts, attempts)
         wire = m.wire
-        if wire is None:
-            if not m.headers:
-                n = m.size
-                start = bare.get(n)
-                if start is None:
-                    start = _bare_frame_start(n)
-                extend((start, middle, m.id, _NO_BLOCK, m.body))
-                size += n + 2
-                continue
-            block = m.headers  # read again here: most messages have none
+        if wire is not None:
+            n = len(wire)
+        elif not m.headers:
+            n = m.size
+            try:
+                start = bare[n]
+            except KeyError:
+                start = _bare_frame_start(n)
+            extend((start, middle, m.id, _NO_BLOCK, m.body))
+            size += n + 2
+            continue
+        else:
+            block = m.headers
             wire = _BLOCK_LEN.pack(len(block)) + block + m.body
-        n = len(wire)
-        start = starts.get(n)
-        if start is None:
+            n = len(wire)
+        try:
+            start = starts[n]
+        except KeyError:
             start = message_frame_start(n)
         extend((start, middle, m.id, wire))
         size += n
