@@ -675,7 +675,7 @@ def _same_sized(
             return None
     first = start + 8
     cut = 0
-    if headers and size >= 2:
+    if headers and size >= 2 and not data[first] and not data[first + 1]:
         zeros = b"\0" * count
         if data[first:end:stride] == zeros and data[first + 1 : end : stride] == zeros:
             cut = 2  # every block empty: the bodies are what follows its length
