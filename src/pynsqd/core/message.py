@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 from itertools import repeat
-from operator import sub
 from typing import Any, Protocol, cast
 
 from ..protocol.commands import Strided
@@ -213,6 +211,8 @@ class Message:
     #: whose slot this is); None: kept as ``body`` and ``headers`` (a class attribute: a
     #: plain message pays nothing for it).
     wire: bytes | None = None
+    #: ``len(wire)`` (``WireMessage``'s slot); 0 where ``wire`` is None.
+    wire_size: int = 0
 
 
 class WireMessage(Message):
@@ -225,8 +225,10 @@ class WireMessage(Message):
     headers, the byte counts, the dedup comparison). Made only by :meth:`from_wires` from
     blocks found valid (``headers.split_bodies``); a copy stays one."""
 
-    __slots__ = ("wire",)
+    __slots__ = ("wire", "wire_size")
     wire: bytes
+    #: ``len(wire)``, kept: a negotiated consumer's frame start is looked up by it.
+    wire_size: int
 
     @classmethod
     def from_wires(
@@ -236,16 +238,15 @@ class WireMessage(Message):
         over every slot: sharing it would cost the plain publish a second pass);
         ``block_size``: every one's block size where known (a ``WireForm``'s)."""
         msgs: list[WireMessage] = list(map(_new, repeat(cls, len(ids))))
-        sizes: Iterable[int]
-        if block_size < 0:
-            sizes = [len(w) - 2 - (w[0] << 8 | w[1]) for w in wires]
-        elif type(wires) is Strided:  # the parser's: all one length, so one size for all
-            sizes = repeat(len(wires[0]) - 2 - block_size, len(wires)) if wires else ()
-        else:
-            sizes = map(sub, map(len, wires), repeat(2 + block_size))
-        for m, msg_id, wire, size in zip(msgs, ids, wires, sizes, strict=True):
+        # The parser's bodies (``Strided``) are all one length: one length and one size for
+        # all, set in the loop; any others get their own after it.
+        strided = type(wires) is Strided and block_size >= 0
+        n = len(wires[0]) if strided and wires else 0
+        size = n - 2 - block_size
+        for m, msg_id, wire in zip(msgs, ids, wires, strict=True):
             m.id = msg_id
             m.wire = wire
+            m.wire_size = n
             m.size = size
             m.timestamp = timestamp
             m.attempts = 0
@@ -253,6 +254,11 @@ class WireMessage(Message):
             m.delivery_ts = 0.0
             m.tq_seq = 0
             m.defer_until_ns = 0
+        if not strided:
+            for m in msgs:
+                w = m.wire
+                m.wire_size = len(w)
+                m.size = len(w) - 2 - (block_size if block_size >= 0 else w[0] << 8 | w[1])
         return cast(list[Message], msgs)
 
     @property
@@ -263,7 +269,8 @@ class WireMessage(Message):
     @body.setter
     def body(self, body: bytes) -> None:
         w = self.wire
-        self.wire = w[: 2 + (w[0] << 8 | w[1])] + body
+        self.wire = w = w[: 2 + (w[0] << 8 | w[1])] + body
+        self.wire_size = len(w)
         self.size = len(body)
 
     @property
@@ -273,7 +280,8 @@ class WireMessage(Message):
 
     @headers.setter
     def headers(self, block: bytes) -> None:
-        self.wire = _BLOCK_LEN.pack(len(block)) + block + self.body
+        self.wire = w = _BLOCK_LEN.pack(len(block)) + block + self.body
+        self.wire_size = len(w)
 
     def copy(self) -> Message:
         m = WireMessage.from_wires([self.id], [self.wire], self.timestamp)[0]

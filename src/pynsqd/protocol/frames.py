@@ -76,6 +76,10 @@ class Framed(Protocol):
     @property
     def wire(self) -> bytes | None: ...
     @property
+    def wire_size(self) -> int:
+        """``len(wire)``."""
+
+    @property
     def size(self) -> int:
         """The body's length."""
 
@@ -141,7 +145,7 @@ def append_message_frames_with_headers(
             middle = fixed(ts, attempts)
         wire = m.wire
         if wire is not None:
-            n = len(wire)
+            n = m.wire_size
         elif not m.headers:
             n = m.size
             try:

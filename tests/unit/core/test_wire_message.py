@@ -60,6 +60,7 @@ def test_a_wire_message_is_the_message_its_body_and_block_make(
         assert decode_message(m.encode()) == w
         c = m.copy()
         assert type(c) is WireMessage and c == w and c.wire is m.wire
+        assert m.wire_size == c.wire_size == len(m.wire)
     for negotiated in (False, True):
         assert _frames(made, negotiated) == _frames(want, negotiated)
     # A negotiated client's frames, whatever each message is kept as: nsqd's frame whose body
@@ -100,6 +101,18 @@ def test_wire_messages_from_the_parsers_strided_bodies_are_those_from_a_list(
         strict=True,
     ):
         assert got == want and got.size == want.size == size and got.wire == want.wire
+        assert got.wire_size == want.wire_size == len(got.wire)
+
+
+def test_a_wire_message_given_a_new_body_or_block_is_the_message_they_make() -> None:
+    block = headers.encode([("tenant", b"acme")])
+    m = WireMessage.from_wires([b"i" * 16], [headers.join_body(block, b"body")], 7)[0]
+    m.body = b"a longer body"
+    other = headers.encode([("kind", b"order"), ("tenant", b"acme")])
+    m.headers = other
+    want = Message(b"i" * 16, b"a longer body", 7, 0, other)
+    assert m == want and m.size == len(want.body) and m.wire_size == len(m.wire)
+    assert _frames([m], True) == _frames([want], True)
 
 
 def test_a_wire_form_counts_and_splits_the_bodies() -> None:
