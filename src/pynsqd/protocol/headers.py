@@ -255,9 +255,11 @@ def _shared_block_size(datas: list[bytes], limits: HeaderLimits) -> int | None:
 
 
 #: ``_repeated``'s answers by (skeleton, count): a publisher sends one skeleton in batches of
-#: one count, most often; a bounded dict, emptied when full.
+#: one count, most often. Bounded: at most 64 answers of at most 64 KiB each (4 MiB; an MPUB's
+#: answer can be as long as the MPUB), emptied when full.
 _REPEATED: dict[tuple[bytes, int], bytes] = {}
-_REPEATED_KEPT = 256
+_REPEATED_KEPT = 64
+_REPEATED_MAX_BYTES = 64 * 1024
 
 
 def _repeated(skeleton: bytes, count: int) -> bytes:
@@ -266,9 +268,11 @@ def _repeated(skeleton: bytes, count: int) -> bytes:
     key = (skeleton, count)
     want = _REPEATED.get(key)
     if want is None:
-        if len(_REPEATED) >= _REPEATED_KEPT:
-            _REPEATED.clear()
-        want = _REPEATED[key] = b"".join([bytes((b,)) * count for b in skeleton])
+        want = b"".join([bytes((b,)) * count for b in skeleton])
+        if len(want) <= _REPEATED_MAX_BYTES:
+            if len(_REPEATED) >= _REPEATED_KEPT:
+                _REPEATED.clear()
+            _REPEATED[key] = want
     return want
 
 

@@ -206,3 +206,27 @@ def test_one_body_whose_skeleton_differs_is_found_wherever_it_is(
         bodies, blocks = headers.split_bodies(given_as, limits)
         assert not isinstance(blocks, headers.WireForm)
         assert (bodies, blocks) == expected
+
+
+def test_the_skeleton_checks_kept_answers_are_bounded() -> None:
+    """What the skeleton check keeps between publishes (each skeleton byte repeated once per
+    body) is bounded: a client's huge batches or many skeletons do not make the server hold
+    more than 64 answers of 64 KiB; the check is the same whether its answer was kept."""
+    headers._REPEATED.clear()
+    limits = HeaderLimits(max_count=16, max_bytes=4096)
+    for names in range(100):  # many skeletons: the kept answers stay few
+        block = headers.encode([(f"n{names}", b"v")])
+        parsed = _as_parsed([headers.join_body(block, b"body")] * 3, negotiated=True)
+        assert headers.split_bodies(parsed, limits)[1] == headers.WireForm(len(block))
+        assert len(headers._REPEATED) <= headers._REPEATED_KEPT
+    # One huge batch: its answer (25 skeleton bytes x 5,000 bodies) is used, not kept.
+    block = headers.encode([("traceparent", b"x" * 55), ("tenant", b"acme")])
+    wires = [headers.join_body(block, b"") for _ in range(5000)]
+    parsed = _as_parsed(wires, negotiated=True)
+    assert headers.split_bodies(parsed, limits)[1] == headers.WireForm(len(block))
+    assert all(len(want) <= headers._REPEATED_MAX_BYTES for want in headers._REPEATED.values())
+    bad = list(wires)
+    bad[-1] = bad[-1][:3] + b"y" + bad[-1][4:]  # the last body's first name byte: another name
+    assert headers.split_bodies(_as_parsed(bad, negotiated=True), limits)[1] != headers.WireForm(
+        len(block)
+    )
